@@ -1,0 +1,43 @@
+# One command to set everything up and run the pipeline, one to set up and run the tests.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROFILE ?= tiny
+
+.PHONY: setup run test test-fast bench ui clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch==2.13.0 first: this machine keeps a CPU build of it on disk, while a loose range would pull
+# a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[orchestration,triton,dev]'
+	@if [ -x /usr/bin/chromium ]; then :; else \
+	  echo "installing Debian chromium for the UI browser test"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will be skipped"; \
+	fi
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/k3 run --profile $(PROFILE)
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not e2e"
+
+bench: setup
+	$(BIN)/k3 bench kda_cpu
+	$(BIN)/k3 bench train_cpu
+
+ui: setup
+	$(BIN)/k3 ui
+
+clean:
+	rm -rf .k3 build *.egg-info
