@@ -1,0 +1,110 @@
+"""Chunkwise-parallel KDA in plain torch: the CPU path, differentiable through autograd.
+
+Kimi Linear report §2.1 (Eqs. 3–9); research/kda.md §2. Inside a chunk of C tokens, with the
+chunk-local cumulative log decay G_r = Σ_{i≤r} g_i (per key channel):
+
+    A_kk[r, i] = β_r Σ_d k_r[d] k_i[d] exp(G_r[d] − G_i[d])            i < r
+    A_qk[r, j] = scale Σ_d q_r[d] k_j[d] exp(G_r[d] − G_j[d])          j ≤ r
+    T = (I + A_kk)⁻¹            (UT transform: one unit-lower-triangular solve per chunk)
+    W = T (β ⊙ exp(G) ⊙ K),     U = T (β ⊙ V)
+
+and across chunks, S the state entering the chunk:
+
+    V_new = U − W S
+    O     = scale (Q ⊙ exp(G)) S + A_qk V_new
+    S'    = Diag(exp(G_C)) S + (K ⊙ exp(G_C − G))ᵀ V_new
+
+Numerics: exp(G_r − G_i) is never formed as exp(G_r)·exp(−G_i), which overflows once the decay
+inside a chunk passes ~88 nats. The chunk is split into sub-chunks of 16 ("secondary chunking", as
+fla does): diagonal 16×16 blocks use exact pairwise differences, and an off-diagonal block (rows in
+sub-chunk a, columns in an earlier sub-chunk b) factors through a reference point at the end of b,
+so both factors are exp(non-positive) ≤ 1.
+Legend: B batch, H heads, N chunks, S sub-chunks per chunk, c sub-chunk length, C = S·c, K/V widths.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.kda.naive import check_kda_inputs
+
+CHUNK = 64
+SUB_CHUNK = 16
+
+
+def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) -> torch.Tensor:
+    """Σ_d a_r[d] k_i[d] exp(G_r[d] − G_i[d]) for i < r (or i ≤ r): [B, H, N, C, C], zero above."""
+    B, H, N, C, K = a_BHNCK.shape
+    S, c = C // SUB_CHUNK, SUB_CHUNK
+    a = a_BHNCK.reshape(B, H, N, S, c, K)
+    k = k_BHNCK.reshape(B, H, N, S, c, K)
+    G = G_BHNCK.reshape(B, H, N, S, c, K)
+
+    # Diagonal blocks: exact differences, clamped to ≤ 0 so masked (upper) entries cannot overflow.
+    diff_rik = (G.unsqueeze(-2) - G.unsqueeze(-3)).clamp(max=0.0)  # [B,H,N,S,c(r),c(i),K]
+    diag = torch.einsum("bhnsrk,bhnsik,bhnsrik->bhnsri", a, k, diff_rik.exp())
+    tri = torch.ones(c, c, dtype=torch.bool, device=a.device)
+    tri = tri.tril(0) if include_diagonal else tri.tril(-1)
+    diag = diag * tri
+
+    # Off-diagonal blocks (a > b): reference point at the last row of sub-chunk b.
+    G_end = G[..., -1, :]  # [B,H,N,S(b),K]
+    k_right = k * (G_end.unsqueeze(-2) - G).exp()  # [B,H,N,S(b),c(i),K], factors ≤ 1
+    to_ref = (G.unsqueeze(-2) - G_end.unsqueeze(-3).unsqueeze(-3)).clamp(max=0.0)  # [B,H,N,S(a),c(r),S(b),K]
+    a_left = a.unsqueeze(-2) * to_ref.exp()
+    off = torch.einsum("bhnarjk,bhnjik->bhnarji", a_left, k_right)  # [B,H,N,S(a),c(r),S(b),c(i)]
+    earlier = torch.ones(S, S, dtype=torch.bool, device=a.device).tril(-1)  # b < a
+    off = off * earlier.view(S, 1, S, 1)
+
+    eye_S = torch.eye(S, dtype=a.dtype, device=a.device).view(S, 1, S, 1)
+    full = off + eye_S * diag.unsqueeze(-2)  # diagonal blocks placed where a == b
+    return full.reshape(B, H, N, C, C)
+
+
+def chunk_kda_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise KDA (chunk 64) with fla's signature; equal to `naive_recurrent_kda` up to fp32 rounding."""
+    check_kda_inputs(q, k, v, g, beta, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    pad = (-T) % CHUNK
+    # Padded tokens carry k = 0 and g = 0: they neither decay nor write the state.
+    def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, C, D] fp32
+        x = F.pad(x.float(), (0, 0, 0, 0, 0, pad))
+        return x.view(B, -1, CHUNK, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
+
+    q_c, k_c, v_c, g_c = to_chunks(q), to_chunks(k), to_chunks(v), to_chunks(g)
+    beta_c = F.pad(beta.float(), (0, 0, 0, pad)).view(B, -1, CHUNK, H).permute(0, 3, 1, 2)  # [B,H,N,C]
+    N = q_c.shape[2]
+
+    G = g_c.cumsum(dim=3)  # chunk-local cumulative log decay, [B,H,N,C,K]
+    A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
+    A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
+    eye_C = torch.eye(CHUNK, dtype=A_kk.dtype, device=A_kk.device)
+    rhs = torch.cat([beta_c.unsqueeze(-1) * G.exp() * k_c, beta_c.unsqueeze(-1) * v_c], dim=-1)
+    WU = torch.linalg.solve_triangular(eye_C + A_kk, rhs, upper=False, unitriangular=True)
+    W, U = WU[..., :K], WU[..., K:]
+    G_last = G[..., -1:, :]  # [B,H,N,1,K]
+    k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)
+    q_decayed = scale * q_c * G.exp()
+
+    S_BHKV = q.new_zeros(B, H, K, V, dtype=torch.float32)
+    if initial_state is not None:
+        S_BHKV = S_BHKV + initial_state.float()
+    outputs = []
+    for n in range(N):
+        v_new = U[:, :, n] - W[:, :, n] @ S_BHKV  # [B,H,C,V]
+        outputs.append(q_decayed[:, :, n] @ S_BHKV + A_qk[:, :, n] @ v_new)
+        S_BHKV = G_last[:, :, n].exp().transpose(-1, -2) * S_BHKV + k_to_end[:, :, n].transpose(-1, -2) @ v_new
+    o = torch.stack(outputs, dim=2).reshape(B, H, N * CHUNK, V)[:, :, :T]
+    return o.permute(0, 2, 1, 3).to(q.dtype), (S_BHKV if output_final_state else None)
