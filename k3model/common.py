@@ -1,0 +1,47 @@
+"""Small building blocks shared by several modules: RMSNorm and the short causal convolution.
+
+Legend: B batch, T tokens, D width, C channels, W conv window (kernel size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · weight, computed in fp32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_f = x.float()
+        y = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class ShortConv(nn.Module):
+    """Depthwise causal conv over time (kernel W, 4 in Kimi Linear) followed by SiLU.
+
+    `state_BCW` holds the last W−1 inputs of the previous call, so a prefill followed by one-token
+    steps gives the same outputs as one call over the whole sequence.
+    """
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel))
+        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+
+    def forward(self, x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = None):
+        x_BCT = x_BTC.transpose(1, 2)
+        if state_BCW is None:
+            state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
+        padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
+        y_BCT = F.conv1d(padded_BCT, self.weight.to(x_BCT.dtype), groups=x_BCT.shape[1])
+        new_state_BCW = padded_BCT[:, :, -(self.kernel - 1):]
+        return F.silu(y_BCT).transpose(1, 2), new_state_BCW

@@ -1,0 +1,101 @@
+"""The Kimi Delta Attention layer (Kimi Linear report §4, Eq. 10; K3 changes per research/kda.md §1).
+
+    q, k = L2Norm(SiLU(ShortConv(W_q x))), L2Norm(SiLU(ShortConv(W_k x)))
+    v    = SiLU(ShortConv(W_v x))
+    β    = sigmoid(W_β x)                                     one scalar per head and token
+    g    = lb · sigmoid(exp(A) · (W_f↑ W_f↓ x + dt_bias))       per-channel log decay in (lb, 0), lb = −5
+    o    = KDA(q, k, v, g, β)                                 delta rule, fixed-size state per head
+    y    = W_o( sigmoid(W_g x) ⊙ RMSNorm_head(o) )            full-rank sigmoid output gate (K3)
+
+The lower-bounded ("safe") gate keeps every per-token decay above e^{lb}, which keeps the chunked
+kernels' exponents in fp32 range. No positional encoding: order enters through the recurrence and
+the short convolution. The state is O(1) in sequence length: conv states plus one K×V matrix per head.
+Legend: B batch, T tokens, D model width, H heads, K = V head width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from k3model.common import RMSNorm, ShortConv
+from k3model.config import KDAConfig
+from kernels.kda import chunk_kda, kda_decode_step
+
+
+@dataclass
+class KDAState:
+    """Per-layer inference state: the three conv windows and the recurrent matrix."""
+    conv_q: torch.Tensor  # [B, H·K, W−1]
+    conv_k: torch.Tensor
+    conv_v: torch.Tensor
+    recurrent: torch.Tensor  # [B, H, K, V] fp32
+
+
+class KDALayer(nn.Module):
+    def __init__(self, cfg: KDAConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, K = cfg.n_heads, cfg.head_dim
+        inner = H * K
+        self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.q_conv = ShortConv(inner, cfg.conv_kernel)
+        self.k_conv = ShortConv(inner, cfg.conv_kernel)
+        self.v_conv = ShortConv(inner, cfg.conv_kernel)
+        # Low-rank decay projection, rank = head width (fla `f_proj`).
+        self.f_down = nn.Linear(cfg.d_model, K, bias=False)
+        self.f_up = nn.Linear(K, inner, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(H))
+        # Initial per-token decay rates −g log-uniform in [1e-3, 1e-1]: memories of ~10 to ~1000 tokens.
+        rate = torch.exp(torch.empty(inner).uniform_(math.log(1e-3), math.log(1e-1)))
+        self.dt_bias = nn.Parameter(torch.logit(rate / -cfg.gate_lower_bound))
+        self.b_proj = nn.Linear(cfg.d_model, H, bias=False)
+        self.g_proj = nn.Linear(cfg.d_model, inner, bias=True)
+        self.o_norm = RMSNorm(K, eps=cfg.norm_eps)
+        self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
+
+    def empty_state(self, batch: int, device, dtype) -> KDAState:
+        H, K, W = self.cfg.n_heads, self.cfg.head_dim, self.cfg.conv_kernel
+        conv = lambda: torch.zeros(batch, H * K, W - 1, device=device, dtype=dtype)  # noqa: E731
+        return KDAState(conv(), conv(), conv(), torch.zeros(batch, H, K, K, device=device, dtype=torch.float32))
+
+    def decay(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Per-token, per-channel log decay g ∈ (lb, 0): [B, T, H, K]."""
+        B, T, _ = x_BTD.shape
+        H, K = self.cfg.n_heads, self.cfg.head_dim
+        z = (self.f_up(self.f_down(x_BTD)).float() + self.dt_bias.float()).view(B, T, H, K)
+        return self.cfg.gate_lower_bound * torch.sigmoid(self.A_log.float().exp().view(H, 1) * z)
+
+    def forward(self, x_BTD: torch.Tensor, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState | None]:
+        """With `state` None: a training/prefill call that returns no state unless asked via `state`."""
+        B, T, _ = x_BTD.shape
+        H, K = self.cfg.n_heads, self.cfg.head_dim
+        cq, ck, cv = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
+        q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
+        k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
+        v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
+        q_BTHK = F.normalize(q.view(B, T, H, K).float(), dim=-1, eps=self.cfg.norm_eps)
+        k_BTHK = F.normalize(k.view(B, T, H, K).float(), dim=-1, eps=self.cfg.norm_eps)
+        v_BTHK = v.view(B, T, H, K).float()
+        beta_BTH = torch.sigmoid(self.b_proj(x_BTD).float())
+        g_BTHK = self.decay(x_BTD)
+
+        if state is not None and T == 1:
+            o_BHK, recurrent = kda_decode_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
+                                               beta_BTH[:, 0], state.recurrent)
+            o_BTHK = o_BHK.unsqueeze(1)
+        else:
+            o_BTHK, recurrent = chunk_kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
+                                          initial_state=None if state is None else state.recurrent,
+                                          output_final_state=state is not None)
+        o_BTHK = self.o_norm(o_BTHK.to(x_BTD.dtype))
+        gate_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K)
+        y_BTD = self.o_proj((gate_BTHK * o_BTHK).reshape(B, T, H * K))
+        new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent)
+        return y_BTD, new_state
