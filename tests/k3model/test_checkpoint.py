@@ -1,0 +1,168 @@
+"""k3model.checkpoint: round trip, manifest provenance, corruption refused, atomic writes, exact resume."""
+
+import importlib.metadata
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from k3model.checkpoint import (
+    MANIFEST_FILE, WEIGHTS_FILE, CheckpointCorrupted, TrainState, capture_rng_state, load_checkpoint,
+    load_train_state, restore_rng_state, save_checkpoint, sha256_file, verify_checkpoint,
+)
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
+
+
+def test_round_trip_and_manifest(tmp_path):
+    model = _model()
+    info = save_checkpoint(tmp_path / "ckpt", model.state_dict(),
+                           {"config": {"profile": "smoke", "stage": 1}, "data_versions": {"corpus": "ab12"}})
+    sd, manifest = load_checkpoint(tmp_path / "ckpt")
+    assert sd.keys() == model.state_dict().keys()
+    for k, v in model.state_dict().items():
+        assert torch.equal(sd[k], v)
+    assert manifest["sha256"] == info.sha256 == sha256_file(tmp_path / "ckpt" / WEIGHTS_FILE)
+    assert manifest["config"] == {"profile": "smoke", "stage": 1}
+    assert manifest["data_versions"] == {"corpus": "ab12"}
+    assert manifest["library_versions"]["torch"] == importlib.metadata.version("torch")
+    assert len(manifest["code_version"]["source_sha256"]) == 64
+    assert manifest["code_version"]["git_commit"] is None or len(manifest["code_version"]["git_commit"]) == 40
+    assert manifest["num_parameters"] == sum(p.numel() for p in model.parameters())
+    assert manifest["hardware"]["cpu_count"] == os.cpu_count()
+    # Nothing but the checkpoint is left in the parent directory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_same_weights_same_content_hash(tmp_path):
+    a = save_checkpoint(tmp_path / "a", _model(0).state_dict(), {"config": {"run": 1}})
+    b = save_checkpoint(tmp_path / "b", _model(0).state_dict(), {"config": {"run": 2}})
+    c = save_checkpoint(tmp_path / "c", _model(1).state_dict())
+    assert a.sha256 == b.sha256 != c.sha256
+
+
+def test_corrupted_weights_refused_with_hashes_in_message(tmp_path):
+    info = save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    weights = tmp_path / "ckpt" / WEIGHTS_FILE
+    raw = bytearray(weights.read_bytes())
+    raw[-3] ^= 0xFF  # flip bits in the last tensor's data, keeping the file parseable
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointCorrupted) as err:
+        load_checkpoint(tmp_path / "ckpt")
+    msg = str(err.value)
+    assert str(weights) in msg and info.sha256 in msg and sha256_file(weights) in msg
+    with pytest.raises(ValueError):  # CheckpointCorrupted is a ValueError
+        verify_checkpoint(tmp_path / "ckpt")
+    # verify=False skips the check and reads the damaged weights.
+    sd, _ = load_checkpoint(tmp_path / "ckpt", verify=False)
+    assert not all(torch.equal(sd[k], v) for k, v in _model().state_dict().items())
+
+
+def test_missing_or_broken_manifest(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    (tmp_path / "ckpt" / MANIFEST_FILE).write_text("{not json")
+    with pytest.raises(CheckpointCorrupted, match="not valid JSON"):
+        verify_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / MANIFEST_FILE).unlink()
+    with pytest.raises(CheckpointCorrupted, match="no manifest.json"):
+        load_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_missing_file_listed_in_manifest(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    (tmp_path / "ckpt" / WEIGHTS_FILE).unlink()
+    with pytest.raises(CheckpointCorrupted, match="missing model.safetensors"):
+        verify_checkpoint(tmp_path / "ckpt")
+
+
+def test_existing_directory_and_overwrite(tmp_path):
+    first = save_checkpoint(tmp_path / "ckpt", _model(0).state_dict())
+    with pytest.raises(FileExistsError):
+        save_checkpoint(tmp_path / "ckpt", _model(1).state_dict())
+    assert verify_checkpoint(tmp_path / "ckpt").sha256 == first.sha256
+    second = save_checkpoint(tmp_path / "ckpt", _model(1).state_dict(), overwrite=True)
+    assert verify_checkpoint(tmp_path / "ckpt").sha256 == second.sha256 != first.sha256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    bad = {"w": torch.zeros(2), "step": 3}
+    with pytest.raises(TypeError, match="not a tensor"):
+        save_checkpoint(tmp_path / "ckpt", bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reserved_manifest_keys_rejected(tmp_path):
+    with pytest.raises(ValueError, match="sha256"):
+        save_checkpoint(tmp_path / "ckpt", _model().state_dict(), {"sha256": "x"})
+
+
+def test_tied_weights(tmp_path):
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    sd = {"emb.weight": emb.weight, "head.weight": head.weight}
+    save_checkpoint(tmp_path / "ckpt", sd)
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    assert torch.equal(loaded["emb.weight"], loaded["head.weight"])
+
+
+def _steps(model, opt, n):
+    for _ in range(n):
+        x = torch.randn(5, 8) * float(np.random.rand()) + random.random()
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_exact_resume_from_train_state(tmp_path):
+    # Reference: 6 uninterrupted steps (dropout and data draw from torch, numpy and Python RNGs).
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    model.train()
+    _steps(model, opt, 3)
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(),
+                    train_state=TrainState(step=3, optimizer=opt.state_dict(), rng=capture_rng_state(),
+                                           extra={"tokens_seen": 120}))
+    _steps(model, opt, 3)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    # Resume: a fresh model and optimizer, then disturb every RNG before restoring.
+    random.seed(99), np.random.seed(99), torch.manual_seed(99)
+    resumed = _model(seed=7)
+    opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    sd, _ = load_checkpoint(tmp_path / "ckpt")
+    resumed.load_state_dict(sd)
+    state = load_train_state(tmp_path / "ckpt")
+    assert state.step == 3 and state.extra == {"tokens_seen": 120}
+    opt2.load_state_dict(state.optimizer)
+    assert opt2.param_groups[0]["betas"] == (0.9, 0.95)
+    restore_rng_state(state.rng)
+    resumed.train()
+    _steps(resumed, opt2, 3)
+    for k, v in resumed.state_dict().items():
+        assert torch.equal(v, reference[k]), k
+
+
+def test_train_state_is_hashed(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model().state_dict(), train_state=TrainState(step=1, rng=capture_rng_state()))
+    manifest = json.loads((tmp_path / "ckpt" / MANIFEST_FILE).read_text())
+    assert set(manifest["files"]) == {"model.safetensors", "train_state.safetensors", "train_state.json"}
+    (tmp_path / "ckpt" / "train_state.json").write_text('{"__dict__": []}')
+    with pytest.raises(CheckpointCorrupted, match="train_state.json"):
+        load_train_state(tmp_path / "ckpt")
+
+
+def test_no_train_state_gives_none(tmp_path):
+    save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    assert load_train_state(tmp_path / "ckpt") is None
