@@ -1,0 +1,6 @@
+"""Dagster assets: thin adapters that read config, call the library, log and return metadata.
+
+`data` (tokenizer, corpus, clue_data, image_data), `pretrain` (pretrain_stage_1 … 4, base_model)
+and `evaluation` (checkpoint_evals, re-scored nightly). Resources are reached by key
+(`context.resources.<key>`); their classes live in `pipelines.resources`.
+"""

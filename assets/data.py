@@ -1,0 +1,210 @@
+"""Data assets: corpus → tokenizer → clue_data, and image_data (DESIGN.md §1), over `datagen`.
+
+Each asset builds its table with the profile's preset (`datagen.presets(profile, seed)`), writes one
+file into the store under a directory named by the file's sha256, and reports the path, rows, hash,
+a preview of the first rows and an MLflow run. The sha256 is the asset's data version: the
+generators are deterministic, so rebuilding unchanged data gives the same version and leaves the
+pretraining assets fresh.
+"""
+
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets.lineage import markdown_table, profile_tags, require_upstream
+from k3model.checkpoint import source_tree_sha256
+
+# Bumps whenever the generators' source changes, so the UI marks data built by older code as stale.
+DATAGEN_CODE_VERSION = source_tree_sha256(packages=("datagen",))[:12]
+RESOURCES = {"profile", "store", "mlflow"}
+
+
+class DataConfig(dg.Config):
+    seed: int = Field(default=0, ge=0, description="seeds the generator (same seed → same bytes)")
+
+
+def _publish(asset_dir: Path, filename: str, write: Callable[[Path], str],
+             extra: Callable[[Path], None] | None = None) -> tuple[Path, str]:
+    """Write `filename` into `<asset_dir>/<sha256[:16]>/` atomically; (path, sha256)."""
+    staging = asset_dir / f".staging-{uuid.uuid4().hex[:12]}"
+    staging.mkdir(parents=True)
+    try:
+        sha = write(staging / filename)
+        if extra is not None:
+            extra(staging)
+        final = asset_dir / sha[:16]
+        if final.exists():
+            shutil.rmtree(staging)  # the same bytes are already stored
+        else:
+            os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final / filename, sha
+
+
+def _result(context: dg.AssetExecutionContext, profile: str, path: Path, sha: str, rows: int,
+            seconds: float, config: dict[str, Any], preview: list[dict[str, Any]],
+            extra_metadata: dict[str, Any] | None = None, artifacts: list[Path] = ()) -> dg.MaterializeResult:
+    """Log the MLflow run and build the MaterializeResult every data asset returns."""
+    mlflow = context.resources.mlflow
+    nbytes = path.stat().st_size
+    with mlflow.start_run(context, params={"profile": profile, **_flat(config)},
+                          tags=profile_tags(profile)) as run:
+        mlflow.log_metrics(run.info.run_id, {"data/rows": rows, "data/bytes": nbytes, "perf/wall_s": seconds})
+        for artifact in artifacts:
+            mlflow.client().log_artifact(run.info.run_id, str(artifact))
+    metadata = {
+        "path": dg.MetadataValue.path(str(path)),
+        "dagster/row_count": rows,
+        "sha256": sha,
+        "bytes": nbytes,
+        "perf/wall_s": round(seconds, 3),
+        "profile": profile,
+        "config": dg.MetadataValue.json(config),
+        "preview": dg.MetadataValue.md(markdown_table(preview)),
+        "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+        **(extra_metadata or {}),
+    }
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(sha),
+                                tags=profile_tags(profile))
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
+          required_resource_keys=RESOURCES)
+def corpus(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+    """Text and code documents (standard-library code and docstrings, generated prose), with a
+    held-out split."""
+    from datagen import presets
+    from datagen.corpus import build_corpus
+    from datagen.io import write_parquet
+
+    profile = context.resources.profile.name
+    cfg = presets(profile, config.seed).corpus
+    t0 = time.perf_counter()
+    table = build_corpus(cfg)
+    path, sha = _publish(context.resources.store.data_dir(profile, "corpus"), "corpus.parquet",
+                         lambda p: write_parquet(table, p))
+    seconds = time.perf_counter() - t0
+    splits = table.column("split").to_pylist()
+    preview = table.select(["doc_id", "source", "split", "text"]).slice(0, 5).to_pylist()
+    return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
+                   {"heldout_rows": splits.count("heldout"),
+                    "chars": sum(len(t) for t in table.column("text").to_pylist())})
+
+
+@dg.asset(group_name="data", kinds={"python", "json"}, code_version=DATAGEN_CODE_VERSION, deps=[corpus],
+          required_resource_keys=RESOURCES)
+def tokenizer(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """Byte-level BPE trained on the corpus's train split, with the chat, tool, image and effort
+    special tokens."""
+    from datagen import presets
+    from datagen.io import read_parquet, write_text
+    from datagen.tokenizer import decode, encode, tokenizer_to_json, train_tokenizer
+
+    profile = context.resources.profile.name
+    corpus_path = require_upstream(context, "corpus", profile).path
+    cfg = presets(profile).tokenizer
+    t0 = time.perf_counter()
+    tok = train_tokenizer(cfg, read_parquet(corpus_path))
+    path, sha = _publish(context.resources.store.data_dir(profile, "tokenizer"), "tokenizer.json",
+                         lambda p: write_text(tokenizer_to_json(tok), p))
+    seconds = time.perf_counter() - t0
+    samples = ["def forward(self, x):", "The digit 7 in green.", "X7 = 42. What is X7?"]
+    preview = [{"text": s, "ids": encode(tok, s), "round_trip": decode(tok, encode(tok, s)) == s}
+               for s in samples]
+    return _result(context, profile, path, sha, tok.get_vocab_size(), seconds, dataclasses.asdict(cfg),
+                   preview, {"vocab_size": tok.get_vocab_size()})
+
+
+@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
+          deps=[tokenizer, corpus], required_resource_keys=RESOURCES)
+def clue_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+    """Scattered-clue eval grid: for each context length and clue-distance bucket, held-out examples
+    (clues far apart, distractors, one question needing every clue), each with its control twin.
+    Training examples are packed per stage from the same config at training time."""
+    from datagen import presets
+    from datagen.clues import clue_eval_grid
+    from datagen.io import read_parquet, write_parquet
+    from datagen.tokenizer import load_tokenizer
+
+    profile = context.resources.profile.name
+    tok = load_tokenizer(require_upstream(context, "tokenizer", profile).path)
+    corpus_table = read_parquet(require_upstream(context, "corpus", profile).path)
+    cfg = presets(profile, config.seed).clues
+    t0 = time.perf_counter()
+    table = clue_eval_grid(cfg, tokenizer=tok, corpus=corpus_table)
+    path, sha = _publish(context.resources.store.data_dir(profile, "clue_data"), "clue_eval.parquet",
+                         lambda p: write_parquet(table, p))
+    seconds = time.perf_counter() - t0
+    cells: dict[str, int] = {}
+    for length, lo, hi in zip(table.column("length_target").to_pylist(), table.column("bucket_lo").to_pylist(),
+                              table.column("bucket_hi").to_pylist()):
+        key = f"len {length} / dist [{lo}, {hi})"
+        cells[key] = cells.get(key, 0) + 1
+    preview = table.select(["length_target", "variant", "kind", "n_clues", "distance", "answer"]) \
+        .slice(0, 6).to_pylist()
+    return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
+                   {"cells": dg.MetadataValue.json(cells), "num_cells": len(cells)})
+
+
+@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
+          required_resource_keys=RESOURCES)
+def image_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+    """Synthetic images (shapes on a grid, digits) with captions and question/answer pairs."""
+    from datagen import presets
+    from datagen.images import build_images, images_array
+    from datagen.io import write_parquet
+
+    profile = context.resources.profile.name
+    cfg = presets(profile, config.seed).images
+    t0 = time.perf_counter()
+    table = build_images(cfg)
+
+    def contact_sheet(directory: Path) -> None:
+        # A grid of the first images, for a glance at what the vision encoder learns from.
+        from PIL import Image
+        pixels = images_array(table.slice(0, 16))
+        n, h, w, _ = pixels.shape
+        sheet = Image.new("RGB", (4 * w, ((n + 3) // 4) * h))
+        for i in range(n):
+            sheet.paste(Image.fromarray(pixels[i]), ((i % 4) * w, (i // 4) * h))
+        sheet.resize((sheet.width * 4, sheet.height * 4), Image.NEAREST).save(directory / "preview.png")
+
+    path, sha = _publish(context.resources.store.data_dir(profile, "image_data"), "images.parquet",
+                         lambda p: write_parquet(table, p), extra=contact_sheet)
+    seconds = time.perf_counter() - t0
+    splits = table.column("split").to_pylist()
+    preview = table.select(["image_id", "split", "kind", "caption", "questions", "answers"]).slice(0, 5).to_pylist()
+    sheet = path.parent / "preview.png"
+    return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
+                   {"heldout_rows": splits.count("heldout"), "image_size": cfg.image_size,
+                    "preview_png": dg.MetadataValue.path(str(sheet))}, artifacts=[sheet])
+
+
+DATA_ASSETS = [corpus, tokenizer, clue_data, image_data]
+
+
+def data_config_json(path: Path) -> dict[str, Any]:
+    """The generator config recorded in a data file's Parquet metadata."""
+    import pyarrow.parquet as pq
+    from datagen.io import table_metadata
+    return table_metadata(pq.read_schema(path)).get("config", {})

@@ -1,0 +1,381 @@
+"""`k3`: the project's command line (DESIGN.md §8).
+
+    k3 run [--profile P] [--select ASSETS]   materialize assets headless, one progress line per asset
+    k3 ui [--profile P]                      Dagster web UI + daemon and the MLflow UI on 127.0.0.1
+    k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
+    k3 report                                where the latest claims report is
+    k3 bench NAME                            run benchmarks/NAME.py
+
+`run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
+one history, one MLflow store and one checkpoint store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
+
+# DESIGN.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
+DESIGN_LINEAGE = (
+    "tokenizer", "corpus", "clue_data", "image_data",
+    "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model",
+    "env_task_sets", "sft_policy", "rl_specialist", "mopd_student", "quantized_student",
+    "draft_model", "report",
+)
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# k3 run
+
+def _selection(select: str | None, all_keys: list[str]):
+    """`--select a,b,*c,d*`: names; `*name` adds everything upstream, `name*` everything downstream."""
+    import dagster as dg
+    if not select:
+        return dg.AssetSelection.all(), all_keys
+    sel = None
+    for raw in (s.strip() for s in select.split(",")):
+        name = raw.strip("*")
+        if name not in all_keys:
+            raise SystemExit(f"k3 run: --select names unknown asset {name!r}; the assets are: "
+                             f"{', '.join(all_keys)}")
+        part = dg.AssetSelection.assets(name)
+        if raw.startswith("*"):
+            part = part.upstream()
+        if raw.endswith("*"):
+            part = part.downstream()
+        sel = part if sel is None else sel | part
+    return sel, None
+
+
+class _Progress(threading.Thread):
+    """Prints one line per asset as its step starts and ends, reading the run's event log."""
+
+    def __init__(self, instance, run_id: str):
+        super().__init__(daemon=True)
+        self.instance, self.run_id = instance, run_id
+        self.stop = threading.Event()
+        self.t0 = time.perf_counter()
+        self.started: dict[str, float] = {}
+        self.failed: list[str] = []
+
+    def _line(self, msg: str) -> None:
+        _say(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}")
+
+    def run(self) -> None:
+        from dagster import DagsterEventType
+        kinds = {DagsterEventType.STEP_START, DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE,
+                 DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
+        cursor = None
+        while True:
+            done = self.stop.is_set()
+            try:
+                conn = self.instance.get_records_for_run(self.run_id, cursor=cursor, of_type=kinds)
+            except Exception:  # the run's storage may not exist yet
+                conn = None
+            if conn is not None:
+                cursor = conn.cursor
+                for record in conn.records:
+                    self._show(record.event_log_entry)
+            if done:
+                return
+            self.stop.wait(0.5)
+
+    def _show(self, entry) -> None:
+        from dagster import DagsterEventType
+        ev = entry.dagster_event
+        step = ev.step_key or ""
+        if ev.event_type == DagsterEventType.STEP_START:
+            self.started[step] = time.perf_counter()
+            self._line(f"▶ {step}")
+        elif ev.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            mat = ev.event_specific_data.materialization
+            md = mat.metadata
+            bits = [f"{k}={md[k].value:.4g}" if isinstance(md[k].value, float) else f"{k}={md[k].value}"
+                    for k in ("rows", "eval/ppl", "perf/wall_s") if k in md]
+            version = (ev.event_specific_data.materialization.tags or {}).get("dagster/data_version", "")
+            if version:
+                bits.append(f"version={version[:12]}")
+            self._line(f"  ◆ {mat.asset_key.to_user_string()} materialized {' '.join(bits)}")
+        elif ev.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+            check = ev.event_specific_data
+            mark = "passed" if check.passed else f"FAILED ({check.severity.value})"
+            self._line(f"  ☐ check {check.asset_key.to_user_string()}:{check.check_name} {mark}")
+        elif ev.event_type == DagsterEventType.STEP_SUCCESS:
+            took = time.perf_counter() - self.started.get(step, self.t0)
+            self._line(f"✓ {step} ({took:.1f} s)")
+        elif ev.event_type == DagsterEventType.STEP_FAILURE:
+            err = ev.event_specific_data.error
+            self.failed.append(step)
+            self._line(f"✗ {step}: {_root_message(err)}")
+
+
+def _root_message(err) -> str:
+    """The innermost cause of a SerializableErrorInfo: the user's own message, not Dagster's wrapper."""
+    while err is not None and err.cause is not None:
+        err = err.cause
+    return err.message.strip() if err is not None else "unknown error"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        profile = check_profile_name(args.profile, field="--profile")
+    except ValueError as e:
+        _say(f"k3 run: {e}")
+        return 2
+    from pipelines.instance import apply_k3_environ
+    env = apply_k3_environ(profile)
+
+    import dagster as dg
+    from pipelines.definitions import defs
+
+    all_keys = [k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()]
+    missing = [name for name in DESIGN_LINEAGE if name not in all_keys]
+    selection, _ = _selection(args.select, all_keys)
+    job_name = "k3_cli_run"
+    job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, selection)]))
+    job = job_defs.get_job_def(job_name)
+    selected = sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys)
+
+    _say(f"k3 run: profile {profile}, {len(selected)} asset(s): {', '.join(selected)}")
+    if missing and not args.select:
+        _say(f"k3 run: not in the pipeline yet (DESIGN.md §1): {', '.join(missing)}")
+    _say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
+
+    instance = dg.DagsterInstance.get()
+    run_id = str(uuid.uuid4())
+    progress = _Progress(instance, run_id)
+    progress.start()
+    run_config = {"resources": {"profile": {"config": {"name": profile}}},
+                  "loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "WARNING"}}}}
+    try:
+        result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
+                                        raise_on_error=False, tags={"k3/profile": profile, "k3/cli": "run"})
+    except KeyboardInterrupt:
+        progress.stop.set()
+        progress.join()
+        _say("k3 run: interrupted")
+        return 130
+    finally:
+        progress.stop.set()
+        progress.join()
+    took = time.perf_counter() - progress.t0
+    if result.success:
+        _say(f"k3 run: success in {took:.1f} s (run {run_id})")
+        return 0
+    failed = progress.failed or ["run setup"]
+    _say(f"k3 run: FAILED in {took:.1f} s at {', '.join(failed)} (run {run_id}); "
+         "`k3 ui` shows the full log")
+    if not progress.failed:
+        # A failure before any step (resource or config errors) has no step event: say it here.
+        for ev in result.all_events:
+            if ev.is_failure and ev.event_specific_data is not None and getattr(ev.event_specific_data, "error", None):
+                _say(f"k3 run: {_root_message(ev.event_specific_data.error)}")
+                break
+    return 1
+
+
+# ----------------------------------------------------------------------------------------------
+# k3 ui
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    def child_setup() -> None:
+        # A parent started in the background ignores SIGINT, and the child would inherit that
+        # (research/orchestration.md §6): give it default handlers and its own process group.
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "ab")
+    return subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            preexec_fn=child_setup)
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group (twice: dagster dev can swallow the first), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGTERM):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        break
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[str], list[str]]:
+    bin_dir = Path(sys.executable).parent
+    dagster = [str(bin_dir / "dagster"), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+               "-h", "127.0.0.1", "-p", str(dagster_port)]
+    mlflow_dir = home / "mlflow"
+    (mlflow_dir / "artifacts").mkdir(parents=True, exist_ok=True)
+    mlflow = [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
+              "--backend-store-uri", f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+              "--default-artifact-root", (mlflow_dir / "artifacts").as_uri(), "--workers", "1"]
+    return dagster, mlflow
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    try:
+        profile = check_profile_name(args.profile, field="--profile")
+    except ValueError as e:
+        _say(f"k3 ui: {e}")
+        return 2
+    from pipelines.instance import k3_environ
+    k3env = k3_environ(profile)
+    home = Path(k3env["K3_HOME"])
+    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
+    logs = home / "logs"
+    procs: list[subprocess.Popen] = []
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        procs.append(_spawn(mlflow_cmd, env, logs / "mlflow.log"))
+        procs.append(_spawn(dagster_cmd, env, logs / "dagster.log"))
+        dagster_url = f"http://127.0.0.1:{args.port}"
+        mlflow_url = f"http://127.0.0.1:{args.mlflow_port}"
+        ok_mlflow = _wait_http(f"{mlflow_url}/health", procs[0], 90)
+        ok_dagster = _wait_http(f"{dagster_url}/server_info", procs[1], 120)
+        if not (ok_mlflow and ok_dagster):
+            which = [n for n, ok in (("MLflow", ok_mlflow), ("Dagster", ok_dagster)) if not ok]
+            _say(f"k3 ui: {' and '.join(which)} did not start; see {logs}/")
+            return 1
+        _say(f"k3 ui: Dagster  {dagster_url}   (assets: {dagster_url}/assets, lineage: {dagster_url}/asset-groups)")
+        _say(f"k3 ui: MLflow   {mlflow_url}")
+        _say(f"k3 ui: profile {profile}; instance {k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+        dead = [cmd for p, cmd in zip(procs, ("MLflow", "Dagster")) if p.poll() is not None]
+        _say(f"k3 ui: {', '.join(dead)} exited; see {logs}/; stopping")
+        return 1
+    except KeyboardInterrupt:
+        _say("k3 ui: stopping")
+        return 0
+    finally:
+        for p in reversed(procs):
+            stop_process_group(p)
+
+
+# ----------------------------------------------------------------------------------------------
+# k3 params, report, bench
+
+def cmd_params(args: argparse.Namespace) -> int:
+    from k3model.params import count_params, format_counts
+    try:
+        counts = count_params(args.profile)
+    except ValueError as e:
+        _say(f"k3 params: {e}")
+        return 2
+    _say(json.dumps(counts, indent=2) if args.json else format_counts(counts))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipelines.instance import apply_k3_environ
+    apply_k3_environ()
+    import dagster as dg
+    from pipelines.definitions import defs
+    key = dg.AssetKey("report")
+    if key not in defs.resolve_asset_graph().get_all_asset_keys():
+        _say("k3 report: the report asset (claims table and plots, DESIGN.md §5) does not exist in the "
+             "pipeline yet, so there is no report to show")
+        return 1
+    event = dg.DagsterInstance.get().get_latest_materialization_event(key)
+    if event is None:
+        _say("k3 report: the report asset has never been materialized: run `k3 run --select '*report'`")
+        return 1
+    path = event.asset_materialization.metadata.get("path")
+    _say(f"k3 report: {path.value if path else 'the latest materialization records no path'}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    bench_dir = REPO_ROOT / "benchmarks"
+    script = bench_dir / f"{args.name}.py"
+    if not script.is_file():
+        names = sorted(p.stem for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
+        _say(f"k3 bench: no benchmark {args.name!r}; available: {', '.join(names) or 'none yet'}")
+        return 2
+    return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=REPO_ROOT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="k3", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="materialize assets headless")
+    run.add_argument("--profile", default=default_profile(), help=f"one of {', '.join(RUNNABLE_PROFILES)}")
+    run.add_argument("--select", help="comma-separated asset names; *name adds its upstream, "
+                     "name* its downstream (default: every asset)")
+    run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too")
+    run.set_defaults(fn=cmd_run)
+
+    ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1")
+    ui.add_argument("--profile", default=default_profile(), help="the profile runs launched from the UI use")
+    ui.add_argument("--port", type=int, default=3000, help="Dagster web UI port")
+    ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port")
+    ui.set_defaults(fn=cmd_ui)
+
+    params = sub.add_parser("params", help="total and active parameter counts")
+    params.add_argument("--profile", default=default_profile())
+    params.add_argument("--json", action="store_true")
+    params.set_defaults(fn=cmd_params)
+
+    report = sub.add_parser("report", help="where the latest claims report is")
+    report.set_defaults(fn=cmd_report)
+
+    bench = sub.add_parser("bench", help="run benchmarks/NAME.py")
+    bench.add_argument("name")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(fn=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Resources: the profile, the Ray cluster, MLflow tracking and the checkpoint store (DESIGN.md §6).
+
+Everything a run writes lives under one home directory, `K3_HOME` (default `<repo>/.k3`):
+
+    .k3/dagster/        DAGSTER_HOME: dagster.yaml, sqlite run and event storage
+    .k3/mlflow/         mlflow.db (the sqlite tracking store and model registry) and artifacts/
+    .k3/data/<profile>/<asset>/<content hash>/        data files (Parquet, tokenizer.json)
+    .k3/checkpoints/<profile>/<asset>/<run id>/       safetensors + manifest.json
+
+Assets reach these through `context.resources.<key>` (`required_resource_keys`) rather than typed
+parameters, so `assets/` never imports `pipelines/`: dependencies keep pointing one way.
+
+Ray: one cluster per run, not per step. The Definitions use the in-process executor, so a run is one
+process, and `RayResource` starts its cluster on first use (a run of data assets never starts one)
+and stops it when the run ends. `RAY_ADDRESS` (or `address`) joins an existing cluster instead,
+which is then left running. A cluster already initialized in this process (a test session's) is
+reused and left running too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNNABLE_PROFILES = ("smoke", "tiny", "small")
+
+
+def k3_home() -> Path:
+    """`K3_HOME` if set, else `.k3/` at the repository root."""
+    return Path(os.environ.get("K3_HOME") or REPO_ROOT / ".k3").resolve()
+
+
+def default_profile() -> str:
+    return os.environ.get("K3_PROFILE", "tiny")
+
+
+# ----------------------------------------------------------------------------------------------
+# Profile
+
+def check_profile_name(name: str, field: str = "resources.profile.config.name") -> str:
+    """`name` if it is a profile a run can use; otherwise a ValueError naming `field`."""
+    if name == "k3":
+        raise ValueError(f"{field} = 'k3': the full K3 shape is for parameter accounting only "
+                         f"(`k3 params --profile k3`); choose one of {', '.join(RUNNABLE_PROFILES)}")
+    if name not in RUNNABLE_PROFILES:
+        raise ValueError(f"{field} = {name!r} is not a profile: choose one of {', '.join(RUNNABLE_PROFILES)}")
+    return name
+
+
+class ProfileResource(dg.ConfigurableResource):
+    """The size profile every asset of a run uses (DESIGN.md §3)."""
+
+    name: str = Field(default_factory=default_profile,
+                      description="smoke (tests), tiny (2-core CPU, the default) or small (one GPU)")
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        check_profile_name(self.name)
+
+    def get(self):
+        from k3model.config import get_profile
+        return get_profile(check_profile_name(self.name))
+
+
+# ----------------------------------------------------------------------------------------------
+# Ray
+
+def local_gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class RayResource(dg.ConfigurableResource):
+    """A Ray cluster for the GPU-heavy steps: started locally once per run, or joined."""
+
+    address: str | None = Field(default=None, description="join this cluster; default: RAY_ADDRESS, "
+                                "else start a local one")
+    num_cpus: int | None = Field(default=None, description="CPUs of a local cluster; default: all")
+    num_gpus: int | None = Field(default=None, description="GPUs of a local cluster; default: "
+                                 "torch.cuda.device_count() (0 on a CPU machine)")
+    object_store_memory_mb: int = Field(default=256, ge=80, description="object store of a local "
+                                        "cluster (Ray's default is 30% of RAM)")
+    _started_here: bool = PrivateAttr(default=False)
+
+    def _ensure(self, log: Callable[[str], None] | None = None) -> None:
+        import ray
+        if ray.is_initialized():
+            return
+        address = self.address or os.environ.get("RAY_ADDRESS") or None
+        t0 = time.perf_counter()
+        if address:
+            ray.init(address=address, log_to_driver=True)
+            what = f"joined Ray cluster at {address}"
+        else:
+            # Ray 2.60 turns on token auth and writes ~/.ray/auth_token; a private local cluster
+            # needs none.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            gpus = local_gpu_count() if self.num_gpus is None else self.num_gpus
+            ray.init(num_cpus=self.num_cpus or os.cpu_count(), num_gpus=gpus,
+                     object_store_memory=self.object_store_memory_mb << 20, include_dashboard=False,
+                     log_to_driver=True)
+            self._started_here = True
+            what = f"started a local Ray cluster ({ray.cluster_resources()})"
+        if log:
+            log(f"{what} in {time.perf_counter() - t0:.1f} s")
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self._started_here:
+            import ray
+            ray.shutdown()
+            self._started_here = False
+
+    def cluster_gpus(self) -> float:
+        import ray
+        self._ensure()
+        return float(ray.cluster_resources().get("GPU", 0.0))
+
+    def node_cpus(self) -> float:
+        """CPUs of the largest node: a task asking for more could never be scheduled."""
+        import ray
+        self._ensure()
+        return max(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
+
+    def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
+            num_cpus: float | None = None, log: Callable[[str], None] | None = None) -> Any:
+        """Run `fn(*args)` as one Ray task and return its result.
+
+        The task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
+        count, and torch would otherwise train on one thread. Failing or interrupted driver code
+        cancels the task so no training keeps running after its run ended.
+        """
+        import ray
+        self._ensure(log)
+        if num_gpus > self.cluster_gpus():
+            raise ValueError(f"the task needs {num_gpus} GPU(s) but the Ray cluster has "
+                             f"{self.cluster_gpus():g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
+                             "to a cluster with GPUs")
+        cpus = self.node_cpus() if num_cpus is None else num_cpus
+        ref = ray.remote(fn).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0).remote(*args)
+        try:
+            return ray.get(ref)
+        except BaseException:
+            ray.cancel(ref, force=True)
+            raise
+
+
+# ----------------------------------------------------------------------------------------------
+# MLflow
+
+class MlflowResource(dg.ConfigurableResource):
+    """MLflow tracking on a sqlite store: one MLflow run per asset materialization."""
+
+    tracking_uri: str | None = Field(default=None, description="default: sqlite:///<K3_HOME>/mlflow/mlflow.db")
+    artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts")
+    experiment: str = "k3"
+    ui_url: str = Field(default="http://127.0.0.1:5000", description="where `k3 ui` serves MLflow; "
+                        "used for the links in asset metadata")
+
+    def resolved_tracking_uri(self) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        db = k3_home() / "mlflow" / "mlflow.db"
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{db}"
+
+    def resolved_artifact_root(self) -> Path:
+        return Path(self.artifact_root) if self.artifact_root else k3_home() / "mlflow" / "artifacts"
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+        return MlflowClient(tracking_uri=self.resolved_tracking_uri(),
+                            registry_uri=self.resolved_tracking_uri())
+
+    def experiment_id(self) -> str:
+        client = self.client()
+        exp = client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        root = self.resolved_artifact_root()
+        root.mkdir(parents=True, exist_ok=True)
+        return client.create_experiment(self.experiment, artifact_location=root.resolve().as_uri())
+
+    @contextlib.contextmanager
+    def start_run(self, context: dg.AssetExecutionContext, params: dict[str, Any],
+                  tags: dict[str, str] | None = None) -> Iterator[Any]:
+        """An MLflow run for this asset, tagged with the Dagster run; FAILED if the body raises."""
+        from mlflow.entities import Param
+        client = self.client()
+        asset = context.asset_key.to_user_string()
+        all_tags = {"dagster_run_id": context.run_id, "asset": asset, **(tags or {})}
+        if context.has_partition_key:
+            all_tags["partition"] = context.partition_key
+        run = client.create_run(self.experiment_id(), tags=all_tags,
+                                run_name=f"{asset}-{context.run_id[:8]}")
+        client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        try:
+            yield run
+        except BaseException:
+            client.set_terminated(run.info.run_id, "FAILED")
+            raise
+        client.set_terminated(run.info.run_id, "FINISHED")
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
+        self.client().log_batch(run_id, metrics=batch)
+
+    def log_history(self, run_id: str, history: list[dict[str, float]], step_key: str = "step") -> int:
+        """Log every numeric entry of every history row at its step; returns the number logged."""
+        from mlflow.entities import Metric
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, int(row[step_key])) for row in history for k, v in row.items()
+                 if k != step_key and isinstance(v, (int, float))]
+        client = self.client()
+        # MLflow accepts at most 1000 metrics per log_batch call.
+        for i in range(0, len(batch), 1000):
+            client.log_batch(run_id, metrics=batch[i:i + 1000])
+        return len(batch)
+
+    def register_checkpoint(self, run_id: str, model_name: str, checkpoint_dir: Path,
+                            tags: dict[str, str] | None = None):
+        """Log the checkpoint directory as the run's `checkpoint` artifacts and register it.
+
+        MLflow 3's `register_model("runs:/…")` wants a LoggedModel; a plain artifact directory is
+        registered through `create_model_version` with the artifact URI as the source
+        (research/orchestration.md §4).
+        """
+        from mlflow.exceptions import MlflowException
+        client = self.client()
+        client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
+        try:
+            client.create_registered_model(model_name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        run = client.get_run(run_id)
+        return client.create_model_version(model_name, source=f"{run.info.artifact_uri}/checkpoint",
+                                           run_id=run_id, tags=tags or {})
+
+    def run_url(self, run) -> str:
+        return f"{self.ui_url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+
+    def model_url(self, model_name: str, version: str) -> str:
+        return f"{self.ui_url}/#/models/{model_name}/versions/{version}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint and data store
+
+class CheckpointStore(dg.ConfigurableResource):
+    """Where data files and checkpoints go, per profile; the event log says which one is current."""
+
+    root: str | None = Field(default=None, description="default: K3_HOME (<repo>/.k3)")
+
+    def resolved_root(self) -> Path:
+        return Path(self.root).resolve() if self.root else k3_home()
+
+    def checkpoint_dir(self, profile: str, asset: str, run_id: str) -> Path:
+        return self.resolved_root() / "checkpoints" / profile / asset / run_id
+
+    def data_dir(self, profile: str, asset: str) -> Path:
+        return self.resolved_root() / "data" / profile / asset
