@@ -1,0 +1,631 @@
+"""Scattered-clue long-context data: clues far apart in real text, distractors, one question needing all.
+
+K3's long-context curriculum trains on sequences where "Clue A, a long gap, Clue B, another gap,
+Clue C, another gap, then a question that requires combining A, B and C". This module makes such
+sequences at an exact token length, in the style of RULER's variable tracking and BABILong's facts in
+a haystack (research/recipe.md §9):
+
+    <|bos|> filler … X7 = 42. … filler … K3 = 17. … Q3 = X7. … filler … M5 = Q3. … filler
+    \\nQuestion: What is M5?\\nAnswer: 42<|eos|>
+
+Task kinds (every needed clue is a statement `NAME = VALUE.` or `NAME = NAME.`):
+- `chain` — multi-hop variable tracking: `v1 = x. v2 = v1. … vk = v(k-1).`, question "What is vk?",
+  answer x. Dropping any link leaves vk undefined.
+- `sum` — aggregation: `v1 = x1. … vk = xk.`, question "What is v1 + … + vk?" (names in a random
+  order), answer Σ xi. Dropping any term leaves the sum undefined.
+with k = n_clues in [min_clues, max_clues]. Distractors are chains of the same surface form over
+fresh names (one chain may reuse the answer's value as a lure), placed anywhere in the filler.
+
+Geometry (token positions; `distance` is what the eval grid is bucketed by):
+    distance = question_start − end of the first (farthest) needed clue
+The needed clues appear in chain order; clue 1 is placed to hit the requested distance, the others
+between it and the question; clues and distractors go between filler sentences when that can hit the
+distance bucket, else clue 1 goes at a token offset inside a sentence. Filler is consecutive
+sentences of the corpus's docstrings and generated prose (train split for training examples,
+held-out split for evaluation), with sentences containing "=" removed so no filler reads as a clue.
+
+The control variant of an example keeps every token and moves only the needed clues, in order, to
+just before the question: same token multiset and length, distance = the other clues' lengths.
+
+`solve(text)` is the generator's own checker: it parses every statement in the text and answers the
+question, or returns None when the statements do not determine the answer; `needs_every_clue` checks
+that removing any one needed clue makes the answer undetermined.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer
+
+from datagen.corpus import split_texts
+from datagen.io import with_metadata
+from datagen.seeding import rng as make_rng
+from datagen.tokenizer import BOS, EOS, decode, encode, encode_batch
+
+KINDS = ("chain", "sum")
+VARIANTS = ("scattered", "control")
+
+_NAME = r"[A-Z][0-9]{1,2}"
+_STATEMENT_RE = re.compile(rf"(?<![A-Za-z0-9])({_NAME}) = ({_NAME}|[0-9]+)\.")
+_QUESTION_RE = re.compile(rf"\nQuestion: What is ({_NAME}(?: \+ {_NAME})*)\?\nAnswer:")
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_NAMES = tuple(f"{a}{n}" for a in _LETTERS for n in range(1, 100))
+# Attempts per example before a cell is declared infeasible (a new filler window and layout each time).
+_MAX_ATTEMPTS = 64
+
+
+@dataclass(frozen=True)
+class CluesConfig:
+    seed: int = 0
+    # The pretraining stages' context lengths; the eval grid has one row of cells per length.
+    context_lengths: tuple[int, ...] = (128, 1024, 4096, 16384)
+    # Distance bucket edges in tokens: bucket i is [edges[i], edges[i+1]).
+    distance_edges: tuple[int, ...] = (0, 64, 512, 2048, 8192, 16384)
+    kinds: tuple[str, ...] = KINDS
+    min_clues: int = 2
+    max_clues: int = 4
+    # Chain values are drawn from [0, value_max]; sum terms from [0, sum_term_max].
+    value_max: int = 99
+    sum_term_max: int = 9
+    # Distractor statements per example: round(length/1000 * per_1k), clamped to [min, max].
+    distractors_per_1k: float = 4.0
+    min_distractors: int = 2
+    max_distractors: int = 32
+    # Examples per (length, bucket) eval cell, each with its control twin.
+    eval_per_cell: int = 16
+
+    def __post_init__(self):
+        if not self.context_lengths or list(self.context_lengths) != sorted(set(self.context_lengths)):
+            raise ValueError(f"context_lengths must be strictly increasing, got {self.context_lengths}")
+        e = self.distance_edges
+        if len(e) < 2 or e[0] != 0 or list(e) != sorted(set(e)):
+            raise ValueError(f"distance_edges must start at 0 and strictly increase, got {e}")
+        bad = set(self.kinds) - set(KINDS)
+        if not self.kinds or bad:
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {self.kinds}")
+        if not 2 <= self.min_clues <= self.max_clues <= 4:
+            raise ValueError(
+                f"need 2 <= min_clues <= max_clues <= 4, got {self.min_clues}, {self.max_clues}"
+            )
+        if self.value_max < 1 or self.sum_term_max < 1:
+            raise ValueError("value_max and sum_term_max must be >= 1")
+        if not 0 <= self.min_distractors <= self.max_distractors:
+            raise ValueError("need 0 <= min_distractors <= max_distractors")
+        if self.eval_per_cell < 1:
+            raise ValueError(f"eval_per_cell must be >= 1, got {self.eval_per_cell}")
+
+
+def distance_buckets(cfg: CluesConfig) -> list[tuple[int, int]]:
+    e = cfg.distance_edges
+    return [(e[i], e[i + 1]) for i in range(len(e) - 1)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Filler: consecutive real sentences, tokenized once per (tokenizer, split)
+# ---------------------------------------------------------------------------------------------------
+
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+")
+_PARAGRAPH_SPLIT = re.compile(r"\n\s*\n")
+
+
+def _usable_sentence(s: str) -> bool:
+    return (
+        20 <= len(s) <= 300
+        and " " in s
+        and "=" not in s
+        and "<|" not in s
+        and ">>>" not in s
+        and "Question" not in s
+        and "Answer" not in s
+    )
+
+
+def filler_sentences(texts: list[str]) -> list[str]:
+    """Sentences of `texts` in order, whitespace collapsed, those unusable as filler dropped."""
+    out = []
+    for text in texts:
+        for para in _PARAGRAPH_SPLIT.split(text):
+            flat = " ".join(para.split())
+            out.extend(s for s in _SENTENCE_SPLIT.split(flat) if _usable_sentence(s))
+    return out
+
+
+@dataclass(frozen=True)
+class Filler:
+    """Tokenized filler sentences: sentence i is ids[starts[i]:starts[i+1]] (int32 token ids)."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.starts) - 1
+
+
+def build_filler(corpus: pa.Table, tokenizer: Tokenizer, split: str) -> Filler:
+    """Filler from the docstrings and prose of one corpus split; each sentence keeps a leading space."""
+    sentences = filler_sentences(split_texts(corpus, split, ("stdlib_doc", "prose")))
+    if not sentences:
+        raise ValueError(
+            f"the corpus's {split!r} split has no usable filler sentences; raise prose_docs or "
+            "stdlib_chars in the corpus config"
+        )
+    encoded = encode_batch(tokenizer, (" " + s for s in sentences))
+    lengths = np.array([len(e) for e in encoded], dtype=np.int64)
+    starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    ids = np.fromiter((t for e in encoded for t in e), dtype=np.int32, count=int(starts[-1]))
+    return Filler(ids=ids, starts=starts)
+
+
+def _filler_window(filler: Filler, num_tokens: int, rng: np.random.Generator):
+    """`num_tokens` consecutive filler tokens from a random sentence on (wrapping around the split),
+    cut at the front so the window ends on a sentence end. Returns (ids, sentence boundary offsets)."""
+    if num_tokens == 0:
+        return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+    s = int(rng.integers(filler.num_sentences))
+    pieces, total = [], 0
+    while total < num_tokens:
+        piece = filler.ids[filler.starts[s] : filler.starts[s + 1]]
+        pieces.append(piece)
+        total += len(piece)
+        s = (s + 1) % filler.num_sentences
+    excess = total - num_tokens
+    while excess >= len(pieces[0]):
+        excess -= len(pieces.pop(0))
+    pieces[0] = pieces[0][excess:]
+    lengths = np.array([len(p) for p in pieces], dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return np.concatenate(pieces).astype(np.int32), bounds
+
+
+# ---------------------------------------------------------------------------------------------------
+# Problems: the statements, question and answer, as text
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    clues: tuple[str, ...]  # needed statements in order of appearance, each with a leading space
+    distractors: tuple[tuple[str, ...], ...]  # distractor chains, statements in order
+    question: str  # ends with "Answer:"
+    answer: str  # with its leading space
+
+
+def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, rng) -> Problem:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not 2 <= n_clues <= 4:
+        raise ValueError(f"n_clues must be in [2, 4], got {n_clues}")
+    names = [_NAMES[int(i)] for i in rng.choice(len(_NAMES), n_clues + n_distractors, replace=False)]
+    needed, spare = names[:n_clues], names[n_clues:]
+    vmax = cfg.value_max if kind == "chain" else cfg.sum_term_max
+    if kind == "chain":
+        x = int(rng.integers(0, vmax + 1))
+        clues = [f" {needed[0]} = {x}."] + [
+            f" {needed[i]} = {needed[i - 1]}." for i in range(1, n_clues)
+        ]
+        question = f"\nQuestion: What is {needed[-1]}?\nAnswer:"
+        answer = x
+    else:
+        xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
+        clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
+        asked = [needed[int(i)] for i in rng.permutation(n_clues)]
+        question = f"\nQuestion: What is {' + '.join(asked)}?\nAnswer:"
+        answer = sum(xs)
+    chains = []
+    while spare:
+        k = min(len(spare), int(rng.integers(1, cfg.max_clues + 1)))
+        chain_names, spare = spare[:k], spare[k:]
+        # RULER-style lure: the first distractor chain of a chain problem carries the answer's value.
+        value = answer if (kind == "chain" and not chains) else int(rng.integers(0, vmax + 1))
+        chain = [f" {chain_names[0]} = {value}."] + [
+            f" {chain_names[i]} = {chain_names[i - 1]}." for i in range(1, k)
+        ]
+        chains.append(tuple(chain))
+    return Problem(kind, tuple(clues), tuple(chains), question, f" {answer}")
+
+
+def solve(text: str) -> str | None:
+    """Answer the last question in `text` from the statements before it; None if undetermined.
+
+    A name assigned twice counts as undetermined, as does a reference to an unassigned name or a cycle.
+    """
+    questions = list(_QUESTION_RE.finditer(text))
+    if not questions:
+        return None
+    q = questions[-1]
+    assigned: dict[str, str] = {}
+    conflicted: set[str] = set()
+    for m in _STATEMENT_RE.finditer(text, 0, q.start()):
+        name, rhs = m.group(1), m.group(2)
+        if name in assigned:
+            conflicted.add(name)
+        assigned[name] = rhs
+
+    def value(name: str, seen: frozenset) -> int | None:
+        if name in conflicted or name not in assigned or name in seen:
+            return None
+        rhs = assigned[name]
+        return int(rhs) if rhs.isdigit() else value(rhs, seen | {name})
+
+    total = 0
+    for name in q.group(1).split(" + "):
+        v = value(name, frozenset())
+        if v is None:
+            return None
+        total += v
+    return str(total)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layout: filler + statements + question at an exact length and a controlled distance
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClueExample:
+    """One sequence of exactly `length` tokens: input_ids = prompt + answer + <|eos|>."""
+
+    kind: str
+    variant: str
+    input_ids: np.ndarray  # int32 [length]
+    question_start: int
+    answer_start: int
+    answer_end: int  # answer tokens are input_ids[answer_start:answer_end]; <|eos|> follows
+    clue_spans: tuple[tuple[int, int], ...]  # needed clues, in order; clue 1 is the farthest
+    n_distractors: int
+    answer: str  # without the leading space
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def distance(self) -> int:
+        return self.question_start - self.clue_spans[0][1]
+
+
+def _distances(p: np.ndarray, F: int, rest: int, d_off: np.ndarray, d_len: np.ndarray) -> np.ndarray:
+    """Distance when clue 1 sits at filler offset p (after any distractor at the same offset)."""
+    order = np.argsort(d_off, kind="stable")
+    off_sorted, len_sorted = d_off[order], d_len[order]
+    suffix = np.concatenate([np.cumsum(len_sorted[::-1])[::-1], [0]])
+    after = suffix[np.searchsorted(off_sorted, p, side="right")]
+    return (F - p) + rest + after
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A problem's pieces as token ids."""
+
+    clues: list[np.ndarray]
+    distractors: list[list[np.ndarray]]
+    question: np.ndarray
+    answer: np.ndarray
+
+    @property
+    def fixed_tokens(self) -> int:
+        """Tokens besides filler: <|bos|>, statements, question, answer, <|eos|>."""
+        statements = sum(map(len, self.clues)) + sum(len(d) for ch in self.distractors for d in ch)
+        return 2 + statements + len(self.question) + len(self.answer)
+
+
+def _encode_problem(problem: Problem, tokenizer: Tokenizer) -> _Encoded:
+    def ids(text: str) -> np.ndarray:
+        return np.array(encode(tokenizer, text), np.int32)
+
+    return _Encoded(
+        clues=[ids(c) for c in problem.clues],
+        distractors=[[ids(s) for s in ch] for ch in problem.distractors],
+        question=ids(problem.question),
+        answer=ids(problem.answer),
+    )
+
+
+def _layout(
+    problem: Problem,
+    enc: _Encoded,
+    tokenizer: Tokenizer,
+    filler: Filler,
+    length: int,
+    bucket: tuple[int, int] | None,
+    rng: np.random.Generator,
+) -> tuple[ClueExample, ClueExample] | None:
+    """The scattered example and its control twin, or None if this draw cannot meet the bucket."""
+    bos, eos = tokenizer.token_to_id(BOS), tokenizer.token_to_id(EOS)
+    F = length - enc.fixed_tokens
+    assert F >= 0, "make_example sheds distractors until the problem fits"
+    window, bounds = _filler_window(filler, F, rng)
+
+    # Distractor chains: each statement at a sentence boundary, a chain's statements in order.
+    flat_dist = [d for ch in enc.distractors for d in ch]
+    d_off = np.concatenate(
+        [np.sort(rng.choice(bounds, size=len(ch))) for ch in enc.distractors]
+        or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
+    d_len = np.array([len(d) for d in flat_dist], dtype=np.int64)
+    rest = sum(len(c) for c in enc.clues[1:])
+
+    dist_at_bounds = _distances(bounds, F, rest, d_off, d_len)
+    if bucket is not None:
+        lo, hi = bucket
+        ok = (dist_at_bounds >= lo) & (dist_at_bounds < hi)
+        if ok.any():
+            p1 = int(rng.choice(bounds[ok]))
+        else:
+            # No sentence boundary hits the bucket: put clue 1 inside a sentence.
+            offsets = np.arange(F + 1, dtype=np.int64)
+            dist_all = _distances(offsets, F, rest, d_off, d_len)
+            ok = (dist_all >= lo) & (dist_all < hi)
+            if not ok.any():
+                return None
+            p1 = int(rng.choice(offsets[ok]))
+    else:
+        # Training: a log-uniform target distance over what this layout can reach.
+        d_min, d_max = int(dist_at_bounds.min()), int(dist_at_bounds.max())
+        target = math.exp(rng.uniform(math.log1p(d_min), math.log1p(d_max))) - 1
+        p1 = int(bounds[int(np.argmin(np.abs(dist_at_bounds - target)))])
+    expected_distance = int(_distances(np.array([p1]), F, rest, d_off, d_len)[0])
+    later = bounds[bounds >= p1]
+    c_off = np.concatenate([[p1], np.sort(rng.choice(later, size=len(enc.clues) - 1))])
+
+    # Segments inserted at each filler offset: distractors first, then needed clues in order.
+    inserts: dict[int, list[tuple[str, int, np.ndarray]]] = {}
+    for j, (o, d) in enumerate(zip(d_off, flat_dist)):
+        inserts.setdefault(int(o), []).append(("distractor", j, d))
+    for i, (o, c) in enumerate(zip(c_off, enc.clues)):
+        inserts.setdefault(int(o), []).append(("clue", i, c))
+
+    def assemble(move_clues: bool) -> ClueExample:
+        parts, pos, prev = [np.array([bos], np.int32)], 1, 0
+        spans: list[tuple[int, int]] = [(0, 0)] * len(enc.clues)
+        for o in sorted(inserts):
+            parts.append(window[prev:o])
+            pos += o - prev
+            prev = o
+            for what, i, seg in inserts[o]:
+                if what == "clue" and move_clues:
+                    continue
+                parts.append(seg)
+                if what == "clue":
+                    spans[i] = (pos, pos + len(seg))
+                pos += len(seg)
+        parts.append(window[prev:])
+        pos += F - prev
+        if move_clues:
+            for i, seg in enumerate(enc.clues):
+                parts.append(seg)
+                spans[i] = (pos, pos + len(seg))
+                pos += len(seg)
+        q_start = pos
+        a_start = q_start + len(enc.question)
+        parts += [enc.question, enc.answer, np.array([eos], np.int32)]
+        ids = np.concatenate(parts).astype(np.int32)
+        assert len(ids) == length, (len(ids), length)
+        return ClueExample(
+            kind=problem.kind,
+            variant="control" if move_clues else "scattered",
+            input_ids=ids,
+            question_start=q_start,
+            answer_start=a_start,
+            answer_end=a_start + len(enc.answer),
+            clue_spans=tuple(spans),
+            n_distractors=len(flat_dist),
+            answer=problem.answer.strip(),
+        )
+
+    scattered = assemble(move_clues=False)
+    assert scattered.distance == expected_distance, (scattered.distance, expected_distance)
+    return scattered, assemble(move_clues=True)
+
+
+def _num_distractors(cfg: CluesConfig, length: int) -> int:
+    n = round(length / 1000 * cfg.distractors_per_1k)
+    return int(min(max(n, cfg.min_distractors), cfg.max_distractors))
+
+
+def make_example(
+    cfg: CluesConfig,
+    tokenizer: Tokenizer,
+    filler: Filler,
+    length: int,
+    rng: np.random.Generator,
+    bucket: tuple[int, int] | None = None,
+    kind: str | None = None,
+    n_clues: int | None = None,
+) -> tuple[ClueExample, ClueExample]:
+    """A (scattered, control) pair of `length` tokens; with `bucket`, the distance lies in it.
+
+    Kind and clue count are drawn from `rng` unless given. When the statements, question and answer
+    do not fit in `length`, distractors are shed one at a time. Raises ValueError when no draw fits.
+    """
+    for _ in range(_MAX_ATTEMPTS):
+        k = kind if kind is not None else cfg.kinds[int(rng.integers(len(cfg.kinds)))]
+        n = n_clues if n_clues is not None else int(rng.integers(cfg.min_clues, cfg.max_clues + 1))
+        n_d = _num_distractors(cfg, length)
+        problem = make_problem(cfg, k, n, n_d, rng)
+        enc = _encode_problem(problem, tokenizer)
+        while enc.fixed_tokens > length and problem.distractors:
+            problem = _drop_last_distractor(problem)
+            enc = _encode_problem(problem, tokenizer)
+        if enc.fixed_tokens > length:
+            continue
+        pair = _layout(problem, enc, tokenizer, filler, length, bucket, rng)
+        if pair is not None:
+            return pair
+    raise ValueError(
+        f"could not lay out a clue example of length {length} with distance in {bucket} after "
+        f"{_MAX_ATTEMPTS} attempts; use a longer length, fewer clues (max_clues) or a bucket that "
+        "starts below the length"
+    )
+
+
+def _drop_last_distractor(problem: Problem) -> Problem:
+    chains = list(problem.distractors)
+    last = chains.pop()[:-1]
+    if last:
+        chains.append(last)
+    return Problem(problem.kind, problem.clues, tuple(chains), problem.question, problem.answer)
+
+
+def needs_every_clue(tokenizer: Tokenizer, ex: ClueExample) -> bool:
+    """True when the prompt determines the answer and removing any one needed clue undetermines it."""
+    prompt = ex.input_ids[: ex.answer_start]
+    if solve(decode(tokenizer, prompt)) != ex.answer:
+        return False
+    for s, e in ex.clue_spans:
+        without = np.concatenate([prompt[:s], prompt[e:]])
+        if solve(decode(tokenizer, without)) is not None:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tables: training sequences and the held-out eval grid
+# ---------------------------------------------------------------------------------------------------
+
+
+def _common_columns(examples: list[ClueExample]) -> dict[str, pa.Array]:
+    return {
+        "length": pa.array([e.length for e in examples], pa.int32()),
+        "distance": pa.array([e.distance for e in examples], pa.int32()),
+        "kind": pa.array([e.kind for e in examples], pa.string()),
+        "variant": pa.array([e.variant for e in examples], pa.string()),
+        "n_clues": pa.array([len(e.clue_spans) for e in examples], pa.int8()),
+        "n_distractors": pa.array([e.n_distractors for e in examples], pa.int16()),
+        "clue_starts": pa.array([[s for s, _ in e.clue_spans] for e in examples], pa.list_(pa.int32())),
+        "clue_ends": pa.array([[t for _, t in e.clue_spans] for e in examples], pa.list_(pa.int32())),
+        "question_start": pa.array([e.question_start for e in examples], pa.int32()),
+        "answer": pa.array([e.answer for e in examples], pa.string()),
+    }
+
+
+def clue_training_examples(
+    cfg: CluesConfig, length: int, n: int, *, tokenizer: Tokenizer, filler: Filler, stream: int = 0
+) -> list[ClueExample]:
+    """`n` scattered training examples of `length` tokens; `stream` selects an independent draw."""
+    out = []
+    for i in range(n):
+        scattered, _ = make_example(
+            cfg, tokenizer, filler, length, make_rng(cfg.seed, "clues-train", length, stream, i)
+        )
+        out.append(scattered)
+    return out
+
+
+def clue_training_set(
+    cfg: CluesConfig, length: int, n: int, *, tokenizer: Tokenizer, corpus: pa.Table, stream: int = 0
+) -> pa.Table:
+    """Training table: input_ids (full sequence), answer_start/answer_end, and the example's geometry.
+
+    Filler comes from the corpus's train split. Train with next-token loss on every position, or on
+    input_ids[answer_start:answer_end] only.
+    """
+    filler = build_filler(corpus, tokenizer, "train")
+    examples = clue_training_examples(cfg, length, n, tokenizer=tokenizer, filler=filler, stream=stream)
+    cols = {
+        "input_ids": pa.array([e.input_ids for e in examples], pa.list_(pa.int32())),
+        "answer_start": pa.array([e.answer_start for e in examples], pa.int32()),
+        "answer_end": pa.array([e.answer_end for e in examples], pa.int32()),
+        **_common_columns(examples),
+    }
+    return with_metadata(
+        pa.table(cols),
+        {"generator": "clue_training_set", "config": asdict(cfg), "length": length, "n": n,
+         "stream": stream},
+    )
+
+
+def eval_cells(cfg: CluesConfig) -> list[tuple[int, int]]:
+    """(length, bucket index) cells of the eval grid: every bucket whose lower edge a sequence of that
+    length can reach (clue 1, the question, the answer and the two boundary tokens must fit)."""
+    # A generous bound on bos + clue 1 + question (4 names) + answer + eos, in tokens.
+    reserved = 40
+    return [
+        (length, b)
+        for length in cfg.context_lengths
+        for b, (lo, _) in enumerate(distance_buckets(cfg))
+        if lo < length - reserved
+    ]
+
+
+def _eval_examples(cfg, length, bucket, tokenizer, filler) -> list[ClueExample]:
+    buckets = distance_buckets(cfg)
+    if not 0 <= bucket < len(buckets):
+        raise ValueError(f"distance_bucket must be in [0, {len(buckets)}), got {bucket}")
+    out = []
+    for i in range(cfg.eval_per_cell):
+        # Kinds and clue counts cycle so every cell has the same mix.
+        kind = cfg.kinds[i % len(cfg.kinds)]
+        counts = range(cfg.min_clues, cfg.max_clues + 1)
+        n_clues = counts[(i // len(cfg.kinds)) % len(counts)]
+        r = make_rng(cfg.seed, "clues-eval", length, bucket, i)
+        out.extend(make_example(cfg, tokenizer, filler, length, r, buckets[bucket], kind, n_clues))
+    return out
+
+
+def _eval_table(cfg: CluesConfig, cells: list[tuple[int, int, list[ClueExample]]]) -> pa.Table:
+    examples = [e for _, _, exs in cells for e in exs]
+    buckets = distance_buckets(cfg)
+    cell_of = [(length, b) for length, b, exs in cells for _ in exs]
+    cols = {
+        "length_target": pa.array([c[0] for c in cell_of], pa.int32()),
+        "bucket": pa.array([c[1] for c in cell_of], pa.int32()),
+        "bucket_lo": pa.array([buckets[c[1]][0] for c in cell_of], pa.int32()),
+        "bucket_hi": pa.array([buckets[c[1]][1] for c in cell_of], pa.int32()),
+        # Rows come in (scattered, control) twins sharing a pair_id.
+        "pair_id": pa.array([i // 2 for i in range(len(examples))], pa.int32()),
+        "prompt_ids": pa.array([e.input_ids[: e.answer_start] for e in examples], pa.list_(pa.int32())),
+        "answer_ids": pa.array(
+            [e.input_ids[e.answer_start : e.answer_end] for e in examples], pa.list_(pa.int32())
+        ),
+        **_common_columns(examples),
+    }
+    return with_metadata(pa.table(cols), {"generator": "clue_eval", "config": asdict(cfg)})
+
+
+def clue_eval_set(
+    cfg: CluesConfig,
+    length: int,
+    distance_bucket: int,
+    *,
+    tokenizer: Tokenizer,
+    corpus: pa.Table | None = None,
+    filler: Filler | None = None,
+) -> pa.Table:
+    """Held-out eval examples of one (length, distance bucket) cell, each with its control twin.
+
+    Columns: prompt_ids (everything up to and including "Answer:"), answer_ids (the answer's tokens,
+    scored by greedy decoding of len(answer_ids) tokens or by their summed log-probability), answer
+    (text), variant ("scattered" | "control"), pair_id, distance, bucket, kind, n_clues, ... Filler
+    comes from the corpus's held-out split; pass `filler` to reuse one built by `build_filler`.
+    """
+    if filler is None:
+        if corpus is None:
+            raise ValueError("pass corpus= (the corpus table) or filler= (from build_filler)")
+        filler = build_filler(corpus, tokenizer, "heldout")
+    examples = _eval_examples(cfg, length, distance_bucket, tokenizer, filler)
+    return _eval_table(cfg, [(length, distance_bucket, examples)])
+
+
+def clue_eval_grid(cfg: CluesConfig, *, tokenizer: Tokenizer, corpus: pa.Table) -> pa.Table:
+    """Every cell of `eval_cells(cfg)` in one table (see `clue_eval_set` for the columns)."""
+    filler = build_filler(corpus, tokenizer, "heldout")
+    cells = [
+        (length, b, _eval_examples(cfg, length, b, tokenizer, filler))
+        for length, b in eval_cells(cfg)
+    ]
+    return _eval_table(cfg, cells)
+
+
+def answer_correct(predicted_ids, answer_ids) -> bool:
+    """Exact match of a greedy continuation's first len(answer_ids) tokens with the answer."""
+    answer_ids = list(answer_ids)
+    return list(predicted_ids)[: len(answer_ids)] == answer_ids

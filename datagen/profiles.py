@@ -1,0 +1,127 @@
+"""Per-profile data sizes: `presets(profile)` → DatagenConfig, one small function per profile.
+
+Profiles (DESIGN §3): `smoke` (the test suite, whole graph in about a minute), `tiny` (default, a 2-core
+CPU) and `small` (one GPU). Context stages keep K3's 8K : 64K : 256K : 1M = 1 : 8 : 32 : 128 ratios:
+smoke 64 → 512 tokens, tiny 128 → 16K, small 512 → 64K. Distance buckets are cut so that bucket i+1
+first becomes reachable at stage i+1's length: claim 1 asks whether later stages answer at distances
+where earlier ones fail. `k3` is the published shape, used only for parameter accounting: it has no
+data preset.
+
+Image tokens per image follow the vision encoder: patch 8 and a 2×2 merge, so 32 px → 4 tokens and
+64 px → 16 tokens (datagen.images.image_token_count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from datagen.clues import CluesConfig
+from datagen.corpus import CorpusConfig
+from datagen.images import PALETTE, ImagesConfig, image_token_count
+from datagen.packing import PackingConfig
+from datagen.tokenizer import TokenizerConfig
+
+VISION_PATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class DatagenConfig:
+    profile: str
+    tokenizer: TokenizerConfig
+    corpus: CorpusConfig
+    clues: CluesConfig
+    images: ImagesConfig
+    packing: PackingConfig
+    # Pretraining tokens per context stage; a stage of length L gets tokens_per_stage // L rows.
+    tokens_per_stage: int
+
+    def __post_init__(self):
+        if self.tokens_per_stage < max(self.context_lengths):
+            raise ValueError(
+                f"tokens_per_stage={self.tokens_per_stage} is below the longest context "
+                f"{max(self.context_lengths)}: every stage needs at least one row"
+            )
+
+    @property
+    def context_lengths(self) -> tuple[int, ...]:
+        return self.clues.context_lengths
+
+    def sequences_per_stage(self) -> tuple[int, ...]:
+        return tuple(self.tokens_per_stage // length for length in self.context_lengths)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _smoke(seed: int) -> DatagenConfig:
+    return DatagenConfig(
+        profile="smoke",
+        tokenizer=TokenizerConfig(vocab_size=512, train_chars=300_000),
+        corpus=CorpusConfig(seed=seed, stdlib_chars=250_000, prose_docs=150, heldout_fraction=0.1,
+                            max_doc_chars=8000),
+        clues=CluesConfig(
+            seed=seed,
+            context_lengths=(64, 128, 256, 512),
+            distance_edges=(0, 32, 64, 128, 256, 512),
+            max_clues=3,
+            distractors_per_1k=8.0,
+            min_distractors=1,
+            max_distractors=8,
+            eval_per_cell=4,
+        ),
+        images=ImagesConfig(seed=seed, image_size=32, n_images=200, heldout_fraction=0.2,
+                            questions_per_image=2),
+        packing=PackingConfig(seed=seed, image_tokens=image_token_count(32, VISION_PATCH_SIZE)),
+        tokens_per_stage=8192,
+    )
+
+
+def _tiny(seed: int) -> DatagenConfig:
+    return DatagenConfig(
+        profile="tiny",
+        tokenizer=TokenizerConfig(vocab_size=4096, train_chars=4_000_000),
+        corpus=CorpusConfig(seed=seed, stdlib_chars=6_000_000, prose_docs=2000),
+        clues=CluesConfig(
+            seed=seed,
+            context_lengths=(128, 1024, 4096, 16384),
+            distance_edges=(0, 64, 512, 2048, 8192, 16384),
+            eval_per_cell=16,
+        ),
+        images=ImagesConfig(seed=seed, image_size=32, n_images=4000),
+        packing=PackingConfig(seed=seed, image_tokens=image_token_count(32, VISION_PATCH_SIZE)),
+        tokens_per_stage=1 << 19,
+    )
+
+
+def _small(seed: int) -> DatagenConfig:
+    return DatagenConfig(
+        profile="small",
+        tokenizer=TokenizerConfig(vocab_size=16384, train_chars=20_000_000),
+        # More than the standard library holds: every usable file is read.
+        corpus=CorpusConfig(seed=seed, stdlib_chars=100_000_000, prose_docs=10_000),
+        clues=CluesConfig(
+            seed=seed,
+            context_lengths=(512, 4096, 16384, 65536),
+            distance_edges=(0, 256, 2048, 8192, 32768, 65536),
+            distractors_per_1k=2.0,
+            max_distractors=64,
+            eval_per_cell=32,
+        ),
+        images=ImagesConfig(
+            seed=seed, image_size=64, grid=3, max_objects=6, colors=tuple(PALETTE), n_images=20_000
+        ),
+        packing=PackingConfig(seed=seed, image_tokens=image_token_count(64, VISION_PATCH_SIZE)),
+        tokens_per_stage=1 << 24,
+    )
+
+
+_PRESETS: dict[str, Callable[[int], DatagenConfig]] = {"smoke": _smoke, "tiny": _tiny, "small": _small}
+PROFILES = tuple(_PRESETS)
+
+
+def presets(profile: str = "tiny", seed: int = 0) -> DatagenConfig:
+    """The data configuration of a profile; `seed` seeds every generator."""
+    if profile not in _PRESETS:
+        raise ValueError(f"unknown profile {profile!r}; valid profiles: {', '.join(PROFILES)}")
+    return _PRESETS[profile](seed)
