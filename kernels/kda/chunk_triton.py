@@ -1,0 +1,744 @@
+"""Chunkwise KDA in Triton: forward and backward, chunk 64, fp32 state, bf16/fp16/fp32 inputs.
+
+Kimi Linear report §2.1 (Eqs. 3–9); research/kda.md §2; the torch twin is `chunk_torch.py`.
+Per chunk of C = 64 tokens, with the chunk-local cumulative log decay G_r = Σ_{i≤r} g_i (per key
+channel; the kernels carry it in log2 units and use exp2):
+
+    A_kk[r, i] = β_r Σ_d k_r[d] k_i[d] e^{G_r[d] − G_i[d]}        i < r
+    A_qk[r, j] = scale Σ_d q_r[d] k_j[d] e^{G_r[d] − G_j[d]}      j ≤ r
+    T = (I + A_kk)⁻¹,   W = T (β ⊙ e^G ⊙ K),   U = T (β ⊙ V)       (UT transform)
+    KG = K ⊙ e^{G_C − G},   QG = scale · Q ⊙ e^G,   γ = e^{G_C}
+
+and, sequentially over chunks, S the fp32 state entering the chunk:
+
+    V_new = U − W S
+    O     = QG S + A_qk V_new
+    S'    = γ ⊙ S + KGᵀ V_new
+
+Kernels, in the order they run:
+1. `_prep_kernel` (parallel over chunks): everything that does not depend on S. A_kk and A_qk are
+   built from 16-row sub-chunks ("secondary chunking"): a pair of rows r ≥ j factors its decay as
+   e^{G_r − G_p} · e^{G_p − G_j} through an anchor row p that lies in the past of r — the first row
+   of r's sub-chunk for diagonal blocks, shifted by 2^±DIAG_SHIFT so both factors stay in fp32
+   range, and for off-diagonal blocks an anchor between the two sub-chunks, where both factors are
+   ≤ 1. No anchor is ever a future row, so prefix outputs do not depend on later gates at all
+   (fla issue #1240). T is inverted blockwise: forward substitution on the four diagonal 16×16
+   blocks, then block products for the rest.
+2. `_fwd_state_kernel` (sequential over chunks, parallel over batch·heads and value blocks): the
+   state hand-off S → S' and the output, fused. The chunk's loads and the S-independent products
+   (QG S shares its operand with W S; A_qk V_new runs off the state's critical path) are issued
+   alongside the state update, so the serial chain per chunk is two small products: W S and KGᵀ V_new.
+   With gradients required it also stores S per chunk (bf16) and V_new, so the backward never
+   reruns the forward recurrence.
+
+Backward, with dO and dS_final given:
+3. `_bwd_state_kernel` (sequential, reverse): dV_new = A_qkᵀ dO + KG dS',
+   dS = γ ⊙ dS' + QGᵀ dO − Wᵀ dV_new; stores dS' per chunk and dV_new.
+4. `_bwd_chunk_kernel` (parallel over chunks): with X = β(V − e^G K S) so that V_new = T X,
+   dX = Tᵀ dV_new and dA_kk = −dX V_newᵀ (strictly lower), which needs neither W nor dT; then the
+   gradients of QG, KG, γ and of the pairwise matrices A_qk and A_kk with respect to q, k, G and β,
+   the pairs again factored through past anchors; dg is the reverse cumulative sum of dG over the chunk.
+
+Exactness of the anchored factorization: inside one 16-token sub-chunk the per-channel log decay
+(G at the sub-chunk's first row minus G at a later row) must stay below about 130 nats (a mean
+log decay above −8.7 per token, e.g. any gate bounded below by −5 as in K3's safe gate). Beyond
+that the intra-sub-chunk terms are clamped (they stay finite, never NaN) but lose accuracy; use
+`chunk_kda_torch` for such gates. Outside the diagonal blocks every factor is ≤ 1, so any decay is exact.
+
+Legend: B batch, T tokens, H heads, K key width, V value width, NT chunks, BT = 64 chunk rows,
+BK/BV tile widths. Layouts follow fla: [B, T, H, D] inputs, [B, H, K, V] fp32 states.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+LOG2E = 1.4426950408889634
+# Diagonal sub-chunk blocks: row factors 2^(G_r − G_p + SHIFT) ≤ 2^SHIFT, column factors
+# 2^(G_p − SHIFT − G_j) ≥ 2^−SHIFT; both stay normal fp32 while the sub-chunk's decay is < SHIFT + 126.
+DIAG_SHIFT = 64.0
+EXP2_CLAMP = 126.0
+MAX_K = 128
+MAX_V = 256
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_rows(ptr, t_start, T, stride, o_c, m_c, NR: tl.constexpr):
+    """Rows t_start … t_start+NR−1 of a [T, ·] view with row stride `stride`; zeros past T."""
+    o_t = t_start + tl.arange(0, NR)
+    m = (o_t < T)[:, None] & m_c[None, :]
+    return tl.load(ptr + o_t[:, None] * stride + o_c[None, :], mask=m, other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, val, t_start, T, stride, o_c, m_c, NR: tl.constexpr):
+    o_t = t_start + tl.arange(0, NR)
+    m = (o_t < T)[:, None] & m_c[None, :]
+    tl.store(ptr + o_t[:, None] * stride + o_c[None, :], val.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _row(x, i, N: tl.constexpr):
+    """Row i of a register tile [N, M] as a vector [M]."""
+    return tl.sum(tl.where(tl.arange(0, N)[:, None] == i, x, 0.0), 0)
+
+
+@triton.jit
+def _inv_unit_lower16(A):
+    """(I + A)⁻¹ for a strictly lower-triangular 16×16 tile, by forward substitution in registers."""
+    r = tl.arange(0, 16)
+    Ti = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, 16):
+        a = _row(A, i, 16)  # A[i, j], nonzero for j < i
+        t = -tl.sum(a[:, None] * Ti, 0)  # −Σ_j A[i, j] T[j, :]
+        Ti = tl.where(r[:, None] == i, t[None, :] + tl.where(r[None, :] == i, 1.0, 0.0), Ti)
+    return Ti
+
+
+@triton.jit
+def _sub_gates(g, t0, T, sk, o_k, m_k):
+    """The four 16-row sub-chunk tiles of G (log2 units, chunk-local) and their anchors (first rows)."""
+    g0 = _load_rows(g, t0, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
+    g1 = _load_rows(g, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
+    g2 = _load_rows(g, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
+    g3 = _load_rows(g, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
+    G0 = tl.cumsum(g0, 0)
+    c1 = tl.sum(g0, 0)
+    G1 = c1[None, :] + tl.cumsum(g1, 0)
+    c2 = c1 + tl.sum(g1, 0)
+    G2 = c2[None, :] + tl.cumsum(g2, 0)
+    c3 = c2 + tl.sum(g2, 0)
+    G3 = c3[None, :] + tl.cumsum(g3, 0)
+    return G0, G1, G2, G3, _row(G0, 0, 16), _row(G1, 0, 16), _row(G2, 0, 16), _row(G3, 0, 16)
+
+
+@triton.jit
+def _diag_blocks(qa, ka, Ga, pa, SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+    """Unmasked (Q_a K_aᵀ, K_a K_aᵀ) with decay e^{G_r − G_j}, anchored at the sub-chunk's first row."""
+    rf = tl.exp2(Ga - pa[None, :] + SHIFT)
+    kc = tl.trans(ka * tl.exp2(tl.minimum(pa[None, :] - SHIFT - Ga, CLAMP)))
+    return tl.dot(qa * rf, kc), tl.dot(ka * rf, kc)
+
+
+@triton.jit
+def _off_blocks(qs, ks, pa, kb, Gb):
+    """(Q_a K_bᵀ, K_a K_bᵀ) for b < a; rows already scaled by e^{G_a − G_p}, p the first row of a."""
+    kc = tl.trans(kb * tl.exp2(tl.minimum(pa[None, :] - Gb, 0.0)))
+    return tl.dot(qs, kc), tl.dot(ks, kc)
+
+
+@triton.jit
+def _store_block(ptr, blk, row0, col0, T, stride):
+    r = tl.arange(0, 16)
+    o_t = row0 + r
+    tl.store(ptr + o_t[:, None] * stride + (col0 + r)[None, :], blk.to(ptr.dtype.element_ty),
+             mask=(o_t < T)[:, None])
+
+
+@triton.jit
+def _prep_kernel(
+    q, k, v, g, beta,
+    Ti, Aqk, W, U, QG, KG, GAM,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h  # (b, t=0, h) as a flat token-head index
+    q += bt * K
+    k += bt * K
+    g += bt * K
+    v += bt * V
+    beta += bt
+    Ti += bt * 64
+    Aqk += bt * 64
+    W += bt * K
+    U += bt * V
+    QG += bt * K
+    KG += bt * K
+    GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
+    sk = H * K
+    sv = H * V
+    sa = H * 64
+
+    # ---- A_qk, A_kk blocks from 16-row sub-chunks, accumulated over key slices -------------
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    qk00, kk00, qk11, kk11, qk22, kk22, qk33, kk33 = z, z, z, z, z, z, z, z
+    qk10, kk10, qk20, kk20, qk21, kk21 = z, z, z, z, z, z
+    qk30, kk30, qk31, kk31, qk32, kk32 = z, z, z, z, z, z
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        G0, G1, G2, G3, p0, p1, p2, p3 = _sub_gates(g, t0, T, sk, o_k, m_k)
+        q0 = _load_rows(q, t0, T, sk, o_k, m_k, 16).to(tl.float32)
+        q1 = _load_rows(q, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32)
+        q2 = _load_rows(q, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32)
+        q3 = _load_rows(q, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32)
+        k0 = _load_rows(k, t0, T, sk, o_k, m_k, 16).to(tl.float32)
+        k1 = _load_rows(k, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32)
+        k2 = _load_rows(k, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32)
+        k3 = _load_rows(k, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32)
+        a, b = _diag_blocks(q0, k0, G0, p0, SHIFT, CLAMP)
+        qk00 += a
+        kk00 += b
+        a, b = _diag_blocks(q1, k1, G1, p1, SHIFT, CLAMP)
+        qk11 += a
+        kk11 += b
+        a, b = _diag_blocks(q2, k2, G2, p2, SHIFT, CLAMP)
+        qk22 += a
+        kk22 += b
+        a, b = _diag_blocks(q3, k3, G3, p3, SHIFT, CLAMP)
+        qk33 += a
+        kk33 += b
+        # Off-diagonal: anchor at the first row of the later sub-chunk, both factors ≤ 1.
+        rf = tl.exp2(G1 - p1[None, :])
+        a, b = _off_blocks(q1 * rf, k1 * rf, p1, k0, G0)
+        qk10 += a
+        kk10 += b
+        rf = tl.exp2(G2 - p2[None, :])
+        qs, ks = q2 * rf, k2 * rf
+        a, b = _off_blocks(qs, ks, p2, k0, G0)
+        qk20 += a
+        kk20 += b
+        a, b = _off_blocks(qs, ks, p2, k1, G1)
+        qk21 += a
+        kk21 += b
+        rf = tl.exp2(G3 - p3[None, :])
+        qs, ks = q3 * rf, k3 * rf
+        a, b = _off_blocks(qs, ks, p3, k0, G0)
+        qk30 += a
+        kk30 += b
+        a, b = _off_blocks(qs, ks, p3, k1, G1)
+        qk31 += a
+        kk31 += b
+        a, b = _off_blocks(qs, ks, p3, k2, G2)
+        qk32 += a
+        kk32 += b
+
+    r16 = tl.arange(0, 16)
+    one = tl.full([1], 1, dtype=tl.int1)
+    zc = tl.zeros([1], dtype=tl.int32)
+    # β as [16, 1] columns, to scale rows
+    b0 = _load_rows(beta, t0, T, H, zc, one, 16).to(tl.float32)
+    b1 = _load_rows(beta, t0 + 16, T, H, zc, one, 16).to(tl.float32)
+    b2 = _load_rows(beta, t0 + 32, T, H, zc, one, 16).to(tl.float32)
+    b3 = _load_rows(beta, t0 + 48, T, H, zc, one, 16).to(tl.float32)
+    strict = r16[:, None] > r16[None, :]
+    incl = r16[:, None] >= r16[None, :]
+    kk00 = tl.where(strict, kk00 * b0, 0.0)
+    kk11 = tl.where(strict, kk11 * b1, 0.0)
+    kk22 = tl.where(strict, kk22 * b2, 0.0)
+    kk33 = tl.where(strict, kk33 * b3, 0.0)
+    kk10 = kk10 * b1
+    kk20 = kk20 * b2
+    kk21 = kk21 * b2
+    kk30 = kk30 * b3
+    kk31 = kk31 * b3
+    kk32 = kk32 * b3
+
+    # ---- T = (I + A_kk)⁻¹ blockwise --------------------------------------------------------
+    T00 = _inv_unit_lower16(kk00)
+    T11 = _inv_unit_lower16(kk11)
+    T22 = _inv_unit_lower16(kk22)
+    T33 = _inv_unit_lower16(kk33)
+    T10 = -tl.dot(tl.dot(T11, kk10, input_precision="ieee"), T00, input_precision="ieee")
+    T21 = -tl.dot(tl.dot(T22, kk21, input_precision="ieee"), T11, input_precision="ieee")
+    T20 = -tl.dot(T22, tl.dot(kk20, T00, input_precision="ieee")
+                  + tl.dot(kk21, T10, input_precision="ieee"), input_precision="ieee")
+    T32 = -tl.dot(tl.dot(T33, kk32, input_precision="ieee"), T22, input_precision="ieee")
+    T31 = -tl.dot(T33, tl.dot(kk31, T11, input_precision="ieee")
+                  + tl.dot(kk32, T21, input_precision="ieee"), input_precision="ieee")
+    T30 = -tl.dot(T33, tl.dot(kk30, T00, input_precision="ieee")
+                  + tl.dot(kk31, T10, input_precision="ieee")
+                  + tl.dot(kk32, T20, input_precision="ieee"), input_precision="ieee")
+
+    # T and A_qk go to memory as [64, 64] row blocks (upper blocks written as zeros).
+    _store_block(Ti, T00, t0, 0, T, sa)
+    _store_block(Ti, z, t0, 16, T, sa)
+    _store_block(Ti, z, t0, 32, T, sa)
+    _store_block(Ti, z, t0, 48, T, sa)
+    _store_block(Ti, T10, t0 + 16, 0, T, sa)
+    _store_block(Ti, T11, t0 + 16, 16, T, sa)
+    _store_block(Ti, z, t0 + 16, 32, T, sa)
+    _store_block(Ti, z, t0 + 16, 48, T, sa)
+    _store_block(Ti, T20, t0 + 32, 0, T, sa)
+    _store_block(Ti, T21, t0 + 32, 16, T, sa)
+    _store_block(Ti, T22, t0 + 32, 32, T, sa)
+    _store_block(Ti, z, t0 + 32, 48, T, sa)
+    _store_block(Ti, T30, t0 + 48, 0, T, sa)
+    _store_block(Ti, T31, t0 + 48, 16, T, sa)
+    _store_block(Ti, T32, t0 + 48, 32, T, sa)
+    _store_block(Ti, T33, t0 + 48, 48, T, sa)
+    _store_block(Aqk, tl.where(incl, qk00 * scale, 0.0), t0, 0, T, sa)
+    _store_block(Aqk, z, t0, 16, T, sa)
+    _store_block(Aqk, z, t0, 32, T, sa)
+    _store_block(Aqk, z, t0, 48, T, sa)
+    _store_block(Aqk, qk10 * scale, t0 + 16, 0, T, sa)
+    _store_block(Aqk, tl.where(incl, qk11 * scale, 0.0), t0 + 16, 16, T, sa)
+    _store_block(Aqk, z, t0 + 16, 32, T, sa)
+    _store_block(Aqk, z, t0 + 16, 48, T, sa)
+    _store_block(Aqk, qk20 * scale, t0 + 32, 0, T, sa)
+    _store_block(Aqk, qk21 * scale, t0 + 32, 16, T, sa)
+    _store_block(Aqk, tl.where(incl, qk22 * scale, 0.0), t0 + 32, 32, T, sa)
+    _store_block(Aqk, z, t0 + 32, 48, T, sa)
+    _store_block(Aqk, qk30 * scale, t0 + 48, 0, T, sa)
+    _store_block(Aqk, qk31 * scale, t0 + 48, 16, T, sa)
+    _store_block(Aqk, qk32 * scale, t0 + 48, 32, T, sa)
+    _store_block(Aqk, tl.where(incl, qk33 * scale, 0.0), t0 + 48, 48, T, sa)
+    # Make this program's T visible to all of its threads before reading it back as one tile.
+    tl.debug_barrier()
+
+    # ---- W, U, KG, QG, γ on full 64-row tiles ----------------------------------------------
+    c64 = tl.arange(0, 64)
+    all64 = c64 < 64
+    Tm = _load_rows(Ti, t0, T, sa, c64, all64, 64)
+    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
+        GC = _row(GF, 63, 64)  # padded rows carry g = 0, so row 63 holds the last valid row's G
+        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        eG = tl.exp2(GF)
+        Kb = (kF * eG * bF).to(Tm.dtype)
+        _store_rows(W, tl.dot(Tm, Kb), t0, T, sk, o_k, m_k, 64)
+        _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
+        _store_rows(QG, qF * eG * scale, t0, T, sk, o_k, m_k, 64)
+        tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
+        _store_rows(U, tl.dot(Tm, (vF * bF).to(Tm.dtype)), t0, T, sv, o_v, m_v, 64)
+
+
+@triton.jit
+def _fwd_state_kernel(
+    W, U, QG, KG, Aqk, GAM, h0, o, ht, hs, vnew,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SAVE: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    W += bt * K
+    QG += bt * K
+    KG += bt * K
+    U += bt * V
+    o += bt * V
+    Aqk += bt * 64
+    sk = H * K
+    sv = H * V
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    c64 = tl.arange(0, 64)
+    all64 = c64 < 64
+    m_kv = m_k[:, None] & m_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+    if SAVE:
+        vnew += bt * V
+    for n in range(NT):
+        t0 = n * 64
+        if SAVE:
+            p_h = hs + ((i_b * NT + n) * H + i_h).to(tl.int64) * K * V
+            tl.store(p_h + o_k[:, None] * V + o_v[None, :], S.to(hs.dtype.element_ty), mask=m_kv)
+        b_w = _load_rows(W, t0, T, sk, o_k, m_k, 64)
+        b_qg = _load_rows(QG, t0, T, sk, o_k, m_k, 64)
+        b_u = _load_rows(U, t0, T, sv, o_v, m_v, 64).to(tl.float32)
+        b_a = _load_rows(Aqk, t0, T, H * 64, c64, all64, 64)
+        o_t = t0 + c64
+        b_kgT = tl.load(KG + o_t[None, :] * sk + o_k[:, None], mask=m_k[:, None] & (o_t < T)[None, :], other=0.0)
+        gam = tl.load(GAM + ((i_b * NT + n) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
+        Sc = S.to(b_w.dtype)
+        vn = b_u - tl.dot(b_w, Sc)
+        vnc = vn.to(b_w.dtype)
+        b_o = tl.dot(b_qg, Sc) + tl.dot(b_a, vnc)
+        _store_rows(o, b_o, t0, T, sv, o_v, m_v, 64)
+        if SAVE:
+            _store_rows(vnew, vnc, t0, T, sv, o_v, m_v, 64)
+        S = S * gam[:, None] + tl.dot(b_kgT, vnc)
+    if STORE_HT:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], S, mask=m_kv)
+
+
+@triton.jit
+def _bwd_state_kernel(
+    W, QG, KG, Aqk, GAM, do, dht, dhs, dvnew, dh0,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_DHT: tl.constexpr, USE_DH0: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    W += bt * K
+    QG += bt * K
+    KG += bt * K
+    do += bt * V
+    dvnew += bt * V
+    Aqk += bt * 64
+    sk = H * K
+    sv = H * V
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    c64 = tl.arange(0, 64)
+    m_kv = m_k[:, None] & m_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        dS += tl.load(dht + i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+    for n in range(NT - 1, -1, -1):
+        t0 = n * 64
+        o_t = t0 + c64
+        m_t = o_t < T
+        p_dh = dhs + ((i_b * NT + n) * H + i_h).to(tl.int64) * K * V
+        tl.store(p_dh + o_k[:, None] * V + o_v[None, :], dS.to(dhs.dtype.element_ty), mask=m_kv)
+        b_qgT = tl.load(QG + o_t[None, :] * sk + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
+        b_wT = tl.load(W + o_t[None, :] * sk + o_k[:, None], mask=m_k[:, None] & m_t[None, :], other=0.0)
+        b_kg = _load_rows(KG, t0, T, sk, o_k, m_k, 64)
+        b_aT = tl.load(Aqk + o_t[None, :] * (H * 64) + c64[:, None], mask=m_t[None, :], other=0.0)
+        b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64)
+        gam = tl.load(GAM + ((i_b * NT + n) * H + i_h).to(tl.int64) * K + o_k, mask=m_k, other=0.0)
+        dvn = tl.dot(b_aT, b_do.to(b_aT.dtype)) + tl.dot(b_kg, dS.to(b_kg.dtype))
+        dvnc = dvn.to(b_kg.dtype)
+        _store_rows(dvnew, dvnc, t0, T, sv, o_v, m_v, 64)
+        dS = dS * gam[:, None] + tl.dot(b_qgT, b_do.to(b_qgT.dtype)) - tl.dot(b_wT, dvnc)
+    if USE_DH0:
+        tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], dS, mask=m_kv)
+
+
+@triton.jit
+def _pair_grads(dAqk, dA, Mreg, qs, kF, kb, GF, anc, shift, clamp):
+    """Row- and column-side gradients of the pairwise products inside one anchored region.
+
+    Region Mreg of the [64, 64] pair grid, every pair (r, j) factored as
+    e^{G_r − anc_r + shift} · e^{anc_j − shift − G_j}. Returns (R_qk, R_kk, C): the row-side sums
+    Σ_j P[r, j] k_j e^{G_r − G_j} for P = dA_qk and P = dA_kk (unscaled by β), and the column-side
+    sum Σ_r (dA_qk[r, j] scale·q_r + β_r dA_kk[r, j] k_r) e^{G_r − G_j}.
+    """
+    rf = tl.exp2(tl.minimum(GF - anc + shift, clamp))
+    cf = tl.exp2(tl.minimum(anc - shift - GF, clamp))
+    Pq = tl.where(Mreg, dAqk, 0.0)
+    Pk = tl.where(Mreg, dA, 0.0)
+    Y = kF * cf
+    Rq = tl.dot(Pq, Y) * rf
+    Rk = tl.dot(Pk, Y) * rf
+    C = (tl.dot(tl.trans(Pq), qs * rf) + tl.dot(tl.trans(Pk), kb * rf)) * cf
+    return Rq, Rk, C
+
+
+@triton.jit
+def _bwd_chunk_kernel(
+    q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do,
+    dq, dk, dv, dg, dbeta,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    q += bt * K
+    k += bt * K
+    g += bt * K
+    dq += bt * K
+    dk += bt * K
+    dg += bt * K
+    v += bt * V
+    vnew += bt * V
+    dvnew += bt * V
+    do += bt * V
+    dv += bt * V
+    beta += bt
+    dbeta += bt
+    Ti += bt * 64
+    hs += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    dhs += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    sk = H * K
+    sv = H * V
+    c64 = tl.arange(0, 64)
+    all64 = c64 < 64
+    one = tl.full([1], 1, dtype=tl.int1)
+    zero_c = tl.zeros([1], dtype=tl.int32)
+
+    Tm = _load_rows(Ti, t0, T, H * 64, c64, all64, 64)
+    bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
+    dA = tl.zeros([64, 64], dtype=tl.float32)
+    dAqk = tl.zeros([64, 64], dtype=tl.float32)
+    db = tl.zeros([64, 1], dtype=tl.float32)
+
+    # Region masks of the pair grid and the anchors each region uses (rows of G).
+    blk = c64 // 16
+    r_blk = blk[:, None]
+    j_blk = blk[None, :]
+    M_diag = r_blk == j_blk
+    M_l2 = ((r_blk % 2) == 1) & (j_blk == r_blk - 1)
+    M_l1 = (r_blk >= 2) & (j_blk < 2)
+    strict = c64[:, None] > c64[None, :]
+    incl = c64[:, None] >= c64[None, :]
+
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        dqg = tl.zeros([64, BKS], dtype=tl.float32)
+        dkg = tl.zeros([64, BKS], dtype=tl.float32)
+        dXh = tl.zeros([64, BKS], dtype=tl.float32)
+        dgam = tl.zeros([BKS], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
+            b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
+            b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
+            m_kv = m_k[:, None] & m_v[None, :]
+            b_h = tl.load(hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            b_dh = tl.load(dhs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            dX = tl.dot(tl.trans(Tm), b_dvn)
+            dXc = dX.to(b_vn.dtype)
+            dqg += tl.dot(b_do, tl.trans(b_h))
+            dkg += tl.dot(b_vn, tl.trans(b_dh))
+            dXh += tl.dot(dXc, tl.trans(b_h))
+            dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+            if i_k == 0:
+                vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
+                _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
+                db += tl.sum(dX * vF, 1)[:, None]
+                dA -= tl.dot(dXc, tl.trans(b_vn))
+                dAqk += tl.dot(b_do, tl.trans(b_vn))
+        dA = tl.where(strict, dA, 0.0)
+        dAqk = tl.where(incl, dAqk, 0.0)
+
+        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
+        GC = _row(GF, 63, 64)
+        qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        eG = tl.exp2(GF)
+        eGC = tl.exp2(GC[None, :] - GF)
+        gam = tl.exp2(GC)
+        qs = qF * scale
+        qg = qs * eG
+        kg = kF * eGC
+        kbe = kF * eG
+        b_dq = dqg * eG * scale
+        b_dk = dkg * eGC - bF * eG * dXh
+        b_dG = qg * dqg - kg * dkg - bF * kbe * dXh
+        dGC = tl.sum(kg * dkg, 0) + gam * dgam
+        db -= tl.sum(kbe * dXh, 1)[:, None]
+
+        # Pairwise terms of A_qk and A_kk: three anchored regions partition the lower triangle.
+        p0 = _row(GF, 0, 64)
+        p16 = _row(GF, 16, 64)
+        p32 = _row(GF, 32, 64)
+        p48 = _row(GF, 48, 64)
+        rb = blk[:, None]
+        anc_d = tl.where(rb == 0, p0[None, :], tl.where(rb == 1, p16[None, :],
+                         tl.where(rb == 2, p32[None, :], p48[None, :])))
+        anc_2 = tl.where(rb < 2, p16[None, :], p48[None, :])
+        anc_1 = p32[None, :] + tl.zeros([64, BKS], dtype=tl.float32)
+        kb = kF * bF
+        Rq, Rk, C = _pair_grads(dAqk, dA, M_diag, qs, kF, kb, GF, anc_d, SHIFT, CLAMP)
+        Rq2, Rk2, C2 = _pair_grads(dAqk, dA, M_l2, qs, kF, kb, GF, anc_2, 0.0, 0.0)
+        Rq1, Rk1, C1 = _pair_grads(dAqk, dA, M_l1, qs, kF, kb, GF, anc_1, 0.0, 0.0)
+        Rq += Rq2 + Rq1
+        Rk += Rk2 + Rk1
+        C += C2 + C1
+        b_dq += Rq * scale
+        b_dk += bF * Rk + C
+        b_dG += qs * Rq + kb * Rk - kF * C
+        db += tl.sum(kF * Rk, 1)[:, None]
+        b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
+        b_dg = tl.cumsum(b_dG, 0, reverse=True)
+        _store_rows(dq, b_dq, t0, T, sk, o_k, m_k, 64)
+        _store_rows(dk, b_dk, t0, T, sk, o_k, m_k, 64)
+        _store_rows(dg, b_dg, t0, T, sk, o_k, m_k, 64)
+    _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
+
+
+# --------------------------------------------------------------------------------------------
+# Host functions
+# --------------------------------------------------------------------------------------------
+
+
+def _check_supported(q, v) -> None:
+    K, V = q.shape[-1], v.shape[-1]
+    if K > MAX_K or K < 16:
+        raise ValueError(f"the Triton KDA kernels take key width 16 ≤ K ≤ {MAX_K}, got K={K}; "
+                         "use backend='torch' for other widths")
+    if V > MAX_V or V < 16:
+        raise ValueError(f"the Triton KDA kernels take value width 16 ≤ V ≤ {MAX_V}, got V={V}; "
+                         "use backend='torch' for other widths")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"the Triton KDA kernels take bf16, fp16 or fp32 inputs, got {q.dtype}")
+
+
+def _key_slice(K: int) -> int:
+    return 64 if K > 64 else max(16, triton.next_power_of_2(K))
+
+
+def _state_block(V: int, B: int, H: int) -> int:
+    # Few (batch·head) programs leave SMs idle during the serial chunk loop: split V finer then.
+    bv = 64 if B * H >= 64 else 32
+    return min(bv, max(16, triton.next_power_of_2(V)))
+
+
+def kda_prepare(q, k, v, g, beta, scale):
+    """Kernel 1: per-chunk T, A_qk, W, U, QG, KG and γ (see the module docstring)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    dt = q.dtype
+    Ti = torch.empty(B, T, H, CHUNK, device=q.device, dtype=dt)
+    Aqk = torch.empty(B, T, H, CHUNK, device=q.device, dtype=dt)
+    W = torch.empty(B, T, H, K, device=q.device, dtype=dt)
+    U = torch.empty(B, T, H, V, device=q.device, dtype=dt)
+    QG = torch.empty_like(W)
+    KG = torch.empty_like(W)
+    GAM = torch.empty(B, NT, H, K, device=q.device, dtype=torch.float32)
+    _prep_kernel[(NT, B * H)](
+        q, k, v, g, beta, Ti, Aqk, W, U, QG, KG, GAM, scale, T,
+        H=H, K=K, V=V, BKS=_key_slice(K), BV=min(128, max(16, triton.next_power_of_2(V))),
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=4, num_stages=1,
+    )
+    return Ti, Aqk, W, U, QG, KG, GAM
+
+
+def kda_state_forward(W, U, QG, KG, Aqk, GAM, initial_state, output_final_state, save):
+    """Kernel 2: the serial hand-off with the output fused in; optionally keeps S per chunk and V_new."""
+    B, T, H, K = W.shape
+    V = U.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    o = torch.empty(B, T, H, V, device=W.device, dtype=W.dtype)
+    ht = torch.empty(B, H, K, V, device=W.device, dtype=torch.float32) if output_final_state else None
+    hs = torch.empty(B, NT, H, K, V, device=W.device, dtype=W.dtype) if save else None
+    vnew = torch.empty_like(U) if save else None
+    BV = _state_block(V, B, H)
+    _fwd_state_kernel[(triton.cdiv(V, BV), B * H)](
+        W, U, QG, KG, Aqk, GAM, initial_state, o, ht, hs, vnew, T,
+        H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE=save,
+        num_warps=4, num_stages=2,
+    )
+    return o, ht, hs, vnew
+
+
+def kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, need_dh0):
+    """Kernel 3: reverse serial pass; dS' per chunk (bf16), dV_new, and dS_0 when asked."""
+    B, T, H, K = W.shape
+    V = do.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    dhs = torch.empty(B, NT, H, K, V, device=W.device, dtype=W.dtype)
+    dvnew = torch.empty(B, T, H, V, device=W.device, dtype=W.dtype)
+    dh0 = torch.empty(B, H, K, V, device=W.device, dtype=torch.float32) if need_dh0 else None
+    BV = _state_block(V, B, H)
+    _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
+        W, QG, KG, Aqk, GAM, do, dht, dhs, dvnew, dh0, T,
+        H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        USE_DHT=dht is not None, USE_DH0=need_dh0, num_warps=4, num_stages=2,
+    )
+    return dhs, dvnew, dh0
+
+
+def kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
+    """Kernel 4: dq, dk, dv, dg, dβ from the stored chunk quantities."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dg = torch.empty_like(g)
+    dbeta = torch.empty_like(beta)
+    _bwd_chunk_kernel[(NT, B * H)](
+        q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dq, dk, dv, dg, dbeta, scale, T,
+        H=H, K=K, V=V, BKS=_key_slice(K), BV=min(64, max(16, triton.next_power_of_2(V))),
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=8, num_stages=1,
+    )
+    return dq, dk, dv, dg, dbeta
+
+
+# --------------------------------------------------------------------------------------------
+# autograd
+# --------------------------------------------------------------------------------------------
+
+
+class ChunkKDATriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        h0 = initial_state.contiguous().float() if initial_state is not None else None
+        save = any(ctx.needs_input_grad)
+        Ti, Aqk, W, U, QG, KG, GAM = kda_prepare(q, k, v, g, beta, scale)
+        o, ht, hs, vnew = kda_state_forward(W, U, QG, KG, Aqk, GAM, h0, output_final_state, save)
+        if save:
+            ctx.save_for_backward(q, k, v, g, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew)
+            ctx.scale = scale
+            ctx.has_h0 = h0 is not None
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew = ctx.saved_tensors
+        do = do.contiguous().to(q.dtype)
+        dht = dht.contiguous().float() if dht is not None else None
+        dhs, dvnew, dh0 = kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, ctx.has_h0)
+        dq, dk, dv, dg, dbeta = kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, ctx.scale)
+        return dq, dk, dv, dg, dbeta, None, dh0, None
+
+
+def chunk_kda_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise KDA through the Triton kernels (CUDA, or the CPU under TRITON_INTERPRET=1).
+
+    Same signature and conventions as `naive_recurrent_kda`: q, k, g `[B, T, H, K]`, v `[B, T, H, V]`,
+    beta `[B, T, H]`, states `[B, H, K, V]` fp32, `g` the per-token log decay. Returns (o in q's dtype,
+    final state fp32 or None). Differentiable in q, k, v, g, beta and the initial state.
+    Limits (ValueError otherwise): 16 ≤ K ≤ 128, 16 ≤ V ≤ 256, bf16/fp16/fp32 inputs.
+    """
+    from kernels.kda.naive import check_kda_inputs
+
+    check_kda_inputs(q, k, v, g, beta, initial_state)
+    _check_supported(q, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return ChunkKDATriton.apply(q, k, v, g, beta, scale, initial_state, output_final_state)
