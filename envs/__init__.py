@@ -1,0 +1,54 @@
+"""RL environments behind one text-in/text-out protocol (DESIGN.md §4, §8; docs/envs.md).
+
+    import envs
+    envs.list_envs()                       # task family names, e.g. "fix_bug", "assistant_term"
+    envs.HARNESSES                         # ("kimi_code", "claude_code", "codex", "openclaw", "hermes")
+    env = envs.make_env("gmail_label", harness="codex", seed=0)
+    obs = env.reset(seed=3)
+    obs, reward, terminated, truncated, info = env.step(policy_text)
+    blob = env.snapshot(); env.restore(blob)
+    record = envs.rollout(env, policy)     # policy: any callable str -> str
+
+The package depends on the standard library only (no torch, no orchestration stack). The kernel
+suite, envs.kernelsuite, is a separate subpackage and is not imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from envs.env import Env, EnvConfig, count_tokens
+from envs.harnesses import HARNESSES, get_harness
+from envs.jail import Limits
+from envs.rollout import Policy, TranscriptPolicy, rollout
+from envs.tasks import (
+    DIFFICULTIES, DOMAINS, Family, Task, family_names, generate, get_family, register_family,
+)
+
+
+def list_envs(domain: str | None = None, difficulty: str | None = None) -> list[str]:
+    """Names accepted by make_env, optionally only one domain and/or difficulty."""
+    return family_names(domain, difficulty)
+
+
+def env_info(name: str) -> dict[str, str]:
+    """Name, domain, difficulty and description of one env."""
+    return get_family(name).info()
+
+
+def make_env(name: str, harness: str = "hermes", seed: int = 0, max_steps: int | None = None,
+             max_tokens: int | None = None, limits: Limits = Limits(),
+             token_counter: Callable[[str], int] = count_tokens) -> Env:
+    """An environment for the task family `name` rendered in `harness` style.
+
+    seed seeds the draw of task seeds when reset() is called without one. max_steps / max_tokens
+    replace the task's own budget (tokens of policy text, counted with token_counter)."""
+    config = EnvConfig(max_steps=max_steps, max_tokens=max_tokens, limits=limits)
+    return Env(get_family(name), get_harness(harness), seed=seed, config=config, count_tokens=token_counter)
+
+
+__all__ = [
+    "DIFFICULTIES", "DOMAINS", "Env", "EnvConfig", "Family", "HARNESSES", "Limits", "Policy", "Task",
+    "TranscriptPolicy", "env_info", "generate", "get_harness", "list_envs", "make_env", "register_family",
+    "rollout",
+]
