@@ -2,8 +2,8 @@
 
 Two scene kinds on a `image_size`×`image_size` RGB uint8 canvas with a uniform dark background:
 - `shapes`: 1..max_objects objects (square, circle, triangle; palette colors), each in its own cell of a
-  `grid`×`grid` layout, jittered in size and position but kept one pixel inside its cell, so objects
-  never touch and each object is one connected region of its exact palette color.
+  `grid`×`grid` layout, jittered in size (50-80% of the cell) and position but kept at least one pixel
+  inside its cell, so objects never touch and each is one connected region of its exact palette color.
   Caption: "A red circle at the top left and a blue square at the bottom right."
 - `digit`: one digit 0-9 from a 3×5 bitmap font, scaled by the largest integer factor that fits 80% of
   the canvas, in a palette color, at a jittered position. Caption: "The digit 7 in green."
@@ -13,9 +13,12 @@ circles are there?"), colors ("What color is the square?", only when the shape i
 positions ("What shape is at the top left?" → a shape or "nothing"), positions ("Where is the red
 circle?", only when unique), the digit shown and its color. Answers are single words or numbers.
 
-Masks, in pixel-center coordinates (x + ½, y + ½) with center (cx, cy) and half-size r:
-    circle    (x−cx)² + (y−cy)² ≤ r²          square   |x−cx| ≤ r and |y−cy| ≤ r
-    triangle  apex (cx, cy−r), base y = cy+r:  |x−cx| ≤ (y − (cy−r)) / 2 for cy−r ≤ y ≤ cy+r
+Every shape fills an integer s×s box with top-left pixel (top, left); in pixel-center coordinates
+(x + ½, y + ½), with cx = left + s/2, cy = top + s/2, r = s/2 and y, x inside the box:
+    square    every pixel of the box          circle   (x−cx)² + (y−cy)² ≤ r²
+    triangle  apex up, base the bottom row:   |x−cx| ≤ (y − top)/2 + ½
+so each shape touches all four sides of its box, and its fill of the box tells it apart: square 1,
+circle ≈ π/4, triangle ≈ ½.
 The table stores each image as raw HWC bytes (`decode_image` turns a row back into an array); the vision
 encoder patchifies `image_size` with its own patch size (see `image_token_count`).
 """
@@ -125,16 +128,17 @@ def cell_bounds(image_size: int, grid: int, cell: int) -> tuple[int, int, int, i
     return edges[r], edges[r + 1], edges[c], edges[c + 1]
 
 
-def shape_mask(shape: str, size: int, cy: float, cx: float, r: float) -> np.ndarray:
-    """Boolean [size, size] mask of a shape centered at (cy, cx) with half-size r (module docstring)."""
+def shape_mask(shape: str, size: int, top: int, left: int, side: int) -> np.ndarray:
+    """Boolean [size, size] mask of a shape in the side×side box at (top, left) (module docstring)."""
     y, x = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
-    if shape == "circle":
-        return (x - cx) ** 2 + (y - cy) ** 2 <= r * r
+    in_box = (y >= top) & (y < top + side) & (x >= left) & (x < left + side)
+    cy, cx, r = top + side / 2, left + side / 2, side / 2
     if shape == "square":
-        return (np.abs(x - cx) <= r) & (np.abs(y - cy) <= r)
+        return in_box
+    if shape == "circle":
+        return in_box & ((x - cx) ** 2 + (y - cy) ** 2 <= r * r)
     if shape == "triangle":
-        top = cy - r
-        return (y >= top) & (y <= cy + r) & (np.abs(x - cx) <= (y - top) / 2)
+        return in_box & (np.abs(x - cx) <= (y - top) / 2 + 0.5)
     raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
 
 
@@ -157,12 +161,12 @@ def _render_shapes(cfg: ImagesConfig, rng: np.random.Generator, background: int)
         shape = SHAPES[int(rng.integers(len(SHAPES)))]
         color = cfg.colors[int(rng.integers(len(cfg.colors)))]
         y0, y1, x0, x1 = cell_bounds(size, cfg.grid, int(cell))
-        # Half-size in [0.25, 0.4] of the cell, centre jittered so the object stays 1 px inside the cell.
+        # Side 50-80% of the cell, box jittered so the object stays at least 1 px inside the cell.
         span = min(y1 - y0, x1 - x0)
-        r = float(rng.uniform(0.25, 0.4)) * span
-        cy = float(rng.uniform(y0 + 1 + r, y1 - 1 - r))
-        cx = float(rng.uniform(x0 + 1 + r, x1 - 1 - r))
-        img[shape_mask(shape, size, cy, cx, r)] = PALETTE[color]
+        side = int(rng.integers(span // 2, min(int(0.8 * span), span - 2) + 1))
+        top = int(rng.integers(y0 + 1, y1 - side))
+        left = int(rng.integers(x0 + 1, x1 - side))
+        img[shape_mask(shape, size, top, left, side)] = PALETTE[color]
         objects.append((shape, color, int(cell)))
     return Scene("shapes", background, tuple(objects), -1, img)
 
@@ -189,7 +193,8 @@ def caption(scene: Scene, grid: int) -> str:
     if scene.kind == "digit":
         return f"The digit {scene.digit} in {scene.objects[0][1]}."
     names = position_names(grid)
-    parts = [f"a {color} {shape} at the {names[cell]}" for shape, color, cell in scene.objects]
+    parts = [f"{'an' if color[0] in 'aeiou' else 'a'} {color} {shape} at the {names[cell]}"
+             for shape, color, cell in scene.objects]
     text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return text[0].upper() + text[1:] + "."
 

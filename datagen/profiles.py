@@ -1,8 +1,9 @@
 """Per-profile data sizes: `presets(profile)` → DatagenConfig, one small function per profile.
 
 Profiles (DESIGN §3): `smoke` (the test suite, whole graph in about a minute), `tiny` (default, a 2-core
-CPU) and `small` (one GPU). Context stages keep K3's 8K : 64K : 256K : 1M = 1 : 8 : 32 : 128 ratios:
-smoke 64 → 512 tokens, tiny 128 → 16K, small 512 → 64K. Distance buckets are cut so that bucket i+1
+CPU) and `small` (one GPU). tiny (128 → 1K → 4K → 16K) and small (512 → 4K → 16K → 64K) keep K3's
+8K : 64K : 256K : 1M = 1 : 8 : 32 : 128 context-stage ratios; smoke uses 64 → 128 → 256 → 512 to stay
+fast. Distance buckets are cut so that bucket i+1
 first becomes reachable at stage i+1's length: claim 1 asks whether later stages answer at distances
 where earlier ones fail. `k3` is the published shape, used only for parameter accounting: it has no
 data preset.

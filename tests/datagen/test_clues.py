@@ -1,0 +1,162 @@
+"""datagen.clues: exact answers needing every clue, distances in their buckets, control twins with the
+same tokens, exact lengths, the checker itself, and determinism."""
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from datagen.clues import (
+    KINDS,
+    CluesConfig,
+    _STATEMENT_RE,
+    clue_eval_grid,
+    clue_eval_set,
+    clue_training_examples,
+    clue_training_set,
+    distance_buckets,
+    eval_cells,
+    make_example,
+    needs_every_clue,
+    solve,
+)
+from datagen.io import write_parquet
+from datagen.seeding import rng
+from datagen.tokenizer import BOS, EOS, decode
+
+
+@pytest.fixture(scope="module")
+def grid(cfg, tok, corpus):
+    return clue_eval_grid(cfg.clues, tokenizer=tok, corpus=corpus)
+
+
+def _rows(table):
+    return table.to_pylist()
+
+
+def test_solver():
+    q = "\nQuestion: What is C3?\nAnswer:"
+    assert solve(" A1 = 5. filler B2 = A1. more C3 = B2." + q) == "5"
+    assert solve(" B2 = A1. C3 = B2." + q) is None  # A1 never assigned
+    assert solve(" A1 = 5. A1 = 6. B2 = A1. C3 = B2." + q) is None  # conflicting assignments
+    assert solve(" B2 = C3. C3 = B2." + q) is None  # cycle
+    assert solve(" A1 = 3. B22 = 4. Z9 = 1.\nQuestion: What is B22 + A1?\nAnswer:") == "7"
+    # Statements after the question do not count; a name inside a longer one is not that name.
+    assert solve(" XA1 = 5.\nQuestion: What is A1?\nAnswer: A1 = 5.") is None
+
+
+def test_grid_cells_cover_reachable_buckets(cfg, grid):
+    cells = set(zip(grid.column("length_target").to_pylist(), grid.column("bucket").to_pylist()))
+    assert cells == set(eval_cells(cfg.clues))
+    buckets = distance_buckets(cfg.clues)
+    for length in cfg.clues.context_lengths:
+        reached = sorted(b for l, b in cells if l == length)
+        # The nearest buckets up to the last one a sequence of this length can reach.
+        assert reached == list(range(len(reached))) and buckets[reached[-1]][0] < length
+        assert reached[-1] == len(buckets) - 1 or buckets[reached[-1] + 1][0] >= length - 40
+    assert grid.num_rows == 2 * cfg.clues.eval_per_cell * len(cells)
+
+
+def test_every_eval_answer_is_exact_and_needs_every_clue(tok, grid):
+    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    for row in _rows(grid):
+        prompt = np.array(row["prompt_ids"], np.int32)
+        assert prompt[0] == bos
+        assert len(prompt) + len(row["answer_ids"]) + 1 == row["length"] == row["length_target"]
+        assert decode(tok, row["answer_ids"]) == " " + row["answer"]
+        text = decode(tok, prompt)
+        assert solve(text) == row["answer"]
+        for s, e in zip(row["clue_starts"], row["clue_ends"]):
+            assert solve(decode(tok, np.concatenate([prompt[:s], prompt[e:]]))) is None
+        # Distractors share the clues' surface form: every statement in the text is a clue or one.
+        assert len(_STATEMENT_RE.findall(text)) == row["n_clues"] + row["n_distractors"]
+        assert eos not in prompt
+
+
+def test_scattered_distances_fall_in_their_buckets(grid):
+    for row in _rows(grid):
+        distance = row["question_start"] - row["clue_ends"][0]
+        assert distance == row["distance"]
+        # Clue 1 is the farthest: the others sit between it and the question, in order.
+        assert row["clue_starts"] == sorted(row["clue_starts"])
+        assert row["clue_ends"][-1] <= row["question_start"]
+        if row["variant"] == "scattered":
+            assert row["bucket_lo"] <= distance < row["bucket_hi"]
+
+
+def test_control_twin_has_same_tokens_and_adjacent_facts(grid):
+    rows = _rows(grid)
+    for scattered, control in zip(rows[0::2], rows[1::2]):
+        assert (scattered["variant"], control["variant"]) == ("scattered", "control")
+        assert scattered["pair_id"] == control["pair_id"]
+        assert Counter(scattered["prompt_ids"]) == Counter(control["prompt_ids"])
+        assert scattered["answer_ids"] == control["answer_ids"]
+        # Needed facts sit back to back right before the question.
+        starts, ends = control["clue_starts"], control["clue_ends"]
+        assert ends[-1] == control["question_start"]
+        assert all(e == s for e, s in zip(ends[:-1], starts[1:]))
+        assert control["distance"] == ends[-1] - ends[0]
+        assert control["distance"] <= scattered["distance"]
+
+
+def test_grid_mixes_kinds_and_clue_counts(cfg, grid):
+    assert set(grid.column("kind").to_pylist()) == set(KINDS)
+    counts = set(grid.column("n_clues").to_pylist())
+    assert counts == set(range(cfg.clues.min_clues, cfg.clues.max_clues + 1))
+    assert min(grid.column("n_distractors").to_pylist()) >= 0
+    assert max(grid.column("n_distractors").to_pylist()) >= cfg.clues.min_distractors
+
+
+def test_training_examples(cfg, tok, train_filler):
+    length = cfg.clues.context_lengths[-1]
+    examples = clue_training_examples(cfg.clues, length, 24, tokenizer=tok, filler=train_filler)
+    for ex in examples:
+        assert ex.length == length and ex.variant == "scattered"
+        assert ex.input_ids[ex.answer_end] == tok.token_to_id(EOS)
+        assert needs_every_clue(tok, ex)
+    # Distances are spread over the reachable range (log-uniform target), not fixed.
+    distances = [ex.distance for ex in examples]
+    assert min(distances) < length // 8 and max(distances) > length // 2
+
+
+def test_training_table(cfg, tok, corpus):
+    t = clue_training_set(cfg.clues, 128, 8, tokenizer=tok, corpus=corpus)
+    for row in _rows(t):
+        ids = row["input_ids"]
+        assert len(ids) == 128
+        assert decode(tok, ids[row["answer_start"] : row["answer_end"]]) == " " + row["answer"]
+
+
+def test_long_layout_hits_narrow_buckets(cfg, tok, heldout_filler):
+    # A 4-clue problem in a long sequence, pushed into the nearest bucket and into the farthest.
+    clues = replace(cfg.clues, max_clues=4)
+    for bucket in [(0, 32), (440, 460)]:
+        for kind in KINDS:
+            s, c = make_example(clues, tok, heldout_filler, 512, rng(1, kind, bucket[0]), bucket, kind, 4)
+            assert bucket[0] <= s.distance < bucket[1]
+            assert needs_every_clue(tok, s) and needs_every_clue(tok, c)
+
+
+def test_impossible_request_raises(cfg, tok, heldout_filler):
+    with pytest.raises(ValueError, match="could not lay out"):
+        make_example(cfg.clues, tok, heldout_filler, 64, rng(0), (200, 300))
+    with pytest.raises(ValueError, match="distance_bucket"):
+        clue_eval_set(cfg.clues, 64, 99, tokenizer=tok, filler=heldout_filler)
+
+
+def test_eval_set_deterministic_and_seeded(cfg, tok, corpus, tmp_path):
+    a = clue_eval_set(cfg.clues, 128, 1, tokenizer=tok, corpus=corpus)
+    b = clue_eval_set(cfg.clues, 128, 1, tokenizer=tok, corpus=corpus)
+    c = clue_eval_set(replace(cfg.clues, seed=1), 128, 1, tokenizer=tok, corpus=corpus)
+    ha, hb, hc = (write_parquet(t, tmp_path / f"{n}.parquet") for n, t in zip("abc", (a, b, c)))
+    assert ha == hb != hc
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="max_clues"):
+        CluesConfig(max_clues=5)
+    with pytest.raises(ValueError, match="distance_edges"):
+        CluesConfig(distance_edges=(10, 20))
+    with pytest.raises(ValueError, match="kinds"):
+        CluesConfig(kinds=("lookup",))
