@@ -1,0 +1,385 @@
+"""MXFP4-weight matmul (kernels.mx) against bf16 torch.matmul on one GPU, correctness first.
+
+    PYTHONPATH=. python benchmarks/mx.py --out benchmarks/results/mx_h200.json [--commit SHA]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/mx.py --smoke --out /tmp/mx_smoke.json   (CPU dry run)
+
+1. Checks (any failure stops the run before timing; the JSON records it):
+   quantize_mx on the GPU == naive.quantize (codes and scales) on blocks with NaN, Inf, zeros,
+   subnormals, huge and tiny values; the Triton fake-quant kernel == the torch path, bit for bit;
+   every matmul path and every swept config against a float64 reference, outputs poisoned with NaN.
+2. Ceilings: device-to-device copy bandwidth (bytes read + written) and bf16 cuBLAS throughput.
+3. Timing (triton.testing.do_bench, median; it clears the L2 before every call, so weights come
+   from HBM): shapes K x N = 7168 x 7168 and the k3 expert matmuls 3584 -> 3072 (gate/up) and
+   3072 -> 3584 (down), at M = 1, 8, 16 (decode) and 4096 (prefill); bf16 torch.matmul, the
+   dispatcher's default (mx_linear), mx_linear with MXFP8 activations, and a sweep of kernel configs.
+Bytes counted for MXFP4: packed codes N*K/2 + scales N*K/32 + x + y; for bf16: 2*N*K + x + y.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+from kernels.mx import GEMV_MAX_M, matmul_path, mx_linear, naive, quantize_mx
+from kernels.mx.quant import fake_quant_torch
+from kernels.mx.triton_matmul import (
+    GemmConfig, GemvConfig, _split_plan, default_gemm_config, default_gemv_config, fake_quant_triton, mx_gemm,
+    mx_gemv,
+)
+
+SHAPES = {"dense_7168": (7168, 7168), "expert_gate_up": (3584, 3072), "expert_down": (3072, 3584)}  # (K, N)
+MS = (1, 8, 16, 4096)
+
+# (block_n, groups, num_warps, programs per SM) for M = 1.
+GEMV_SWEEP = [(16, 8, 4, 8), (32, 8, 4, 8), (64, 8, 4, 8), (32, 4, 4, 8), (32, 8, 4, 4), (32, 8, 4, 16),
+              (64, 4, 8, 8), (16, 4, 2, 8)]
+# (block_m, block_n, groups, num_warps, num_stages, programs per SM) for M = 8, 16.
+GEMM_SMALL_SWEEP = [(16, 64, 4, 4, 3, 4), (16, 128, 2, 4, 3, 4), (16, 64, 2, 4, 4, 4), (16, 32, 4, 4, 3, 4),
+                    (16, 128, 4, 8, 3, 4)]
+# (block_m, block_n, groups, num_warps, num_stages) for M = 4096 (no split).
+GEMM_LARGE_SWEEP = [(128, 128, 2, 8, 3), (64, 128, 2, 4, 3), (128, 256, 2, 8, 3), (128, 128, 4, 8, 2)]
+
+
+def _split_for(n_tiles: int, k: int, groups: int, per_sm: int, sms: int) -> int:
+    kb = k // 32
+    return max(1, min(kb // groups, -(-per_sm * sms // n_tiles)))
+
+
+def sweep_configs(m: int, k: int, n: int, sms: int, dev):
+    if m == 1:
+        for bn, g, w, per_sm in GEMV_SWEEP:
+            yield "gemv", GemvConfig(bn, g, _split_for(-(-n // bn), k, g, per_sm, sms), w)
+    elif m <= 16:
+        for bm, bn, g, w, st, per_sm in GEMM_SMALL_SWEEP:
+            yield "gemm", GemmConfig(bm, bn, g, _split_for(-(-n // bn), k, g, per_sm, sms), w, st)
+        yield "gemv", default_gemv_config(n, k, dev)
+    else:
+        for bm, bn, g, w, st in GEMM_LARGE_SWEEP:
+            yield "gemm", GemmConfig(bm, bn, g, 1, w, st)
+
+
+def _launch(kind, x, wq, out, cfg):
+    fn = mx_gemv if kind == "gemv" else mx_gemm
+    return fn(x, wq.codes, wq.scales, wq.shape[1], None, out, cfg)
+
+
+def _compile_job(job):
+    """Run one launch so that Triton compiles it into the shared on-disk cache (in a worker process)."""
+    kind, m, k, n, cfg = job
+    torch.manual_seed(0)
+    if kind == "fake_quant":
+        dtype, fmt, rnd = cfg
+        fake_quant_triton(torch.randn(m, k, device="cuda").to(getattr(torch, dtype)), fmt, 32, rnd)
+        torch.cuda.synchronize()
+        return 0.0
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wq = quantize_mx(torch.randn(n, k, device="cuda"), "fp4_e2m1")
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    _launch(kind, x, wq, out, cfg)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def precompile(jobs, workers: int) -> dict:
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    failures = []
+    try:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for job, fut in [(j, pool.submit(_compile_job, j)) for j in jobs]:
+                try:
+                    fut.result()
+                except Exception as exc:  # a config that fails to compile is reported by the sweep
+                    failures.append(f"{job[0]} {job[1:4]} {job[4]}: {exc!r}"[:300])
+    except Exception as exc:
+        print(f"precompile pool failed ({exc!r}); kernels compile on first use instead", flush=True)
+    return {"jobs": len(jobs), "seconds": round(time.perf_counter() - t0, 1), "failures": failures}
+
+
+def env_info(commit: str | None) -> dict:
+    import triton
+
+    if not torch.cuda.is_available():
+        return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "commit": commit, "gpu": None, "torch": torch.__version__, "triton": triton.__version__}
+    props = torch.cuda.get_device_properties(0)
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
+                              "power.limit,temperature.gpu", "--format=csv"], capture_output=True, text=True,
+                             timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        smi = f"nvidia-smi failed: {exc!r}"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit, "gpu": props.name, "sms": props.multi_processor_count,
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1), "l2_mib": getattr(props, "L2_cache_size", 0) / 2**20,
+        "nvidia_smi": smi, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "python": platform.python_version(), "host": platform.node(),
+    }
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def _special_blocks(rows: int, k: int, dtype: torch.dtype, dev) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rows + k)
+    x = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-30, 30, (rows, 1), generator=g).float())
+    x[0, 3] = float("nan")
+    x[1, 40] = float("inf")
+    x[2, 7] = -float("inf")
+    x[3, :32] = 0.0
+    x[4, :32] = torch.finfo(dtype).tiny * torch.rand(32, generator=g)
+    x[5, :32] = torch.finfo(dtype).max * (torch.rand(32, generator=g) * 2 - 1)
+    x[6, :32] = torch.tensor([1e-30] * 31 + [1e30])
+    x[7, :32] = -0.0
+    return x.to(dtype).to(dev)
+
+
+def check_quantize(dev, dtypes) -> dict:
+    results = {}
+    for dtype in dtypes:
+        x = _special_blocks(64, 1000, dtype, dev)
+        for fmt in ("fp4_e2m1", "fp8_e4m3"):
+            for rnd in ("ceil", "floor"):
+                t = quantize_mx(x, fmt, scale_rounding=rnd)
+                codes, scales = naive.quantize(x.cpu(), fmt, scale_rounding=rnd)
+                ok_q = torch.equal(t.element_codes().cpu(), codes) and torch.equal(t.scales.cpu(), scales)
+                got = fake_quant_triton(x, fmt, 32, rnd)
+                want = fake_quant_torch(x, fmt, 32, rnd)
+                same = ((got == want) & (torch.signbit(got) == torch.signbit(want))) | (got.isnan() & want.isnan())
+                key = f"{str(dtype).split('.')[-1]}/{fmt}/{rnd}"
+                results[key] = {"quantize_equals_naive": ok_q, "triton_fake_quant_equals_torch": bool(same.all())}
+                if not (ok_q and same.all()):
+                    raise AssertionError(f"quantization check failed for {key}: {results[key]}")
+    return results
+
+
+def _make_problem(m: int, k: int, n: int, dev, seed: int):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    w = torch.randn(n, k, device=dev, generator=g) / k**0.5
+    x = torch.randn(m, k, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    wq = quantize_mx(w, "fp4_e2m1")
+    return x, wq
+
+
+def _reference(x: torch.Tensor, wq, rows: torch.Tensor | None, act_fmt=None) -> torch.Tensor:
+    """float64 reference on the GPU (naive decode; optionally only some rows of x)."""
+    xs = x if rows is None else x[rows]
+    return naive.mx_linear(xs, wq.element_codes(), wq.scales, wq.shape[1], act_fmt=act_fmt)
+
+
+def _check_rows(m: int, dev):
+    if m <= 64:
+        return None
+    return torch.cat([torch.arange(0, 128), torch.arange(m - 128, m)]).to(dev)
+
+
+def _check_output(out, x, wq, ref, rows, tol) -> float:
+    if torch.isnan(out).any():
+        raise AssertionError("NaN in the output: an element was not written")
+    return _rel_err(out if rows is None else out[rows], ref)
+
+
+def time_graph(fn, calls: int = 20) -> float:
+    """Median milliseconds per call of `calls` back-to-back calls replayed from a CUDA graph: no
+    launch gaps and no cache flush (weights that fit stay in L2), so it bounds the kernel's own speed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def timeit(fn) -> float:
+    """Median milliseconds per call."""
+    if not torch.cuda.is_available():  # --smoke: a host clock is enough to exercise the script
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[1]
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
+    args = ap.parse_args(argv)
+    global SHAPES, MS
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("--smoke runs the Triton kernels through the interpreter: set TRITON_INTERPRET=1")
+        dev, sms = torch.device("cpu"), 8
+        SHAPES, MS = {"small": (96, 40), "small_down": (64, 72)}, (1, 8, 20)
+    elif not torch.cuda.is_available():
+        raise SystemExit("benchmarks/mx.py needs a CUDA GPU (or --smoke with TRITON_INTERPRET=1)")
+    else:
+        dev = torch.device("cuda")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+    torch.backends.cuda.matmul.allow_tf32 = False
+    report = {"env": env_info(args.commit), "checks": {}, "ceilings": {}, "rows": [], "status": "running"}
+
+    def dump():
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    t_start = time.perf_counter()
+    jobs = [("fake_quant", 64, 1000, 0, (dt, fmt, rnd)) for dt in ("float32", "bfloat16", "float16")
+            for fmt in ("fp4_e2m1", "fp8_e4m3") for rnd in ("ceil", "floor")]
+    for name, (k, n) in SHAPES.items():
+        for m in MS:
+            for kind, cfg in sweep_configs(m, k, n, sms, dev):
+                jobs.append((kind, m, k, n, cfg))
+            if m <= GEMV_MAX_M:
+                jobs.append(("gemv", m, k, n, default_gemv_config(n, k, dev)))
+            else:
+                jobs.append(("gemm", m, k, n, default_gemm_config(m, n, k, dev)))
+    jobs = list(dict.fromkeys(jobs))
+    report["precompile"] = precompile(jobs, min(args.workers, len(jobs))) if not args.smoke else {"failures": [], "seconds": 0}
+    print(f"precompiled {len(jobs)} kernels in {report['precompile']['seconds']} s "
+          f"({len(report['precompile']['failures'])} failures)", flush=True)
+
+    try:
+        with torch.no_grad():
+            dtypes = (torch.float32,) if args.smoke else (torch.float32, torch.bfloat16, torch.float16)
+            report["checks"]["quantize"] = check_quantize(dev, dtypes)
+            print("quantize / fake-quant checks passed", flush=True)
+
+            # Ceilings measured in this run.
+            a = torch.empty(2**29 if not args.smoke else 2**20, device=dev, dtype=torch.bfloat16).normal_()
+            b = torch.empty_like(a)
+            ms = timeit(lambda: b.copy_(a))
+            copy_gbs = 2 * a.numel() * 2 / ms / 1e6
+            report["ceilings"]["copy_GBps"] = round(copy_gbs, 1)
+            del a, b
+            sz = 8192 if not args.smoke else 256
+            p = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
+            q = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
+            ms = timeit(lambda: torch.matmul(p, q))
+            report["ceilings"]["bf16_matmul_TFLOPs"] = round(2 * sz**3 / ms / 1e9, 1)
+            del p, q
+            print(f"ceilings: {report['ceilings']}", flush=True)
+
+            for name, (k, n) in SHAPES.items():
+                for m in MS:
+                    x, wq = _make_problem(m, k, n, dev, seed=m + k + n)
+                    rows = _check_rows(m, dev)
+                    ref = _reference(x, wq, rows)
+                    ref8 = _reference(x, wq, rows, "fp8_e4m3")
+                    w_bf16 = wq.dequantize(torch.bfloat16)
+                    wt = w_bf16.t()
+                    io_bytes = m * k * 2 + m * n * 2
+                    mx_bytes = n * k // 2 + n * k // 32 + io_bytes
+                    bf_bytes = 2 * n * k + io_bytes
+                    flops = 2 * m * n * k
+
+                    def row(variant, ms_, nbytes, extra=None):
+                        r = {"shape": name, "K": k, "N": n, "M": m, "variant": variant, "us": round(ms_ * 1e3, 2),
+                             "GBps": round(nbytes / ms_ / 1e6, 1),
+                             "frac_copy_bw": round(nbytes / ms_ / 1e6 / copy_gbs, 3),
+                             "TFLOPs": round(flops / ms_ / 1e9, 2)}
+                        r.update(extra or {})
+                        report["rows"].append(r)
+                        return r
+
+                    y_bf = torch.matmul(x, wt)
+                    err_bf = _check_output(y_bf, x, wq, ref, rows, 1e-2)
+                    t_bf = timeit(lambda: torch.matmul(x, wt))
+                    row("bf16_torch_matmul", t_bf, bf_bytes, {"rel_err": err_bf})
+
+                    auto_path = matmul_path(x, wq)
+                    y = mx_linear(x, wq)
+                    err = _check_output(y, x, wq, ref, rows, 1e-2)
+                    if err > 1e-2:
+                        raise AssertionError(f"mx_linear {name} M={m}: rel err {err}")
+                    t = timeit(lambda: mx_linear(x, wq))
+                    extra = {"path": auto_path, "rel_err": err, "speedup_vs_bf16": round(t_bf / t, 2)}
+                    if m == 1 and dev.type == "cuda":
+                        g_bf = time_graph(lambda: torch.matmul(x, wt))
+                        g_mx = time_graph(lambda: mx_linear(x, wq))
+                        extra.update(graph_hot_l2_us=round(g_mx * 1e3, 2), graph_hot_l2_bf16_us=round(g_bf * 1e3, 2),
+                                     graph_hot_l2_speedup=round(g_bf / g_mx, 2))
+                    row("mx_linear_default", t, mx_bytes, extra)
+
+                    y8 = mx_linear(x, wq, act_fmt="fp8_e4m3")
+                    err8 = _check_output(y8, x, wq, ref8, rows, 1e-2)
+                    if err8 > 1e-2:
+                        raise AssertionError(f"mx_linear fp8 act {name} M={m}: rel err {err8}")
+                    t8 = timeit(lambda: mx_linear(x, wq, act_fmt="fp8_e4m3"))
+                    row("mx_linear_act_fp8", t8, mx_bytes, {"path": auto_path, "rel_err": err8,
+                                                             "speedup_vs_bf16": round(t_bf / t8, 2)})
+
+                    if m > 16:
+                        y_td = mx_linear(x, wq, path="torch_dequant")
+                        err_td = _check_output(y_td, x, wq, ref, rows, 1e-2)
+                        t_td = timeit(lambda: mx_linear(x, wq, path="torch_dequant"))
+                        row("torch_dequant", t_td, mx_bytes, {"rel_err": err_td, "speedup_vs_bf16": round(t_bf / t_td, 2)})
+
+                    for kind, cfg in sweep_configs(m, k, n, sms, dev):
+                        out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
+                        desc = {"kernel": kind, "config": cfg.__dict__,
+                                "splits": _split_plan(k // 32, cfg.groups, cfg.split_k)[1]}
+                        try:
+                            _launch(kind, x, wq, out, cfg)
+                            err = _check_output(out, x, wq, ref, rows, 1e-2)
+                            if err > 1e-2:
+                                raise AssertionError(f"rel err {err}")
+                            t = timeit(lambda: _launch(kind, x, wq, out, cfg))
+                        except Exception as exc:
+                            report["rows"].append({"shape": name, "M": m, "variant": "sweep", **desc,
+                                                   "error": repr(exc)[:400]})
+                            continue
+                        row("sweep", t, mx_bytes, {**desc, "rel_err": err, "speedup_vs_bf16": round(t_bf / t, 2)})
+                    best = min((r for r in report["rows"] if r.get("variant") == "sweep" and r["shape"] == name
+                                and r["M"] == m and "us" in r), key=lambda r: r["us"], default=None)
+                    d = [r for r in report["rows"] if r["shape"] == name and r["M"] == m and r["variant"] == "mx_linear_default"][0]
+                    print(f"{name:15s} M={m:5d} bf16 {t_bf*1e3:9.2f} us | default {d['us']:9.2f} us "
+                          f"({d['path']}, x{d['speedup_vs_bf16']}, {d['frac_copy_bw']:.0%} bw) | best sweep "
+                          f"{best['us'] if best else float('nan'):9.2f} us {best['config'] if best else ''}", flush=True)
+                    dump()
+            # The same measurement twice shows the run-to-run spread.
+            x, wq = _make_problem(1, *list(SHAPES.values())[0], dev, seed=1)
+            report["repeat_dense_M1_us"] = [round(timeit(lambda: mx_linear(x, wq)) * 1e3, 2) for _ in range(3)]
+        report["status"] = "ok"
+    except Exception:
+        report["status"] = "failed"
+        report["error"] = traceback.format_exc()[-3000:]
+        print(report["error"], flush=True)
+    report["seconds"] = round(time.perf_counter() - t_start, 1)
+    dump()
+    return 0 if report["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

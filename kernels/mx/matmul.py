@@ -1,0 +1,112 @@
+"""mx_linear: y = x @ W^T (+ bias) with W stored as MXFP4 (the quantized-inference op).
+
+    W  : MXTensor, fp4_e2m1, [N, K], blocks of 32 along K (kernels.mx.quantize_mx(w, "fp4_e2m1"))
+    x  : [..., K] in bf16 / fp16 / fp32; rounded to bf16 (a no-op for bf16 input), then with
+         act_fmt="fp8_e4m3" MXFP8-fake-quantized along K (blocks of 32, the "ceil" scale rule)
+    y  : [..., N] in x.dtype, accumulated in fp32
+
+Paths (the dispatcher logs the one it takes; matmul_path() says which it would take):
+    "triton_gemv"    CUDA (or TRITON_INTERPRET=1), M <= GEMV_MAX_M: CUDA-core split-K kernel
+    "triton_gemm"    CUDA (or TRITON_INTERPRET=1), larger M up to GEMM_MAX_M: tensor-core kernel
+    "torch_dequant"  dequantize W to bf16 once, then torch.matmul (cuBLAS on CUDA; fp32 on the
+                     CPU); used on the CPU without the interpreter, on CUDA without Triton, and for
+                     M > GEMM_MAX_M on CUDA, where a bf16 cuBLAS GEMM beats the fused kernel
+                     (benchmarks/results/mx_h200.json)
+This is an inference op: for QAT use fake_quant_mx on the weight and torch's linear.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .formats import FP4_E2M1, FP8_E4M3
+from .quant import MXTensor, SUPPORTED_DTYPES, fake_quant_mx, log_path_once
+from .triton_matmul import (
+    default_gemm_config, default_gemv_config, interpreter_enabled, mx_gemm, mx_gemv, triton_available,
+)
+
+PATHS = ("triton_gemv", "triton_gemm", "torch_dequant")
+GEMV_MAX_M = 4
+GEMM_MAX_M = 1 << 30
+
+
+def _check(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None, act_fmt: str | None) -> None:
+    if not isinstance(weight, MXTensor) or weight.fmt != FP4_E2M1.name:
+        raise ValueError("mx_linear needs weight = kernels.mx.quantize_mx(w, 'fp4_e2m1') (an MXFP4 MXTensor)")
+    if len(weight.shape) != 2 or weight.block_size != 32:
+        raise ValueError(f"mx_linear needs a 2-D [N, K] weight quantized with block_size=32, got shape "
+                         f"{weight.shape} and block_size={weight.block_size}")
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x has last dimension {x.shape[-1]} but the weight is [N={n}, K={k}]")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"mx_linear takes x in {SUPPORTED_DTYPES}, got {x.dtype}")
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but the weight is on {weight.device}: move one of them")
+    if act_fmt not in (None, FP8_E4M3.name):
+        raise ValueError(f"act_fmt must be None (bf16 activations) or 'fp8_e4m3', got {act_fmt!r}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        raise ValueError("mx_linear has no backward: run it under torch.no_grad(), or train with "
+                         "fake_quant_mx(w, 'fp4_e2m1') and torch.nn.functional.linear")
+
+
+def matmul_path(x: torch.Tensor, weight: MXTensor) -> str:
+    """The path mx_linear takes for x and weight (see the module docstring)."""
+    m = x.numel() // max(1, x.shape[-1])
+    if (x.is_cuda or interpreter_enabled()) and triton_available():
+        if m <= GEMV_MAX_M:
+            return "triton_gemv"
+        if m <= GEMM_MAX_M:
+            return "triton_gemm"
+    return "torch_dequant"
+
+
+def _path_reason(x: torch.Tensor, path: str) -> str:
+    if path.startswith("triton"):
+        return "TRITON_INTERPRET=1 on the CPU" if not x.is_cuda else "CUDA tensor"
+    if x.is_cuda:
+        return "Triton is not installed" if not triton_available() else f"M > GEMM_MAX_M={GEMM_MAX_M}"
+    return "CPU tensor without TRITON_INTERPRET=1"
+
+
+def mx_linear(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None = None, *,
+              act_fmt: str | None = None, path: str | None = None) -> torch.Tensor:
+    """y = x' @ dequantize(weight)^T (+ bias) for an MXFP4 weight [N, K]; x' as in the module docstring.
+
+    path: None picks one (matmul_path); a name from PATHS forces it (a ValueError if it cannot run).
+    """
+    _check(x, weight, bias, act_fmt)
+    auto = matmul_path(x, weight)
+    chosen = path or auto
+    if chosen not in PATHS:
+        raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
+    if chosen.startswith("triton") and not ((x.is_cuda or interpreter_enabled()) and triton_available()):
+        raise ValueError(f"path={chosen!r} needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on the CPU)")
+    log_path_once("mx_linear", chosen, "forced by the caller" if path else _path_reason(x, chosen))
+
+    n, k = weight.shape
+    lead = x.shape[:-1]
+    xa = x.reshape(-1, k).to(torch.bfloat16)
+    if xa.stride(-1) != 1:
+        xa = xa.contiguous()
+    if act_fmt is not None:
+        xa = fake_quant_mx(xa, act_fmt)
+
+    if chosen == "torch_dequant":
+        w = weight.dequantize(torch.bfloat16)
+        if x.is_cuda:
+            y = torch.matmul(xa, w.T).float()
+        else:
+            y = torch.matmul(xa.float(), w.float().T)
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(x.dtype).reshape(*lead, n)
+
+    out = torch.empty((xa.shape[0], n), device=x.device, dtype=x.dtype)
+    if chosen == "triton_gemv":
+        mx_gemv(xa, weight.codes, weight.scales, k, bias, out, default_gemv_config(n, k, x.device))
+    else:
+        mx_gemm(xa, weight.codes, weight.scales, k, bias, out, default_gemm_config(xa.shape[0], n, k, x.device))
+    return out.reshape(*lead, n)

@@ -1,0 +1,386 @@
+"""Triton kernels: MXFP4-weight matmul (weights dequantized in-kernel) and fused MX fake-quant.
+
+    y[m, n] = sum_k x'[m, k] * W[n, k] (+ bias[n]),   W[n, k] = P[n, k] * 2^(E[n, k // 32] - 127)
+
+W is an MXTensor in fp4_e2m1 [N, K] (blocks of 32 along K, two codes per byte, low nibble first);
+x' is x rounded to bf16, or its MXFP8 (E4M3) fake-quantization, made by _fake_quant_kernel
+(Hopper has no MX tensor-core instructions, so MXFP8 activations are exact bf16 values in the dot).
+
+Decoding an E2M1 code c (sign s, exponent e, mantissa m) costs a few integer ops: its magnitude
+bits, shifted to the top of an fp16 exponent/mantissa field, form the fp16 number c * 2^-14
+exactly (E2M1's subnormal 0.5 lands on fp16's subnormal 2^-15):
+
+    fp16_bits = (c & 7) << 9 | (c & 8) << 12,   value(c) = fp16(fp16_bits) * 2^14
+
+The 2^14 is applied once per output instead of per weight. The E8M0 scale is built from its
+bits: fp32_bits = E << 23 (2^(E-127)); E = 0 and E = 0xFF get mantissa 0x400000 (2^-127 and NaN).
+
+Two matmul kernels, one per regime (benchmarks/mx.py measures both; docs/log/mx.md has the figures):
+- _mx_gemv_kernel (decode, M <= GEMV_MAX_M): one program per (BLOCK_N rows of W, row of x, K split);
+  CUDA cores, no tensor cores: each 32-block's partial dot products are summed before its scale
+  is applied, and split-K spreads a 1 x 7168 x 7168 product over ~900 programs so every SM streams
+  weights. Split partials go to an fp32 buffer [S, M, N] summed by _splitk_reduce_kernel
+  (deterministic, unlike atomics).
+- _mx_gemm_kernel (M > GEMV_MAX_M): tiles acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on the tensor
+  cores ("swap AB": the dequantized weight is the register operand, the small M is the dot's N).
+
+Under TRITON_INTERPRET=1 (the CPU tests) the dot runs in fp32: the interpreter multiplies bf16
+operands as raw uint16 integers. The dequantized weights and the activations are exact in bf16,
+so only the accumulation order differs from the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .formats import FP4_E2M1, SCALE_ROUNDINGS, get_format
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the library must import with torch alone (DESIGN.md §7)
+    triton = None
+    tl = None
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _e2m1_times_2m14(c):
+        """E2M1 code (int32, 0..15) -> its value * 2^-14 as float32, exactly."""
+        bits = ((c & 7) << 9) | ((c & 8) << 12)
+        return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _e8m0_to_f32(e):
+        """E8M0 code (int32, 0..255) -> 2^(e-127) as float32 (2^-127 subnormal for 0, NaN for 255)."""
+        edge = (e == 0) | (e == 255)
+        return ((e << 23) | tl.where(edge, 0x400000, 0)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _pow2(e):
+        """2^e as float32 for int32 e in [-126, 127]."""
+        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fake_quant_kernel(
+        x_ptr, y_ptr, R, K, stride_xr, stride_yr,
+        BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
+        EMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr, MAXV: tl.constexpr,
+        MAX_MANT: tl.constexpr, CEIL: tl.constexpr,
+    ):
+        """y = dequant(quant(x)) per block of BS along K, non-finite results replaced by x."""
+        offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask = (offs_r[:, None] < R) & (offs_k[None, :] < K)
+        rows = offs_r.to(tl.int64)[:, None]
+        x_in = tl.load(x_ptr + rows * stride_xr + offs_k[None, :], mask=mask, other=0.0)
+        x = tl.reshape(x_in.to(tl.float32), [BLOCK_R, BLOCK_K // BS, BS])
+
+        a = tl.abs(x)
+        # NaN and Inf are caught explicitly: tl.max need not propagate NaN.
+        bad = tl.max(((a != a) | (a > 3.4028234663852886e38)).to(tl.int32), axis=2) > 0
+        amax = tl.where(bad, 0.0, tl.max(a, axis=2))
+        bits = amax.to(tl.int32, bitcast=True)
+        s = ((bits >> 23) & 0xFF) - 127 - EMAX
+        if CEIL:
+            s += ((bits & 0x7FFFFF) > MAX_MANT).to(tl.int32)
+        s = tl.minimum(tl.maximum(s, -127), 127)
+
+        y = x * _pow2(-s)[:, :, None]
+        ay = tl.minimum(tl.abs(y), MAXV)
+        # Round |y| to the element grid, ties to even: the grid step is 2^(max(e, EMIN) - MBITS),
+        # and adding then subtracting 1.5 * 2^(23 + log2 step) rounds to a multiple of it (RNE).
+        e = tl.maximum(((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+        magic = (((e - MBITS + 23 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
+        q = (ay + magic) - magic
+        sign = (y.to(tl.int32, bitcast=True) >> 31) << 31
+        q = (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        dq = q * _e8m0_to_f32(s + 127)[:, :, None]
+        # A block holding NaN or Inf dequantizes to NaN (E8M0 0xFF); QAT keeps x there instead.
+        dq = tl.reshape(tl.where(bad[:, :, None], x, dq), [BLOCK_R, BLOCK_K])
+
+        out = dq.to(y_ptr.dtype.element_ty)
+        # Values that overflow the output dtype (fp16 near its max) also fall back to x.
+        finite = tl.abs(out.to(tl.float32)) <= 3.4028234663852886e38
+        out = tl.where(finite, out, x_in.to(y_ptr.dtype.element_ty))
+        tl.store(y_ptr + rows * stride_yr + offs_k[None, :], out, mask=mask)
+
+    @triton.jit
+    def _mx_gemv_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
+        N, K, KB, KB_PER_SPLIT,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        GROUPS: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < N
+        g = tl.arange(0, GROUPS)
+        j16 = tl.arange(0, 16)
+        j32 = tl.arange(0, 32)
+        kb_lo = pid_s * KB_PER_SPLIT
+
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        q_rows = q_ptr + offs_n.to(tl.int64)[:, None, None] * stride_qn
+        s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
+        acc = tl.zeros([BLOCK_N, GROUPS], dtype=tl.float32)
+        # The last split may hold fewer blocks: those past KB are masked.
+        for it in range(0, ITERS):
+            kb0 = kb_lo + it * GROUPS
+            kb = kb0 + g
+            g_ok = kb < KB
+            k = kb[:, None] * 32 + j32[None, :]
+            xv = tl.load(x_row + k, mask=g_ok[:, None] & (k < K), other=0.0).to(tl.float32)  # [G, 32]
+            codes = tl.load(q_rows + kb[None, :, None] * 16 + j16[None, None, :],
+                            mask=n_ok[:, None, None] & g_ok[None, :, None], other=0).to(tl.int32)
+            w = tl.join(_e2m1_times_2m14(codes & 15), _e2m1_times_2m14(codes >> 4))
+            w = tl.reshape(w, [BLOCK_N, GROUPS, 32])  # element 2j from the low nibble, 2j+1 high
+            part = tl.sum(w * xv[None, :, :], axis=2)  # [BN, G]: one dot product per 32-block
+            e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
+            acc += part * _e8m0_to_f32(e)
+        y = tl.sum(acc, axis=1) * 16384.0
+
+        if SPLIT:
+            tl.store(y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym + offs_n, y, mask=n_ok)
+        else:
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+    @triton.jit
+    def _mx_gemm_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
+        M, N, K, KB, KB_PER_SPLIT,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        GROUPS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        n_ok = offs_n < N
+        m_ok = offs_m < M
+        g = tl.arange(0, GROUPS)
+        j16 = tl.arange(0, 16)
+        kk = tl.arange(0, GROUPS * 32)
+        kb_lo = pid_s * KB_PER_SPLIT
+
+        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+        q_rows = q_ptr + offs_n.to(tl.int64)[:, None, None] * stride_qn
+        s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for it in range(0, ITERS):
+            kb0 = kb_lo + it * GROUPS
+            kb = kb0 + g
+            g_ok = kb < KB
+            codes = tl.load(q_rows + kb[None, :, None] * 16 + j16[None, None, :],
+                            mask=n_ok[:, None, None] & g_ok[None, :, None], other=0).to(tl.int32)
+            e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
+            w = tl.join(_e2m1_times_2m14(codes & 15), _e2m1_times_2m14(codes >> 4))
+            w = tl.reshape(w, [BLOCK_N, GROUPS, 32]) * _e8m0_to_f32(e)[:, :, None]
+            w = tl.reshape(w, [BLOCK_N, GROUPS * 32]).to(DOT_DTYPE)
+            k = kb0 * 32 + kk
+            xv = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+            acc = tl.dot(w, tl.trans(xv.to(DOT_DTYPE)), acc)
+        acc = acc * 16384.0
+
+        # acc is [N, M]; y is [M, N] row-major.
+        y_ptrs = offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None]
+        mask = n_ok[:, None] & m_ok[None, :]
+        if SPLIT:
+            tl.store(y_ptr + pid_s.to(tl.int64) * stride_ys + y_ptrs, acc, mask=mask)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+            tl.store(y_ptr + y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _splitk_reduce_kernel(p_ptr, bias_ptr, y_ptr, N, stride_ps, stride_pm, stride_ym,
+                              S: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.program_id(1).to(tl.int64)
+        n_ok = offs_n < N
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for s in range(0, S):
+            acc += tl.load(p_ptr + s * stride_ps + m * stride_pm + offs_n, mask=n_ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 32
+    groups: int = 8       # 32-blocks of K per loop iteration (GROUPS * 16 bytes of codes per row)
+    split_k: int = 4      # programs along K (rounded so each holds a multiple of `groups` blocks)
+    num_warps: int = 4
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int = 16
+    block_n: int = 64
+    groups: int = 2       # BLOCK_K = 32 * groups
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _require_triton() -> None:
+    if triton is None:
+        raise ValueError("the Triton MX kernels need the `triton` package (pip install triton==3.6.0)")
+
+
+def _split_plan(kb: int, groups: int, split_k: int) -> tuple[int, int]:
+    """Blocks of K per split (a multiple of `groups`) and the number of splits actually used."""
+    per = -(-kb // max(1, split_k))
+    per = -(-per // groups) * groups
+    return per, -(-kb // per)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 8
+
+
+def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
+    """About 8 programs per SM: enough weight bytes in flight to reach HBM bandwidth."""
+    cfg = GemvConfig()
+    kb = -(-k // 32)
+    n_tiles = -(-n // cfg.block_n)
+    want = 8 * _sm_count(device)
+    split = max(1, min(kb // cfg.groups, -(-want // n_tiles)))
+    return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps)
+
+
+def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
+    if m <= 16:
+        cfg = GemmConfig(block_m=16, block_n=64, groups=4, num_warps=4, num_stages=3)
+    elif m <= 64:
+        cfg = GemmConfig(block_m=64, block_n=128, groups=2, num_warps=4, num_stages=3)
+    else:
+        cfg = GemmConfig(block_m=128, block_n=128, groups=2, num_warps=8, num_stages=3)
+    tiles = -(-n // cfg.block_n) * -(-m // cfg.block_m)
+    kb = -(-k // 32)
+    want = 4 * _sm_count(device)
+    split = max(1, min(kb // cfg.groups, -(-want // tiles))) if tiles < want else 1
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.groups, split, cfg.num_warps, cfg.num_stages)
+
+
+def _dot_dtype():
+    # The interpreter computes bf16 dots on the raw uint16 bits; fp32 operands are exact there.
+    return tl.float32 if interpreter_enabled() else tl.bfloat16
+
+
+def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    s, m, n = partial.shape
+    block = 256
+    _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+        partial, bias if bias is not None else partial, out, n,
+        partial.stride(0), partial.stride(1), out.stride(0),
+        S=s, HAS_BIAS=bias is not None, BLOCK_N=block,
+    )
+
+
+def _check_operands(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 and x.dtype == torch.bfloat16
+    assert codes.dtype == torch.uint8 and codes.stride(1) == 1 and scales.stride(1) == 1
+    assert out.shape == (x.shape[0], codes.shape[0]) and out.stride(1) == 1
+
+
+def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
+            out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
+    _require_triton()
+    _check_operands(x, codes, scales, k, out)
+    m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
+    per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
+    target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
+    _mx_gemv_kernel[(triton.cdiv(n, cfg.block_n), m, splits)](
+        x, codes, scales, bias if bias is not None else scales, target,
+        n, k, kb, per,
+        x.stride(0), codes.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
+        ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
+        GROUPS=cfg.groups, num_warps=cfg.num_warps,
+    )
+    if splits > 1:
+        _reduce_splits(target, bias, out)
+    return out
+
+
+def mx_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
+            out: torch.Tensor, cfg: GemmConfig) -> torch.Tensor:
+    """Same contract as mx_gemv, on the tensor cores, for larger M."""
+    _require_triton()
+    _check_operands(x, codes, scales, k, out)
+    m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
+    per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
+    target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), splits)
+    _mx_gemm_kernel[grid](
+        x, codes, scales, bias if bias is not None else scales, target,
+        m, n, k, kb, per,
+        x.stride(0), codes.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
+        ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        GROUPS=cfg.groups, DOT_DTYPE=_dot_dtype(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _reduce_splits(target, bias, out)
+    return out
+
+
+def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rounding: str = "ceil") -> torch.Tensor:
+    """One-kernel fake quantization, bit-identical to kernels.mx.quant.fake_quant_torch (no autograd)."""
+    _require_triton()
+    f = get_format(fmt)
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"scale_rounding={scale_rounding!r}: use one of {SCALE_ROUNDINGS}")
+    if block_size & (block_size - 1) or not 2 <= block_size <= 256:
+        raise ValueError(f"the Triton fake-quant kernel takes a power-of-two block_size in [2, 256], got {block_size}")
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.empty(x2.shape, device=x.device, dtype=x.dtype)
+    block_k = max(block_size, 128)
+    block_r = 8
+    grid = (triton.cdiv(x2.shape[0], block_r), triton.cdiv(k, block_k))
+    _fake_quant_kernel[grid](
+        x2, y, x2.shape[0], k, x2.stride(0), y.stride(0),
+        BLOCK_R=block_r, BLOCK_K=block_k, BS=block_size,
+        EMAX=f.emax, EMIN=f.emin, MBITS=f.mbits, MAXV=f.max_normal, MAX_MANT=f.max_mantissa_fp32,
+        CEIL=scale_rounding == "ceil", num_warps=4,
+    )
+    return y.reshape(x.shape)
+
+
+__all__ = [
+    "GemvConfig", "GemmConfig", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm",
+    "fake_quant_triton", "triton_available", "interpreter_enabled",
+]

@@ -1,0 +1,63 @@
+"""mx_linear on the CPU (the torch_dequant path) and its input checks; the Triton paths are in
+test_triton_interpret.py and, on the H200, in benchmarks/mx.py."""
+
+import pytest
+import torch
+
+from kernels.mx import matmul_path, mx_linear, naive, quantize_mx
+
+
+def _weight(n=48, k=96, seed=0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return quantize_mx(w, "fp4_e2m1")
+
+
+@pytest.mark.parametrize("act_fmt", [None, "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_path_matches_the_reference(act_fmt, dtype):
+    wq = _weight(k=80)  # K padded to 96 in storage
+    x = torch.randn(2, 5, 80).to(dtype)
+    bias = torch.randn(48)
+    assert matmul_path(x, wq) == "torch_dequant"
+    with torch.no_grad():
+        y = mx_linear(x, wq, bias, act_fmt=act_fmt)
+    ref = naive.mx_linear(x.reshape(10, 80), wq.element_codes(), wq.scales, 80, act_fmt=act_fmt, bias=bias)
+    assert y.shape == (2, 5, 48) and y.dtype == dtype
+    err = ((y.reshape(10, 48).double() - ref).norm() / ref.norm()).item()
+    assert err < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_mxfp8_activations_change_the_result():
+    wq = _weight()
+    x = torch.randn(4, 96)
+    with torch.no_grad():
+        assert not torch.equal(mx_linear(x, wq), mx_linear(x, wq, act_fmt="fp8_e4m3"))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("fp8_weight", "MXFP4"), ("wrong_k", "last dimension"), ("act_fp4", "act_fmt"),
+    ("bias_shape", "bias"), ("needs_grad", "no_grad"), ("forced_triton", "TRITON_INTERPRET"),
+    ("bad_path", "path"), ("int_x", "takes x"),
+])
+def test_bad_input_raises_a_value_error(case, match):
+    wq = _weight()
+    x = torch.randn(3, 96)
+    kwargs = {}
+    if case == "fp8_weight":
+        wq = quantize_mx(torch.randn(48, 96), "fp8_e4m3")
+    elif case == "wrong_k":
+        x = torch.randn(3, 64)
+    elif case == "act_fp4":
+        kwargs["act_fmt"] = "fp4_e2m1"
+    elif case == "bias_shape":
+        kwargs["bias"] = torch.randn(47)
+    elif case == "needs_grad":
+        x.requires_grad_(True)
+    elif case == "forced_triton":
+        kwargs["path"] = "triton_gemv"
+    elif case == "bad_path":
+        kwargs["path"] = "cutlass"
+    elif case == "int_x":
+        x = torch.ones(3, 96, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        mx_linear(x, wq, **kwargs)
