@@ -193,24 +193,24 @@ def _k3() -> Profile:
 def _small() -> Profile:
     # The shape of torchtitan's kimi_k3 `_debugmodel`, for one GPU.
     model = ModelConfig(
-        name="small", vocab_size=32_768, d_model=1024, n_layers=24,
+        name="small", vocab_size=16_384, d_model=1024, n_layers=24,
         kda_heads=8, kda_head_dim=128,
         mla_heads=16, mla_q_rank=512, mla_kv_rank=256, mla_qk_nope_dim=64, mla_qk_rope_dim=32,
         mla_v_head_dim=64, mla_every=4,
         n_dense_layers=1, dense_hidden=2816,
         n_routed=32, top_k=4, n_shared=2, moe_latent_dim=512, expert_hidden=384, shared_hidden=384,
         attn_res_block=12, mtp_depth=1, mtp_loss_weight=0.3,
-        vision=VisionConfig(image_size=224, patch_size=14, d_model=512, n_layers=8, n_heads=8,
+        vision=VisionConfig(image_size=64, patch_size=8, d_model=512, n_layers=8, n_heads=8,
                             mlp_hidden=2048),
     )
-    stages = (StageConfig(4096, 2000, 16, 1e-3), StageConfig(32768, 400, 2, 5e-4),
-              StageConfig(131072, 100, 1, 3e-4), StageConfig(524288, 25, 1, 2e-4))
+    stages = (StageConfig(512, 2000, 64, 1e-3), StageConfig(4096, 400, 8, 5e-4),
+              StageConfig(16384, 100, 2, 3e-4), StageConfig(65536, 25, 1, 2e-4))
     return Profile(name="small", model=model, stages=stages, device="cuda")
 
 
 def _tiny() -> Profile:
     model = ModelConfig(
-        name="tiny", vocab_size=2048, d_model=128, n_layers=4,
+        name="tiny", vocab_size=4096, d_model=128, n_layers=4,
         kda_heads=4, kda_head_dim=32,
         mla_heads=4, mla_q_rank=None, mla_kv_rank=64, mla_qk_nope_dim=32, mla_qk_rope_dim=16,
         mla_v_head_dim=32, mla_every=4,
@@ -231,10 +231,11 @@ def _smoke() -> Profile:
         _tiny().model, name="smoke", vocab_size=512, d_model=64, kda_heads=2, mla_heads=2,
         mla_kv_rank=32, dense_hidden=128, n_routed=4, expert_hidden=64, shared_hidden=64,
         moe_latent_dim=32,
-        vision=VisionConfig(image_size=16, patch_size=4, d_model=32, n_layers=1, n_heads=2, mlp_hidden=64),
+        vision=VisionConfig(image_size=32, patch_size=8, d_model=32, n_layers=1, n_heads=2, mlp_hidden=64),
     )
-    stages = (StageConfig(32, 4, 4, 3e-3), StageConfig(256, 2, 2, 2e-3),
-              StageConfig(1024, 1, 1, 1e-3), StageConfig(4096, 1, 1, 5e-4))
+    # The test profile is sized for speed and does not keep the 1 : 8 : 32 : 128 ratio.
+    stages = (StageConfig(64, 4, 4, 3e-3), StageConfig(128, 2, 2, 2e-3),
+              StageConfig(256, 2, 2, 1e-3), StageConfig(512, 2, 1, 5e-4))
     return Profile(name="smoke", model=model, stages=stages)
 
 

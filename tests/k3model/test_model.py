@@ -132,7 +132,7 @@ def test_bad_inputs_raise_value_errors():
     ids = torch.zeros(1, 10, dtype=torch.long)
     mask = torch.zeros(1, 10, dtype=torch.bool)
     mask[0, :2] = True
-    img = torch.zeros(1, 3, 16, 16)
+    img = torch.zeros(1, 3, 32, 32)
     with pytest.raises(ValueError, match="placeholder"):
         model(ids, img, mask)
     with pytest.raises(ValueError, match="unknown profile"):
