@@ -5,6 +5,11 @@ Layout on disk: `<root>/workspace/` is what the agent sees (shown as /workspace 
 absolute paths). Everything else the episode needs (app state, counters, the trajectory) is held by
 the environment and serialized next to the tree in a snapshot (env.py).
 
+Commands see the workspace as /workspace, the name the harnesses show: in a command line, the text
+"/workspace" is replaced by the real directory before it runs, and the real directory is replaced
+by "/workspace" in the output. That keeps observations identical across runs and machines (the real
+directory is a fresh temporary one), which pause/resume equality needs.
+
 Confinement rules for the file tools (`resolve`): a path is relative, has no `..` component and no
 NUL, and no component of it may be a symlink — so a link planted with a shell command can neither be
 read through nor written through. Commands (`run`) go through envs/jail.py; they are limited but not
@@ -17,6 +22,7 @@ last on unpack, after every file has been written, so unpacking never follows on
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -31,6 +37,7 @@ from pathlib import Path
 
 from envs.jail import CommandResult, Limits, run_argv, run_command
 
+WORKDIR = "/workspace"
 MAX_FILE_BYTES = 1 << 20
 MAX_READ_LINES = 2000
 MAX_LINE_CHARS = 2000
@@ -209,7 +216,10 @@ class Sandbox:
                 file_size_bytes=limits.file_size_bytes, open_files=limits.open_files,
                 output_chars=limits.output_chars,
             )
-        return run_command(command, self.workspace, limits)
+        real = str(self.workspace)
+        result = run_command(command.replace(WORKDIR, real), self.workspace, limits)
+        output = result.output.replace(os.path.realpath(real), WORKDIR).replace(real, WORKDIR)
+        return dataclasses.replace(result, output=output)
 
     # --- state -----------------------------------------------------------------------------
     def _walk(self):

@@ -27,12 +27,11 @@ from typing import Any
 from envs.actions import Action, AppCall, Edit, Finish, Read, Run, Search, Write, kind_of
 from envs.apps import ToolSchema, app_tools
 from envs.jail import CommandResult
-from envs.sandbox import ReadResult
+from envs.sandbox import WORKDIR, ReadResult
 
 MAX_TEXT_CHARS = 200_000
 MAX_CALLS = 32
 MAX_JSON_CANDIDATES = 2000
-WORKDIR = "/workspace"
 
 
 class CallError(Exception):
