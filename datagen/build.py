@@ -1,9 +1,9 @@
 """Build every data artifact of a profile into one directory (the command line's and benchmarks' path).
 
-The Dagster assets call the generators one by one; this runs the same calls in lineage order —
-corpus → tokenizer → images → clue eval grid → VQA eval set → one packed pretraining table per context
-stage — writes each with `datagen.io`, and returns a manifest of file names, sha256, row counts and
-seconds taken. Only the timings vary between two runs of the same config.
+The Dagster assets call the generators one by one; this runs the same calls in lineage order
+(corpus → tokenizer → images → clue eval grid → VQA eval set → one packed pretraining table per
+context stage), writes each with `datagen.io`, and returns a manifest of file names, sha256, row
+counts and seconds taken. Only the timings vary between two runs of the same config.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def build_all(cfg: DatagenConfig, out_dir: str | Path) -> dict:
     manifest: dict = {"profile": cfg.profile, "config": cfg.to_dict(), "files": {}}
 
     def record(name: str, sha: str, rows: int, t0: float) -> None:
-        manifest["files"][name] = {"sha256": sha, "rows": rows, "seconds": round(time.perf_counter() - t0, 3)}
+        seconds = round(time.perf_counter() - t0, 3)
+        manifest["files"][name] = {"sha256": sha, "rows": rows, "seconds": seconds}
 
     t0 = time.perf_counter()
     corpus = build_corpus(cfg.corpus)

@@ -583,8 +583,9 @@ def _eval_table(cfg: CluesConfig, cells: list[tuple[int, int, list[ClueExample]]
         # Rows come in (scattered, control) twins sharing a pair_id.
         "pair_id": pa.array([i // 2 for i in range(len(examples))], pa.int32()),
         "prompt_ids": pa.array([e.input_ids[: e.answer_start] for e in examples], pa.list_(pa.int32())),
+        # The answer's tokens and the <|eos|> after them: "4" must not score as a prefix of "42".
         "answer_ids": pa.array(
-            [e.input_ids[e.answer_start : e.answer_end] for e in examples], pa.list_(pa.int32())
+            [e.input_ids[e.answer_start : e.answer_end + 1] for e in examples], pa.list_(pa.int32())
         ),
         **_common_columns(examples),
     }
@@ -602,8 +603,9 @@ def clue_eval_set(
 ) -> pa.Table:
     """Held-out eval examples of one (length, distance bucket) cell, each with its control twin.
 
-    Columns: prompt_ids (everything up to and including "Answer:"), answer_ids (the answer's tokens,
-    scored by greedy decoding of len(answer_ids) tokens or by their summed log-probability), answer
+    Columns: prompt_ids (everything up to and including "Answer:"), answer_ids (the answer's tokens
+    then <|eos|>, scored by greedy decoding of len(answer_ids) tokens or by their summed
+    log-probability; prompt_ids + answer_ids is the whole `length`-token sequence), answer
     (text), variant ("scattered" | "control"), pair_id, distance, bucket, kind, n_clues, ... Filler
     comes from the corpus's held-out split; pass `filler` to reuse one built by `build_filler`.
     """
@@ -624,8 +626,3 @@ def clue_eval_grid(cfg: CluesConfig, *, tokenizer: Tokenizer, corpus: pa.Table) 
     ]
     return _eval_table(cfg, cells)
 
-
-def answer_correct(predicted_ids, answer_ids) -> bool:
-    """Exact match of a greedy continuation's first len(answer_ids) tokens with the answer."""
-    answer_ids = list(answer_ids)
-    return list(predicted_ids)[: len(answer_ids)] == answer_ids

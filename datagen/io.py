@@ -57,6 +57,12 @@ def table_metadata(table_or_schema: pa.Table | pa.Schema) -> dict:
     return json.loads(raw) if raw else {}
 
 
+def _publish(tmp: str, path: Path) -> None:
+    # mkstemp creates files readable by the owner only; data files are meant to be shared.
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
 def write_parquet(table: pa.Table, path: str | os.PathLike) -> str:
     """Write `table` to `path` atomically with fixed writer settings; return the file's sha256."""
     path = Path(path)
@@ -75,7 +81,7 @@ def write_parquet(table: pa.Table, path: str | os.PathLike) -> str:
             version="2.6",
             data_page_version="1.0",
         )
-        os.replace(tmp, path)
+        _publish(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -93,5 +99,5 @@ def write_text(text: str, path: str | os.PathLike) -> str:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "wb") as f:
         f.write(text.encode("utf-8"))
-    os.replace(tmp, path)
+    _publish(tmp, path)
     return sha256_file(path)

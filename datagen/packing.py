@@ -14,7 +14,8 @@ probabilities (clue_fraction, image_fraction, rest):
 Columns: input_ids [seq_len] int32; loss_mask [seq_len] uint8, where loss_mask[t] = 1 means token t is
 a prediction target (0 on <|image|> placeholders and padding); kind; image_ids (image_id values of the
 image table, in placeholder order); answer_start/answer_end (a clue row's answer span, else -1);
-distance (a clue row's clue distance, else -1).
+distance (a clue row's clue distance, else -1). Row i does not depend on `n_sequences`, so packing
+more rows extends the table.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from datagen.corpus import split_texts
 from datagen.io import with_metadata
 from datagen.seeding import rng as make_rng
 from datagen.tokenizer import (
+    BOS,
     EOS,
     IMAGE,
     IMAGE_END,
@@ -124,10 +126,10 @@ def pack_pretraining(
     """`n_sequences` rows of exactly `seq_len` tokens mixing text, clue and image rows (module docstring)."""
     if seq_len < 2 or n_sequences < 1:
         raise ValueError(f"need seq_len >= 2 and n_sequences >= 1, got {seq_len}, {n_sequences}")
-    r = make_rng(cfg.seed, "pack", seq_len)
+    # Separate streams keep row i independent of n_sequences: packing more rows extends the table.
     kinds = [
         ROW_KINDS[int(k)]
-        for k in r.choice(
+        for k in make_rng(cfg.seed, "pack-kinds", seq_len).choice(
             3,
             size=n_sequences,
             p=[1 - cfg.clue_fraction - cfg.image_fraction, cfg.clue_fraction, cfg.image_fraction],
@@ -136,7 +138,7 @@ def pack_pretraining(
     pad, image_id_token = tokenizer.token_to_id(PAD), tokenizer.token_to_id(IMAGE)
 
     stream = _text_stream(tokenizer, corpus, cfg.seed)
-    cursor = int(r.integers(len(stream)))
+    cursor = int(make_rng(cfg.seed, "pack-text-start", seq_len).integers(len(stream)))
     n_clue = kinds.count("clue")
     clue_examples = iter(
         clue_training_examples(
@@ -224,7 +226,7 @@ def vqa_eval_set(
     """One row per (held-out image, question): image_id, question, prompt_ids (<|bos|>, the image
     block, the question up to "Answer:"), answer_ids, answer. No caption, so the answer must come from
     the image."""
-    bos = tokenizer.token_to_id("<|bos|>")
+    bos = tokenizer.token_to_id(BOS)
     block = image_block(tokenizer, cfg.image_tokens)
     rows = images.select(["image_id", "split", "questions", "answers"]).to_pylist()
     out = {"image_id": [], "question": [], "prompt_ids": [], "answer_ids": [], "answer": []}

@@ -63,8 +63,8 @@ def test_every_eval_answer_is_exact_and_needs_every_clue(tok, grid):
     for row in _rows(grid):
         prompt = np.array(row["prompt_ids"], np.int32)
         assert prompt[0] == bos
-        assert len(prompt) + len(row["answer_ids"]) + 1 == row["length"] == row["length_target"]
-        assert decode(tok, row["answer_ids"]) == " " + row["answer"]
+        assert len(prompt) + len(row["answer_ids"]) == row["length"] == row["length_target"]
+        assert decode(tok, row["answer_ids"]) == f" {row['answer']}{EOS}"
         text = decode(tok, prompt)
         assert solve(text) == row["answer"]
         for s, e in zip(row["clue_starts"], row["clue_ends"]):

@@ -18,7 +18,8 @@ def test_same_table_same_bytes(tmp_path):
 
 
 def test_different_table_different_bytes(tmp_path):
-    assert write_parquet(_table(1000), tmp_path / "a.parquet") != write_parquet(_table(999), tmp_path / "b.parquet")
+    a = write_parquet(_table(1000), tmp_path / "a.parquet")
+    assert a != write_parquet(_table(999), tmp_path / "b.parquet")
 
 
 def test_metadata_round_trip_and_no_temp_files(tmp_path):
@@ -28,6 +29,7 @@ def test_metadata_round_trip_and_no_temp_files(tmp_path):
     assert table_metadata(back) == {"config": {"seed": 3}}
     assert back.column("a").to_pylist() == list(range(1000))
     assert [p.name for p in path.parent.iterdir()] == ["t.parquet"]
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_sha256_bytes():

@@ -35,7 +35,8 @@ def components(fg_HW: np.ndarray) -> list[list[tuple[int, int]]]:
             y, x = queue.popleft()
             pixels.append((y, x))
             for ny, nx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
-                if 0 <= ny < fg_HW.shape[0] and 0 <= nx < fg_HW.shape[1] and fg_HW[ny, nx] and not seen[ny, nx]:
+                inside = 0 <= ny < fg_HW.shape[0] and 0 <= nx < fg_HW.shape[1]
+                if inside and fg_HW[ny, nx] and not seen[ny, nx]:
                     seen[ny, nx] = True
                     queue.append((ny, nx))
         out.append(pixels)
