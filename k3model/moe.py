@@ -1,0 +1,373 @@
+"""LatentMoE with SiTU-GLU experts and aux-loss-free load balancing (K3 report §2.3, Eqs 11–14).
+
+Routing (DeepSeek-V3 §2.1.2 style, sigmoid affinities, router in fp32):
+
+    s_ME   = sigmoid(x_MD W_rᵀ)                       affinities, in fp32
+    I_m    = top-k_j (s_mj + b_j)                     selection on the *biased* scores
+    p_mj   = routed_scale · s_mj / Σ_{i∈I_m} s_mi     gate weights from the *unbiased* scores, j ∈ I_m
+
+Stable LatentMoE (Eq. 11): the routed experts run in one down-projected latent shared by all of
+them, the shared experts at full width:
+
+    z_ML   = W_down x_MD
+    u_ML   = Σ_{j∈I_m} p_mj · E_j(z_ML),              E_j(z) = W2_j SiTU-GLU(W1_j z, W3_j z)
+    y_MD   = Σ_shared S(x_MD) + W_up RMSNorm(u_ML)
+
+SiTU-GLU (Eq. 12), in fp32; with β1 = 4, β2 = 25 the product is bounded by 100:
+
+    SiTU-GLU(g, v) = β1·tanh(g/β1)·sigmoid(g) · β2·tanh(v/β2)
+
+The bias b is a buffer, not a parameter: no gradient, never seen by the optimizer or weight decay
+(DeepSeek-V3 #761). `update_bias()` runs after each optimizer step on the statistics gathered by the
+training forwards since the previous call:
+
+  "quantile" (K3 Quantile Balancing, §2.3.3, Eqs 13–14). Each token also finds its (k+1)-th biased
+      score α_m, the cutoff; the margin of expert j is m_mj = s_mj − α_m. With the current b, token m
+      picks j exactly when m_mj + b_j > 0, so the bias that gives expert j a k/N share of the tokens is
+
+          b_j ← −quantile_{1−k/N}(m_·j),   then b ← b − mean(b)
+
+      and the new bias overwrites the old one (no step size). The quantile is exact (torch.quantile)
+      or, as at scale, read off a per-expert histogram of margins (512 bins over [−1, 1], summable
+      across ranks by one all-reduce) with linear interpolation inside the crossing bin; snapping to
+      bin edges leaves a load CV of ~0.23 (research/recipe.md §1).
+  "deepseek" (loss-free balancing): b_j ← b_j + γ·sign(mean_load − load_j), then b ← b − mean(b);
+      recentring keeps the bias from drifting large against the scores (torchtitan #1506).
+  "none": the bias stays where it is.
+
+`freeze_bias = True` (RL, where router replay makes bias updates misleading: prime-rl #2953) turns
+`update_bias()` into a no-op and stops gathering statistics.
+
+QAT (report §4.1.4, research/recipe.md §7b): with `cfg.qat` the routed experts' weights are
+fake-quantized to MXFP4 and their matmul inputs to MXFP8 on every forward, with a straight-through
+estimator  w_q = w + sg(fq(w) − w)  (the fp32 master weights train). Router, latent projections and
+shared experts stay in high precision. MX blocks of 32 run along the reduction (last) dimension, so
+latent_dim and expert_hidden must be multiples of 32.
+
+Legend: B batch, T time, D d_model, M = B·T flattened tokens, E routed experts, K top-k,
+R = M·K routed (token, expert) pairs, L latent width, H expert hidden, F dense hidden, X histogram bins.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from k3model.common import RMSNorm
+from k3model.config import MoEConfig
+
+BALANCING_MODES = ("quantile", "deepseek", "none")
+QUANTILE_METHODS = ("histogram", "exact")
+MX_BLOCK = 32
+# K3's margin histogram: 512 bins over [−1, 1]. Sigmoid scores lie in (0, 1), so margins of
+# experts near the cutoff fall inside this range while the biases stay within ±1.
+HIST_BINS = 512
+HIST_RANGE = (-1.0, 1.0)
+LATENT_NORM_EPS = 1e-6
+
+
+def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
+    """β1·tanh(gate/β1)·sigmoid(gate) · β2·tanh(up/β2), computed in fp32, returned in gate's dtype."""
+    g = gate.float()
+    v = up.float()
+    gate_act = beta1 * torch.tanh(g / beta1) * torch.sigmoid(g)
+    up_act = beta2 * torch.tanh(v / beta2)
+    return (gate_act * up_act).to(gate.dtype)
+
+
+class DenseFFN(nn.Module):
+    """y = W2 SiTU-GLU(W1 x, W3 x): the first (dense) layer's FFN and the shared experts."""
+
+    def __init__(self, d_model: int, hidden: int, beta1: float = 4.0, beta2: float = 25.0):
+        super().__init__()
+        if d_model < 1 or hidden < 1:
+            raise ValueError(f"DenseFFN needs d_model ≥ 1 and hidden ≥ 1, got {d_model} and {hidden}")
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.w_gate = nn.Linear(d_model, hidden, bias=False)
+        self.w_up = nn.Linear(d_model, hidden, bias=False)
+        self.w_down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        h_BTF = situ_glu(self.w_gate(x_BTD), self.w_up(x_BTD), self.beta1, self.beta2)
+        return self.w_down(h_BTF)
+
+
+def ffn_param_count(d_model: int, hidden: int) -> int:
+    """Parameters of one DenseFFN (gate, up and down projections, no biases)."""
+    return 3 * d_model * hidden
+
+
+def moe_param_counts(cfg: MoEConfig) -> dict[str, int]:
+    """Total and active parameters of one LatentMoE layer, computed from the config (nothing allocated).
+
+    Keys: `routed` (all routed experts), `routed_active` (the k a token uses), `shared`, `latent`
+    (W_down, W_up and the latent RMSNorm), `router`, `total`, `active`. The bias is a buffer and
+    not counted.
+    """
+    per_expert = ffn_param_count(cfg.latent_dim, cfg.expert_hidden)
+    routed = cfg.n_routed * per_expert
+    routed_active = cfg.top_k * per_expert
+    shared = cfg.n_shared * ffn_param_count(cfg.d_model, cfg.shared_hidden)
+    latent = 2 * cfg.d_model * cfg.latent_dim + cfg.latent_dim
+    router = cfg.n_routed * cfg.d_model
+    return {
+        "routed": routed,
+        "routed_active": routed_active,
+        "shared": shared,
+        "latent": latent,
+        "router": router,
+        "total": routed + shared + latent + router,
+        "active": routed_active + shared + latent + router,
+    }
+
+
+def quantile_from_histogram(hist_EX: torch.Tensor, q: float, lo: float, hi: float) -> torch.Tensor:
+    """Per-row q-quantile of values binned uniformly over [lo, hi], interpolating inside the bin.
+
+    Within the bin where the cumulative count crosses q·n the values are taken as spread evenly, so
+    the answer moves continuously with the counts instead of snapping to bin edges.
+    """
+    n_bins = hist_EX.shape[-1]
+    width = (hi - lo) / n_bins
+    counts_EX = hist_EX.double()
+    cum_EX = counts_EX.cumsum(-1)
+    target_E1 = q * cum_EX[:, -1:]
+    crossing_E1 = (cum_EX < target_E1).sum(-1, keepdim=True).clamp(max=n_bins - 1)
+    in_bin_E1 = counts_EX.gather(-1, crossing_E1)
+    before_E1 = cum_EX.gather(-1, crossing_E1) - in_bin_E1
+    frac_E1 = ((target_E1 - before_E1) / in_bin_E1.clamp(min=1.0)).clamp(0.0, 1.0)
+    return (lo + (crossing_E1 + frac_E1) * width).squeeze(-1).float()
+
+
+def margin_histogram(margin_ME: torch.Tensor, n_bins: int = HIST_BINS,
+                     lo: float = HIST_RANGE[0], hi: float = HIST_RANGE[1]) -> torch.Tensor:
+    """Per-expert counts of margins in `n_bins` uniform bins over [lo, hi] ([E, X], fp32).
+
+    Margins outside [lo, hi] land in the edge bins: the quantile near the top (1 − k/N) only moves
+    if it falls inside an edge bin, which takes a bias beyond ±1.
+    """
+    bins_EM = ((margin_ME.t() - lo) / (hi - lo) * n_bins).floor().long().clamp_(0, n_bins - 1)
+    hist_EX = torch.zeros(margin_ME.shape[1], n_bins, device=margin_ME.device)
+    return hist_EX.scatter_add_(1, bins_EM, torch.ones_like(bins_EM, dtype=torch.float32))
+
+
+def _import_fake_quant():
+    try:
+        from kernels.mx import fake_quant_mx
+    except ImportError as err:
+        raise ValueError(
+            "qat needs kernels.mx (kernels.mx.fake_quant_mx could not be imported); "
+            "set qat=False or install the kernels package"
+        ) from err
+    return fake_quant_mx
+
+
+class LatentMoE(nn.Module):
+    """Routed SiTU-GLU experts in a shared latent + full-width shared experts; see the module docstring.
+
+    After each forward `last_load` holds the tokens per routed expert ([E], float). In training
+    mode, with balancing on and the bias not frozen, the forward also accumulates what
+    `update_bias()` needs: the loads, and for "quantile" the margin histogram (and the raw margins
+    when `quantile_method="exact"`).
+    """
+
+    def __init__(self, cfg: MoEConfig, quantile_method: str = "histogram"):
+        super().__init__()
+        if not 1 <= cfg.top_k <= cfg.n_routed:
+            raise ValueError(f"top_k ({cfg.top_k}) must lie in [1, n_routed = {cfg.n_routed}]")
+        if cfg.balancing not in BALANCING_MODES:
+            raise ValueError(f"balancing must be one of {BALANCING_MODES}, got {cfg.balancing!r}")
+        if cfg.balancing == "quantile" and cfg.top_k == cfg.n_routed:
+            raise ValueError(
+                f"quantile balancing needs top_k < n_routed (the (k+1)-th score is the cutoff), got "
+                f"top_k = n_routed = {cfg.n_routed}; lower top_k or set balancing='none'"
+            )
+        if quantile_method not in QUANTILE_METHODS:
+            raise ValueError(f"quantile_method must be one of {QUANTILE_METHODS}, got {quantile_method!r}")
+        for name in ("d_model", "latent_dim", "expert_hidden"):
+            if getattr(cfg, name) < 1:
+                raise ValueError(f"MoEConfig.{name} must be ≥ 1, got {getattr(cfg, name)}")
+        if cfg.n_shared > 0 and cfg.shared_hidden < 1:
+            raise ValueError(f"shared_hidden must be ≥ 1 when n_shared > 0, got {cfg.shared_hidden}")
+        self.fake_quant_mx = None
+        if cfg.qat:
+            for name in ("latent_dim", "expert_hidden"):
+                if getattr(cfg, name) % MX_BLOCK:
+                    raise ValueError(
+                        f"qat quantizes in MX blocks of {MX_BLOCK} along {name}; MoEConfig.{name} = "
+                        f"{getattr(cfg, name)} is not a multiple of {MX_BLOCK}: change it or set qat=False"
+                    )
+            self.fake_quant_mx = _import_fake_quant()
+
+        self.cfg = cfg
+        self.quantile_method = quantile_method
+        self.freeze_bias = False
+        E, D, L, H = cfg.n_routed, cfg.d_model, cfg.latent_dim, cfg.expert_hidden
+
+        self.router = nn.Linear(D, E, bias=False)
+        self.register_buffer("expert_bias_E", torch.zeros(E, dtype=torch.float32))
+        self.latent_down = nn.Linear(D, L, bias=False)
+        self.latent_norm = RMSNorm(L, eps=LATENT_NORM_EPS)
+        self.latent_up = nn.Linear(L, D, bias=False)
+        # Batched expert weights in nn.Linear's (out, in) layout, so the reduction dimension is last:
+        # the dimension MX blocks run along.
+        self.w_gate_EHL = nn.Parameter(torch.empty(E, H, L))
+        self.w_up_EHL = nn.Parameter(torch.empty(E, H, L))
+        self.w_down_ELH = nn.Parameter(torch.empty(E, L, H))
+        # n shared experts of hidden F sum to one FFN of hidden n·F (the activation is per unit and
+        # the down projection sums over units), so they run as one matmul.
+        self.shared = (DenseFFN(D, cfg.n_shared * cfg.shared_hidden, cfg.situ_beta1, cfg.situ_beta2)
+                       if cfg.n_shared > 0 else None)
+        self.reset_expert_parameters()
+
+        self.last_load = torch.zeros(E)
+        self._reset_stats()
+
+    def reset_expert_parameters(self) -> None:
+        """nn.Linear's default init, applied per expert: U(−1/√fan_in, 1/√fan_in)."""
+        for w in (self.w_gate_EHL, self.w_up_EHL, self.w_down_ELH):
+            bound = 1.0 / math.sqrt(w.shape[-1])
+            nn.init.uniform_(w, -bound, bound)
+
+    # ------------------------------------------------------------------------------------------
+    # Forward
+
+    def route(self, x_MD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Select experts and gate weights.
+
+        Returns (ids_MK, p_MK, cutoff_M, s_ME): chosen experts on the biased scores, gate weights
+        from the unbiased ones, the (k+1)-th biased score (None when k = n_routed) and the
+        affinities, all in fp32.
+        """
+        k = self.cfg.top_k
+        s_ME = torch.sigmoid(F.linear(x_MD.float(), self.router.weight.float()))
+        biased_ME = s_ME.detach() + self.expert_bias_E.float()
+        n_pick = min(k + 1, self.cfg.n_routed)
+        top_vals_MP, top_ids_MP = torch.topk(biased_ME, n_pick, dim=-1, sorted=True)
+        ids_MK = top_ids_MP[:, :k]
+        cutoff_M = top_vals_MP[:, k] if n_pick > k else None
+        s_MK = s_ME.gather(-1, ids_MK)
+        p_MK = self.cfg.routed_scale * s_MK / s_MK.sum(-1, keepdim=True)
+        return ids_MK, p_MK, cutoff_M, s_ME
+
+    def _expert_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.fake_quant_mx is None:
+            return self.w_gate_EHL, self.w_up_EHL, self.w_down_ELH
+        return tuple(self._fake_quant(w, "fp4_e2m1") for w in (self.w_gate_EHL, self.w_up_EHL, self.w_down_ELH))
+
+    def _fake_quant(self, t: torch.Tensor, fmt: str) -> torch.Tensor:
+        """Straight-through fake quantization: forward sees fq(t), backward the identity.
+
+        Non-finite quantized values fall back to the high-precision ones (as in the K3 port).
+        """
+        t_q = self.fake_quant_mx(t, fmt)
+        t_q = torch.where(torch.isfinite(t_q), t_q, t)
+        return t + (t_q - t).detach()
+
+    def _expert_act(self, a: torch.Tensor) -> torch.Tensor:
+        return a if self.fake_quant_mx is None else self._fake_quant(a, "fp8_e4m3")
+
+    def routed_experts(self, z_ML: torch.Tensor, ids_MK: torch.Tensor, p_MK: torch.Tensor) -> torch.Tensor:
+        """u_ML = Σ_{j∈I_m} p_mj E_j(z_m): tokens sorted by expert, one matmul per expert, index_add back."""
+        M, K = ids_MK.shape
+        w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
+        ids_R = ids_MK.reshape(-1)
+        order_R = torch.argsort(ids_R, stable=True)
+        token_R = order_R // K
+        weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
+        counts = torch.bincount(ids_R, minlength=self.cfg.n_routed).tolist()
+        z_RL = self._expert_act(z_ML.index_select(0, token_R))
+
+        out_chunks = []
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            z_nL = z_RL[start:start + n]
+            h_nH = situ_glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t(), self.cfg.situ_beta1, self.cfg.situ_beta2)
+            out_chunks.append(self._expert_act(h_nH) @ w_down_ELH[e].t())
+            start += n
+        out_RL = torch.cat(out_chunks, 0)
+
+        u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
+        u_ML = u_ML.index_add(0, token_R, out_RL.float() * weight_R1)
+        return u_ML.to(z_ML.dtype)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        B, T, D = x_BTD.shape
+        x_MD = x_BTD.reshape(B * T, D)
+        ids_MK, p_MK, cutoff_M, s_ME = self.route(x_MD)
+        self._observe(ids_MK, cutoff_M, s_ME)
+
+        u_ML = self.routed_experts(self.latent_down(x_MD), ids_MK, p_MK)
+        y_MD = self.latent_up(self.latent_norm(u_ML))
+        if self.shared is not None:
+            y_MD = y_MD + self.shared(x_MD)
+        return y_MD.reshape(B, T, D)
+
+    # ------------------------------------------------------------------------------------------
+    # Balancing
+
+    def _reset_stats(self) -> None:
+        E = self.cfg.n_routed
+        device = self.expert_bias_E.device
+        self._load_acc_E = torch.zeros(E, device=device)
+        self._margin_hist_EX = torch.zeros(E, HIST_BINS, device=device)
+        self._margins: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def _observe(self, ids_MK: torch.Tensor, cutoff_M: torch.Tensor | None, s_ME: torch.Tensor) -> None:
+        load_E = torch.bincount(ids_MK.reshape(-1), minlength=self.cfg.n_routed).float()
+        self.last_load = load_E
+        if not self.training or self.freeze_bias or self.cfg.balancing == "none":
+            return
+        if self._load_acc_E.device != load_E.device:
+            self._reset_stats()
+        self._load_acc_E += load_E
+        if self.cfg.balancing != "quantile":
+            return
+        margin_ME = s_ME.detach() - cutoff_M.unsqueeze(-1)
+        self._margin_hist_EX += margin_histogram(margin_ME)
+        if self.quantile_method == "exact":
+            self._margins.append(margin_ME)
+
+    @torch.no_grad()
+    def update_bias(self) -> None:
+        """Set the routing bias from the statistics gathered since the last call, then clear them.
+
+        Call after each optimizer step. No-op with balancing "none", with `freeze_bias`, or when no
+        training forward ran since the last call.
+        """
+        if self.freeze_bias or self.cfg.balancing == "none":
+            self._reset_stats()
+            return
+        if self.expert_bias_E.dtype != torch.float32:
+            raise ValueError(
+                f"expert_bias_E is {self.expert_bias_E.dtype}; keep it in fp32 (bias steps of 1e-3 vanish "
+                "in bf16): use autocast for mixed precision rather than module.to(dtype)"
+            )
+        if self._load_acc_E.sum() == 0:
+            return
+        if self.cfg.balancing == "deepseek":
+            new_E = self.expert_bias_E + self.cfg.bias_update_rate * torch.sign(
+                self._load_acc_E.mean() - self._load_acc_E)
+        else:
+            q = 1.0 - self.cfg.top_k / self.cfg.n_routed
+            new_E = -self.margin_quantile(q)
+        self.expert_bias_E.copy_(new_E - new_E.mean())
+        self._reset_stats()
+
+    def margin_quantile(self, q: float) -> torch.Tensor:
+        """quantile_q of the margins m_·j gathered since the last update, per expert ([E])."""
+        if self.quantile_method == "exact":
+            return torch.quantile(torch.cat(self._margins, 0), q, dim=0)
+        return quantile_from_histogram(self._margin_hist_EX, q, *HIST_RANGE)
+
+    def load_max_over_mean(self) -> float:
+        """max_j load_j / mean_j load_j of the last forward: 1.0 is perfect balance, E/k the worst."""
+        mean = self.last_load.mean()
+        return float(self.last_load.max() / mean) if mean > 0 else float("nan")
