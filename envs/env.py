@@ -36,7 +36,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from envs.actions import AppCall, Edit, Finish, Read, Run, Search, Write, kind_of, to_dict
+from envs.actions import AppCall, Edit, Finish, Read, Run, Search, Write, to_dict
 from envs.apps import ToolError, World
 from envs.harnesses.base import Call, Harness, Outcome
 from envs.jail import Limits
@@ -207,9 +207,7 @@ class Env:
         if call.action is None:
             return Outcome(call, False, call.error or "invalid call")
         a = call.action
-        ts = self._task.toolset
-        kind = kind_of(a)
-        if (kind == "app" and a.app not in ts.apps) or (kind != "app" and kind not in ts.kinds()):
+        if not self._task.toolset.allows(a):
             return Outcome(call, False, f"{call.tool} is not available in this task")
         sb = self._sandbox
         try:

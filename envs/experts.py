@@ -24,7 +24,6 @@ import random
 from typing import Any
 
 from envs.actions import Action, AppCall, Edit, Finish, Read, Run, Search, Write
-from envs.apps import app_tools
 from envs.env import TASK_ID_RE
 from envs.harnesses import Harness, get_harness
 from envs.rollout import rollout
@@ -140,7 +139,8 @@ class RandomPolicy(_TaskAware):
     def action(self) -> Action:
         r = self._rng
         ts = self.task.toolset
-        options = list(ts.kinds()) + ["app"] * (3 if ts.apps else 0)
+        schemas = sorted(ts.app_schemas(), key=lambda s: (s.app, s.name))
+        options = list(ts.kinds()) + ["app"] * (3 if schemas else 0)
         kind = r.choice(options)
         if kind == "finish" or r.random() < 0.05:
             return Finish(r.choice(["", "42", "done"]))
@@ -154,10 +154,9 @@ class RandomPolicy(_TaskAware):
             return Search(r.choice(["def", "x", "TODO", "[a-z]+"]), r.choice([".", "tests", "src"]))
         if kind == "run":
             return Run(r.choice(["ls", "python run_tests.py", "cat *.py", "echo hi"]))
-        app = r.choice(ts.apps)
-        schema = r.choice(sorted(app_tools(app).values(), key=lambda s: s.name))
+        schema = r.choice(schemas)
         args = {p.name: self._value(p.type) for p in schema.params if p.required or r.random() < 0.3}
-        return AppCall(app, schema.name, args)
+        return AppCall(schema.app, schema.name, args)
 
     def __call__(self, observation: str) -> str:
         if not self._begin(observation) and self.task is None:

@@ -146,6 +146,8 @@ class World:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> World:
+        # A private copy: records must never share lists with the caller's dict (a task's spec).
+        data = copy.deepcopy(data)
         return cls(
             start_date=data["start_date"],
             day=data["day"],
@@ -157,7 +159,7 @@ class World:
         )
 
     def copy(self) -> World:
-        return World.from_json(json.loads(json.dumps(self.to_json())))
+        return World.from_json(self.to_json())
 
     def digest(self) -> str:
         blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))

@@ -40,11 +40,22 @@ class CallError(Exception):
 
 @dataclass(frozen=True)
 class ToolSet:
-    """Which tools a task offers: file tools, the shell, and any mock apps."""
+    """Which tools a task offers: file tools, the shell, and any mock apps.
+
+    `only`, when not empty, narrows that to the listed tools ("read", "search", "slack.post", ...),
+    which keeps the prompts of the easiest tasks short. The finish tool is always offered."""
 
     files: bool = False
     run: bool = False
     apps: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        known = {"read", "write", "edit", "search", "run"}
+        known |= {f"{app}.{name}" for app in self.apps for name in app_tools(app)}
+        unknown = sorted(set(self.only) - known)
+        if unknown:
+            raise ValueError(f"ToolSet.only names unknown tools {unknown}; use kinds or 'app.tool' of {self.apps}")
 
     def kinds(self) -> tuple[str, ...]:
         out = []
@@ -52,10 +63,18 @@ class ToolSet:
             out += ["read", "write", "edit", "search"]
         if self.run:
             out.append("run")
+        if self.only:
+            out = [k for k in out if k in self.only]
         return tuple(out) + ("finish",)
 
     def app_schemas(self) -> list[ToolSchema]:
-        return [s for app in self.apps for s in app_tools(app).values()]
+        return [s for app in self.apps for s in app_tools(app).values()
+                if not self.only or f"{app}.{s.name}" in self.only]
+
+    def allows(self, action: Action) -> bool:
+        if isinstance(action, AppCall):
+            return any(s.app == action.app and s.name == action.tool for s in self.app_schemas())
+        return kind_of(action) in self.kinds()
 
 
 @dataclass(frozen=True)

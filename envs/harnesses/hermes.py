@@ -85,7 +85,7 @@ class Hermes(Harness):
         out = []
         for a in actions:
             name, args = self.encode(a)
-            body = dumps({"name": name, "arguments": args}).replace("<", chr(92) + "u003c")
+            body = dumps({"name": name, "arguments": args}).replace("<", "\\u003c")
             out.append(f"<tool_call>\n{body}\n</tool_call>")
         return "\n".join(out)
 

@@ -120,8 +120,9 @@ class KimiCode(Harness):
         parts = []
         for i, a in enumerate(actions):
             name, args = self.encode(a)
+            body = dumps(args).replace("<", "\\u003c")
             parts.append(f"<|tool_call_begin|>{self.call_id(start_index + i, name)}<|tool_call_argument_begin|>"
-                         f"{dumps(args).replace('<', chr(92) + 'u003c')}<|tool_call_end|>")
+                         f"{body}<|tool_call_end|>")
         return BEGIN + "".join(parts) + END
 
     def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:

@@ -26,7 +26,6 @@ import json
 import re
 
 from envs.actions import Action, AppCall
-from envs.apps import app_tools
 from envs.harnesses.base import (
     DESCRIBE, MAX_CALLS, Arg, Call, CallError, Harness, Outcome, ToolDef, ToolSet, coerce, tool_def,
 )
@@ -80,7 +79,9 @@ class OpenClaw(Harness):
     def app_tool_defs(self, toolset: ToolSet) -> list[ToolDef]:
         out = []
         for app in toolset.apps:
-            schemas = app_tools(app)
+            schemas = {s.name: s for s in toolset.app_schemas() if s.app == app}
+            if not schemas:
+                continue
             desc = [f"{app} operations, chosen with `action`:"]
             for s in schemas.values():
                 params = ", ".join(f"{p.name}{'' if p.required else '?'}: {p.type}" for p in s.params)
@@ -100,7 +101,7 @@ class OpenClaw(Harness):
             return super().decode(tool, args, toolset)
         args = dict(args)
         op = args.pop("action", None)
-        schemas = app_tools(tdef.app)
+        schemas = {s.name: s for s in toolset.app_schemas() if s.app == tdef.app}
         if op not in schemas:
             raise CallError(f"{tool}: 'action' must be one of {sorted(schemas)}")
         clean = {}

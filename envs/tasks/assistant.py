@@ -35,9 +35,10 @@ def budget(task: Task, n_actions: int, tokens_per_step: int = 200) -> Task:
     return replace(task, max_steps=steps, max_tokens=tokens_per_step * steps + 2000)
 
 
-def _task(family: WorldFamily, seed: int, instruction: str, apps: tuple[str, ...], spec: dict) -> Task:
+def _task(family: WorldFamily, seed: int, instruction: str, apps: tuple[str, ...], spec: dict,
+          only: tuple[str, ...] = ()) -> Task:
     t = Task(family.name, seed, family.domain, family.difficulty, instruction,
-             ToolSet(apps=apps), 0, 0, spec)
+             ToolSet(apps=apps, only=only), 0, 0, spec)
     return budget(t, len(family.solution(t)))
 
 
@@ -61,7 +62,8 @@ class SlackPost(WorldFamily):
                            f"Please send me your notes on the {topic} by {rng.randint(2, 5)} pm.",
                            f"Reminder: the {topic} starts in {rng.randint(5, 30)} minutes."])
         spec = {"world": w.to_json(), "channel": channel, "text": text}
-        return _task(self, seed, f'Post this message in the #{channel} Slack channel: "{text}"', ("slack",), spec)
+        return _task(self, seed, f'Post this message in the #{channel} Slack channel: "{text}"', ("slack",), spec,
+                     only=("slack.list_channels", "slack.read", "slack.post"))
 
     def solution(self, task):
         s = task.spec
@@ -101,7 +103,7 @@ class GmailLabel(WorldFamily):
         label = rng.choice(["finance", "follow-up", "clients", "travel", "urgent", "planning"])
         spec = {"world": w.to_json(), "target": target["id"], "label": label, "subject": target["subject"]}
         text = f'Add the label "{label}" to the email from {name} with the subject "{target["subject"]}".'
-        return _task(self, seed, text, ("gmail",), spec)
+        return _task(self, seed, text, ("gmail",), spec, only=("gmail.search", "gmail.read", "gmail.label"))
 
     def solution(self, task):
         s = task.spec

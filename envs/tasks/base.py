@@ -49,13 +49,14 @@ class Task:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["toolset"] = {"files": self.toolset.files, "run": self.toolset.run, "apps": list(self.toolset.apps)}
+        ts = self.toolset
+        d["toolset"] = {"files": ts.files, "run": ts.run, "apps": list(ts.apps), "only": list(ts.only)}
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Task:
         ts = d["toolset"]
-        return cls(**{**d, "toolset": ToolSet(ts["files"], ts["run"], tuple(ts["apps"]))})
+        return cls(**{**d, "toolset": ToolSet(ts["files"], ts["run"], tuple(ts["apps"]), tuple(ts["only"]))})
 
 
 @dataclass

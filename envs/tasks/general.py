@@ -89,8 +89,8 @@ class FileLookup(Family):
         item = rng.choice(rows)
         files = {"inventory.csv": "\n".join(lines) + "\n"}
         text = f"How many {item} are in stock according to inventory.csv?" + FINISH_NOTE
-        t = Task(self.name, seed, self.domain, self.difficulty, text, ToolSet(files=True), 0, 0,
-                 {"files": files, "answer": str(qty[item])})
+        t = Task(self.name, seed, self.domain, self.difficulty, text, ToolSet(files=True, only=("read", "search")),
+                 0, 0, {"files": files, "answer": str(qty[item])})
         return budget(t, 2)
 
     def solution(self, task):
@@ -154,7 +154,7 @@ class CanvasDueDate(WorldFamily):
         cid, a = rng.choice(choices)
         course = w.canvas.courses[cid]
         text = f'When is "{a.title}" for {course.name} due? Answer with the date as YYYY-MM-DD.' + FINISH_NOTE
-        t = Task(self.name, seed, self.domain, self.difficulty, text, ToolSet(apps=("canvas",)), 0, 0,
+        t = Task(self.name, seed, self.domain, self.difficulty, text, ToolSet(apps=("canvas",), only=("canvas.list_courses", "canvas.list_assignments", "canvas.get_assignment")), 0, 0,
                  {"world": w.to_json(), "answer": a.due, "course": cid})
         return budget(t, 3)
 

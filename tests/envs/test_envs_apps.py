@@ -1,5 +1,7 @@
 """Mock apps: typed tools, argument checks, the clock and timeline, JSON round trips, the diff."""
 
+import json
+
 import pytest
 
 from envs.apps import Event, ToolError, World, app_tools, diff
@@ -121,3 +123,13 @@ def test_generated_worlds_are_deterministic():
     for _ in range(14):
         w.advance_day()
     assert w.timeline == [] and len(w.gmail.messages) > 30
+
+
+def test_worlds_never_alias_the_task_spec():
+    task = generate("gmail_label", 2)
+    before = json.dumps(task.spec, sort_keys=True)
+    w = World.from_json(task.spec["world"])
+    target = task.spec["target"]
+    w.call("gmail", "label", {"message_id": target, "label": "x"})
+    w.call("gmail", "read", {"message_id": target})
+    assert json.dumps(task.spec, sort_keys=True) == before

@@ -75,7 +75,7 @@ def test_collateral_changes_fail_the_task():
     task = generate("gmail_label", 2)
     other = next(m for m in task.spec["world"]["gmail"]["messages"] if m["id"] != task.spec["target"])
     plan = fam.solution(task)
-    extra = AppCall("gmail", "archive", {"message_id": other["id"]})
+    extra = AppCall("gmail", "label", {"message_id": other["id"], "label": task.spec["label"]})
     with envs.make_env("gmail_label") as env:
         _, reward, *_ , info = _play(env, plan[:-1] + [extra, plan[-1]], task=task)
     assert reward == 0.0 and info["verifier"]["goals"] == {"labeled": True}
