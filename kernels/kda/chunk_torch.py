@@ -62,6 +62,26 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
     return full.reshape(B, H, N, C, C)
 
 
+def unit_lower_inverse(A_CC: torch.Tensor) -> torch.Tensor:
+    """(I + A)⁻¹ for strictly lower-triangular A (batched), by doubling:
+
+        (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴) ⋯ (I + A^(C/2))      since A^C = 0,
+
+    as (I + A)(I − A) = I − A², (I − A²)(I + A²) = I − A⁴, … This is 2·log₂C batched matmuls, far
+    faster on the CPU than a batched triangular solve of many small systems, and differentiable.
+    """
+    C = A_CC.shape[-1]
+    eye = torch.eye(C, dtype=A_CC.dtype, device=A_CC.device)
+    inverse = eye - A_CC
+    power = A_CC
+    span = 2
+    while span < C:
+        power = power @ power
+        inverse = inverse + inverse @ power
+        span *= 2
+    return inverse
+
+
 def chunk_kda_torch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -90,9 +110,8 @@ def chunk_kda_torch(
     G = g_c.cumsum(dim=3)  # chunk-local cumulative log decay, [B,H,N,C,K]
     A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
     A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
-    eye_C = torch.eye(CHUNK, dtype=A_kk.dtype, device=A_kk.device)
     rhs = torch.cat([beta_c.unsqueeze(-1) * G.exp() * k_c, beta_c.unsqueeze(-1) * v_c], dim=-1)
-    WU = torch.linalg.solve_triangular(eye_C + A_kk, rhs, upper=False, unitriangular=True)
+    WU = unit_lower_inverse(A_kk) @ rhs
     W, U = WU[..., :K], WU[..., K:]
     G_last = G[..., -1:, :]  # [B,H,N,1,K]
     k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)

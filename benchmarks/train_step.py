@@ -1,0 +1,211 @@
+"""Training-step throughput of a profile's K3 model beside a dense SDPA transformer of the same active
+size, measured in one process (issue 4 §7; DESIGN.md §5 asks for speed as a ratio measured in the
+same run).
+
+    python benchmarks/train_step.py --profile small --lengths 512,65536 --out results.json
+
+Reports tokens/s and model-FLOPs utilization (MFU) for a forward+backward+AdamW step at each length.
+Model FLOPs per token = 6 · (active non-embedding parameters) + the sequence mixers' own work:
+causal attention 6·T·H·(d_qk + d_v)/… per MLA layer (half the T² matrix), and KDA's chunked
+matmuls (Kimi Linear report Eq. 13, ×3 for forward + backward). The MFU denominator is a bf16
+matmul ceiling measured in the same run. Random tokens: this measures speed, not learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from k3model.config import get_profile
+from k3model.model import K3Model
+from k3model.params import count_params
+
+KDA_CHUNK = 64
+
+
+def model_flops_per_token(profile: str, seq_len: int) -> float:
+    counts = count_params(profile)
+    cfg = get_profile(profile).model
+    dense = 6.0 * (counts["active"] - counts["parts"]["embedding"] - counts["parts"].get("vision", 0))
+    qk = cfg.mla_qk_nope_dim + cfg.mla_qk_rope_dim
+    # Causal attention: QKᵀ and AV over half the T×T matrix on average, ×3 for fwd + bwd.
+    mla = cfg.n_mla_layers * 3 * 2 * (seq_len / 2) * cfg.mla_heads * (qk + cfg.mla_v_head_dim)
+    d, C = cfg.kda_head_dim, KDA_CHUNK
+    kda = cfg.n_kda_layers * 3 * cfg.kda_heads * (6 * d * d + 3 * C * d + C * C)
+    return dense + mla + kda
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, d: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+        x = x + self.o(a)
+        h = self.norm2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class DenseTransformer(nn.Module):
+    """The baseline: pre-norm, SDPA causal attention, SwiGLU, sized to the K3 model's active count."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(DenseBlock(d, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def loss(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def dense_baseline_for(profile: str) -> tuple[DenseTransformer, dict]:
+    cfg = get_profile(profile).model
+    counts = count_params(profile)
+    d, hidden = cfg.d_model, 4 * cfg.d_model
+    per_layer = 4 * d * d + 3 * d * hidden
+    target = counts["active"] - counts["parts"]["embedding"] - counts["parts"]["lm_head"] - counts["parts"].get("vision", 0)
+    layers = max(round(target / per_layer), 1)
+    model = DenseTransformer(cfg.vocab_size, d, layers, max(d // 128, 1), hidden)
+    n = sum(p.numel() for p in model.parameters())
+    return model, {"layers": layers, "d_model": d, "ffn_hidden": hidden, "params": n,
+                   "flops_per_token_fn": None}
+
+
+def matmul_ceiling_tflops(device: str) -> float:
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
+    for _ in range(warmup):
+        step_fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        step_fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
+        (lambda: torch.autocast("cpu", enabled=False))
+    cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
+    results = {"profile": profile, "device": device, "rows": []}
+    if device == "cuda":
+        results["gpu"] = torch.cuda.get_device_name()
+        results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
+    for T in lengths:
+        B = max(tokens_per_step // T, 1)
+        ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+        row = {"seq_len": T, "batch": B, "tokens_per_step": B * T}
+        torch.manual_seed(0)
+        model = K3Model(cfg).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+
+        def k3_step():
+            with dtype_ctx():
+                loss = model.compute_loss(ids)["loss/total"]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            for moe in model.moe_layers():
+                moe.update_bias()
+
+        try:
+            dt = time_steps(k3_step, warmup, reps, device)
+            row["k3_tokens_per_s"] = B * T / dt
+            row["k3_step_s"] = dt
+            row["k3_flops_per_token"] = model_flops_per_token(profile, T)
+        except torch.OutOfMemoryError as e:
+            row["k3_error"] = f"out of memory: {e}"[:300]
+        del model, opt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+        dense, info = dense_baseline_for(profile)
+        dense = dense.to(device)
+        dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
+
+        def dense_step():
+            with dtype_ctx():
+                loss = dense.loss(ids)
+            dopt.zero_grad(set_to_none=True)
+            loss.backward()
+            dopt.step()
+
+        try:
+            dt = time_steps(dense_step, warmup, reps, device)
+            row["dense_tokens_per_s"] = B * T / dt
+            n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
+            attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
+            row["dense_flops_per_token"] = 6 * n_nonembed + attn
+            row["dense_info"] = {k: v for k, v in info.items() if k != "flops_per_token_fn"}
+        except torch.OutOfMemoryError as e:
+            row["dense_error"] = f"out of memory: {e}"[:300]
+        del dense, dopt
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        ceiling = results.get("bf16_matmul_tflops_ceiling")
+        for who in ("k3", "dense"):
+            if f"{who}_tokens_per_s" in row and ceiling:
+                row[f"{who}_mfu"] = row[f"{who}_tokens_per_s"] * row[f"{who}_flops_per_token"] / (ceiling * 1e12)
+        if "k3_tokens_per_s" in row and "dense_tokens_per_s" in row:
+            row["k3_over_dense_tokens_per_s"] = row["k3_tokens_per_s"] / row["dense_tokens_per_s"]
+        print(json.dumps(row), flush=True)
+        results["rows"].append(row)
+    results["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="small")
+    parser.add_argument("--lengths", default="512,65536")
+    parser.add_argument("--tokens-per-step", type=int, default=65536)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/results/train_step.json")
+    args = parser.parse_args()
+    results = bench(args.profile, [int(x) for x in args.lengths.split(",")], args.tokens_per_step,
+                    args.warmup, args.reps)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
