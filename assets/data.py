@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.lineage import markdown_table, profile_tags, require_upstream
+from assets.lineage import markdown_table, profile_tags, require_upstream, require_upstreams
 from k3model.checkpoint import source_tree_sha256
 
 # Bumps whenever the generators' source changes, so the UI marks data built by older code as stale.
@@ -147,8 +147,9 @@ def clue_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.Mater
     from datagen.tokenizer import load_tokenizer
 
     profile = context.resources.profile.name
-    tok = load_tokenizer(require_upstream(context, "tokenizer", profile).path)
-    corpus_table = read_parquet(require_upstream(context, "corpus", profile).path)
+    ups = require_upstreams(context, ["corpus", "tokenizer"], profile)
+    tok = load_tokenizer(ups["tokenizer"].path)
+    corpus_table = read_parquet(ups["corpus"].path)
     cfg = presets(profile, config.seed).clues
     t0 = time.perf_counter()
     table = clue_eval_grid(cfg, tokenizer=tok, corpus=corpus_table)

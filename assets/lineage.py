@@ -47,18 +47,30 @@ def latest_for_profile(instance: dg.DagsterInstance, name: str, profile: str) ->
 def require_upstream(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext, name: str,
                      profile: str) -> Upstream:
     """`latest_for_profile`, or a Failure naming the asset to materialize first."""
+    return require_upstreams(context, [name], profile)[name]
+
+
+def require_upstreams(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext,
+                      names: list[str] | tuple[str, ...], profile: str) -> dict[str, Upstream]:
+    """The newest materialization of each of `names` for `profile`; a Failure naming every one that
+    is missing (or whose files are gone), so the user learns in one go what to materialize first."""
     me = _my_name(context)
-    found = latest_for_profile(context.instance, name, profile)
-    how = f"`k3 run --profile {profile} --select '*{name}'` or Materialize in the UI"
-    if found is None:
+    found = {name: latest_for_profile(context.instance, name, profile) for name in names}
+    missing = [n for n, up in found.items() if up is None]
+    gone = [n for n, up in found.items() if up is not None and not up.path.exists()]
+    if missing or gone:
+        todo = missing + gone
+        what = []
+        if missing:
+            what.append(f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} not been "
+                        f"materialized for profile {profile!r}")
+        if gone:
+            what.append(f"the files of {', '.join(gone)} no longer exist "
+                        f"({', '.join(str(found[n].path) for n in gone)})")
         raise dg.Failure(
-            description=f"{me} needs the asset {name!r} for profile {profile!r}, which has not been "
-                        f"materialized yet: materialize {name} first ({how})",
-            allow_retries=False)
-    if not found.path.exists():
-        raise dg.Failure(
-            description=f"{me} needs {name!r} for profile {profile!r}, but its latest materialization "
-                        f"points at {found.path}, which no longer exists: materialize {name} again ({how})",
+            description=f"{me} cannot run: {'; '.join(what)}. Materialize {', '.join(todo)} first "
+                        f"(`k3 run --profile {profile} --select {','.join('*' + n for n in todo)}`, "
+                        "or Materialize in the UI)",
             allow_retries=False)
     return found
 

@@ -130,24 +130,31 @@ class RayResource(dg.ConfigurableResource):
 
     def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
             num_cpus: float | None = None, log: Callable[[str], None] | None = None) -> Any:
-        """Run `fn(*args)` as one Ray task and return its result.
+        """Run `fn(*args)` as one Ray task and return its result."""
+        return self.map(fn, [args], num_gpus=num_gpus, num_cpus=num_cpus, log=log)[0]
 
-        The task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
-        count, and torch would otherwise train on one thread. Failing or interrupted driver code
-        cancels the task so no training keeps running after its run ended.
+    def map(self, fn: Callable[..., Any], arg_tuples: list[tuple], num_gpus: float = 0.0,
+            num_cpus: float | None = None, log: Callable[[str], None] | None = None) -> list[Any]:
+        """Run `fn(*args)` for every tuple as concurrent Ray tasks; results in the same order.
+
+        A task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
+        count, and torch would otherwise train on one thread. If the driver fails or is
+        interrupted, the tasks are cancelled, so no training outlives its run.
         """
         import ray
         self._ensure(log)
         if num_gpus > self.cluster_gpus():
-            raise ValueError(f"the task needs {num_gpus} GPU(s) but the Ray cluster has "
+            raise ValueError(f"the task needs {num_gpus:g} GPU(s) but the Ray cluster has "
                              f"{self.cluster_gpus():g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
                              "to a cluster with GPUs")
         cpus = self.node_cpus() if num_cpus is None else num_cpus
-        ref = ray.remote(fn).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0).remote(*args)
+        remote = ray.remote(fn).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0)
+        refs = [remote.remote(*args) for args in arg_tuples]
         try:
-            return ray.get(ref)
+            return ray.get(refs)
         except BaseException:
-            ray.cancel(ref, force=True)
+            for ref in refs:
+                ray.cancel(ref, force=True)
             raise
 
 
@@ -268,3 +275,22 @@ class CheckpointStore(dg.ConfigurableResource):
 
     def data_dir(self, profile: str, asset: str) -> Path:
         return self.resolved_root() / "data" / profile / asset
+
+    def work_dir(self, profile: str, asset: str, inputs_key: str) -> Path:
+        """Where a training task writes while it runs. Keyed by its inputs, not the run: a run
+        killed midway leaves its resumable `last/` checkpoint here, and the next run with the same
+        config and data continues from it."""
+        return self.resolved_root() / "work" / profile / asset / inputs_key
+
+    def report_dir(self, profile: str, asset: str, run_id: str) -> Path:
+        """Plots and tables an asset writes beside its checkpoint (not part of it)."""
+        return self.resolved_root() / "reports" / profile / asset / run_id
+
+
+# The resources every run gets; `k3 run --profile`, run config or K3_PROFILE choose the profile.
+RESOURCES = {
+    "profile": ProfileResource(),
+    "ray": RayResource(),
+    "mlflow": MlflowResource(),
+    "store": CheckpointStore(),
+}

@@ -1,0 +1,90 @@
+"""checkpoint_evals: the newest checkpoint of every pretraining stage, re-scored (the nightly job).
+
+Training ends with a quick evaluation (a few clue examples per cell). This asset loads each stage's
+newest checkpoint — its hashes verified on load — and scores the whole clue grid, perplexity and
+VQA against the newest data, one Ray task per stage (concurrent on a cluster). The result is one
+table with the stages side by side: the scattered-clue accuracy by distance across stages is
+claim 1 of DESIGN.md §5. Its history over nights shows drift from data or evaluation changes and
+catches checkpoints damaged on disk.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets.lineage import markdown_table, profile_tags
+from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
+from assets.tasks import LiveLog, evaluate_checkpoint_task
+
+
+class EvalConfig(dg.Config):
+    examples_per_cell: int = Field(default=1_000_000, ge=1, description="clue-eval examples scored per "
+                                   "(length, distance) cell; the default scores the whole grid")
+
+
+def _plot(rows: list[dict[str, Any]], buckets: list[str], path: Path, profile: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for row in rows:
+        ax.plot(buckets, [row.get(b, float("nan")) for b in buckets], marker="o", label=f"stage {row['stage']}")
+    ax.set_xlabel("clue distance (tokens)")
+    ax.set_ylabel("scattered-clue accuracy")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"clue accuracy by distance, per stage ({profile})")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+@dg.asset(group_name="evaluation", deps=[*DATA_INPUTS, *(stage_name(s) for s in range(1, NUM_STAGES + 1))],
+          kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION,
+          required_resource_keys={"profile", "store", "mlflow", "ray"})
+def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> dg.MaterializeResult:
+    """Every stage's newest checkpoint scored on the full clue grid, held-out perplexity and VQA."""
+    profile = context.resources.profile.name
+    data, _ = pretrain_data(context, profile)
+    stages = {s: verified(context, stage_name(s), profile) for s in range(1, NUM_STAGES + 1)}
+    store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
+
+    with mlflow.start_run(context, params={"profile": profile, "examples_per_cell": config.examples_per_cell,
+                                           **{f"sha256.{stage_name(s)}": u.data_version for s, u in stages.items()}},
+                          tags=profile_tags(profile)) as run:
+        live = LiveLog("checkpoint_evals", mlflow.resolved_tracking_uri(), run.info.run_id)
+        needs_gpu = context.resources.profile.get().device == "cuda" or ray.cluster_gpus() >= 1
+        results = ray.map(evaluate_checkpoint_task,
+                          [(str(u.path), data, config.examples_per_cell, live, s) for s, u in stages.items()],
+                          num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info)
+
+        rows, buckets = [], []
+        for (s, up), ev in zip(stages.items(), results):
+            row: dict[str, Any] = {"stage": s, "sha256": up.data_version[:12], "ppl": ev.get("eval/ppl"),
+                                   "vqa": ev.get("eval/vqa_acc")}
+            for k, v in ev.items():
+                if k.startswith("eval/clue_acc/scattered/d") and k.count("/") == 3:
+                    bucket = k.rsplit("/", 1)[1][1:]
+                    row[bucket] = v
+                    if bucket not in buckets:
+                        buckets.append(bucket)
+            rows.append(row)
+        buckets.sort(key=lambda b: int(b.split("-")[0]))
+        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", context.run_id)
+                     / "clue_acc_by_distance.png", profile)
+        mlflow.client().log_artifact(run.info.run_id, str(plot))
+
+    table = [{"stage": r["stage"], "sha256": r["sha256"], "ppl": r["ppl"], "vqa": r["vqa"],
+              **{b: r.get(b) for b in buckets}} for r in rows]
+    return dg.MaterializeResult(
+        metadata={"path": dg.MetadataValue.path(str(plot)), "profile": profile,
+                  "clue_acc_by_distance": dg.MetadataValue.md(markdown_table(table)),
+                  **{f"stage_{r['stage']}/ppl": float(r["ppl"]) for r in rows if r["ppl"] is not None},
+                  "evals": dg.MetadataValue.json({stage_name(s): ev for s, ev in zip(stages, results)}),
+                  "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run))},
+        tags=profile_tags(profile))

@@ -1,0 +1,318 @@
+"""Pretraining assets: four context stages, then the base model (DESIGN.md §1).
+
+    tokenizer, corpus, clue_data, image_data ─> pretrain_stage_1 ─> … ─> pretrain_stage_4 ─> base_model
+
+Each stage asset calls `k3model.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
+starting from the previous stage's checkpoint with no positional change. While it trains, the task
+logs metrics to the asset's MLflow run; afterwards the asset moves the checkpoint to
+`checkpoints/<profile>/<asset>/<run id>/`, registers it as an MLflow model version, plots the loss
+curve and reports the stage's evaluation: held-out perplexity, scattered-clue accuracy by distance
+and by length, VQA accuracy, expert load max/mean, tokens/s and wall time. The data version is the
+sha256 of the weights.
+
+Checks: `checkpoint_intact` re-hashes the newest checkpoint (blocking: a corrupted stage stops the
+stages after it) and `loss_fell` compares the stage's last and first training losses.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets.lineage import (Upstream, latest_for_profile, markdown_table, profile_tags, require_upstream,
+                            require_upstreams)
+from assets.tasks import LiveLog, train_stage_task
+from k3model.checkpoint import CheckpointCorrupted, source_tree_sha256, verify_checkpoint
+
+# Bumps whenever the library changes, so the UI marks checkpoints trained by older code as stale.
+PRETRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen"))[:12]
+DATA_INPUTS = ("corpus", "tokenizer", "clue_data", "image_data")
+NUM_STAGES = 4
+RESOURCES = {"profile", "store", "mlflow", "ray"}
+
+
+class PretrainStageConfig(dg.Config):
+    """Overrides for one stage; unset fields take the profile's values (k3model.config)."""
+    seed: int = Field(default=0, ge=0)
+    steps: int | None = Field(default=None, ge=1, description="optimizer steps of this stage")
+    batch_size: int | None = Field(default=None, ge=1)
+    lr: float | None = Field(default=None, gt=0, description="peak learning rate")
+    balancing: str | None = Field(default=None, description="MoE balancing: quantile, deepseek or none")
+    log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
+    eval_examples_per_cell: int = Field(default=8, ge=1, description="clue-eval examples per "
+                                        "(length, distance) cell scored at the end of the stage")
+
+
+def stage_name(stage: int) -> str:
+    return f"pretrain_stage_{stage}"
+
+
+def pretrain_data(context: dg.AssetExecutionContext, profile: str) -> tuple[Any, dict[str, Upstream]]:
+    """The PretrainData bundle from the newest data assets of `profile`, and the upstream records."""
+    from datagen.clues import CluesConfig
+    from k3model.pretrain_data import PretrainData
+
+    from assets.data import data_config_json
+
+    ups = require_upstreams(context, DATA_INPUTS, profile)
+    # Training packs its clue examples with the config the eval grid was built with.
+    recorded = data_config_json(ups["clue_data"].path)
+    clues = CluesConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()})
+    data = PretrainData(tokenizer_path=ups["tokenizer"].path, corpus_path=ups["corpus"].path,
+                        images_path=ups["image_data"].path, clue_eval_path=ups["clue_data"].path,
+                        clues=clues)
+    return data, ups
+
+
+def verified(context, name: str, profile: str) -> Upstream:
+    """The newest checkpoint of `name` for `profile`, its hashes checked."""
+    up = require_upstream(context, name, profile)
+    try:
+        verify_checkpoint(up.path)
+    except CheckpointCorrupted as e:
+        raise dg.Failure(description=f"cannot start from {name}: {e}", allow_retries=False) from e
+    return up
+
+
+def _plot_losses(history: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, (ax_loss, ax_load) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for key in ("train/main", "train/total"):
+        if any(key in h for h in history):
+            ax_loss.plot(steps, [h.get(key, float("nan")) for h in history], label=key)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_loss.set_title(title)
+    if any("moe/load_max_over_mean" in h for h in history):
+        ax_load.plot(steps, [h.get("moe/load_max_over_mean", float("nan")) for h in history])
+    ax_load.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax_load.set_xlabel("step")
+    ax_load.set_ylabel("expert load max / mean")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def clue_tables(ev: dict[str, float]) -> tuple[str, str]:
+    """Markdown tables of clue accuracy by distance bucket and by length, scattered vs control.
+
+    The eval keys are `eval/clue_acc/<variant>/<key>`, key one of `d<lo>-<hi>`, `len<L>`,
+    `len<L>/d<lo>-<hi>` (a cell) or `all`.
+    """
+    keys = {k.split("/", 3)[3] for k in ev if k.startswith("eval/clue_acc/")}
+
+    def table(prefix: str, label: str) -> str:
+        mine = sorted((k for k in keys if k.startswith(prefix) and "/" not in k),
+                      key=lambda k: int(k[len(prefix):].split("-")[0]))
+        return markdown_table([{label: k[len(prefix):], "scattered": ev.get(f"eval/clue_acc/scattered/{k}"),
+                                "control": ev.get(f"eval/clue_acc/control/{k}")} for k in mine])
+    return table("d", "distance"), table("len", "length")
+
+
+def _loss_points(history: list[dict], n: int = 12) -> list[dict[str, Any]]:
+    if not history:
+        return []
+    idx = sorted({round(i * (len(history) - 1) / max(n - 1, 1)) for i in range(n)})
+    return [{"step": history[i]["step"], "train/main": round(history[i].get("train/main", float("nan")), 4),
+             "lr": f"{history[i].get('train/lr', float('nan')):.2e}"} for i in idx]
+
+
+REPORTED = ("eval/ppl", "eval/vqa_acc", "eval/clue_acc/scattered/all", "eval/clue_acc/control/all",
+            "moe/load_max_over_mean", "perf/tokens_per_s", "perf/wall_s", "train/first_loss",
+            "train/final_loss")
+
+
+def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageConfig,
+                      stage: int) -> dg.MaterializeResult:
+    from k3model.pretrain import PretrainConfig
+
+    name = stage_name(stage)
+    profile = context.resources.profile.name
+    try:
+        cfg = PretrainConfig(profile=profile, stage=stage, seed=config.seed, steps=config.steps,
+                             batch_size=config.batch_size, lr=config.lr, balancing=config.balancing,
+                             log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell)
+        resolved = cfg.resolved()
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {name} (ops.{name}.config): {e}",
+                         allow_retries=False) from e
+    data, ups = pretrain_data(context, profile)
+    init = verified(context, stage_name(stage - 1), profile) if stage > 1 else None
+    inputs = {n: u.data_version for n, u in ups.items()}
+    if init is not None:
+        inputs[init.name] = init.data_version
+    inputs_key = hashlib.sha256(json.dumps({"cfg": dataclasses.asdict(cfg), "inputs": inputs},
+                                           sort_keys=True).encode()).hexdigest()[:16]
+
+    store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
+    work_dir = store.work_dir(profile, name, inputs_key)
+    params = {**dataclasses.asdict(cfg), "seq_len": resolved.seq_len, "steps": resolved.steps,
+              "batch_size": resolved.batch_size, "lr": resolved.lr, "model": resolved.model.name,
+              **{f"data_version.{n}": v for n, v in inputs.items()}}
+    with mlflow.start_run(context, params=params, tags=profile_tags(profile)) as run:
+        live = LiveLog(name, mlflow.resolved_tracking_uri(), run.info.run_id)
+        needs_gpu = context.resources.profile.get().device == "cuda" or ray.cluster_gpus() >= 1
+        result = ray.run(train_stage_task, cfg, data, str(work_dir), str(init.path) if init else None, live,
+                         num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info)
+
+        final = store.checkpoint_dir(profile, name, context.run_id)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(result.checkpoint_dir, final)
+        # The resumable state is only needed while the stage is unfinished.
+        shutil.rmtree(work_dir, ignore_errors=True)
+        info = verify_checkpoint(final)
+
+        report = store.report_dir(profile, name, context.run_id)
+        plot = _plot_losses(result.history, report / "loss.png", f"{name} ({profile})")
+        mlflow.client().log_artifact(run.info.run_id, str(plot))
+        version = mlflow.register_checkpoint(run.info.run_id, f"k3-{profile}-{name}", final,
+                                             tags={"sha256": info.sha256, "dagster_run_id": context.run_id})
+
+    ev = result.eval
+    by_distance, by_length = clue_tables(ev)
+    metadata: dict[str, Any] = {
+        "path": dg.MetadataValue.path(str(final)),
+        "sha256": info.sha256,
+        "profile": profile,
+        "stage": stage,
+        "seq_len": resolved.seq_len,
+        "steps": resolved.steps,
+        "tokens_seen": result.tokens_seen,
+        **{k: float(ev[k]) for k in REPORTED if k in ev},
+        "clue_acc_by_distance": dg.MetadataValue.md(by_distance),
+        "clue_acc_by_length": dg.MetadataValue.md(by_length),
+        "loss_curve": dg.MetadataValue.md(markdown_table(_loss_points(result.history))),
+        "loss_plot": dg.MetadataValue.path(str(plot)),
+        "eval": dg.MetadataValue.json({k: float(v) for k, v in ev.items()}),
+        "data_versions": dg.MetadataValue.json(inputs),
+        "checkpoint_bytes": info.size_bytes,
+        "code_version": dg.MetadataValue.json(info.manifest["code_version"]),
+        "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+        "mlflow_model": dg.MetadataValue.url(mlflow.model_url(version.name, version.version)),
+    }
+    if result.resumed_from_step is not None:
+        metadata["resumed_from_step"] = result.resumed_from_step
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(info.sha256),
+                                tags=profile_tags(profile))
+
+
+def _stage_asset(stage: int) -> dg.AssetsDefinition:
+    deps = [*DATA_INPUTS] + ([stage_name(stage - 1)] if stage > 1 else [])
+
+    @dg.asset(name=stage_name(stage), group_name="pretraining", deps=deps, kinds={"pytorch", "ray"},
+              code_version=PRETRAIN_CODE_VERSION, required_resource_keys=RESOURCES,
+              description=f"Pretraining context stage {stage} of {NUM_STAGES}: the profile's stage-{stage} "
+                          "sequence length, starting from " + (f"{stage_name(stage - 1)}'s checkpoint."
+                                                               if stage > 1 else "random weights."))
+    def _asset(context: dg.AssetExecutionContext, config: PretrainStageConfig) -> dg.MaterializeResult:
+        return materialize_stage(context, config, stage)
+    return _asset
+
+
+STAGE_ASSETS = [_stage_asset(s) for s in range(1, NUM_STAGES + 1)]
+
+
+@dg.asset(group_name="pretraining", deps=[stage_name(NUM_STAGES)], kinds={"pytorch", "mlflow"},
+          code_version="1", required_resource_keys={"profile", "store", "mlflow"},
+          automation_condition=dg.AutomationCondition.eager())
+def base_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """The last stage's checkpoint, promoted: registered as the `champion` MLflow model version,
+    with every stage's evaluation side by side (claim 1: later stages answer at longer distances)."""
+    profile = context.resources.profile.name
+    last = verified(context, stage_name(NUM_STAGES), profile)
+    store, mlflow = context.resources.store, context.resources.mlflow
+    final = store.checkpoint_dir(profile, "base_model", context.run_id)
+    final.mkdir(parents=True)
+    # Hard links: the base model is the same bytes as the last stage, stored once.
+    for f in last.path.iterdir():
+        os.link(f, final / f.name)
+    info = verify_checkpoint(final)
+
+    stages = []
+    for s in range(1, NUM_STAGES + 1):
+        up = latest_for_profile(context.instance, stage_name(s), profile)
+        ev = up.metadata.get("eval", {}) if up else {}
+        row: dict[str, Any] = {"stage": s, "seq_len": up.metadata.get("seq_len") if up else None,
+                               "ppl": ev.get("eval/ppl"), "vqa": ev.get("eval/vqa_acc")}
+        row.update({k.split("/")[-1]: v for k, v in ev.items()
+                    if k.startswith("eval/clue_acc/scattered/d")})
+        stages.append(row)
+
+    model_name = f"k3-{profile}-base"
+    with mlflow.start_run(context, params={"profile": profile, "from": stage_name(NUM_STAGES),
+                                           "sha256": info.sha256}, tags=profile_tags(profile)) as run:
+        for row in stages:
+            mlflow.log_metrics(run.info.run_id, {f"stages/{k}": v for k, v in row.items()
+                                                 if isinstance(v, float)}, step=row["stage"])
+        version = mlflow.register_checkpoint(run.info.run_id, model_name, final,
+                                             tags={"sha256": info.sha256, "dagster_run_id": context.run_id})
+        mlflow.client().set_registered_model_alias(model_name, "champion", version.version)
+    return dg.MaterializeResult(
+        metadata={"path": dg.MetadataValue.path(str(final)), "sha256": info.sha256, "profile": profile,
+                  "stages": dg.MetadataValue.md(markdown_table(stages)),
+                  "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+                  "mlflow_model": dg.MetadataValue.url(mlflow.model_url(model_name, version.version))},
+        data_version=dg.DataVersion(info.sha256), tags=profile_tags(profile))
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks
+
+def _intact_check(asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
+    name = asset.key.to_user_string()
+
+    @dg.asset_check(asset=asset, name="checkpoint_intact", blocking=True, required_resource_keys={"profile"},
+                    description="Re-hashes the newest checkpoint's files against its manifest.")
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        profile = context.resources.profile.name
+        up = latest_for_profile(context.instance, name, profile)
+        if up is None:
+            return dg.AssetCheckResult(passed=False, description=f"{name} has no checkpoint for profile "
+                                       f"{profile!r}: materialize it first")
+        try:
+            info = verify_checkpoint(up.path)
+        except (CheckpointCorrupted, FileNotFoundError) as e:
+            return dg.AssetCheckResult(passed=False, description=str(e),
+                                       metadata={"path": dg.MetadataValue.path(str(up.path))})
+        return dg.AssetCheckResult(passed=True, metadata={"path": dg.MetadataValue.path(str(up.path)),
+                                                          "sha256": info.sha256, "files": len(info.manifest["files"])})
+    return _check
+
+
+def _loss_fell_check(asset: dg.AssetsDefinition) -> dg.AssetChecksDefinition:
+    name = asset.key.to_user_string()
+
+    @dg.asset_check(asset=asset, name="loss_fell", required_resource_keys={"profile"},
+                    description="The stage's final training loss (mean of its last 10% of steps) is "
+                                "below its first step's loss.")
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        profile = context.resources.profile.name
+        up = latest_for_profile(context.instance, name, profile)
+        first = up.metadata.get("train/first_loss") if up else None
+        final = up.metadata.get("train/final_loss") if up else None
+        if first is None or final is None:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"{name} for {profile!r} reports no training losses")
+        steps = up.metadata.get("steps", 0)
+        return dg.AssetCheckResult(
+            passed=bool(final < first), severity=dg.AssetCheckSeverity.WARN,
+            description=f"loss {first:.4f} → {final:.4f} over {steps} step(s)",
+            metadata={"first_loss": first, "final_loss": final, "drop": first - final})
+    return _check
+
+
+PRETRAIN_CHECKS = [c for a in STAGE_ASSETS for c in (_intact_check(a), _loss_fell_check(a))] + \
+    [_intact_check(base_model)]
