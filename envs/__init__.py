@@ -36,6 +36,22 @@ def env_info(name: str) -> dict[str, str]:
     return get_family(name).info()
 
 
+def harness_split(held_out: str) -> tuple[tuple[str, ...], str]:
+    """(training harnesses, the held-out one) for transfer tests (DESIGN.md §5 claim 7)."""
+    if held_out not in HARNESSES:
+        raise ValueError(f"held_out must be one of {HARNESSES}, got {held_out!r}")
+    return tuple(h for h in HARNESSES if h != held_out), held_out
+
+
+def task_set(domain: str, n: int, seed: int = 0, difficulties: tuple[str, ...] | None = None) -> list[Task]:
+    """n tasks of one domain, cycling over its families (optionally only some difficulties); task i
+    of family f has seed `seed + i`, so two sets with different seeds overlap only if their ranges do."""
+    names = [f for f in family_names(domain) if difficulties is None or get_family(f).difficulty in difficulties]
+    if not names:
+        raise ValueError(f"no family of domain {domain!r} has a difficulty in {difficulties}")
+    return [generate(names[i % len(names)], seed + i // len(names)) for i in range(n)]
+
+
 def make_env(name: str, harness: str = "hermes", seed: int = 0, max_steps: int | None = None,
              max_tokens: int | None = None, limits: Limits = Limits(),
              token_counter: Callable[[str], int] = count_tokens) -> Env:
@@ -49,6 +65,6 @@ def make_env(name: str, harness: str = "hermes", seed: int = 0, max_steps: int |
 
 __all__ = [
     "DIFFICULTIES", "DOMAINS", "Env", "EnvConfig", "Family", "HARNESSES", "Limits", "Policy", "Task",
-    "TranscriptPolicy", "env_info", "generate", "get_harness", "list_envs", "make_env", "register_family",
-    "rollout",
+    "TranscriptPolicy", "env_info", "generate", "get_harness", "harness_split", "list_envs", "make_env",
+    "register_family", "rollout", "task_set",
 ]

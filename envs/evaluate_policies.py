@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -47,6 +49,20 @@ def run_cell(family: str, harness: str, policy: str, seeds: int) -> dict:
             "mean_turns": turns / seeds, "episodes": seeds}
 
 
+def _code_version() -> str | None:
+    """The git commit of this checkout (with "+dirty" if it has changes), or None outside git."""
+    try:
+        here = Path(__file__).parent
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here, capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if rev.returncode != 0:
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def evaluate(families: list[str], harnesses: list[str], policies: list[str], seeds: int, jobs: int = 1) -> dict:
     start = time.time()
     jobs_list = [(f, h, p, seeds) for f in families for h in harnesses for p in policies]
@@ -73,7 +89,8 @@ def evaluate(families: list[str], harnesses: list[str], policies: list[str], see
         "command": " ".join(["python -m envs.evaluate_policies"] + sys.argv[1:]),
         "seeds_per_cell": seeds,
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "processor": platform.processor()},
+                    "cpus": os.cpu_count()},
+        "code_version": _code_version(),
         "wall_seconds": round(time.time() - start, 1),
         "by_family": by_family,
         "by_harness": by_harness,

@@ -260,7 +260,7 @@ class Harness(ABC):
         raise CallError(f"unknown tool {tool!r}; the tools here are {names}")
 
     # --- action <-> (tool name, arguments) --------------------------------------------------
-    def encode(self, action: Action, toolset: ToolSet | None = None) -> tuple[str, dict[str, Any]]:
+    def encode(self, action: Action) -> tuple[str, dict[str, Any]]:
         """The tool name and argument dict this harness uses for `action`."""
         kind = kind_of(action)
         if kind == "app":

@@ -90,10 +90,10 @@ class OpenClaw(Harness):
             out.append(ToolDef(app, "app", "\n".join(desc), args, app, None))
         return out
 
-    def encode(self, action: Action, toolset: ToolSet | None = None):
+    def encode(self, action: Action):
         if isinstance(action, AppCall):
             return action.app, {"action": action.tool, **action.args}
-        return super().encode(action, toolset)
+        return super().encode(action)
 
     def decode(self, tool: str, args, toolset: ToolSet) -> Action:
         tdef = self.lookup(tool, toolset)

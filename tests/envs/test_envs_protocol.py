@@ -151,3 +151,16 @@ def test_every_harness_runs_the_same_task():
     # Five syntaxes, one abstract episode: the same final world, different texts.
     assert len(worlds) == 1
     assert len({r["steps"][0]["action"] for r in records.values()}) == 5
+
+
+def test_task_sets_and_harness_split():
+    tasks = envs.task_set("coding_agents", 12, seed=3, difficulties=("easy",))
+    assert {t.family for t in tasks} == {"write_function", "fix_bug"}
+    assert all(t.domain == "coding_agents" and t.difficulty == "easy" for t in tasks)
+    assert len({t.id for t in tasks}) == 12
+    train, held = envs.harness_split("openclaw")
+    assert held == "openclaw" and "openclaw" not in train and len(train) == 4
+    with pytest.raises(ValueError):
+        envs.harness_split("emacs")
+    with envs.make_env(tasks[0].family, harness=held) as env:
+        assert "(task id: " + tasks[0].id in env.reset(task=tasks[0])
