@@ -74,6 +74,9 @@ class Env:
         self._rng = random.Random(seed)
         self._sandbox: Sandbox | None = None
         self._task: Task | None = None
+        self._world: World | None = None
+        self._system_prompt = ""
+        self._terminated = self._truncated = False
 
     # --- properties --------------------------------------------------------------------------
     @property

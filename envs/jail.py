@@ -2,9 +2,11 @@
 an empty environment.
 
 What is enforced, in order of strength:
-- Limits (`resource.setrlimit` in the child before exec): RLIMIT_CPU (SIGXCPU, then SIGKILL a second
-  later), RLIMIT_AS (allocation fails: MemoryError in Python), RLIMIT_FSIZE (SIGXFSZ; also caps the
-  captured output, which goes to a file), RLIMIT_NOFILE, RLIMIT_CORE = 0. Wall clock: the command runs
+- Limits (setrlimit, applied by util-linux `prlimit` just before the command is exec'd, or by
+  `resource.setrlimit` in a `preexec_fn` where `prlimit` is missing; the first is safe in threaded
+  callers such as RL actors): RLIMIT_CPU (SIGXCPU, then SIGKILL a second later), RLIMIT_AS
+  (allocation fails: MemoryError in Python), RLIMIT_FSIZE (SIGXFSZ; also caps the captured output,
+  which goes to a file), RLIMIT_NOFILE, RLIMIT_CORE = 0. Wall clock: the command runs
   in its own session and the whole process group is SIGKILLed at the deadline; the group is also
   killed after a normal exit, so background jobs do not outlive the call.
 - Environment: the child gets only PATH (a shim dir with `python`/`python3` pointing at this
@@ -125,14 +127,30 @@ def sandbox_env(home: Path) -> dict[str, str]:
     }
 
 
-def _limit_child(limits: Limits) -> None:
-    """Runs in the child between fork and exec."""
+def _rlimits(limits: Limits) -> list[tuple[int, str, int, int]]:
+    """(resource, prlimit option, soft, hard) for every limit we set."""
     cpu = max(1, int(limits.cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return [
+        (resource.RLIMIT_CPU, "--cpu", cpu, cpu + 1),
+        (resource.RLIMIT_AS, "--as", limits.memory_bytes, limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, "--fsize", limits.file_size_bytes, limits.file_size_bytes),
+        (resource.RLIMIT_NOFILE, "--nofile", limits.open_files, limits.open_files),
+        (resource.RLIMIT_CORE, "--core", 0, 0),
+    ]
+
+
+def _limit_child(limits: Limits) -> None:
+    """Runs in the child between fork and exec (only where prlimit is missing)."""
+    for res, _, soft, hard in _rlimits(limits):
+        resource.setrlimit(res, (soft, hard))
+
+
+@functools.lru_cache(maxsize=1)
+def _prlimit() -> str | None:
+    path = shutil.which("prlimit")
+    if path is None:
+        log.warning("envs.jail: prlimit not found; limits are set in a preexec_fn instead")
+    return path
 
 
 def run_argv(argv: list[str], cwd: Path, limits: Limits, stdin_text: str = "") -> CommandResult:
@@ -140,15 +158,17 @@ def run_argv(argv: list[str], cwd: Path, limits: Limits, stdin_text: str = "") -
     cwd = Path(cwd)
     with tempfile.TemporaryFile(prefix="k3-out-") as out:
         start = time.monotonic()
+        prlimit = _prlimit()
+        limit_argv = [prlimit, *(f"{opt}={soft}:{hard}" for _, opt, soft, hard in _rlimits(limits)), "--"] if prlimit else []
         proc = subprocess.Popen(
-            [*_net_prefix(), *argv],
+            [*_net_prefix(), *limit_argv, *argv],
             cwd=cwd,
             env=sandbox_env(cwd),
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=lambda: _limit_child(limits),
+            preexec_fn=None if prlimit else (lambda: _limit_child(limits)),
             close_fds=True,
         )
         wall_hit = False

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from envs.actions import Action, AppCall, Edit, Finish, Read, Run, Search, Write, kind_of
-from envs.apps import ToolSchema, app_tools
+from envs.apps import APPS, ToolSchema, app_tools
 from envs.jail import CommandResult
 from envs.sandbox import WORKDIR, ReadResult
 
@@ -51,6 +51,9 @@ class ToolSet:
     only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        bad = [a for a in self.apps if a not in APPS]
+        if bad:
+            raise ValueError(f"ToolSet.apps has unknown apps {bad}; the apps are {list(APPS)}")
         known = {"read", "write", "edit", "search", "run"}
         known |= {f"{app}.{name}" for app in self.apps for name in app_tools(app)}
         unknown = sorted(set(self.only) - known)

@@ -36,6 +36,7 @@ from pathlib import Path
 from envs.actions import Edit, Finish, Read, Run, Search, Write
 from envs.harnesses.base import ToolSet
 from envs.jail import Limits, run_argv
+from envs.sandbox import SandboxError
 from envs.tasks.base import Family, Final, Task, verdict
 from envs.tasks.snippets import BY_NAME, MODULES, SNIPPETS, Snippet
 
@@ -102,7 +103,7 @@ def pick_tests(snip: Snippet, rng: random.Random, bug: int | None, n_visible: in
     if len(exposing) < 2:
         return None
     visible = [exposing[0]] + calm[: n_visible - 1]
-    hidden = [exposing[1]] + [a for a in all_cases if a not in visible and a is not exposing[1]][: n_hidden - 1]
+    hidden = [exposing[1]] + [a for a in all_cases if a not in visible and a != exposing[1]][: n_hidden - 1]
     return visible, hidden
 
 
@@ -172,7 +173,7 @@ class CodingFamily(Family):
         for p in s["protected"]:
             try:
                 same = manifest.get(p, {}).get("type") == "file" and final.sandbox.read_text(p) == s["files"][p]
-            except Exception:  # noqa: BLE001 - an unreadable protected file counts as changed
+            except SandboxError:
                 same = False
             if not same:
                 unexpected.append(f"protected file changed: {p}")

@@ -2,7 +2,6 @@
 
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -88,9 +87,7 @@ def test_no_network(tmp_path):
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     port = server.getsockname()[1]
-    accepted = []
-    t = threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True)
-    t.start()
+    # A listening socket completes the TCP handshake from its backlog: a reachable port connects.
     try:
         for flag in ("", "-I "):  # -I skips the sitecustomize; the namespace must still hold
             code = f"import socket; s = socket.socket(); s.settimeout(2); s.connect(('127.0.0.1', {port})); print('CONNECTED')"
@@ -98,7 +95,6 @@ def test_no_network(tmp_path):
             assert "CONNECTED" not in r.output
             if network_isolation() == "python-sockets-only" and flag:
                 pytest.skip("no network namespace on this machine: only Python sockets are blocked")
-        assert not accepted
     finally:
         server.close()
 
