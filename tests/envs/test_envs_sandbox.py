@@ -90,11 +90,11 @@ def test_no_network(tmp_path):
     # A listening socket completes the TCP handshake from its backlog: a reachable port connects.
     try:
         for flag in ("", "-I "):  # -I skips the sitecustomize; the namespace must still hold
+            if flag and network_isolation() == "python-sockets-only":
+                pytest.skip("no network namespace on this machine: only Python sockets are blocked")
             code = f"import socket; s = socket.socket(); s.settimeout(2); s.connect(('127.0.0.1', {port})); print('CONNECTED')"
             r = run_command(f'python {flag}-c "{code}"', tmp_path, Limits(wall_seconds=10))
             assert "CONNECTED" not in r.output
-            if network_isolation() == "python-sockets-only" and flag:
-                pytest.skip("no network namespace on this machine: only Python sockets are blocked")
     finally:
         server.close()
 
@@ -134,3 +134,12 @@ def test_commands_see_the_workspace_as_slash_workspace(sb):
     r = sb.run("pwd; cat /workspace/notes.txt; python -c 'import os; print(os.getcwd())'")
     assert r.output == "/workspace\nhi\n/workspace\n"
     assert str(sb.workspace) not in sb.run("echo $HOME; ls -d $PWD").output
+
+
+def test_python_socket_block_alone(tmp_path, monkeypatch):
+    """The fallback layer when no network namespace can be made: Python sockets raise."""
+    import envs.jail as jail
+
+    monkeypatch.setattr(jail, "_net_prefix", lambda: ())
+    r = run_command("python -c \"import socket; socket.create_connection(('127.0.0.1', 9))\"", tmp_path)
+    assert r.exit_code != 0 and "network access is disabled" in r.output
