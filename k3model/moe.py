@@ -27,10 +27,12 @@ training forwards since the previous call:
 
           b_j ← −quantile_{1−k/N}(m_·j),   then b ← b − mean(b)
 
-      and the new bias overwrites the old one (no step size). The quantile is exact (torch.quantile)
-      or, as at scale, read off a per-expert histogram of margins (512 bins over [−1, 1], summable
-      across ranks by one all-reduce) with linear interpolation inside the crossing bin; snapping to
-      bin edges leaves a load CV of ~0.23 (research/recipe.md §1).
+      and the new bias overwrites the old one (no step size). It is computed as the same number
+      b_j − quantile_{1−k/N}(m_·j + b_j): the biased margins sit around the threshold 0 whatever the
+      bias, so one fixed histogram range fits. The quantile is exact (torch.quantile) or, as at
+      scale, read off a per-expert histogram (512 bins over [−1, 1], summable across ranks by one
+      all-reduce) with linear interpolation inside the crossing bin; snapping to bin edges leaves a
+      load CV of ~0.23 (research/recipe.md §1).
   "deepseek" (loss-free balancing): b_j ← b_j + γ·sign(mean_load − load_j), then b ← b − mean(b);
       recentring keeps the bias from drifting large against the scores (torchtitan #1506).
   "none": the bias stays where it is.
@@ -145,12 +147,16 @@ def quantile_from_histogram(hist_EX: torch.Tensor, q: float, lo: float, hi: floa
 
 def margin_histogram(margin_ME: torch.Tensor, n_bins: int = HIST_BINS,
                      lo: float = HIST_RANGE[0], hi: float = HIST_RANGE[1]) -> torch.Tensor:
-    """Per-expert counts of margins in `n_bins` uniform bins over [lo, hi] ([E, X], fp32).
+    """Per-expert counts of biased margins in `n_bins` bins (lo + i·w, lo + (i+1)·w] ([E, X], fp32).
 
-    Margins outside [lo, hi] land in the edge bins: the quantile near the top (1 − k/N) only moves
-    if it falls inside an edge bin, which takes a bias beyond ±1.
+    Every token puts exactly one expert, its (k+1)-th, at a biased margin of exactly 0: an atom of
+    about 1/N of each expert's column, right at the selection threshold. Bins closed on the right
+    with an edge at 0 keep that atom on the "not selected" side; a bin straddling it would spread the
+    atom over the bin on interpolation and bias the quantile by up to a bin width, which at 512 bins
+    stalled a fixed batch at max/mean 1.085 (16 experts, top-4). Margins outside [lo, hi] land in the
+    edge bins; the quantile near the top (1 − k/N) only reaches those for margins beyond ±1.
     """
-    bins_EM = ((margin_ME.t() - lo) / (hi - lo) * n_bins).floor().long().clamp_(0, n_bins - 1)
+    bins_EM = (((margin_ME.t() - lo) / (hi - lo) * n_bins).ceil().long() - 1).clamp_(0, n_bins - 1)
     hist_EX = torch.zeros(margin_ME.shape[1], n_bins, device=margin_ME.device)
     return hist_EX.scatter_add_(1, bins_EM, torch.ones_like(bins_EM, dtype=torch.float32))
 
@@ -330,10 +336,12 @@ class LatentMoE(nn.Module):
         self._load_acc_E += load_E
         if self.cfg.balancing != "quantile":
             return
-        margin_ME = s_ME.detach() - cutoff_M.unsqueeze(-1)
-        self._margin_hist_EX += margin_histogram(margin_ME)
+        # The biased margin m_mj + b_j, recomputed with the very expression `route` used, so the
+        # token's (k+1)-th expert sits at exactly 0.0 (see margin_histogram for why that matters).
+        biased_margin_ME = (s_ME.detach() + self.expert_bias_E.float()) - cutoff_M.unsqueeze(-1)
+        self._margin_hist_EX += margin_histogram(biased_margin_ME)
         if self.quantile_method == "exact":
-            self._margins.append(margin_ME)
+            self._margins.append(biased_margin_ME)
 
     @torch.no_grad()
     def update_bias(self) -> None:
@@ -356,13 +364,14 @@ class LatentMoE(nn.Module):
             new_E = self.expert_bias_E + self.cfg.bias_update_rate * torch.sign(
                 self._load_acc_E.mean() - self._load_acc_E)
         else:
+            # −quantile(m_·j) = b_j − quantile(m_·j + b_j): the quantile is taken of biased margins.
             q = 1.0 - self.cfg.top_k / self.cfg.n_routed
-            new_E = -self.margin_quantile(q)
+            new_E = self.expert_bias_E - self.margin_quantile(q)
         self.expert_bias_E.copy_(new_E - new_E.mean())
         self._reset_stats()
 
     def margin_quantile(self, q: float) -> torch.Tensor:
-        """quantile_q of the margins m_·j gathered since the last update, per expert ([E])."""
+        """quantile_q of the biased margins m_·j + b_j gathered since the last update, per expert ([E])."""
         if self.quantile_method == "exact":
             return torch.quantile(torch.cat(self._margins, 0), q, dim=0)
         return quantile_from_histogram(self._margin_hist_EX, q, *HIST_RANGE)
