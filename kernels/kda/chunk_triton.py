@@ -51,6 +51,8 @@ BK/BV tile widths. Layouts follow fla: [B, T, H, D] inputs, [B, H, K, V] fp32 st
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -60,7 +62,7 @@ LOG2E = 1.4426950408889634
 # Diagonal sub-chunk blocks: row factors 2^(G_r − G_p + SHIFT) ≤ 2^SHIFT, column factors
 # 2^(G_p − SHIFT − G_j) ≥ 2^−SHIFT; both stay normal fp32 while the sub-chunk's decay is < SHIFT + 126.
 DIAG_SHIFT = 64.0
-EXP2_CLAMP = 126.0
+EXP2_CLAMP = 100.0
 MAX_K = 128
 MAX_V = 256
 
@@ -96,7 +98,7 @@ def _inv_unit_lower16(A):
     """(I + A)⁻¹ for a strictly lower-triangular 16×16 tile, by forward substitution in registers."""
     r = tl.arange(0, 16)
     Ti = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, 16):
+    for i in range(1, 16):
         a = _row(A, i, 16)  # A[i, j], nonzero for j < i
         t = -tl.sum(a[:, None] * Ti, 0)  # −Σ_j A[i, j] T[j, :]
         Ti = tl.where(r[:, None] == i, t[None, :] + tl.where(r[None, :] == i, 1.0, 0.0), Ti)
@@ -104,33 +106,27 @@ def _inv_unit_lower16(A):
 
 
 @triton.jit
-def _sub_gates(g, t0, T, sk, o_k, m_k):
-    """The four 16-row sub-chunk tiles of G (log2 units, chunk-local) and their anchors (first rows)."""
-    g0 = _load_rows(g, t0, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
-    g1 = _load_rows(g, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
-    g2 = _load_rows(g, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
-    g3 = _load_rows(g, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32) * 1.4426950408889634
-    G0 = tl.cumsum(g0, 0)
-    c1 = tl.sum(g0, 0)
-    G1 = c1[None, :] + tl.cumsum(g1, 0)
-    c2 = c1 + tl.sum(g1, 0)
-    G2 = c2[None, :] + tl.cumsum(g2, 0)
-    c3 = c2 + tl.sum(g2, 0)
-    G3 = c3[None, :] + tl.cumsum(g3, 0)
-    return G0, G1, G2, G3, _row(G0, 0, 16), _row(G1, 0, 16), _row(G2, 0, 16), _row(G3, 0, 16)
+def _blk_tiles(q, k, Gs, row0, T, sk, o_k, m_k):
+    """Sub-chunk tiles [16, BKS] of q, k (fp32) and G (log2 units), plus the anchor G at row0."""
+    qa = _load_rows(q, row0, T, sk, o_k, m_k, 16).to(tl.float32)
+    ka = _load_rows(k, row0, T, sk, o_k, m_k, 16).to(tl.float32)
+    Ga = _load_rows(Gs, row0, T, sk, o_k, m_k, 16)
+    return qa, ka, Ga, _row(Ga, 0, 16)
 
 
 @triton.jit
 def _diag_blocks(qa, ka, Ga, pa, SHIFT: tl.constexpr, CLAMP: tl.constexpr):
-    """Unmasked (Q_a K_aᵀ, K_a K_aᵀ) with decay e^{G_r − G_j}, anchored at the sub-chunk's first row."""
+    """Unmasked (Q_a K_aᵀ, K_a K_aᵀ) with decay 2^{G_r − G_j}, anchored at the sub-chunk's first row."""
     rf = tl.exp2(Ga - pa[None, :] + SHIFT)
     kc = tl.trans(ka * tl.exp2(tl.minimum(pa[None, :] - SHIFT - Ga, CLAMP)))
     return tl.dot(qa * rf, kc), tl.dot(ka * rf, kc)
 
 
 @triton.jit
-def _off_blocks(qs, ks, pa, kb, Gb):
-    """(Q_a K_bᵀ, K_a K_bᵀ) for b < a; rows already scaled by e^{G_a − G_p}, p the first row of a."""
+def _off_blocks(qs, ks, pa, k, Gs, row0, T, sk, o_k, m_k):
+    """(Q_a K_bᵀ, K_a K_bᵀ) for an earlier sub-chunk b at row0; rows pre-scaled by 2^{G_a − G_p}."""
+    kb = _load_rows(k, row0, T, sk, o_k, m_k, 16).to(tl.float32)
+    Gb = _load_rows(Gs, row0, T, sk, o_k, m_k, 16)
     kc = tl.trans(kb * tl.exp2(tl.minimum(pa[None, :] - Gb, 0.0)))
     return tl.dot(qs, kc), tl.dot(ks, kc)
 
@@ -144,9 +140,22 @@ def _store_block(ptr, blk, row0, col0, T, stride):
 
 
 @triton.jit
+def _store_row_blocks(ptr, b0, b1, b2, b3, row0, T, stride):
+    _store_block(ptr, b0, row0, 0, T, stride)
+    _store_block(ptr, b1, row0, 16, T, stride)
+    _store_block(ptr, b2, row0, 32, T, stride)
+    _store_block(ptr, b3, row0, 48, T, stride)
+
+
+@triton.jit
+def _ldot(a, b):
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
 def _prep_kernel(
     q, k, v, g, beta,
-    Ti, Aqk, W, U, QG, KG, GAM,
+    Gs, Ti, Aqk, W, U, QG, KG, GAM,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BKS: tl.constexpr, BV: tl.constexpr,
@@ -162,6 +171,7 @@ def _prep_kernel(
     q += bt * K
     k += bt * K
     g += bt * K
+    Gs += bt * K
     v += bt * V
     beta += bt
     Ti += bt * 64
@@ -174,139 +184,12 @@ def _prep_kernel(
     sk = H * K
     sv = H * V
     sa = H * 64
-
-    # ---- A_qk, A_kk blocks from 16-row sub-chunks, accumulated over key slices -------------
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    qk00, kk00, qk11, kk11, qk22, kk22, qk33, kk33 = z, z, z, z, z, z, z, z
-    qk10, kk10, qk20, kk20, qk21, kk21 = z, z, z, z, z, z
-    qk30, kk30, qk31, kk31, qk32, kk32 = z, z, z, z, z, z
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        G0, G1, G2, G3, p0, p1, p2, p3 = _sub_gates(g, t0, T, sk, o_k, m_k)
-        q0 = _load_rows(q, t0, T, sk, o_k, m_k, 16).to(tl.float32)
-        q1 = _load_rows(q, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32)
-        q2 = _load_rows(q, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32)
-        q3 = _load_rows(q, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32)
-        k0 = _load_rows(k, t0, T, sk, o_k, m_k, 16).to(tl.float32)
-        k1 = _load_rows(k, t0 + 16, T, sk, o_k, m_k, 16).to(tl.float32)
-        k2 = _load_rows(k, t0 + 32, T, sk, o_k, m_k, 16).to(tl.float32)
-        k3 = _load_rows(k, t0 + 48, T, sk, o_k, m_k, 16).to(tl.float32)
-        a, b = _diag_blocks(q0, k0, G0, p0, SHIFT, CLAMP)
-        qk00 += a
-        kk00 += b
-        a, b = _diag_blocks(q1, k1, G1, p1, SHIFT, CLAMP)
-        qk11 += a
-        kk11 += b
-        a, b = _diag_blocks(q2, k2, G2, p2, SHIFT, CLAMP)
-        qk22 += a
-        kk22 += b
-        a, b = _diag_blocks(q3, k3, G3, p3, SHIFT, CLAMP)
-        qk33 += a
-        kk33 += b
-        # Off-diagonal: anchor at the first row of the later sub-chunk, both factors ≤ 1.
-        rf = tl.exp2(G1 - p1[None, :])
-        a, b = _off_blocks(q1 * rf, k1 * rf, p1, k0, G0)
-        qk10 += a
-        kk10 += b
-        rf = tl.exp2(G2 - p2[None, :])
-        qs, ks = q2 * rf, k2 * rf
-        a, b = _off_blocks(qs, ks, p2, k0, G0)
-        qk20 += a
-        kk20 += b
-        a, b = _off_blocks(qs, ks, p2, k1, G1)
-        qk21 += a
-        kk21 += b
-        rf = tl.exp2(G3 - p3[None, :])
-        qs, ks = q3 * rf, k3 * rf
-        a, b = _off_blocks(qs, ks, p3, k0, G0)
-        qk30 += a
-        kk30 += b
-        a, b = _off_blocks(qs, ks, p3, k1, G1)
-        qk31 += a
-        kk31 += b
-        a, b = _off_blocks(qs, ks, p3, k2, G2)
-        qk32 += a
-        kk32 += b
-
-    r16 = tl.arange(0, 16)
-    one = tl.full([1], 1, dtype=tl.int1)
-    zc = tl.zeros([1], dtype=tl.int32)
-    # β as [16, 1] columns, to scale rows
-    b0 = _load_rows(beta, t0, T, H, zc, one, 16).to(tl.float32)
-    b1 = _load_rows(beta, t0 + 16, T, H, zc, one, 16).to(tl.float32)
-    b2 = _load_rows(beta, t0 + 32, T, H, zc, one, 16).to(tl.float32)
-    b3 = _load_rows(beta, t0 + 48, T, H, zc, one, 16).to(tl.float32)
-    strict = r16[:, None] > r16[None, :]
-    incl = r16[:, None] >= r16[None, :]
-    kk00 = tl.where(strict, kk00 * b0, 0.0)
-    kk11 = tl.where(strict, kk11 * b1, 0.0)
-    kk22 = tl.where(strict, kk22 * b2, 0.0)
-    kk33 = tl.where(strict, kk33 * b3, 0.0)
-    kk10 = kk10 * b1
-    kk20 = kk20 * b2
-    kk21 = kk21 * b2
-    kk30 = kk30 * b3
-    kk31 = kk31 * b3
-    kk32 = kk32 * b3
-
-    # ---- T = (I + A_kk)⁻¹ blockwise --------------------------------------------------------
-    T00 = _inv_unit_lower16(kk00)
-    T11 = _inv_unit_lower16(kk11)
-    T22 = _inv_unit_lower16(kk22)
-    T33 = _inv_unit_lower16(kk33)
-    T10 = -tl.dot(tl.dot(T11, kk10, input_precision="ieee"), T00, input_precision="ieee")
-    T21 = -tl.dot(tl.dot(T22, kk21, input_precision="ieee"), T11, input_precision="ieee")
-    T20 = -tl.dot(T22, tl.dot(kk20, T00, input_precision="ieee")
-                  + tl.dot(kk21, T10, input_precision="ieee"), input_precision="ieee")
-    T32 = -tl.dot(tl.dot(T33, kk32, input_precision="ieee"), T22, input_precision="ieee")
-    T31 = -tl.dot(T33, tl.dot(kk31, T11, input_precision="ieee")
-                  + tl.dot(kk32, T21, input_precision="ieee"), input_precision="ieee")
-    T30 = -tl.dot(T33, tl.dot(kk30, T00, input_precision="ieee")
-                  + tl.dot(kk31, T10, input_precision="ieee")
-                  + tl.dot(kk32, T20, input_precision="ieee"), input_precision="ieee")
-
-    # T and A_qk go to memory as [64, 64] row blocks (upper blocks written as zeros).
-    _store_block(Ti, T00, t0, 0, T, sa)
-    _store_block(Ti, z, t0, 16, T, sa)
-    _store_block(Ti, z, t0, 32, T, sa)
-    _store_block(Ti, z, t0, 48, T, sa)
-    _store_block(Ti, T10, t0 + 16, 0, T, sa)
-    _store_block(Ti, T11, t0 + 16, 16, T, sa)
-    _store_block(Ti, z, t0 + 16, 32, T, sa)
-    _store_block(Ti, z, t0 + 16, 48, T, sa)
-    _store_block(Ti, T20, t0 + 32, 0, T, sa)
-    _store_block(Ti, T21, t0 + 32, 16, T, sa)
-    _store_block(Ti, T22, t0 + 32, 32, T, sa)
-    _store_block(Ti, z, t0 + 32, 48, T, sa)
-    _store_block(Ti, T30, t0 + 48, 0, T, sa)
-    _store_block(Ti, T31, t0 + 48, 16, T, sa)
-    _store_block(Ti, T32, t0 + 48, 32, T, sa)
-    _store_block(Ti, T33, t0 + 48, 48, T, sa)
-    _store_block(Aqk, tl.where(incl, qk00 * scale, 0.0), t0, 0, T, sa)
-    _store_block(Aqk, z, t0, 16, T, sa)
-    _store_block(Aqk, z, t0, 32, T, sa)
-    _store_block(Aqk, z, t0, 48, T, sa)
-    _store_block(Aqk, qk10 * scale, t0 + 16, 0, T, sa)
-    _store_block(Aqk, tl.where(incl, qk11 * scale, 0.0), t0 + 16, 16, T, sa)
-    _store_block(Aqk, z, t0 + 16, 32, T, sa)
-    _store_block(Aqk, z, t0 + 16, 48, T, sa)
-    _store_block(Aqk, qk20 * scale, t0 + 32, 0, T, sa)
-    _store_block(Aqk, qk21 * scale, t0 + 32, 16, T, sa)
-    _store_block(Aqk, tl.where(incl, qk22 * scale, 0.0), t0 + 32, 32, T, sa)
-    _store_block(Aqk, z, t0 + 32, 48, T, sa)
-    _store_block(Aqk, qk30 * scale, t0 + 48, 0, T, sa)
-    _store_block(Aqk, qk31 * scale, t0 + 48, 16, T, sa)
-    _store_block(Aqk, qk32 * scale, t0 + 48, 32, T, sa)
-    _store_block(Aqk, tl.where(incl, qk33 * scale, 0.0), t0 + 48, 48, T, sa)
-    # Make this program's T visible to all of its threads before reading it back as one tile.
-    tl.debug_barrier()
-
-    # ---- W, U, KG, QG, γ on full 64-row tiles ----------------------------------------------
     c64 = tl.arange(0, 64)
     all64 = c64 < 64
-    Tm = _load_rows(Ti, t0, T, sa, c64, all64, 64)
-    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
+    one = tl.full([1], 1, dtype=tl.int1)
+    zc = tl.zeros([1], dtype=tl.int32)
+
+    # ---- phase 0: G = chunk-local cumsum (log2 units), and the S-free factors QG, KG, γ ------
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
@@ -314,12 +197,123 @@ def _prep_kernel(
         GC = _row(GF, 63, 64)  # padded rows carry g = 0, so row 63 holds the last valid row's G
         kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        eG = tl.exp2(GF)
-        Kb = (kF * eG * bF).to(Tm.dtype)
-        _store_rows(W, tl.dot(Tm, Kb), t0, T, sk, o_k, m_k, 64)
+        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
         _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
-        _store_rows(QG, qF * eG * scale, t0, T, sk, o_k, m_k, 64)
+        _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
         tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
+    # G goes back in as 16-row sub-chunk tiles: make every thread's stores visible first.
+    tl.debug_barrier()
+
+    # ---- phase 1: A_qk, A_kk and T = (I + A_kk)⁻¹, one 16-row block of rows at a time --------
+    r16 = tl.arange(0, 16)
+    strict = r16[:, None] > r16[None, :]
+    incl = r16[:, None] >= r16[None, :]
+    z = tl.zeros([16, 16], dtype=tl.float32)
+
+    # rows 0–15
+    qk00, kk00 = z, z
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0, T, sk, o_k, m_k)
+        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
+        qk00 += a
+        kk00 += b
+    bb = _load_rows(beta, t0, T, H, zc, one, 16).to(tl.float32)
+    T00 = _inv_unit_lower16(tl.where(strict, kk00 * bb, 0.0))
+    _store_row_blocks(Aqk, tl.where(incl, qk00 * scale, 0.0), z, z, z, t0, T, sa)
+    _store_row_blocks(Ti, T00, z, z, z, t0, T, sa)
+
+    # rows 16–31
+    qk10, kk10, qk11, kk11 = z, z, z, z
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 16, T, sk, o_k, m_k)
+        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
+        qk11 += a
+        kk11 += b
+        rf = tl.exp2(Ga - pa[None, :])
+        qs, ks = qa * rf, ka * rf
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
+        qk10 += a
+        kk10 += b
+    bb = _load_rows(beta, t0 + 16, T, H, zc, one, 16).to(tl.float32)
+    kk10 = kk10 * bb
+    T11 = _inv_unit_lower16(tl.where(strict, kk11 * bb, 0.0))
+    T10 = -_ldot(_ldot(T11, kk10), T00)
+    _store_row_blocks(Aqk, qk10 * scale, tl.where(incl, qk11 * scale, 0.0), z, z, t0 + 16, T, sa)
+    _store_row_blocks(Ti, T10, T11, z, z, t0 + 16, T, sa)
+
+    # rows 32–47
+    qk20, kk20, qk21, kk21, qk22, kk22 = z, z, z, z, z, z
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 32, T, sk, o_k, m_k)
+        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
+        qk22 += a
+        kk22 += b
+        rf = tl.exp2(Ga - pa[None, :])
+        qs, ks = qa * rf, ka * rf
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
+        qk20 += a
+        kk20 += b
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 16, T, sk, o_k, m_k)
+        qk21 += a
+        kk21 += b
+    bb = _load_rows(beta, t0 + 32, T, H, zc, one, 16).to(tl.float32)
+    kk20 = kk20 * bb
+    kk21 = kk21 * bb
+    T22 = _inv_unit_lower16(tl.where(strict, kk22 * bb, 0.0))
+    T21 = -_ldot(_ldot(T22, kk21), T11)
+    T20 = -_ldot(T22, _ldot(kk20, T00) + _ldot(kk21, T10))
+    _store_row_blocks(Aqk, qk20 * scale, qk21 * scale, tl.where(incl, qk22 * scale, 0.0), z, t0 + 32, T, sa)
+    _store_row_blocks(Ti, T20, T21, T22, z, t0 + 32, T, sa)
+
+    # rows 48–63
+    qk30, kk30, qk31, kk31, qk32, kk32, qk33, kk33 = z, z, z, z, z, z, z, z
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 48, T, sk, o_k, m_k)
+        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
+        qk33 += a
+        kk33 += b
+        rf = tl.exp2(Ga - pa[None, :])
+        qs, ks = qa * rf, ka * rf
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
+        qk30 += a
+        kk30 += b
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 16, T, sk, o_k, m_k)
+        qk31 += a
+        kk31 += b
+        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 32, T, sk, o_k, m_k)
+        qk32 += a
+        kk32 += b
+    bb = _load_rows(beta, t0 + 48, T, H, zc, one, 16).to(tl.float32)
+    kk30 = kk30 * bb
+    kk31 = kk31 * bb
+    kk32 = kk32 * bb
+    T33 = _inv_unit_lower16(tl.where(strict, kk33 * bb, 0.0))
+    T32 = -_ldot(_ldot(T33, kk32), T22)
+    T31 = -_ldot(T33, _ldot(kk31, T11) + _ldot(kk32, T21))
+    T30 = -_ldot(T33, _ldot(kk30, T00) + _ldot(kk31, T10) + _ldot(kk32, T20))
+    _store_row_blocks(Aqk, qk30 * scale, qk31 * scale, qk32 * scale, tl.where(incl, qk33 * scale, 0.0),
+                      t0 + 48, T, sa)
+    _store_row_blocks(Ti, T30, T31, T32, T33, t0 + 48, T, sa)
+    # T goes back in as one [64, 64] tile.
+    tl.debug_barrier()
+
+    # ---- phase 2: W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) ---------------------------------------
+    Tm = _load_rows(Ti, t0, T, sa, c64, all64, 64)
+    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        _store_rows(W, tl.dot(Tm, (kF * tl.exp2(GF) * bF).to(Tm.dtype)), t0, T, sk, o_k, m_k, 64)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -437,28 +431,37 @@ def _bwd_state_kernel(
 
 
 @triton.jit
-def _pair_grads(dAqk, dA, Mreg, qs, kF, kb, GF, anc, shift, clamp):
-    """Row- and column-side gradients of the pairwise products inside one anchored region.
+def _pair_region(dq, dk, dG, db, dAs, Mreg, qF, kF, bF, GF, anc, scale,
+                 shift: tl.constexpr, clamp: tl.constexpr):
+    """Adds the gradients of the pairwise products A_qk, A_kk restricted to one anchored region.
 
-    Region Mreg of the [64, 64] pair grid, every pair (r, j) factored as
-    e^{G_r − anc_r + shift} · e^{anc_j − shift − G_j}. Returns (R_qk, R_kk, C): the row-side sums
-    Σ_j P[r, j] k_j e^{G_r − G_j} for P = dA_qk and P = dA_kk (unscaled by β), and the column-side
-    sum Σ_r (dA_qk[r, j] scale·q_r + β_r dA_kk[r, j] k_r) e^{G_r − G_j}.
+    dAs holds this chunk's dA_kk (columns 0–63) and dA_qk (columns 64–127), each row-major [64, 64].
+    Every pair (r, j) of the region Mreg factors its decay as 2^{G_r − anc_r + shift} ·
+    2^{anc_j − shift − G_j}, anc the region's anchor row for each position. Row side:
+    R[r] = Σ_j P[r, j] k_j 2^{G_r − G_j} for P = dA_qk and P = dA_kk; column side:
+    C[j] = Σ_r (dA_qk[r, j] scale q_r + β_r dA_kk[r, j] k_r) 2^{G_r − G_j}.
     """
+    c64 = tl.arange(0, 64)
     rf = tl.exp2(tl.minimum(GF - anc + shift, clamp))
     cf = tl.exp2(tl.minimum(anc - shift - GF, clamp))
-    Pq = tl.where(Mreg, dAqk, 0.0)
-    Pk = tl.where(Mreg, dA, 0.0)
     Y = kF * cf
-    Rq = tl.dot(Pq, Y) * rf
-    Rk = tl.dot(Pk, Y) * rf
-    C = (tl.dot(tl.trans(Pq), qs * rf) + tl.dot(tl.trans(Pk), kb * rf)) * cf
-    return Rq, Rk, C
+    p_rc = dAs + c64[:, None] * 128 + c64[None, :]  # [r, j]
+    p_cr = dAs + c64[None, :] * 128 + c64[:, None]  # [j, r]: the transpose, read straight from memory
+    Rq = tl.dot(tl.load(p_rc + 64, mask=Mreg, other=0.0), Y) * rf
+    Rk = tl.dot(tl.load(p_rc, mask=Mreg, other=0.0), Y) * rf
+    MT = tl.trans(Mreg)
+    C = tl.dot(tl.load(p_cr + 64, mask=MT, other=0.0), (qF * scale) * rf)
+    C = (tl.dot(tl.load(p_cr, mask=MT, other=0.0), (kF * bF) * rf, C)) * cf
+    dq += Rq * scale
+    dk += bF * Rk + C
+    dG += (qF * scale) * Rq + (kF * bF) * Rk - kF * C
+    db += tl.sum(kF * Rk, 1)[:, None]
+    return dq, dk, dG, db
 
 
 @triton.jit
 def _bwd_chunk_kernel(
-    q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do,
+    q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dAs,
     dq, dk, dv, dg, dbeta,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -486,8 +489,10 @@ def _bwd_chunk_kernel(
     beta += bt
     dbeta += bt
     Ti += bt * 64
-    hs += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
-    dhs += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K * V
+    i_chunk = ((i_b * NT + i_t) * H + i_h).to(tl.int64)
+    hs += i_chunk * K * V
+    dhs += i_chunk * K * V
+    dAs += i_chunk * 64 * 128
     sk = H * K
     sv = H * V
     c64 = tl.arange(0, 64)
@@ -497,23 +502,34 @@ def _bwd_chunk_kernel(
 
     Tm = _load_rows(Ti, t0, T, H * 64, c64, all64, 64)
     bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
+
+    # ---- dX = Tᵀ dV_new gives dv = β dX and, with V_new, dA_kk = −dX V_newᵀ; dA_qk = dO V_newᵀ --
     dA = tl.zeros([64, 64], dtype=tl.float32)
     dAqk = tl.zeros([64, 64], dtype=tl.float32)
     db = tl.zeros([64, 1], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
+        b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
+        b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
+        dX = tl.dot(tl.trans(Tm), b_dvn)
+        _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
+        db += tl.sum(dX * _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32), 1)[:, None]
+        dA -= tl.dot(dX.to(b_vn.dtype), tl.trans(b_vn))
+        dAqk += tl.dot(b_do, tl.trans(b_vn))
+    p_rc = dAs + c64[:, None] * 128 + c64[None, :]
+    tl.store(p_rc, tl.where(c64[:, None] > c64[None, :], dA, 0.0))
+    tl.store(p_rc + 64, tl.where(c64[:, None] >= c64[None, :], dAqk, 0.0))
+    # The pair gradients read dA back in other layouts (and transposed): make the stores visible.
+    tl.debug_barrier()
 
-    # Region masks of the pair grid and the anchors each region uses (rows of G).
     blk = c64 // 16
-    r_blk = blk[:, None]
-    j_blk = blk[None, :]
-    M_diag = r_blk == j_blk
-    M_l2 = ((r_blk % 2) == 1) & (j_blk == r_blk - 1)
-    M_l1 = (r_blk >= 2) & (j_blk < 2)
-    strict = c64[:, None] > c64[None, :]
-    incl = c64[:, None] >= c64[None, :]
-
+    rb = blk[:, None]
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
+        # ---- products over the value width: dQG = dO Sᵀ, dKG = V_new dS'ᵀ, dX Sᵀ, Σ S ⊙ dS' --
         dqg = tl.zeros([64, BKS], dtype=tl.float32)
         dkg = tl.zeros([64, BKS], dtype=tl.float32)
         dXh = tl.zeros([64, BKS], dtype=tl.float32)
@@ -527,70 +543,80 @@ def _bwd_chunk_kernel(
             m_kv = m_k[:, None] & m_v[None, :]
             b_h = tl.load(hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
             b_dh = tl.load(dhs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
-            dX = tl.dot(tl.trans(Tm), b_dvn)
-            dXc = dX.to(b_vn.dtype)
+            dXc = tl.dot(tl.trans(Tm), b_dvn).to(b_vn.dtype)
             dqg += tl.dot(b_do, tl.trans(b_h))
             dkg += tl.dot(b_vn, tl.trans(b_dh))
             dXh += tl.dot(dXc, tl.trans(b_h))
             dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
-            if i_k == 0:
-                vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
-                _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
-                db += tl.sum(dX * vF, 1)[:, None]
-                dA -= tl.dot(dXc, tl.trans(b_vn))
-                dAqk += tl.dot(b_do, tl.trans(b_vn))
-        dA = tl.where(strict, dA, 0.0)
-        dAqk = tl.where(incl, dAqk, 0.0)
 
+        # ---- QG, KG, γ and the β e^G K S term of X -----------------------------------------
         GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
         GC = _row(GF, 63, 64)
         qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         eG = tl.exp2(GF)
         eGC = tl.exp2(GC[None, :] - GF)
-        gam = tl.exp2(GC)
-        qs = qF * scale
-        qg = qs * eG
-        kg = kF * eGC
-        kbe = kF * eG
         b_dq = dqg * eG * scale
         b_dk = dkg * eGC - bF * eG * dXh
-        b_dG = qg * dqg - kg * dkg - bF * kbe * dXh
-        dGC = tl.sum(kg * dkg, 0) + gam * dgam
-        db -= tl.sum(kbe * dXh, 1)[:, None]
+        b_dG = (qF * scale * eG) * dqg - (kF * eGC) * dkg - (bF * kF * eG) * dXh
+        dGC = tl.sum((kF * eGC) * dkg, 0) + tl.exp2(GC) * dgam
+        db -= tl.sum((kF * eG) * dXh, 1)[:, None]
 
-        # Pairwise terms of A_qk and A_kk: three anchored regions partition the lower triangle.
+        # ---- pairwise terms: three anchored regions partition the lower triangle -------------
         p0 = _row(GF, 0, 64)
         p16 = _row(GF, 16, 64)
         p32 = _row(GF, 32, 64)
         p48 = _row(GF, 48, 64)
-        rb = blk[:, None]
-        anc_d = tl.where(rb == 0, p0[None, :], tl.where(rb == 1, p16[None, :],
-                         tl.where(rb == 2, p32[None, :], p48[None, :])))
-        anc_2 = tl.where(rb < 2, p16[None, :], p48[None, :])
-        anc_1 = p32[None, :] + tl.zeros([64, BKS], dtype=tl.float32)
-        kb = kF * bF
-        Rq, Rk, C = _pair_grads(dAqk, dA, M_diag, qs, kF, kb, GF, anc_d, SHIFT, CLAMP)
-        Rq2, Rk2, C2 = _pair_grads(dAqk, dA, M_l2, qs, kF, kb, GF, anc_2, 0.0, 0.0)
-        Rq1, Rk1, C1 = _pair_grads(dAqk, dA, M_l1, qs, kF, kb, GF, anc_1, 0.0, 0.0)
-        Rq += Rq2 + Rq1
-        Rk += Rk2 + Rk1
-        C += C2 + C1
-        b_dq += Rq * scale
-        b_dk += bF * Rk + C
-        b_dG += qs * Rq + kb * Rk - kF * C
-        db += tl.sum(kF * Rk, 1)[:, None]
+        # diagonal 16-blocks, anchored (shifted) at each block's first row
+        anc = tl.where(rb == 0, p0[None, :], tl.where(rb == 1, p16[None, :],
+                       tl.where(rb == 2, p32[None, :], p48[None, :])))
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, rb == blk[None, :],
+                                            qF, kF, bF, GF, anc, scale, SHIFT, CLAMP)
+        # block 1 × block 0 and block 3 × block 2, anchored at rows 16 and 48
+        anc = tl.where(rb < 2, p16[None, :], p48[None, :])
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs,
+                                            ((rb % 2) == 1) & (blk[None, :] == rb - 1),
+                                            qF, kF, bF, GF, anc, scale, 0.0, 0.0)
+        # rows 32–63 × columns 0–31, anchored at row 32
+        anc = p32[None, :] + tl.zeros([64, BKS], dtype=tl.float32)
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, (rb >= 2) & (blk[None, :] < 2),
+                                            qF, kF, bF, GF, anc, scale, 0.0, 0.0)
+
+        # G_C enters through γ and KG: its gradient lands on the last row, then dg = reverse cumsum.
         b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
-        b_dg = tl.cumsum(b_dG, 0, reverse=True)
         _store_rows(dq, b_dq, t0, T, sk, o_k, m_k, 64)
         _store_rows(dk, b_dk, t0, T, sk, o_k, m_k, 64)
-        _store_rows(dg, b_dg, t0, T, sk, o_k, m_k, 64)
+        _store_rows(dg, tl.cumsum(b_dG, 0, reverse=True), t0, T, sk, o_k, m_k, 64)
     _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
 
 
 # --------------------------------------------------------------------------------------------
 # Host functions
 # --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Launch shapes of the four kernels (benchmarks/kda.py sweeps them; defaults from that sweep)."""
+
+    prep_warps: int = 8
+    prep_key_slice: int = 32
+    state_warps: int = 8
+    state_stages: int = 2
+    state_block_v: int = 0  # 0: 64 when batch·heads ≥ 64, else 32 (more programs for the serial loop)
+    bwd_warps: int = 8
+    bwd_key_slice: int = 32
+    bwd_block_v: int = 32
+
+
+_TILES = TileConfig()
+
+
+def set_tile_config(cfg: TileConfig) -> TileConfig:
+    """Replace the launch shapes; returns the previous ones."""
+    global _TILES
+    old, _TILES = _TILES, cfg
+    return old
 
 
 def _check_supported(q, v) -> None:
@@ -605,14 +631,14 @@ def _check_supported(q, v) -> None:
         raise ValueError(f"the Triton KDA kernels take bf16, fp16 or fp32 inputs, got {q.dtype}")
 
 
-def _key_slice(K: int) -> int:
-    return 64 if K > 64 else max(16, triton.next_power_of_2(K))
+def _pow2_tile(n: int, cap: int) -> int:
+    return min(cap, max(16, triton.next_power_of_2(n)))
 
 
 def _state_block(V: int, B: int, H: int) -> int:
     # Few (batch·head) programs leave SMs idle during the serial chunk loop: split V finer then.
-    bv = 64 if B * H >= 64 else 32
-    return min(bv, max(16, triton.next_power_of_2(V)))
+    bv = _TILES.state_block_v or (64 if B * H >= 64 else 32)
+    return _pow2_tile(V, bv)
 
 
 def kda_prepare(q, k, v, g, beta, scale):
@@ -621,6 +647,7 @@ def kda_prepare(q, k, v, g, beta, scale):
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     dt = q.dtype
+    Gs = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)  # scratch: G in log2 units
     Ti = torch.empty(B, T, H, CHUNK, device=q.device, dtype=dt)
     Aqk = torch.empty(B, T, H, CHUNK, device=q.device, dtype=dt)
     W = torch.empty(B, T, H, K, device=q.device, dtype=dt)
@@ -629,9 +656,9 @@ def kda_prepare(q, k, v, g, beta, scale):
     KG = torch.empty_like(W)
     GAM = torch.empty(B, NT, H, K, device=q.device, dtype=torch.float32)
     _prep_kernel[(NT, B * H)](
-        q, k, v, g, beta, Ti, Aqk, W, U, QG, KG, GAM, scale, T,
-        H=H, K=K, V=V, BKS=_key_slice(K), BV=min(128, max(16, triton.next_power_of_2(V))),
-        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=4, num_stages=1,
+        q, k, v, g, beta, Gs, Ti, Aqk, W, U, QG, KG, GAM, scale, T,
+        H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.prep_key_slice), BV=_pow2_tile(V, 128),
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.prep_warps, num_stages=1,
     )
     return Ti, Aqk, W, U, QG, KG, GAM
 
@@ -648,9 +675,9 @@ def kda_state_forward(W, U, QG, KG, Aqk, GAM, initial_state, output_final_state,
     BV = _state_block(V, B, H)
     _fwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         W, U, QG, KG, Aqk, GAM, initial_state, o, ht, hs, vnew, T,
-        H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
+        H=H, K=K, V=V, BK=_pow2_tile(K, MAX_K), BV=BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE=save,
-        num_warps=4, num_stages=2,
+        num_warps=_TILES.state_warps, num_stages=_TILES.state_stages,
     )
     return o, ht, hs, vnew
 
@@ -666,8 +693,9 @@ def kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, need_dh0):
     BV = _state_block(V, B, H)
     _bwd_state_kernel[(triton.cdiv(V, BV), B * H)](
         W, QG, KG, Aqk, GAM, do, dht, dhs, dvnew, dh0, T,
-        H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=BV,
-        USE_DHT=dht is not None, USE_DH0=need_dh0, num_warps=4, num_stages=2,
+        H=H, K=K, V=V, BK=_pow2_tile(K, MAX_K), BV=BV,
+        USE_DHT=dht is not None, USE_DH0=need_dh0, num_warps=_TILES.state_warps,
+        num_stages=_TILES.state_stages,
     )
     return dhs, dvnew, dh0
 
@@ -682,10 +710,11 @@ def kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
     dv = torch.empty_like(v)
     dg = torch.empty_like(g)
     dbeta = torch.empty_like(beta)
+    dAs = torch.empty(B, NT, H, CHUNK, 2 * CHUNK, device=q.device, dtype=torch.float32)  # scratch
     _bwd_chunk_kernel[(NT, B * H)](
-        q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dq, dk, dv, dg, dbeta, scale, T,
-        H=H, K=K, V=V, BKS=_key_slice(K), BV=min(64, max(16, triton.next_power_of_2(V))),
-        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=8, num_stages=1,
+        q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dAs, dq, dk, dv, dg, dbeta, scale, T,
+        H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.bwd_key_slice), BV=_pow2_tile(V, _TILES.bwd_block_v),
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.bwd_warps, num_stages=1,
     )
     return dq, dk, dv, dg, dbeta
 

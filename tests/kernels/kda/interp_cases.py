@@ -1,0 +1,153 @@
+"""The Triton KDA kernels on the CPU under TRITON_INTERPRET=1: each case prints one JSON line of metrics.
+
+Run as a script in a fresh process (`triton.jit` picks interpreter or compiler when the kernels are
+imported, so the rest of a test session cannot have imported them first):
+    TRITON_INTERPRET=1 python tests/kernels/kda/interp_cases.py [case ...]
+Every buffer the kernels allocate starts NaN-poisoned, so an element a kernel forgets to write shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import conftest  # noqa: E402,F401  (the NumPy ≥ 2.4 shim for the interpreter)
+
+from kernels.kda import chunk_kda, kda_decode_step, kda_decode_step_, naive_recurrent_kda  # noqa: E402
+
+_empty, _empty_like = torch.empty, torch.empty_like
+
+
+def _nan_empty(*args, **kwargs):
+    x = _empty(*args, **kwargs)
+    return x.fill_(float("nan")) if x.is_floating_point() else x
+
+
+def _nan_empty_like(*args, **kwargs):
+    x = _empty_like(*args, **kwargs)
+    return x.fill_(float("nan")) if x.is_floating_point() else x
+
+
+torch.empty, torch.empty_like = _nan_empty, _nan_empty_like
+
+
+def make_inputs(B, T, H, K, V, seed, decay_scale=1.0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) * decay_scale
+    beta = torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype), g, beta.to(dtype), h0
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def grads(fn, inputs, with_h0, seed=1):
+    leaves = [x.clone().requires_grad_(True) for x in inputs]
+    o, s = fn(*leaves[:5], initial_state=leaves[5] if with_h0 else None, output_final_state=True)
+    gen = torch.Generator().manual_seed(seed)
+    wo = torch.randn(o.shape, generator=gen)
+    ws = torch.randn(s.shape, generator=gen)
+    ((o.float() * wo).sum() + (s * ws).sum()).backward()
+    names = ["dq", "dk", "dv", "dg", "dbeta"] + (["dh0"] if with_h0 else [])
+    return o.detach(), s.detach(), dict(zip(names, [x.grad for x in leaves[: len(names)]]))
+
+
+def triton_kda(*args, **kwargs):
+    return chunk_kda(*args, backend="triton", **kwargs)
+
+
+def compare(B, T, H, K, V, seed, with_h0, decay_scale=1.0, dtype=torch.float32):
+    inputs = make_inputs(B, T, H, K, V, seed, decay_scale, dtype)
+    ref_inputs = [x.float() for x in inputs]
+    o_r, s_r, g_r = grads(naive_recurrent_kda, ref_inputs, with_h0)
+    o, s, g = grads(triton_kda, list(inputs), with_h0)
+    out = {"o": rel(o, o_r), "ht": rel(s, s_r)}
+    out.update({n: rel(g[n], g_r[n]) for n in g})
+    out["finite"] = bool(torch.isfinite(o).all() and torch.isfinite(s).all()
+                         and all(torch.isfinite(x).all() for x in g.values()))
+    return out
+
+
+def case_odd_len_h0():
+    return compare(1, 63, 2, 16, 16, seed=0, with_h0=True)
+
+
+def case_two_chunks_wide():
+    # T = 100 spans a full and a partial chunk; K = 32 > V = 24 (not a power of two), batch 2.
+    return compare(2, 100, 1, 32, 24, seed=1, with_h0=False)
+
+
+def case_bf16():
+    return compare(1, 64, 1, 16, 16, seed=2, with_h0=True, dtype=torch.bfloat16)
+
+
+def case_strong_decay():
+    # Log decays of 4·logsigmoid(N(0, 1)): about −3.2 per token on average, below −10 at times.
+    return compare(1, 128, 1, 16, 16, seed=3, with_h0=True, decay_scale=4.0)
+
+
+def case_extreme_decay():
+    # Log decays uniform in (−60, 0): past the anchored factorization's exact range (chunk_triton.py),
+    # where the kernels must still return finite numbers.
+    q, k, v, g, beta, h0 = make_inputs(1, 128, 1, 16, 16, seed=8)
+    g = -60 * torch.rand(g.shape, generator=torch.Generator().manual_seed(9))
+    _, _, grads_ = grads(triton_kda, [q, k, v, g, beta, h0], with_h0=True)
+    o, s = triton_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o_r, s_r = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    return {"finite": bool(torch.isfinite(o).all() and torch.isfinite(s).all()
+                           and all(torch.isfinite(x).all() for x in grads_.values())),
+            "o": rel(o, o_r), "ht": rel(s, s_r)}
+
+
+def case_causality():
+    """Prefix outputs and prefix gradients of a prefix-only loss must not move when the future does."""
+    T, cut = 96, 40  # the cut falls inside the first chunk, inside its third sub-chunk
+    q, k, v, g, beta, _ = make_inputs(1, T, 2, 16, 16, seed=4)
+
+    def prefix(q, k, v, g, beta):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        o, _ = triton_kda(*leaves)
+        gen = torch.Generator().manual_seed(5)
+        (o[:, :cut] * torch.randn(o[:, :cut].shape, generator=gen)).sum().backward()
+        return [o[:, :cut].detach()] + [x.grad[:, :cut] for x in leaves]
+
+    base = prefix(q, k, v, g, beta)
+    gen = torch.Generator().manual_seed(6)
+    q2, k2, v2, g2, beta2 = (x.clone() for x in (q, k, v, g, beta))
+    q2[:, cut:] = torch.randn(q2[:, cut:].shape, generator=gen)
+    k2[:, cut:] = F.normalize(torch.randn(k2[:, cut:].shape, generator=gen), dim=-1)
+    v2[:, cut:] = 10 * torch.randn(v2[:, cut:].shape, generator=gen)
+    g2[:, cut:] = -30 * torch.rand(g2[:, cut:].shape, generator=gen)  # strongly decaying future gates
+    beta2[:, cut:] = torch.rand(beta2[:, cut:].shape, generator=gen)
+    moved = prefix(q2, k2, v2, g2, beta2)
+    names = ["o", "dq", "dk", "dv", "dg", "dbeta"]
+    return {n: (a - b).abs().max().item() for n, a, b in zip(names, base, moved)}
+
+
+def case_decode():
+    B, H, K, V = 3, 2, 16, 24
+    q, k, v, g, beta, h0 = make_inputs(B, 1, H, K, V, seed=7)
+    state = h0.clone()
+    o = kda_decode_step_(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state, backend="triton")
+    o_r, s_r = kda_decode_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], h0)
+    return {"o": rel(o, o_r), "state": rel(state, s_r)}
+
+
+CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("run with TRITON_INTERPRET=1")
+    for name in sys.argv[1:] or list(CASES):
+        print(json.dumps({"case": name, **CASES[name]()}), flush=True)
