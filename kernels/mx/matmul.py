@@ -6,12 +6,14 @@
     y  : [..., N] in x.dtype, accumulated in fp32
 
 Paths (the dispatcher logs the one it takes; matmul_path() says which it would take):
-    "triton_gemv"    CUDA (or TRITON_INTERPRET=1), M <= GEMV_MAX_M: CUDA-core split-K kernel
-    "triton_gemm"    CUDA (or TRITON_INTERPRET=1), larger M up to GEMM_MAX_M: tensor-core kernel
-    "torch_dequant"  dequantize W to bf16 once, then torch.matmul (cuBLAS on CUDA; fp32 on the
-                     CPU); used on the CPU without the interpreter, on CUDA without Triton, and for
-                     M > GEMM_MAX_M on CUDA, where a bf16 cuBLAS GEMM beats the fused kernel
-                     (benchmarks/results/mx_h200.json)
+    "triton_gemv"            CUDA (or TRITON_INTERPRET=1), M <= GEMV_MAX_M: CUDA-core split-K
+                             kernel, the decode regime where the weight bytes set the time
+    "triton_gemm"            same, GEMV_MAX_M < M <= GEMM_MAX_M: tensor-core kernel
+    "triton_dequant_cublas"  CUDA, M > GEMM_MAX_M (prefill): one Triton pass writes W in bf16,
+                             then cuBLAS; at this size the matmul is compute-bound and cuBLAS's
+                             bf16 GEMM beats the fused kernel (benchmarks/results/mx_h200.json)
+    "torch_dequant"          dequantize W with torch ops, then torch.matmul (fp32 on the CPU);
+                             the CPU without TRITON_INTERPRET=1, or CUDA without Triton
 This is an inference op: for QAT use fake_quant_mx on the weight and torch's linear.
 """
 
@@ -22,12 +24,13 @@ import torch
 from .formats import FP4_E2M1, FP8_E4M3
 from .quant import MXTensor, SUPPORTED_DTYPES, fake_quant_mx, log_path_once
 from .triton_matmul import (
-    default_gemm_config, default_gemv_config, interpreter_enabled, mx_gemm, mx_gemv, triton_available,
+    default_gemm_config, default_gemv_config, dequant_fp4_bf16, interpreter_enabled, mx_gemm, mx_gemv,
+    triton_available,
 )
 
-PATHS = ("triton_gemv", "triton_gemm", "torch_dequant")
+PATHS = ("triton_gemv", "triton_gemm", "triton_dequant_cublas", "torch_dequant")
 GEMV_MAX_M = 4
-GEMM_MAX_M = 1 << 30
+GEMM_MAX_M = 64
 
 
 def _check(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None, act_fmt: str | None) -> None:
@@ -58,16 +61,19 @@ def matmul_path(x: torch.Tensor, weight: MXTensor) -> str:
     if (x.is_cuda or interpreter_enabled()) and triton_available():
         if m <= GEMV_MAX_M:
             return "triton_gemv"
-        if m <= GEMM_MAX_M:
+        if m <= GEMM_MAX_M or not x.is_cuda:
             return "triton_gemm"
+        return "triton_dequant_cublas"
     return "torch_dequant"
 
 
 def _path_reason(x: torch.Tensor, path: str) -> str:
+    if path == "triton_dequant_cublas":
+        return f"CUDA tensor with M > GEMM_MAX_M={GEMM_MAX_M}"
     if path.startswith("triton"):
         return "TRITON_INTERPRET=1 on the CPU" if not x.is_cuda else "CUDA tensor"
     if x.is_cuda:
-        return "Triton is not installed" if not triton_available() else f"M > GEMM_MAX_M={GEMM_MAX_M}"
+        return "Triton is not installed"
     return "CPU tensor without TRITON_INTERPRET=1"
 
 
@@ -84,6 +90,8 @@ def mx_linear(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None = Non
         raise ValueError(f"path must be None or one of {PATHS}, got {path!r}")
     if chosen.startswith("triton") and not ((x.is_cuda or interpreter_enabled()) and triton_available()):
         raise ValueError(f"path={chosen!r} needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on the CPU)")
+    if chosen == "triton_dequant_cublas" and not x.is_cuda:
+        raise ValueError("path='triton_dequant_cublas' needs a CUDA tensor (cuBLAS)")
     log_path_once("mx_linear", chosen, "forced by the caller" if path else _path_reason(x, chosen))
 
     n, k = weight.shape
@@ -94,14 +102,17 @@ def mx_linear(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None = Non
     if act_fmt is not None:
         xa = fake_quant_mx(xa, act_fmt)
 
-    if chosen == "torch_dequant":
-        w = weight.dequantize(torch.bfloat16)
+    if chosen in ("torch_dequant", "triton_dequant_cublas"):
+        if chosen == "triton_dequant_cublas":
+            w = dequant_fp4_bf16(weight.codes, weight.scales, k)
+        else:
+            w = weight.dequantize(torch.bfloat16)
         if x.is_cuda:
-            y = torch.matmul(xa, w.T).float()
+            # cuBLAS adds the bias in its fp32 epilogue and writes bf16 directly.
+            y = torch.nn.functional.linear(xa, w, bias.to(torch.bfloat16) if bias is not None else None)
         else:
             y = torch.matmul(xa.float(), w.float().T)
-        if bias is not None:
-            y = y + bias.float()
+            y = y + bias.float() if bias is not None else y
         return y.to(x.dtype).reshape(*lead, n)
 
     out = torch.empty((xa.shape[0], n), device=x.device, dtype=x.dtype)

@@ -58,12 +58,6 @@ def interpreter_enabled() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _e2m1_times_2m14(c):
-        """E2M1 code (int32, 0..15) -> its value * 2^-14 as float32, exactly."""
-        bits = ((c & 7) << 9) | ((c & 8) << 12)
-        return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-    @triton.jit
     def _e8m0_to_f32(e):
         """E8M0 code (int32, 0..255) -> 2^(e-127) as float32 (2^-127 subnormal for 0, NaN for 255)."""
         edge = (e == 0) | (e == 255)
@@ -119,6 +113,52 @@ if triton is not None:
         tl.store(y_ptr + rows * stride_yr + offs_k[None, :], out, mask=mask)
 
     @triton.jit
+    def _join8(t0, t1, t2, t3, t4, t5, t6, t7):
+        """Nested joins: element (c1, c2, c3) of the result is t[c1 + 2*c2 + 4*c3], so the flattened
+        position p = 4*c1 + 2*c2 + c3 holds t[bitreverse3(p)]."""
+        return tl.join(tl.join(tl.join(t0, t1), tl.join(t2, t3)), tl.join(tl.join(t4, t5), tl.join(t6, t7)))
+
+    @triton.jit
+    def _fp16_pair_lo(p):
+        return p.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _fp16_pair_hi(p):
+        return (p >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+    @triton.jit
+    def _e2m1_words_to_f32(w):
+        """int32 words [R, G, 4], each holding 8 E2M1 codes (code j of word i is element 8i + j,
+        nibble j counted from the least significant), -> float32 values * 2^-14, [R, G, 32].
+
+        Two codes are decoded per 32-bit operation: with a = the low nibbles of the 4 bytes, the
+        fp16 magnitude of a code belongs at bits 9-11 and its sign at bit 15, so
+            ((a << 9) | (a << 12)) & 0x8E008E00
+        is an fp16 pair holding codes 0 and 4 (the two shifts never overlap inside the mask), and
+        shifts of 1 and 4 give codes 2 and 6; the high nibbles give codes 1, 5 and 3, 7.
+        """
+        mask = -0x71FF7200  # 0x8E008E00 as an int32: sign bits 15 and 31, magnitudes at 9-11 and 25-27
+        a = w & 0x0F0F0F0F
+        b = (w >> 4) & 0x0F0F0F0F
+        p04 = ((a << 9) | (a << 12)) & mask
+        p26 = ((a << 1) | (a << 4)) & mask
+        p15 = ((b << 9) | (b << 12)) & mask
+        p37 = ((b << 1) | (b << 4)) & mask
+        # Passed in the order of codes 0, 4, 2, 6, 1, 5, 3, 7 (bit-reversed), _join8 lays them out in order.
+        v = _join8(_fp16_pair_lo(p04), _fp16_pair_hi(p04), _fp16_pair_lo(p26), _fp16_pair_hi(p26),
+                   _fp16_pair_lo(p15), _fp16_pair_hi(p15), _fp16_pair_lo(p37), _fp16_pair_hi(p37))
+        return tl.reshape(v, [w.shape[0], w.shape[1], 32])
+
+    @triton.jit
+    def _gemv_rows(q_rows, s_rows, n_ok, kb, g_ok, w4, xv):
+        """Sum over one loop step for some rows: [R, G] block dot products times their scales."""
+        words = tl.load(q_rows + kb[None, :, None] * 4 + w4[None, None, :],
+                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        part = tl.sum(_e2m1_words_to_f32(words) * xv[None, :, :], axis=2)
+        e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
+        return part * _e8m0_to_f32(e)
+
+    @triton.jit
     def _mx_gemv_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
         N, K, KB, KB_PER_SPLIT,
@@ -126,51 +166,60 @@ if triton is not None:
         ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
         GROUPS: tl.constexpr,
     ):
+        """q_ptr: the packed codes as int32 words [N, Kp / 8] (stride_qn in words)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+        # Two row halves share every converted x value (one bf16 -> fp32 conversion feeds 2 rows).
+        HALF: tl.constexpr = BLOCK_N // 2
+        offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
+        offs_b = offs_a + HALF
+        a_ok = offs_a < N
+        b_ok = offs_b < N
         g = tl.arange(0, GROUPS)
-        j16 = tl.arange(0, 16)
+        w4 = tl.arange(0, 4)
         j32 = tl.arange(0, 32)
         kb_lo = pid_s * KB_PER_SPLIT
 
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        q_rows = q_ptr + offs_n.to(tl.int64)[:, None, None] * stride_qn
-        s_rows = s_ptr + offs_n.to(tl.int64)[:, None] * stride_sn
-        acc = tl.zeros([BLOCK_N, GROUPS], dtype=tl.float32)
+        qa = q_ptr + offs_a.to(tl.int64)[:, None, None] * stride_qn
+        qb = q_ptr + offs_b.to(tl.int64)[:, None, None] * stride_qn
+        sa = s_ptr + offs_a.to(tl.int64)[:, None] * stride_sn
+        sb = s_ptr + offs_b.to(tl.int64)[:, None] * stride_sn
+        acc_a = tl.zeros([HALF, GROUPS], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
         # The last split may hold fewer blocks: those past KB are masked.
         for it in range(0, ITERS):
-            kb0 = kb_lo + it * GROUPS
-            kb = kb0 + g
+            kb = kb_lo + it * GROUPS + g
             g_ok = kb < KB
             k = kb[:, None] * 32 + j32[None, :]
             xv = tl.load(x_row + k, mask=g_ok[:, None] & (k < K), other=0.0).to(tl.float32)  # [G, 32]
-            codes = tl.load(q_rows + kb[None, :, None] * 16 + j16[None, None, :],
-                            mask=n_ok[:, None, None] & g_ok[None, :, None], other=0).to(tl.int32)
-            w = tl.join(_e2m1_times_2m14(codes & 15), _e2m1_times_2m14(codes >> 4))
-            w = tl.reshape(w, [BLOCK_N, GROUPS, 32])  # element 2j from the low nibble, 2j+1 high
-            part = tl.sum(w * xv[None, :, :], axis=2)  # [BN, G]: one dot product per 32-block
-            e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
-            acc += part * _e8m0_to_f32(e)
-        y = tl.sum(acc, axis=1) * 16384.0
+            acc_a += _gemv_rows(qa, sa, a_ok, kb, g_ok, w4, xv)
+            acc_b += _gemv_rows(qb, sb, b_ok, kb, g_ok, w4, xv)
+        ya = tl.sum(acc_a, axis=1) * 16384.0
+        yb = tl.sum(acc_b, axis=1) * 16384.0
 
         if SPLIT:
-            tl.store(y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym + offs_n, y, mask=n_ok)
+            base = y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym
+            tl.store(base + offs_a, ya, mask=a_ok)
+            tl.store(base + offs_b, yb, mask=b_ok)
         else:
             if HAS_BIAS:
-                y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+                ya += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
+                yb += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
+            base = y_ptr + pid_m.to(tl.int64) * stride_ym
+            tl.store(base + offs_a, ya.to(y_ptr.dtype.element_ty), mask=a_ok)
+            tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
 
     @triton.jit
     def _mx_gemm_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
         M, N, K, KB, KB_PER_SPLIT,
         stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
-        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUPS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):
+        """q_ptr: the packed codes as int32 words [N, Kp / 8] (stride_qn in words)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -179,7 +228,7 @@ if triton is not None:
         n_ok = offs_n < N
         m_ok = offs_m < M
         g = tl.arange(0, GROUPS)
-        j16 = tl.arange(0, 16)
+        w4 = tl.arange(0, 4)
         kk = tl.arange(0, GROUPS * 32)
         kb_lo = pid_s * KB_PER_SPLIT
 
@@ -191,11 +240,10 @@ if triton is not None:
             kb0 = kb_lo + it * GROUPS
             kb = kb0 + g
             g_ok = kb < KB
-            codes = tl.load(q_rows + kb[None, :, None] * 16 + j16[None, None, :],
-                            mask=n_ok[:, None, None] & g_ok[None, :, None], other=0).to(tl.int32)
+            words = tl.load(q_rows + kb[None, :, None] * 4 + w4[None, None, :],
+                            mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
             e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
-            w = tl.join(_e2m1_times_2m14(codes & 15), _e2m1_times_2m14(codes >> 4))
-            w = tl.reshape(w, [BLOCK_N, GROUPS, 32]) * _e8m0_to_f32(e)[:, :, None]
+            w = _e2m1_words_to_f32(words) * _e8m0_to_f32(e)[:, :, None]
             w = tl.reshape(w, [BLOCK_N, GROUPS * 32]).to(DOT_DTYPE)
             k = kb0 * 32 + kk
             xv = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
@@ -211,6 +259,23 @@ if triton is not None:
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
             tl.store(y_ptr + y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _mx_dequant_kernel(q_ptr, s_ptr, w_ptr, N, KB, stride_qn, stride_sn, stride_wn,
+                           BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+        """W[n, k] = value(code) * 2^(E - 127) written as bf16 (exact); q_ptr as int32 words."""
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kb = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+        n_ok = offs_n < N
+        g_ok = kb < KB
+        rows = offs_n.to(tl.int64)
+        words = tl.load(q_ptr + rows[:, None, None] * stride_qn + kb[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        e = tl.load(s_ptr + rows[:, None] * stride_sn + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127)
+        w = (_e2m1_words_to_f32(words) * 16384.0) * _e8m0_to_f32(e.to(tl.int32))[:, :, None]
+        k = kb[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+        tl.store(w_ptr + rows[:, None, None] * stride_wn + k, w.to(w_ptr.dtype.element_ty),
+                 mask=n_ok[:, None, None] & g_ok[None, :, None])
 
     @triton.jit
     def _splitk_reduce_kernel(p_ptr, bias_ptr, y_ptr, N, stride_ps, stride_pm, stride_ym,
@@ -269,27 +334,25 @@ def _sm_count(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 8
 
 
+def _splits_for(n_tiles: int, k: int, groups: int, per_sm: int, sms: int) -> int:
+    """Split K so that about per_sm programs land on each SM, never more than one wave's worth."""
+    return max(1, min(-(-k // 32) // groups, (per_sm * sms) // n_tiles))
+
+
 def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
-    """About 8 programs per SM: enough weight bytes in flight to reach HBM bandwidth."""
-    cfg = GemvConfig()
-    kb = -(-k // 32)
-    n_tiles = -(-n // cfg.block_n)
-    want = 8 * _sm_count(device)
-    split = max(1, min(kb // cfg.groups, -(-want // n_tiles)))
+    """70 registers per thread allow 7 programs of 4 warps per SM: fill exactly one wave."""
+    cfg = GemvConfig(block_n=32, groups=8, num_warps=4)
+    split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 7, _sm_count(device))
     return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps)
 
 
 def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
     if m <= 16:
-        cfg = GemmConfig(block_m=16, block_n=64, groups=4, num_warps=4, num_stages=3)
-    elif m <= 64:
-        cfg = GemmConfig(block_m=64, block_n=128, groups=2, num_warps=4, num_stages=3)
+        cfg = GemmConfig(block_m=16, block_n=128, groups=2, num_warps=4, num_stages=3)
     else:
-        cfg = GemmConfig(block_m=128, block_n=128, groups=2, num_warps=8, num_stages=3)
+        cfg = GemmConfig(block_m=64, block_n=128, groups=2, num_warps=4, num_stages=3)
     tiles = -(-n // cfg.block_n) * -(-m // cfg.block_m)
-    kb = -(-k // 32)
-    want = 4 * _sm_count(device)
-    split = max(1, min(kb // cfg.groups, -(-want // tiles))) if tiles < want else 1
+    split = _splits_for(tiles, k, cfg.groups, 4, _sm_count(device))
     return GemmConfig(cfg.block_m, cfg.block_n, cfg.groups, split, cfg.num_warps, cfg.num_stages)
 
 
@@ -314,6 +377,12 @@ def _check_operands(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
     assert out.shape == (x.shape[0], codes.shape[0]) and out.stride(1) == 1
 
 
+def _words(codes: torch.Tensor) -> torch.Tensor:
+    """Packed fp4 codes [N, Kp/2] bytes -> int32 words [N, Kp/8] (Kp is a multiple of 32)."""
+    assert codes.shape[1] % 4 == 0 and codes.stride(1) == 1 and codes.stride(0) % 4 == 0
+    return codes.view(torch.int32)
+
+
 def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
             out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
     """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
@@ -322,10 +391,11 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
+    words = _words(codes)
     _mx_gemv_kernel[(triton.cdiv(n, cfg.block_n), m, splits)](
-        x, codes, scales, bias if bias is not None else scales, target,
+        x, words, scales, bias if bias is not None else scales, target,
         n, k, kb, per,
-        x.stride(0), codes.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
+        x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
         ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
         GROUPS=cfg.groups, num_warps=cfg.num_warps,
     )
@@ -343,16 +413,31 @@ def mx_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), splits)
+    words = _words(codes)
     _mx_gemm_kernel[grid](
-        x, codes, scales, bias if bias is not None else scales, target,
+        x, words, scales, bias if bias is not None else scales, target,
         m, n, k, kb, per,
-        x.stride(0), codes.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
+        x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
         ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         GROUPS=cfg.groups, DOT_DTYPE=_dot_dtype(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         _reduce_splits(target, bias, out)
     return out
+
+
+def dequant_fp4_bf16(codes: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:
+    """MXFP4 weight (packed codes [N, Kp/2], scales [N, Kp/32]) -> bf16 [N, k] in one pass (exact)."""
+    _require_triton()
+    n, kb = scales.shape
+    out = torch.empty((n, kb * 32), device=codes.device, dtype=torch.bfloat16)
+    words = _words(codes)
+    block_n, groups = 32, 4
+    _mx_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(kb, groups))](
+        words, scales, out, n, kb, words.stride(0), scales.stride(0), out.stride(0),
+        BLOCK_N=block_n, GROUPS=groups, num_warps=4,
+    )
+    return out[:, :k]
 
 
 def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rounding: str = "ceil") -> torch.Tensor:
@@ -381,6 +466,6 @@ def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rou
 
 
 __all__ = [
-    "GemvConfig", "GemmConfig", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm",
+    "GemvConfig", "GemmConfig", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
     "fake_quant_triton", "triton_available", "interpreter_enabled",
 ]

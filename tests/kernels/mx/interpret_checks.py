@@ -14,7 +14,9 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from kernels.mx import mx_linear, matmul_path, naive, quantize_mx  # noqa: E402
 from kernels.mx.quant import fake_quant_torch  # noqa: E402
-from kernels.mx.triton_matmul import GemmConfig, GemvConfig, fake_quant_triton, mx_gemm, mx_gemv  # noqa: E402
+from kernels.mx.triton_matmul import (  # noqa: E402
+    GemmConfig, GemvConfig, dequant_fp4_bf16, fake_quant_triton, mx_gemm, mx_gemv,
+)
 
 
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -61,6 +63,15 @@ def check_gemm():
             err = _rel_err(out, _reference(x, wq, b, None))
             assert err < 1e-5, (m, n, k, cfg, err)
     print("gemm ok")
+
+
+def check_dequant_kernel():
+    for n, k in ((40, 96), (33, 80)):
+        _, wq, _ = _problem(1, n, k, seed=n)
+        got = dequant_fp4_bf16(wq.codes, wq.scales, k)
+        want = naive.dequantize(wq.element_codes(), wq.scales, "fp4_e2m1", 32, k)
+        assert got.shape == (n, k) and torch.equal(got.double(), want)
+    print("dequant ok")
 
 
 def check_nan_weight_block():
