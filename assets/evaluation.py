@@ -75,7 +75,7 @@ def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> d
                         buckets.append(bucket)
             rows.append(row)
         buckets.sort(key=lambda b: int(b.split("-")[0]))
-        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", context.run_id)
+        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", context.run.run_id)
                      / "clue_acc_by_distance.png", profile)
         mlflow.client().log_artifact(run.info.run_id, str(plot))
 

@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     selected = sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys)
 
     _say(f"k3 run: profile {profile}, {len(selected)} asset(s): {', '.join(selected)}")
-    if missing and not args.select:
+    if missing:
         _say(f"k3 run: not in the pipeline yet (DESIGN.md §1): {', '.join(missing)}")
     _say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
 
@@ -262,7 +262,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from pipelines.instance import k3_environ
     k3env = k3_environ(profile)
     home = Path(k3env["K3_HOME"])
-    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "K3_MLFLOW_URL": f"http://127.0.0.1:{args.mlflow_port}"}
     dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
     logs = home / "logs"
     procs: list[subprocess.Popen] = []

@@ -167,15 +167,15 @@ class MlflowResource(dg.ConfigurableResource):
     tracking_uri: str | None = Field(default=None, description="default: sqlite:///<K3_HOME>/mlflow/mlflow.db")
     artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts")
     experiment: str = "k3"
-    ui_url: str = Field(default="http://127.0.0.1:5000", description="where `k3 ui` serves MLflow; "
-                        "used for the links in asset metadata")
+    ui_url: str = Field(default_factory=lambda: os.environ.get("K3_MLFLOW_URL", "http://127.0.0.1:5000"),
+                        description="where `k3 ui` serves MLflow (K3_MLFLOW_URL); used for the links in "
+                        "asset metadata")
 
     def resolved_tracking_uri(self) -> str:
-        if self.tracking_uri:
-            return self.tracking_uri
-        db = k3_home() / "mlflow" / "mlflow.db"
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{db}"
+        uri = self.tracking_uri or f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
+        if uri.startswith("sqlite:///"):
+            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        return uri
 
     def resolved_artifact_root(self) -> Path:
         return Path(self.artifact_root) if self.artifact_root else k3_home() / "mlflow" / "artifacts"
@@ -201,11 +201,11 @@ class MlflowResource(dg.ConfigurableResource):
         from mlflow.entities import Param
         client = self.client()
         asset = context.asset_key.to_user_string()
-        all_tags = {"dagster_run_id": context.run_id, "asset": asset, **(tags or {})}
+        all_tags = {"dagster_run_id": context.run.run_id, "asset": asset, **(tags or {})}
         if context.has_partition_key:
             all_tags["partition"] = context.partition_key
         run = client.create_run(self.experiment_id(), tags=all_tags,
-                                run_name=f"{asset}-{context.run_id[:8]}")
+                                run_name=f"{asset}-{context.run.run_id[:8]}")
         client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         try:
             yield run
@@ -287,10 +287,23 @@ class CheckpointStore(dg.ConfigurableResource):
         return self.resolved_root() / "reports" / profile / asset / run_id
 
 
+def resources_for(profile: str | None = None, home: Path | None = None) -> dict[str, dg.ConfigurableResource]:
+    """The resource set, optionally pinned to a profile and a home directory (tests, notebooks).
+
+    Left unset, the profile comes from K3_PROFILE and the paths from K3_HOME when a run starts.
+    """
+    if home is None:
+        return {"profile": ProfileResource(**({"name": profile} if profile else {})), "ray": RayResource(),
+                "mlflow": MlflowResource(), "store": CheckpointStore()}
+    home = Path(home).resolve()
+    return {
+        "profile": ProfileResource(**({"name": profile} if profile else {})),
+        "ray": RayResource(),
+        "mlflow": MlflowResource(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                                 artifact_root=str(home / "mlflow" / "artifacts")),
+        "store": CheckpointStore(root=str(home)),
+    }
+
+
 # The resources every run gets; `k3 run --profile`, run config or K3_PROFILE choose the profile.
-RESOURCES = {
-    "profile": ProfileResource(),
-    "ray": RayResource(),
-    "mlflow": MlflowResource(),
-    "store": CheckpointStore(),
-}
+RESOURCES = resources_for()

@@ -1,0 +1,53 @@
+"""Fixtures for the asset tests: a temporary K3 home, smoke-profile resources, the data group
+materialized once per module into an ephemeral instance, and one Ray cluster for the session."""
+
+import os
+
+import dagster as dg
+import pytest
+
+from assets.data import DATA_ASSETS
+from pipelines.resources import resources_for
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster shared by every test that trains (RayResource reuses it)."""
+    import ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=os.cpu_count(), num_gpus=0, include_dashboard=False,
+                 object_store_memory=256 << 20, log_to_driver=True)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("k3home")
+
+
+@pytest.fixture(scope="module")
+def smoke_resources(home):
+    return resources_for("smoke", home)
+
+
+@pytest.fixture(scope="module")
+def data_run(smoke_resources):
+    """(instance, result) of materializing corpus, tokenizer, clue_data and image_data on smoke."""
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(DATA_ASSETS, instance=instance, resources=smoke_resources)
+    assert result.success
+    return instance, result
+
+
+def error_text(exc: BaseException) -> str:
+    """Every message in an exception's chain (Dagster wraps the user's error in its own)."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(str(exc))
+        exc = getattr(exc, "user_exception", None) or exc.__cause__ or exc.__context__
+    return "\n".join(parts)

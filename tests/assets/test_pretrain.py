@@ -1,0 +1,159 @@
+"""Pretraining assets: checks on real checkpoints, refusal of corrupted or missing inputs, bad
+config, and one real stage trained through Ray and logged to MLflow (slow)."""
+
+import json
+
+import dagster as dg
+import pytest
+import torch
+from conftest import error_text
+from mlflow.tracking import MlflowClient
+
+from assets.data import DATA_ASSETS
+from assets.lineage import PROFILE_TAG
+from assets.pretrain import PRETRAIN_CHECKS, STAGE_ASSETS, PretrainStageConfig, base_model, clue_tables
+from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file, verify_checkpoint
+from pipelines.resources import ProfileResource
+
+
+def _checkpoint(path, seed=0):
+    torch.manual_seed(seed)
+    return save_checkpoint(path, torch.nn.Linear(4, 3).state_dict(), {"config": {"test": True}})
+
+
+def _report(instance, name, path, profile="smoke", **metadata):
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=name, metadata={"path": dg.MetadataValue.path(str(path)), **metadata},
+        tags={PROFILE_TAG: profile}))
+
+
+def _corrupt(path):
+    weights = path / WEIGHTS_FILE
+    raw = bytearray(weights.read_bytes())
+    raw[-1] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+
+
+def _check(asset_name, check_name):
+    for c in PRETRAIN_CHECKS:
+        if dg.AssetCheckKey(dg.AssetKey(asset_name), check_name) in c.check_keys:
+            return c
+    raise KeyError((asset_name, check_name))
+
+
+def _check_context(instance):
+    return dg.build_asset_check_context(resources={"profile": ProfileResource(name="smoke")}, instance=instance)
+
+
+def test_checkpoint_intact_passes_then_refuses_a_corrupted_file(tmp_path):
+    instance = dg.DagsterInstance.ephemeral()
+    info = _checkpoint(tmp_path / "ckpt")
+    _report(instance, "pretrain_stage_1", info.path)
+    check = _check("pretrain_stage_1", "checkpoint_intact")
+    result = check(_check_context(instance))
+    assert result.passed and result.metadata["sha256"].value == info.sha256
+
+    _corrupt(info.path)
+    result = check(_check_context(instance))
+    assert not result.passed
+    assert "is corrupted" in result.description and info.sha256 in result.description
+    assert sha256_file(info.path / WEIGHTS_FILE) in result.description
+
+
+def test_checkpoint_intact_without_a_checkpoint_fails():
+    result = _check("base_model", "checkpoint_intact")(_check_context(dg.DagsterInstance.ephemeral()))
+    assert not result.passed and "materialize it first" in result.description
+
+
+@pytest.mark.parametrize("first, final, passed", [(6.0, 4.5, True), (6.0, 6.2, False)])
+def test_loss_fell(tmp_path, first, final, passed):
+    instance = dg.DagsterInstance.ephemeral()
+    _report(instance, "pretrain_stage_2", tmp_path, **{"train/first_loss": first, "train/final_loss": final,
+                                                      "steps": 10})
+    result = _check("pretrain_stage_2", "loss_fell")(_check_context(instance))
+    assert result.passed is passed and result.severity == dg.AssetCheckSeverity.WARN
+    assert f"{first:.4f} → {final:.4f}" in result.description
+
+
+def test_stage_without_data_names_every_missing_asset(smoke_resources):
+    with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+            pytest.raises(dg.Failure) as err:
+        STAGE_ASSETS[0](ctx, PretrainStageConfig())
+    msg = err.value.description
+    assert "corpus, tokenizer, clue_data, image_data have not been materialized for profile 'smoke'" in msg
+    assert "--select *corpus,*tokenizer,*clue_data,*image_data" in msg
+
+
+def test_stage_refuses_to_start_from_a_corrupted_checkpoint(data_run, smoke_resources, tmp_path):
+    instance, _ = data_run
+    info = _checkpoint(tmp_path / "stage1")
+    _corrupt(info.path)
+    _report(instance, "pretrain_stage_1", info.path)
+    with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx, \
+            pytest.raises(dg.Failure) as err:
+        STAGE_ASSETS[1](ctx, PretrainStageConfig())
+    assert err.value.description.startswith("cannot start from pretrain_stage_1: checkpoint file")
+    assert "is corrupted" in err.value.description
+
+
+def test_base_model_needs_the_last_stage(smoke_resources):
+    with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+            pytest.raises(dg.Failure, match="pretrain_stage_4 has not been materialized"):
+        base_model(ctx)
+
+
+def test_invalid_stage_config_names_the_field(smoke_resources):
+    with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+            pytest.raises(dg.Failure) as err:
+        STAGE_ASSETS[0](ctx, PretrainStageConfig(balancing="sometimes"))
+    assert "ops.pretrain_stage_1.config" in err.value.description and "balancing" in err.value.description
+    with pytest.raises(Exception) as err:
+        dg.materialize(STAGE_ASSETS[:1], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
+                       run_config={"ops": {"pretrain_stage_1": {"config": {"steps": 0}}}})
+    assert "steps" in error_text(err.value)
+
+
+def test_clue_tables_split_distance_and_length():
+    ev = {"eval/clue_acc/scattered/d0-32": 1.0, "eval/clue_acc/control/d0-32": 1.0,
+          "eval/clue_acc/scattered/d32-64": 0.5, "eval/clue_acc/scattered/len64": 0.75,
+          "eval/clue_acc/scattered/len64/d0-32": 1.0, "eval/clue_acc/scattered/all": 0.75}
+    by_distance, by_length = clue_tables(ev)
+    assert by_distance.splitlines()[2:] == ["| 0-32 | 1.0 | 1.0 |", "| 32-64 | 0.5 | null |"]
+    assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null |"]
+
+
+# Smoke stage 1, short: one clue example per cell. Only the pretraining profile's own step count.
+SHORT = {"eval_examples_per_cell": 1, "log_every": 1}
+
+
+@pytest.mark.slow
+def test_stage_one_trains_on_ray_and_registers_its_checkpoint(ray_cluster, smoke_resources):
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([*DATA_ASSETS, STAGE_ASSETS[0], *PRETRAIN_CHECKS[:2]], instance=instance,
+                            resources=smoke_resources,
+                            run_config={"ops": {"pretrain_stage_1": {"config": SHORT}}})
+    assert result.success
+    md = {k: v.value for k, v in result.asset_materializations_for_node("pretrain_stage_1")[0].metadata.items()}
+    info = verify_checkpoint(md["path"])
+    assert md["sha256"] == info.sha256
+    event = instance.get_latest_materialization_event(dg.AssetKey("pretrain_stage_1")).asset_materialization
+    assert event.tags["dagster/data_version"] == info.sha256
+    # The manifest records config, code, library and data versions.
+    manifest = json.loads((info.path / "manifest.json").read_text())
+    assert manifest["config"]["pretrain"]["stage"] == 1 and manifest["config"]["pretrain"]["profile"] == "smoke"
+    assert set(manifest["data_versions"]) == {"tokenizer_path", "corpus_path", "images_path", "clue_eval_path"}
+    assert manifest["library_versions"]["torch"] and manifest["code_version"]["source_sha256"]
+    for key in ("eval/ppl", "eval/vqa_acc", "moe/load_max_over_mean", "perf/tokens_per_s", "perf/wall_s"):
+        assert key in md, key
+    assert "| distance |" in md["clue_acc_by_distance"] and "| length |" in md["clue_acc_by_length"]
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations["checkpoint_intact"] is True and "loss_fell" in evaluations
+
+    client = MlflowClient(smoke_resources["mlflow"].resolved_tracking_uri())
+    run = client.get_run(md["mlflow_run"].rsplit("/", 1)[1])
+    assert run.data.tags["dagster_run_id"] == result.run_id and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "train/main")
+    assert len(history) == md["steps"]  # logged live from the Ray task, one point per step
+    version = client.get_model_version("k3-smoke-pretrain_stage_1", md["mlflow_model"].rsplit("/", 1)[1])
+    assert version.tags["sha256"] == info.sha256 and version.run_id == run.info.run_id
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"checkpoint", "loss.png"}

@@ -1,0 +1,79 @@
+"""The `k3` command line: argument errors, params/report/bench, and headless runs (subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+
+K3 = str(Path(sys.executable).parent / "k3")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    # `k3 run` exports these; monkeypatch restores them after the test.
+    for var in ("K3_HOME", "DAGSTER_HOME", "K3_PROFILE"):
+        monkeypatch.setenv(var, "")
+    monkeypatch.setenv("K3_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _k3(args, home, timeout=600):
+    env = {**os.environ, "K3_HOME": str(home)}
+    env.pop("DAGSTER_HOME", None)
+    return subprocess.run([K3, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_rejects_an_unknown_profile(home, capsys):
+    assert main(["run", "--profile", "big"]) == 2
+    assert "--profile = 'big' is not a profile: choose one of smoke, tiny, small" in capsys.readouterr().out
+
+
+def test_run_rejects_an_unknown_asset(home):
+    with pytest.raises(SystemExit, match="--select names unknown asset 'tokeniser'"):
+        main(["run", "--profile", "smoke", "--select", "tokeniser"])
+
+
+def test_report_says_the_report_asset_does_not_exist_yet(home, capsys):
+    assert main(["report"]) == 1
+    out = capsys.readouterr().out
+    assert "the report asset" in out and "does not exist in the pipeline yet" in out
+
+
+def test_params_json(capsys):
+    assert main(["params", "--profile", "smoke", "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert counts["profile"] == "smoke" and 0 < counts["active"] <= counts["total"]
+
+
+def test_bench_lists_what_exists(capsys):
+    assert main(["bench", "no_such_benchmark"]) == 2
+    assert "no benchmark 'no_such_benchmark'" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
+    home = tmp_path / "home"
+    # An upstream that was never materialized: exit 1, and the line names what to run first.
+    failed = _k3(["run", "--profile", "smoke", "--select", "tokenizer"], home)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "✗ tokenizer: tokenizer cannot run: corpus has not been materialized for profile 'smoke'" in failed.stdout
+    assert "FAILED" in failed.stdout
+
+    ok = _k3(["run", "--profile", "smoke", "--select", "corpus,tokenizer"], home)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = ok.stdout.splitlines()
+    for name in ("corpus", "tokenizer"):
+        assert any(line.endswith(f"▶ {name}") for line in lines)
+        assert any(f"✓ {name} (" in line for line in lines)
+    assert any("◆ tokenizer materialized" in line for line in lines)
+    not_yet = next(line for line in lines if "not in the pipeline yet" in line)
+    assert "sft_policy" in not_yet and "pretrain_stage_1" not in not_yet
+    assert "k3 run: success" in lines[-1]
+    # Headless runs land in the project's instance, where the UI will find them.
+    assert (home / "dagster" / "dagster.yaml").exists() and any((home / "dagster" / "history").iterdir())
+
