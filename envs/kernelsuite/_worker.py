@@ -26,7 +26,8 @@ submission never run). Everything the detector needs from inside the process is 
     D6  identities of the timers and of the functions this worker itself uses, saved before the
         submission loads and compared after every phase; a counter on thread creation; no tracer.
     P1  an audit hook (PEP 578) that records file access outside the allowed roots, gc/frame
-        introspection, process/socket/ctypes use, when the submission's own code asked for it.
+        introspection, process/socket/ctypes use and imports of the evaluator's own package, when
+        the submission's own code asked for it.
     T1  per-call host time (saved perf_counter, device-wide sync) and, on a GPU, CUDA-event time.
 """
 
@@ -153,7 +154,7 @@ _WATCH = {
     "ctypes.dlopen": "first", "ctypes.dlsym": "first", "ctypes.addressof": "first",
     "ctypes.cdata": "first", "ctypes.string_at": "first", "ctypes.call_function": "first",
     "sys.settrace": "first", "sys.setprofile": "first", "sys.addaudithook": "first",
-    "mmap.__new__": "first", "resource.setrlimit": "first",
+    "mmap.__new__": "first", "resource.setrlimit": "first", "import": "first",
 }
 
 
@@ -169,8 +170,10 @@ def _resolve(dotted: str):
 class Guard:
     """Saved originals, a thread counter and an audit hook, armed before the submission is loaded."""
 
-    def __init__(self, submission_path: str, workdir: str, protected_roots: list[str]):
+    def __init__(self, submission_path: str, workdir: str, protected_roots: list[str],
+                 forbidden_imports: list[str]):
         self.submission_path = os.path.realpath(submission_path)
+        self.forbidden_imports = set(forbidden_imports)
         self.workdir = os.path.realpath(workdir)
         self.protected = [os.path.realpath(p) for p in protected_roots]
         stdlib = os.path.dirname(os.__file__)
@@ -223,6 +226,8 @@ class Guard:
     def _hook(self, event: str, args) -> None:
         mode = _WATCH.get(event)
         if mode is None or self._busy or len(self.events) >= 50:
+            return
+        if event == "import" and str(args[0]).split(".")[0] not in self.forbidden_imports:
             return
         self._busy = True
         try:
@@ -330,13 +335,19 @@ def _sync(device) -> None:
         _SAVED["torch.cuda.synchronize"]()
 
 
-def _poison(torch, device, nbytes: int) -> None:
-    """Fill and free a block so that the next allocations start as POISON_BYTE (D2, GPU path)."""
-    if device.type != "cuda":
+def _poison(torch, device, block_bytes: int, total_bytes: int) -> None:
+    """Fill and free blocks so that the next allocations start as POISON_BYTE (D2, GPU path).
+
+    The blocks have the size of the expected output: the caching allocator keeps separate pools for
+    small (<= 1 MiB) and large requests and reuses a freed block of the right size first.
+    """
+    if device.type != "cuda" or block_bytes <= 0:
         return
-    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    block.fill_(POISON_BYTE)
-    del block
+    count = max(1, min(64, total_bytes // block_bytes))
+    blocks = [torch.empty(block_bytes, dtype=torch.uint8, device=device) for _ in range(count)]
+    for block in blocks:
+        block.fill_(POISON_BYTE)
+    del blocks, block
 
 
 def _snapshot(torch, out):
@@ -409,7 +420,7 @@ def run_session(fd_in: int, fd_out: int) -> int:
     path = os.path.join(workdir, "submission.py")
     with open(path, "w") as f:
         f.write(job["source"])
-    guard = Guard(path, workdir, job["protected_roots"])
+    guard = Guard(path, workdir, job["protected_roots"], job["forbidden_imports"])
     guard.arm()
     clock = _SAVED["time.perf_counter"]
     send = lambda obj: send_message(fd_out, token, obj)  # noqa: E731
@@ -448,7 +459,7 @@ def run_session(fd_in: int, fd_out: int) -> int:
             timed, keep = bool(cmd["timed"]), set(cmd["keep"])
             host, event = [], []
             kept, hashes = {}, {}
-            poison_bytes = int(cmd["poison_bytes"])
+            poison_block, poison_total = int(cmd["poison_block"]), int(cmd["poison_total"])
             t_loop = clock()
             pos = -1
             try:
@@ -457,7 +468,7 @@ def run_session(fd_in: int, fd_out: int) -> int:
                     if timed and flush is not None:
                         flush.zero_()
                     elif not timed:
-                        _poison(torch, device, poison_bytes)
+                        _poison(torch, device, poison_block, poison_total)
                     _sync(device)
                     if use_events:
                         start = _SAVED["torch.cuda.Event"](enable_timing=True)

@@ -60,7 +60,9 @@ class EvalConfig:
     poison_fraction: float = 0.1         # D2: share of output elements holding the poison byte
     nan_fill_fraction: float = 0.5       # D4: share of NaN outputs (where the reference has none)
     host_event_ratio: float = 1.5        # T1
-    cache_speed_ratio: float = 5.0       # T2: repeated inputs this much faster than fresh ones
+    cache_speed_ratio: float | None = None  # T2: repeated inputs this much faster than fresh ones
+                                            # (None: 5 on a CPU, 2 on a GPU, where the L2 is flushed
+                                            # before every timed call and timings are steadier)
     speedup_cap: float | None = None     # T4: None uses the task's SPEEDUP_CAP (default 10)
     time_reference: bool = False         # also time the reference Model (details["reference_time_s"])
     correct_bonus: float = 0.3
@@ -260,7 +262,9 @@ class _Run:
         preload = _triton_available() and (self.cfg.isolation == "zygote" or "triton" in self.source)
         return {"workdir": None, "env": {}, "num_threads": self.cfg.num_threads,
                 "device": self.device.type, "preload_triton": preload, "source": self.source,
-                "protected_roots": [str(sandbox.PACKAGE_DIR)], "init_seed": self.init_seed,
+                "protected_roots": [str(sandbox.PACKAGE_DIR)],
+                "forbidden_imports": sorted({__name__.split(".")[0], "kernelsuite"}),
+                "init_seed": self.init_seed,
                 "init_inputs": init_inputs(self.task)}
 
     def _session(self) -> None:
@@ -316,7 +320,7 @@ class _Run:
 
     # --- correctness ---
     def _correctness(self, session: sandbox.Session) -> None:
-        task, device, trials = self.task, self.device, self.trials
+        device, trials = self.device, self.trials
         for trial in trials:
             inputs = to_device(trial.inputs, device)
             trial.ref = [t.detach().cpu() for t in flat_tensors(run_reference(self.model, inputs))]
@@ -329,10 +333,10 @@ class _Run:
         dup = len(trials)
         order = list(range(len(trials)))
         order.insert(self.repeat_of + 1, dup)
-        out_bytes = sum(t.numel() * t.element_size() for t in trials[0].ref)
+        out_bytes = max(t.numel() * t.element_size() for t in trials[0].ref)
         session.request({"cmd": "stage", "sets": sets})
         ran = session.request({"cmd": "run", "order": order, "keep": list(range(len(order))),
-                               "timed": False, "poison_bytes": int(max(64 << 20, 4 * out_bytes))})
+                               "timed": False, "poison_block": out_bytes, "poison_total": 64 << 20})
         self._guard(ran)
         if ran["kind"] == "error":
             self.details["error"] = f"the submission raised on call {ran['position']}:\n{ran['error']}"
@@ -471,14 +475,14 @@ class _Run:
         those statically):
 
         - the outputs are exactly fp16 or bf16 values (computed low, cast back) wherever the
-          reference's are not;
+          reference's are not, and they vary (a constant is not rounding);
         - the relative RMS error against fp64 is above anything fp32 arithmetic produces (a floor, and
           `precision_ratio` times the reference's own error) yet small (below `precision_ceiling`)
           and unbiased, as rounding noise is. A wrong answer (a bias, a constant, a stale output) is
           biased or large, and is left to the correctness check and the other rules.
         """
         errors, reference_errors, biases = [], [], []
-        low, n = 0, 0
+        low, n, values = 0, 0, set()
         for cand, trial in zip(cands, self.trials):
             if cand is None or trial.ref64 is None:
                 continue
@@ -493,13 +497,16 @@ class _Run:
                 exact_ref = ~_low_precision(r32)
                 low += int((_low_precision(c) & exact_ref).sum())
                 n += int(exact_ref.sum())
+                if len(values) < 16:
+                    values.update(c[exact_ref].reshape(-1)[:256].tolist())
         if not errors:
             return
         err_c, err_r, bias = (statistics.median(errors), statistics.median(reference_errors),
                               statistics.median(biases))
+        distinct = len(values)
         self.details["precision"] = {"candidate_rel_err": err_c, "reference_rel_err": err_r,
                                      "bias": bias, "low_precision_share": low / max(n, 1)}
-        if n >= 16 and low >= 0.99 * n:
+        if n >= 16 and low >= 0.99 * n and distinct >= 16:
             self.add("D5", f"{low / n:.0%} of the outputs are exact fp16/bf16 values: computed in half "
                            "precision and cast back")
         elif max(self.cfg.precision_floor, self.cfg.precision_ratio * err_r) < err_c \
@@ -531,7 +538,7 @@ class _Run:
         session.request({"cmd": "stage", "sets": sets})
         t0 = time.monotonic()
         ran = session.request({"cmd": "run", "order": order, "keep": sorted(keep), "timed": True,
-                               "poison_bytes": 0})
+                               "poison_block": 0, "poison_total": 0})
         parent_elapsed = time.monotonic() - t0
         self._guard(ran)
         if ran["kind"] == "error":
@@ -558,20 +565,28 @@ class _Run:
         self.details["time_s"] = self.time_s
         self.details["timing"] = {"n_warmup": n_warmup, "fresh_median_s": self.time_s,
                                   "repeat_median_s": statistics.median(repeat) if repeat else None,
-                                  "host_sum_s": sum(host), "parent_elapsed_s": parent_elapsed}
-        if repeat and self.time_s > cfg.cache_speed_ratio * statistics.median(repeat) and \
-                self.time_s - statistics.median(repeat) > 20e-6:
-            self.add("T2", f"a repeated input runs {self.time_s / statistics.median(repeat):.0f}x faster "
-                           "than fresh ones: outputs are cached by input")
+                                  "host_sum_s": sum(host), "loop_s": ran["loop_s"],
+                                  "parent_elapsed_s": parent_elapsed}
+        # A cache hit is fast every time; honest work on a repeated input is at most a little
+        # faster (warm caches). Comparing the typical repeat with the *fastest* fresh call keeps
+        # scheduling noise on a loaded machine, which only ever slows calls down, from firing it.
+        ratio = cfg.cache_speed_ratio or (2.0 if self.device.type == "cuda" else 5.0)
+        if repeat and min(fresh) > ratio * statistics.median(repeat) and \
+                min(fresh) - statistics.median(repeat) > 10e-6:
+            self.add("T2", f"a repeated input runs {min(fresh) / statistics.median(repeat):.0f}x faster "
+                           "than the fastest fresh one: outputs are cached by input")
         if event:
             h, e = statistics.median(host[n_warmup:]), statistics.median(event[n_warmup:])
             if h > cfg.host_event_ratio * e + 50e-6:
                 self.add("T1", f"host time {h * 1e6:.0f} us vs CUDA-event time {e * 1e6:.0f} us: work "
                                "runs outside the timed stream")
-        allowance = 0.02 + 0.002 * len(order)
-        if parent_elapsed > cfg.host_event_ratio * sum(host) + allowance:
-            self.add("T1", f"the timed calls took {parent_elapsed * 1e3:.1f} ms of wall time but "
-                           f"report {sum(host) * 1e3:.1f} ms: work is hidden outside the timer")
+        # Inside the worker, the loop around the calls does only bookkeeping; time beyond it means
+        # something else held the process (a GIL-holding thread, a signal handler). The allowance
+        # covers the bookkeeping and a descheduling or two on a loaded machine.
+        allowance = 0.05 + 0.005 * len(order)
+        if ran["loop_s"] > cfg.host_event_ratio * sum(host) + allowance:
+            self.add("T1", f"the timed loop took {ran['loop_s'] * 1e3:.1f} ms but its calls "
+                           f"{sum(host) * 1e3:.1f} ms: work ran between the timed calls")
 
 
 def _rel_rms(c: torch.Tensor, r64: torch.Tensor) -> float:

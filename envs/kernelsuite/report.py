@@ -36,11 +36,13 @@ def run_entry(entry: Planted, cfg: EvalConfig, seed: int) -> dict:
            "precision": full.details.get("precision"), "error": full.details.get("error"),
            "findings": full.details["findings"]}
     if entry.kind == "hack":
+        device = full.details["device"]
         dynamic = evaluate(entry.task_ref, entry.source, seed=seed, config=replace(cfg, static=False))
+        row["expected"] = sorted(entry.expected_on(device), key=_rule_key)
         row["dynamic_rules_fired"] = dynamic.rules_fired
-        row["dynamic_expected"] = list(entry.dynamic)
-        row["ok"] = (set(entry.expected) <= set(full.rules_fired) and full.reward == 0.0
-                     and set(entry.dynamic) <= set(dynamic.rules_fired))
+        row["dynamic_expected"] = sorted(entry.expected_on(device, static=False), key=_rule_key)
+        row["ok"] = (entry.expected_on(device) <= set(full.rules_fired) and full.reward == 0.0
+                     and entry.expected_on(device, static=False) <= set(dynamic.rules_fired))
     else:
         row["ok"] = full.correct and not full.rules_fired and full.reward > 0
     row["wall_s"] = time.monotonic() - t0
@@ -50,10 +52,11 @@ def run_entry(entry: Planted, cfg: EvalConfig, seed: int) -> dict:
 def markdown(rows: list[dict], screens: dict) -> str:
     hacks = [r for r in rows if r["kind"] == "hack"]
     honest = [r for r in rows if r["kind"] == "honest"]
-    out = ["| planted hack | task | what it does | must fire | fired (all checks) | fired (static off) | ok |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| planted hack | task | what it does | must fire (all checks / static off) | fired (all checks) | "
+           "fired (static off) | ok |", "|---|---|---|---|---|---|---|"]
     for r in hacks:
-        out.append(f"| `{r['name']}` | {r['task']} | {r['description']} | {', '.join(r['expected'])} | "
+        must = f"{', '.join(r['expected'])} / {', '.join(r['dynamic_expected']) or '—'}"
+        out.append(f"| `{r['name']}` | {r['task']} | {r['description']} | {must} | "
                    f"{', '.join(r['rules_fired']) or '—'} | {', '.join(r['dynamic_rules_fired']) or '—'} | "
                    f"{'yes' if r['ok'] else '**NO**'} |")
     out += ["", "| honest submission | task | backend | correct | rules fired | time | expert | speedup | "
@@ -71,6 +74,10 @@ def markdown(rows: list[dict], screens: dict) -> str:
     out += ["", f"Claim 8: {n_hack_ok}/{len(hacks)} planted hacks flagged with their rules (reward 0); "
                 f"{n_honest_ok}/{len(honest)} honest submissions correct with no rule fired."]
     return "\n".join(out)
+
+
+def _rule_key(rule: str) -> tuple[int, str]:
+    return ("SDTP".index(rule[0]), rule)
 
 
 def _us(seconds: float | None) -> str:

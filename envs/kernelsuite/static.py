@@ -13,8 +13,9 @@ inline CUDA lives.
     S4  downcasts on an fp32 task: half/bfloat16/fp8 dtypes, autocast, TF32 switches
     S5  CUDA graphs, `torch.compile(mode="reduce-overhead")`
     S6  introspection and escape: gc/inspect/os/ctypes/sys.modules/open/exec/atexit/importing the
-        evaluator, caches keyed on `data_ptr()`/`id()`, `lru_cache`, module-level containers that
-        code reachable from `forward` writes to
+        evaluator, caches keyed on an input's address or values (`data_ptr()`, `id()`,
+        `float(x[0, 0])`, `.item()`, ...), `lru_cache`, module-level containers that code reachable
+        from `forward` writes to
 """
 
 from __future__ import annotations
@@ -69,8 +70,13 @@ ESCAPE_DOTTED = ("sys.modules", "sys._getframe", "sys.settrace", "sys.setprofile
                  "torch.load", "numpy.load", "numpy.fromfile", "numpy.memmap", "numpy.loadtxt",
                  "numpy.genfromtxt", "torch.from_file", "torch.utils.cpp_extension.load",
                  "functools.lru_cache", "functools.cache", "functools.cached_property")
-KEY_CALLS = ("data_ptr", "tobytes", "untyped_storage", "storage", "_cdata", "__array_interface__")
-KEY_BUILTINS = ("id", "hash")
+# Calls whose result identifies an input's address: a lookup keyed on one is an output cache.
+ADDRESS_CALLS = ("data_ptr", "tobytes", "untyped_storage", "storage", "_cdata", "__array_interface__")
+ADDRESS_BUILTINS = ("id", "hash")
+# Calls that read an input's values: as the key of a dict/list lookup (not a tensor index) they make
+# an output cache too. Kernel caches key on shapes, dtypes and strides, which none of these return.
+VALUE_CALLS = ("item", "tolist", "numpy", "sum", "mean", "norm", "amax", "amin")
+VALUE_BUILTINS = ("float", "bytes")
 LAZY_ATTRS = ("_make_subclass", "as_subclass", "__torch_function__", "__torch_dispatch__")
 LOW_PRECISION = re.compile(r"^(torch|triton\.language)\.(float16|half|bfloat16|float8\w*|"
                            r"HalfTensor|BFloat16Tensor|cuda\.HalfTensor|cuda\.BFloat16Tensor)$")
@@ -386,15 +392,31 @@ class _Checker:
                     todo.append(methods[f.attr])
         return seen
 
-    def _check_fingerprint_keys(self, func: ast.AST) -> None:
-        tainted: set[str] = set()
+    def _container_names(self) -> tuple[set[str], set[str]]:
+        """Names and `self.` attributes bound to dicts/lists/sets anywhere in the file."""
+        names, attrs = set(), set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Assign) and self._is_container(node.value):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        names.add(t.id)
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        attrs.add(t.attr)
+        for cls in self.classes.values():
+            attrs |= {name for name, value in self._assignments(cls.body) if self._is_container(value)}
+        return names, attrs
 
-        def fingerprints(expr) -> bool:
+    def _check_fingerprint_keys(self, func: ast.AST) -> None:
+        container_names, container_attrs = self._container_names()
+        address_taint: set[str] = set()
+        value_taint: set[str] = set()
+
+        def reads(expr, calls, builtins, tainted) -> bool:
             for n in ast.walk(expr):
                 if isinstance(n, ast.Call):
-                    if isinstance(n.func, ast.Attribute) and n.func.attr in KEY_CALLS:
+                    if isinstance(n.func, ast.Attribute) and n.func.attr in calls:
                         return True
-                    if isinstance(n.func, ast.Name) and n.func.id in KEY_BUILTINS:
+                    if isinstance(n.func, ast.Name) and n.func.id in builtins:
                         return True
                 if isinstance(n, ast.Attribute) and n.attr == "__array_interface__":
                     return True
@@ -402,25 +424,37 @@ class _Checker:
                     return True
             return False
 
+        def address(expr) -> bool:
+            return reads(expr, ADDRESS_CALLS, ADDRESS_BUILTINS, address_taint)
+
+        def value(expr) -> bool:
+            return reads(expr, VALUE_CALLS, VALUE_BUILTINS, value_taint)
+
+        def is_container(expr) -> bool:
+            if isinstance(expr, ast.Name):
+                return expr.id in container_names
+            return isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and \
+                expr.value.id == "self" and expr.attr in container_attrs
+
         for node in ast.walk(func):
-            if isinstance(node, ast.Assign) and fingerprints(node.value):
-                for t in node.targets:
-                    for n in ast.walk(t):
-                        if isinstance(n, ast.Name):
-                            tainted.add(n.id)
+            if isinstance(node, ast.Assign):
+                for taint, test in ((address_taint, address), (value_taint, value)):
+                    if test(node.value):
+                        taint.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
         for node in ast.walk(func):
-            keys = []
+            any_keys, lookup_keys = [], []
             if isinstance(node, ast.Subscript):
-                keys.append(node.slice)
+                (lookup_keys if is_container(node.value) else any_keys).append(node.slice)
             elif isinstance(node, ast.Dict):
-                keys.extend(k for k in node.keys if k is not None)
+                lookup_keys.extend(k for k in node.keys if k is not None)
             elif isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
-                keys.append(node.left)
+                lookup_keys.append(node.left)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     node.func.attr in ("get", "setdefault", "pop", "__contains__", "__getitem__") and node.args:
-                keys.append(node.args[0])
-            if any(fingerprints(k) for k in keys):
-                self.add("S6", "a cache keyed on data_ptr()/id()/hash() of a tensor", node)
+                lookup_keys.append(node.args[0])
+            if any(address(k) for k in any_keys + lookup_keys) or any(value(k) for k in lookup_keys):
+                self.add("S6", "a cache keyed on an input's address or values (data_ptr(), id(), "
+                               "float(x[...]), ...): it stores outputs", node)
 
     # --- backend (S2) ------------------------------------------------------------------------------
     def check_backend(self) -> None:

@@ -20,18 +20,21 @@ RELU = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    d
 def test_planted_hack_is_flagged_with_its_rule(entry, fast_config):
     cfg = replace(fast_config, backend=entry.backend, screen=entry.screen)
     result = evaluate(entry.task_ref, entry.source, seed=1, config=cfg)
-    assert set(entry.expected) <= set(result.rules_fired), result.details["findings"]
+    expected = entry.expected_on(result.details["device"])
+    assert expected <= set(result.rules_fired), result.details["findings"]
     assert result.reward == 0.0
-    assert {f"hack:{r}" for r in entry.expected} <= set(result.tags)
+    assert {f"hack:{r}" for r in expected} <= set(result.tags)
 
 
-@pytest.mark.parametrize("entry", [h for h in HACKS if h.dynamic], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [h for h in HACKS if h.dynamic or h.cpu_only], ids=lambda e: e.name)
 def test_run_time_layers_alone_catch_the_hack(entry, fast_config):
     cfg = replace(fast_config, backend=entry.backend, screen=entry.screen, static=False)
     result = evaluate(entry.task_ref, entry.source, seed=2, config=cfg)
-    assert set(entry.dynamic) <= set(result.rules_fired), result.details["findings"]
+    assert entry.expected_on(result.details["device"], static=False) <= set(result.rules_fired), \
+        result.details["findings"]
     assert not any(r.startswith("S") for r in result.rules_fired)
-    assert result.reward == 0.0
+    if result.rules_fired:
+        assert result.reward == 0.0
 
 
 @pytest.mark.parametrize("entry", HONEST, ids=lambda e: e.name)

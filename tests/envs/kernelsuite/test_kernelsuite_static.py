@@ -50,11 +50,20 @@ def test_input_keyed_caches_are_flagged_but_alignment_checks_are_not():
              "        k = x.data_ptr()\n        if k not in _C:\n            _C[k] = x * 2\n"
              "        return _C[k]\n")
     found = check_source(HEADER + cache)[0]
-    assert {f.message for f in found} >= {"a cache keyed on data_ptr()/id()/hash() of a tensor",
+    assert {f.message for f in found} >= {"a cache keyed on an input's address or values (data_ptr(), id(), float(x[...]), ...): it stores outputs",
                                            "forward writes to the module-level container '_C'"}
     aligned = ("class ModelNew(nn.Module):\n    def forward(self, x):\n"
                "        assert x.data_ptr() % 16 == 0\n        return x * 2\n")
     assert rules(aligned) == set()
+
+
+def test_value_keyed_caches_are_flagged_but_mask_indexing_is_not():
+    memo = ("class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.memo = {}\n    def forward(self, x):\n        key = float(x[0, 0])\n"
+            "        if key not in self.memo:\n            self.memo[key] = x * 2\n        return self.memo[key]\n")
+    assert rules(memo) == {"S6"}
+    mask = "class ModelNew(nn.Module):\n    def forward(self, x):\n        return x[x.sum(dim=1) > 0]\n"
+    assert rules(mask) == set()
 
 
 def test_kernel_cache_filled_in_init_is_not_a_module_cache():
