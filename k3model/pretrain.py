@@ -56,6 +56,8 @@ class PretrainConfig:
     log_every: int = 10
     eval_examples_per_cell: int = 8
     eval_max_length: int | None = None  # longest clue-eval length to score; None: every length
+    eval_ppl_windows: int = 8
+    eval_vqa_questions: int = 64
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
 
     def __post_init__(self) -> None:
@@ -132,7 +134,7 @@ def train_step(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, g
     for moe in model.moe_layers():
         loads.append(moe.load_max_over_mean())
         moe.update_bias()
-    metrics = {f"train/{k.split('/', 1)[1]}": float(v) for k, v in losses.items()}
+    metrics = {f"train/{k.split('/', 1)[1]}": float(v.detach()) for k, v in losses.items()}
     metrics["train/grad_norm"] = float(grad_norm)
     if loads:
         metrics["moe/load_max_over_mean"] = sum(loads) / len(loads)
@@ -219,7 +221,8 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     # ---- final evaluation and checkpoint
     eval_metrics = evaluate(model, data, stage.model, device=device, seed=cfg.seed,
                             examples_per_cell=cfg.eval_examples_per_cell,
-                            max_length=cfg.eval_max_length)
+                            max_length=cfg.eval_max_length, ppl_windows=cfg.eval_ppl_windows,
+                            vqa_questions=cfg.eval_vqa_questions)
     eval_metrics["perf/tokens_per_s"] = timed_tokens / max(timed_seconds, 1e-9)
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
     eval_metrics["train/tokens_seen"] = float(tokens_seen)

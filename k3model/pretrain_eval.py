@@ -43,13 +43,14 @@ def answer_is_argmax(model: K3Model, prompt_ids, answer_ids, device: str, images
 
 
 @torch.no_grad()
-def heldout_perplexity(model: K3Model, data: PretrainData, device: str, length: int = PPL_LENGTH) -> float:
+def heldout_perplexity(model: K3Model, data: PretrainData, device: str, length: int = PPL_LENGTH,
+                       windows: int = PPL_WINDOWS) -> float:
     eos = data.tokenizer.token_to_id(EOS)
     texts = split_texts(data.corpus, "heldout")
     stream = [t for doc in encode_batch(data.tokenizer, texts) for t in (*doc, eos)]
     if len(stream) < length + 1:
         raise ValueError(f"the held-out split has {len(stream)} tokens, fewer than one {length}-token window")
-    starts = np.linspace(0, len(stream) - length - 1, PPL_WINDOWS).astype(int)
+    starts = np.linspace(0, len(stream) - length - 1, windows).astype(int)
     nll, count = 0.0, 0
     for s in starts:
         window = torch.tensor([stream[s: s + length + 1]], device=device)
@@ -83,12 +84,13 @@ def clue_accuracy(model: K3Model, data: PretrainData, device: str, examples_per_
     return {f"eval/clue_acc/{key}": sum(v) / len(v) for key, v in sorted(hits.items())}
 
 
-def vqa_accuracy(model: K3Model, data: PretrainData, cfg: ModelConfig, device: str) -> dict[str, float]:
+def vqa_accuracy(model: K3Model, data: PretrainData, cfg: ModelConfig, device: str,
+                 questions: int = VQA_QUESTIONS) -> dict[str, float]:
     if cfg.vision is None:
         return {}
     table = vqa_eval_set(PackingConfig(image_tokens=cfg.vision.tokens_per_image), tokenizer=data.tokenizer,
                          images=data.images)
-    n = min(VQA_QUESTIONS, len(table))
+    n = min(questions, len(table))
     image_token = data.tokenizer.token_to_id(IMAGE)
     rows = table.slice(0, n).to_pylist()
     correct = 0
@@ -99,9 +101,10 @@ def vqa_accuracy(model: K3Model, data: PretrainData, cfg: ModelConfig, device: s
 
 
 def evaluate(model: K3Model, data: PretrainData, cfg: ModelConfig, device: str, seed: int = 0,
-             examples_per_cell: int = 8, max_length: int | None = None) -> dict[str, float]:
+             examples_per_cell: int = 8, max_length: int | None = None, ppl_windows: int = PPL_WINDOWS,
+             vqa_questions: int = VQA_QUESTIONS) -> dict[str, float]:
     model.eval()
-    metrics = {"eval/ppl": heldout_perplexity(model, data, device)}
+    metrics = {"eval/ppl": heldout_perplexity(model, data, device, windows=ppl_windows)}
     metrics.update(clue_accuracy(model, data, device, examples_per_cell, max_length))
-    metrics.update(vqa_accuracy(model, data, cfg, device))
+    metrics.update(vqa_accuracy(model, data, cfg, device, vqa_questions))
     return metrics

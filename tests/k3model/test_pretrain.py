@@ -1,0 +1,95 @@
+"""Pretraining: the loss falls on the tiny profile, resume is exact, bad config is rejected."""
+
+import pytest
+import torch
+
+import datagen
+from datagen.build import build_all
+from k3model.checkpoint import load_checkpoint
+from k3model.pretrain import PretrainConfig, train
+from k3model.pretrain_data import PretrainData, StageBatches
+from k3model.config import get_profile
+from k3model.schedule import lr_at
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    cfg = datagen.presets("smoke")
+    build_all(cfg, out)
+    return PretrainData(out / "tokenizer.json", out / "corpus.parquet", out / "images.parquet",
+                        out / "clue_eval.parquet", clues=cfg.clues)
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    lrs = [lr_at(s, 100, 1.0, 10, 0.1) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_fifty_tiny_steps_make_the_loss_fall(smoke_data, tmp_path):
+    cfg = PretrainConfig(profile="tiny", stage=1, steps=50, batch_size=8, eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4,
+                         eval_max_length=64, log_every=50)
+    result = train(cfg, smoke_data, tmp_path)
+    first = sum(h["train/main"] for h in result.history[:5]) / 5
+    last = sum(h["train/main"] for h in result.history[-5:]) / 5
+    assert last < first - 1.5, (first, last)
+    assert result.eval["eval/ppl"] < 400
+    assert 0.0 <= result.eval["eval/vqa_acc"] <= 1.0
+    assert any(k.startswith("eval/clue_acc/scattered/") for k in result.eval)
+
+
+def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(smoke_data, tmp_path):
+    cfg = PretrainConfig(profile="smoke", stage=1, steps=4, ckpt_every=2, eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4,
+                         eval_max_length=64)
+    full = train(cfg, smoke_data, tmp_path / "full")
+    partial = train(cfg, smoke_data, tmp_path / "killed", stop_after=3)  # dies after step 3
+    assert partial.eval == {}
+    resumed = train(cfg, smoke_data, tmp_path / "killed")
+    assert resumed.resumed_from_step == 2
+    a, _ = load_checkpoint(full.checkpoint_dir)
+    b, _ = load_checkpoint(resumed.checkpoint_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [h["train/main"] for h in full.history] == [h["train/main"] for h in resumed.history]
+
+
+def test_next_stage_starts_from_the_previous_weights(smoke_data, tmp_path):
+    s1 = train(PretrainConfig(profile="smoke", stage=1, steps=1, eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4,
+                              eval_max_length=64), smoke_data, tmp_path / "s1")
+    s2 = train(PretrainConfig(profile="smoke", stage=2, steps=1, eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4,
+                              eval_max_length=64, lr=1e-12), smoke_data, tmp_path / "s2",
+               init_checkpoint=s1.checkpoint_dir)
+    w1, _ = load_checkpoint(s1.checkpoint_dir)
+    w2, manifest = load_checkpoint(s2.checkpoint_dir)
+    # With a vanishing learning rate the stage-2 weights are the stage-1 weights.
+    assert torch.allclose(w1["embed.weight"], w2["embed.weight"], atol=1e-6)
+    assert manifest["config"]["resolved"]["seq_len"] == get_profile("smoke").stages[1].seq_len
+    assert set(manifest["data_versions"]) == {"tokenizer_path", "corpus_path", "images_path", "clue_eval_path"}
+
+
+def test_batches_carry_images_in_placeholder_order(smoke_data):
+    cfg = get_profile("smoke").model
+    batches = StageBatches(smoke_data, cfg, seq_len=128, batch_size=4, seed=0, stage=2,
+                           clue_fraction=0.0, image_fraction=1.0)
+    batches.pack(4)
+    batch = batches.batch(0)
+    assert batch.images is not None
+    assert int(batch.image_mask.sum()) == batch.images.shape[0] * cfg.vision.tokens_per_image
+    # Placeholders are never targets.
+    assert not (batch.labels[:, :-1][batch.image_mask[:, 1:]] != -100).any()
+
+
+@pytest.mark.parametrize("field, value", [("stage", 5), ("profile", "giant"), ("steps", 0),
+                                          ("clue_fraction", 1.5)])
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field if field != "profile" else "unknown profile"):
+        PretrainConfig(**{field: value})
+
+
+def test_missing_data_says_which_asset_to_materialize(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer_path.*materialize"):
+        PretrainData(tmp_path / "nope.json", tmp_path, tmp_path, tmp_path)
