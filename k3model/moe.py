@@ -250,7 +250,10 @@ class LatentMoE(nn.Module):
         affinities, all in fp32.
         """
         k = self.cfg.top_k
-        s_ME = torch.sigmoid(F.linear(x_MD.float(), self.router.weight.float()))
+        # fp32 even under autocast: selection compares scores that can differ by less than bf16's
+        # resolution, and the bias steps are ~1e-3.
+        with torch.autocast(device_type=x_MD.device.type, enabled=False):
+            s_ME = torch.sigmoid(F.linear(x_MD.float(), self.router.weight.float()))
         biased_ME = s_ME.detach() + self.expert_bias_E.float()
         n_pick = min(k + 1, self.cfg.n_routed)
         top_vals_MP, top_ids_MP = torch.topk(biased_ME, n_pick, dim=-1, sorted=True)

@@ -293,3 +293,17 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match="expert_hidden"):
         LatentMoE(small_cfg(qat=True, expert_hidden=40))
     LatentMoE(small_cfg(top_k=8, balancing="none"))
+
+
+def test_router_stays_fp32_under_autocast():
+    torch.manual_seed(7)
+    moe = LatentMoE(small_cfg()).train()
+    x = torch.randn(2, 33, 48)
+    ids_ref, p_ref, _, s_ref = moe.route(x.reshape(-1, 48))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ids, p, _, s = moe.route(x.reshape(-1, 48))
+        y = moe(x)
+    assert s.dtype == torch.float32 and p.dtype == torch.float32
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    assert torch.equal(ids, ids_ref)
+    assert y.shape == x.shape and torch.isfinite(y).all()
