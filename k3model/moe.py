@@ -64,8 +64,9 @@ from k3model.config import MoEConfig
 BALANCING_MODES = ("quantile", "deepseek", "none")
 QUANTILE_METHODS = ("histogram", "exact")
 MX_BLOCK = 32
-# K3's margin histogram: 512 bins over [−1, 1]. Sigmoid scores lie in (0, 1), so margins of
-# experts near the cutoff fall inside this range while the biases stay within ±1.
+# K3's margin histogram: 512 bins over [−1, 1]. Biased margins m + b sit around the selection
+# threshold 0 whatever the bias, and sigmoid scores differ by less than 1, so the quantile falls
+# inside; if it ever fell in an edge bin, one update would move a bias by at most ~1.
 HIST_BINS = 512
 HIST_RANGE = (-1.0, 1.0)
 LATENT_NORM_EPS = 1e-6
