@@ -34,7 +34,7 @@ test-fast: setup
 
 bench: setup
 	$(BIN)/k3 bench kda_cpu
-	$(BIN)/k3 bench train_cpu
+	$(BIN)/k3 bench train_step
 
 ui: setup
 	$(BIN)/k3 ui

@@ -193,15 +193,18 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="small")
-    parser.add_argument("--lengths", default="512,65536")
-    parser.add_argument("--tokens-per-step", type=int, default=65536)
+    parser.add_argument("--profile", default=None, help="default: small on a GPU, tiny on the CPU")
+    parser.add_argument("--lengths", default=None, help="default: the profile's stage-1 and stage-4 lengths")
+    parser.add_argument("--tokens-per-step", type=int, default=None, help="default: the stage-4 length")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
-    results = bench(args.profile, [int(x) for x in args.lengths.split(",")], args.tokens_per_step,
-                    args.warmup, args.reps)
+    profile = args.profile or ("small" if torch.cuda.is_available() else "tiny")
+    stages = get_profile(profile).stages
+    lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
+               else [stages[0].seq_len, stages[-1].seq_len])
+    results = bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"wrote {args.out}")
