@@ -150,13 +150,17 @@ if triton is not None:
         return tl.reshape(v, [w.shape[0], w.shape[1], 32])
 
     @triton.jit
-    def _gemv_rows(q_rows, s_rows, n_ok, kb, g_ok, w4, xv):
-        """Sum over one loop step for some rows: [R, G] block dot products times their scales."""
+    def _gemv_load(q_rows, s_rows, n_ok, kb, g_ok, w4):
         words = tl.load(q_rows + kb[None, :, None] * 4 + w4[None, None, :],
                         mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127)
+        return words, e
+
+    @triton.jit
+    def _gemv_block_sums(words, e, xv):
+        """[R, G] block dot products (codes x x) times their block scales."""
         part = tl.sum(_e2m1_words_to_f32(words) * xv[None, :, :], axis=2)
-        e = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127).to(tl.int32)
-        return part * _e8m0_to_f32(e)
+        return part * _e8m0_to_f32(e.to(tl.int32))
 
     @triton.jit
     def _mx_gemv_kernel(
@@ -164,9 +168,11 @@ if triton is not None:
         N, K, KB, KB_PER_SPLIT,
         stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
         ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUPS: tl.constexpr,
+        GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
     ):
-        """q_ptr: the packed codes as int32 words [N, Kp / 8] (stride_qn in words)."""
+        """q_ptr: the packed codes as int32 words [N, Kp / 8] (stride_qn in words).
+        PREFETCH issues the next step's weight loads before this step's arithmetic (more bytes in
+        flight per thread, more registers)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -189,13 +195,28 @@ if triton is not None:
         acc_a = tl.zeros([HALF, GROUPS], dtype=tl.float32)
         acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
         # The last split may hold fewer blocks: those past KB are masked.
+        if PREFETCH:
+            kb = kb_lo + g
+            wa, ea = _gemv_load(qa, sa, a_ok, kb, kb < KB, w4)
+            wb, eb = _gemv_load(qb, sb, b_ok, kb, kb < KB, w4)
         for it in range(0, ITERS):
             kb = kb_lo + it * GROUPS + g
             g_ok = kb < KB
             k = kb[:, None] * 32 + j32[None, :]
             xv = tl.load(x_row + k, mask=g_ok[:, None] & (k < K), other=0.0).to(tl.float32)  # [G, 32]
-            acc_a += _gemv_rows(qa, sa, a_ok, kb, g_ok, w4, xv)
-            acc_b += _gemv_rows(qb, sb, b_ok, kb, g_ok, w4, xv)
+            if PREFETCH:
+                kn = kb + GROUPS
+                n_ok = (kn < KB) & (it + 1 < ITERS)
+                wa_n, ea_n = _gemv_load(qa, sa, a_ok, kn, n_ok, w4)
+                wb_n, eb_n = _gemv_load(qb, sb, b_ok, kn, n_ok, w4)
+                acc_a += _gemv_block_sums(wa, ea, xv)
+                acc_b += _gemv_block_sums(wb, eb, xv)
+                wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
+            else:
+                wa, ea = _gemv_load(qa, sa, a_ok, kb, g_ok, w4)
+                wb, eb = _gemv_load(qb, sb, b_ok, kb, g_ok, w4)
+                acc_a += _gemv_block_sums(wa, ea, xv)
+                acc_b += _gemv_block_sums(wb, eb, xv)
         ya = tl.sum(acc_a, axis=1) * 16384.0
         yb = tl.sum(acc_b, axis=1) * 16384.0
 
@@ -301,6 +322,7 @@ class GemvConfig:
     groups: int = 8       # 32-blocks of K per loop iteration (GROUPS * 16 bytes of codes per row)
     split_k: int = 4      # programs along K (rounded so each holds a multiple of `groups` blocks)
     num_warps: int = 4
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -343,7 +365,7 @@ def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
     """70 registers per thread allow 7 programs of 4 warps per SM: fill exactly one wave."""
     cfg = GemvConfig(block_n=32, groups=8, num_warps=4)
     split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 7, _sm_count(device))
-    return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps)
+    return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps, cfg.prefetch)
 
 
 def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
@@ -397,7 +419,7 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
         n, k, kb, per,
         x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
         ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
-        GROUPS=cfg.groups, num_warps=cfg.num_warps,
+        GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
     )
     if splits > 1:
         _reduce_splits(target, bias, out)

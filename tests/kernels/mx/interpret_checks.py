@@ -42,7 +42,8 @@ def check_gemv():
     # N not a multiple of BLOCK_N, K padded (80 -> 96), split-K with a ragged last split.
     for m, n, k, cfg in [(1, 40, 96, GemvConfig(block_n=16, groups=2, split_k=1)),
                          (3, 40, 80, GemvConfig(block_n=16, groups=2, split_k=2)),
-                         (2, 33, 224, GemvConfig(block_n=32, groups=2, split_k=3))]:
+                         (2, 33, 224, GemvConfig(block_n=32, groups=2, split_k=3)),
+                         (1, 40, 224, GemvConfig(block_n=16, groups=2, split_k=2, prefetch=True))]:
         x, wq, bias = _problem(m, n, k, seed=m * 100 + n)
         for b in (None, bias):
             out = torch.full((m, n), float("nan"))  # poisoned: every element must be written
