@@ -105,8 +105,10 @@ class _Progress(threading.Thread):
         elif ev.event_type == DagsterEventType.ASSET_MATERIALIZATION:
             mat = ev.event_specific_data.materialization
             md = mat.metadata
-            bits = [f"{k}={md[k].value:.4g}" if isinstance(md[k].value, float) else f"{k}={md[k].value}"
-                    for k in ("rows", "eval/ppl", "perf/wall_s") if k in md]
+            shown = {"dagster/row_count": "rows", "eval/ppl": "ppl", "eval/clue_acc/scattered/all": "clue_acc",
+                     "perf/wall_s": "wall_s"}
+            bits = [f"{label}={md[k].value:.4g}" if isinstance(md[k].value, float) else f"{label}={md[k].value}"
+                    for k, label in shown.items() if k in md]
             version = (ev.event_specific_data.materialization.tags or {}).get("dagster/data_version", "")
             if version:
                 bits.append(f"version={version[:12]}")
@@ -128,7 +130,14 @@ def _root_message(err) -> str:
     """The innermost cause of a SerializableErrorInfo: the user's own message, not Dagster's wrapper."""
     while err is not None and err.cause is not None:
         err = err.cause
-    return err.message.strip() if err is not None else "unknown error"
+    if err is None:
+        return "unknown error"
+    # The message reads "<module>.<Class>: text"; a Failure's text is the whole story.
+    text = err.message.strip()
+    head, sep, rest = text.partition(": ")
+    if sep and head.endswith(err.cls_name):
+        text = rest if err.cls_name == "Failure" else f"{err.cls_name}: {rest}"
+    return text
 
 
 def cmd_run(args: argparse.Namespace) -> int:
