@@ -1,32 +1,35 @@
-"""Triton kernels: MXFP4-weight matmul (weights dequantized in-kernel) and fused MX fake-quant.
+"""Triton kernels: MXFP4-weight matmul (weights decoded in-kernel), MXFP4 -> bf16 dequant, fused fake-quant.
 
     y[m, n] = sum_k x'[m, k] * W[n, k] (+ bias[n]),   W[n, k] = P[n, k] * 2^(E[n, k // 32] - 127)
 
-W is an MXTensor in fp4_e2m1 [N, K] (blocks of 32 along K, two codes per byte, low nibble first);
-x' is x rounded to bf16, or its MXFP8 (E4M3) fake-quantization, made by _fake_quant_kernel
-(Hopper has no MX tensor-core instructions, so MXFP8 activations are exact bf16 values in the dot).
+W is an MXTensor in fp4_e2m1 [N, K] (blocks of 32 along K, two codes per byte, low nibble first),
+read by the kernels as int32 words of 8 codes; x' is x rounded to bf16, or its MXFP8 (E4M3)
+fake-quantization made by _fake_quant_kernel (Hopper has no MX tensor-core instructions, so MXFP8
+activations enter the dot as their exact bf16 values).
 
-Decoding an E2M1 code c (sign s, exponent e, mantissa m) costs a few integer ops: its magnitude
-bits, shifted to the top of an fp16 exponent/mantissa field, form the fp16 number c * 2^-14
-exactly (E2M1's subnormal 0.5 lands on fp16's subnormal 2^-15):
+Decoding (_e2m1_words_to_f32): an E2M1 code c read as fp16 bits (c & 7) << 9 | (c & 8) << 12 is
+exactly value(c) * 2^-14 (E2M1's subnormal 0.5 lands on fp16's subnormal 2^-15). Two codes are
+placed per 32-bit operation: for the low nibbles a of a word, ((a << 9) | (a << 12)) & 0x8E008E00
+is an fp16 pair holding codes 0 and 4 (inside the mask the two shifts never overlap), and so on.
+On sm_90 this is about 5.7 instructions per weight value in the GEMV loop, down from 9.6 with one
+code per operation (docs/log/mx.md). The 2^14 is applied once per output. The E8M0 scale is built
+from its bits: fp32 bits E << 23 is 2^(E-127); E = 0 and 0xFF get mantissa 0x400000 (2^-127, NaN).
 
-    fp16_bits = (c & 7) << 9 | (c & 8) << 12,   value(c) = fp16(fp16_bits) * 2^14
-
-The 2^14 is applied once per output instead of per weight. The E8M0 scale is built from its
-bits: fp32_bits = E << 23 (2^(E-127)); E = 0 and E = 0xFF get mantissa 0x400000 (2^-127 and NaN).
-
-Two matmul kernels, one per regime (benchmarks/mx.py measures both; docs/log/mx.md has the figures):
-- _mx_gemv_kernel (decode, M <= GEMV_MAX_M): one program per (BLOCK_N rows of W, row of x, K split);
-  CUDA cores, no tensor cores: each 32-block's partial dot products are summed before its scale
-  is applied, and split-K spreads a 1 x 7168 x 7168 product over ~900 programs so every SM streams
-  weights. Split partials go to an fp32 buffer [S, M, N] summed by _splitk_reduce_kernel
-  (deterministic, unlike atomics).
-- _mx_gemm_kernel (M > GEMV_MAX_M): tiles acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on the tensor
-  cores ("swap AB": the dequantized weight is the register operand, the small M is the dot's N).
+Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
+- _mx_gemv_kernel (decode, M <= GEMV_MAX_M): CUDA cores; one program per (BLOCK_N rows of W, row
+  of x, K split); each 32-block's dot product is summed before its scale is applied; two row
+  halves share each converted x value; split-K fills the SMs (a 1 x 7168 x 7168 product runs as
+  ~900 programs, one wave) and _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed
+  order (deterministic, unlike atomics).
+- _mx_gemm_kernel (GEMV_MAX_M < M <= GEMM_MAX_M): acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on
+  the tensor cores ("swap AB": the decoded weight is the register operand, the small M is the
+  dot's N), split-K as above.
+- _mx_dequant_kernel: W to bf16 in one pass (exact), for prefill, where cuBLAS's bf16 GEMM then
+  beats any fused kernel here.
 
 Under TRITON_INTERPRET=1 (the CPU tests) the dot runs in fp32: the interpreter multiplies bf16
-operands as raw uint16 integers. The dequantized weights and the activations are exact in bf16,
-so only the accumulation order differs from the GPU.
+operands as raw uint16 integers. The decoded weights and the activations are exact in bf16, so
+only the accumulation order differs from the GPU.
 """
 
 from __future__ import annotations
