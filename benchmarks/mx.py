@@ -228,6 +228,24 @@ def time_calls(fns, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def measure_ceilings(dev, smoke: bool) -> dict:
+    """A device-to-device copy (bytes read + written) and a large bf16 GEMM, in this run."""
+    a = torch.empty(2**29 if not smoke else 2**20, device=dev, dtype=torch.bfloat16).normal_()
+    b = torch.empty_like(a)
+    # Warm the clocks first: a 30 ms measurement straight after the host-side checks read
+    # 2.77 TB/s on 2026-11-29 while bf16 cuBLAS then streamed 3.2 TB/s.
+    for _ in range(3):
+        time_calls([lambda: b.copy_(a)] * 20, reps=5)
+    ms = time_calls([lambda: b.copy_(a)] * 8, reps=20)
+    out = {"copy_GBps": round(2 * a.numel() * 2 / ms / 1e6, 1), "copy_bytes": 2 * a.numel() * 2}
+    sz = 8192 if not smoke else 256
+    p = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
+    ms = time_calls([lambda: torch.matmul(p, q)] * 4)
+    out["bf16_matmul_TFLOPs"] = round(2 * sz**3 / ms / 1e9, 1)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -279,24 +297,8 @@ def main(argv=None) -> int:
             report["checks"]["quantize"] = check_quantize(dev, dtypes)
             print("quantize / fake-quant checks passed", flush=True)
 
-            # Ceilings measured in this run: a copy (bytes read + written) and a large bf16 GEMM.
-            a = torch.empty(2**29 if not args.smoke else 2**20, device=dev, dtype=torch.bfloat16).normal_()
-            b = torch.empty_like(a)
-            # Warm the clocks first: a 30 ms measurement straight after the host-side checks read
-            # 2.77 TB/s on 2026-11-29 while bf16 cuBLAS then streamed 3.2 TB/s.
-            for _ in range(3):
-                time_calls([lambda: b.copy_(a)] * 20, reps=5)
-            ms = time_calls([lambda: b.copy_(a)] * 8, reps=20)
-            copy_gbs = 2 * a.numel() * 2 / ms / 1e6
-            report["ceilings"]["copy_GBps"] = round(copy_gbs, 1)
-            report["ceilings"]["copy_bytes"] = 2 * a.numel() * 2
-            del a, b
-            sz = 8192 if not args.smoke else 256
-            p = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
-            q = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
-            ms = time_calls([lambda: torch.matmul(p, q)] * 4)
-            report["ceilings"]["bf16_matmul_TFLOPs"] = round(2 * sz**3 / ms / 1e9, 1)
-            del p, q
+            report["ceilings"] = measure_ceilings(dev, args.smoke)
+            copy_gbs = report["ceilings"]["copy_GBps"]
             print(f"ceilings: {report['ceilings']}", flush=True)
 
             for name, (k, n) in SHAPES.items():

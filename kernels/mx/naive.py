@@ -23,7 +23,9 @@ import math
 
 import torch
 
-from .formats import E8M0_BIAS, E8M0_NAN, FP4_E2M1, FP8_E4M3, SCALE_EXP_MAX, SCALE_EXP_MIN, get_format, check_scale_rounding
+from .formats import (
+    E8M0_BIAS, E8M0_NAN, FP4_E2M1, FP8_E4M3, SCALE_EXP_MAX, SCALE_EXP_MIN, check_scale_rounding, get_format,
+)
 
 # Code = sign (bit 3) | exponent (bits 2-1) | mantissa (bit 0); exponent 0 is the subnormal 0.5.
 FP4_E2M1_VALUES = (
@@ -153,5 +155,6 @@ def mx_linear(x: torch.Tensor, w_codes: torch.Tensor, w_scales: torch.Tensor, k:
 
 __all__ = [
     "FP4_E2M1_VALUES", "FP8_E4M3_VALUES", "FP8_E4M3", "e4m3_value", "element_table", "decode_elements",
-    "decode_e8m0", "pow2", "encode_elements", "block_scale_exponent", "quantize", "dequantize", "fake_quant", "mx_linear",
+    "decode_e8m0", "pow2", "encode_elements", "block_scale_exponent", "quantize", "dequantize", "fake_quant",
+    "mx_linear",
 ]

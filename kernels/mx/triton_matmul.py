@@ -18,9 +18,10 @@ from its bits: fp32 bits E << 23 is 2^(E-127); E = 0 and 0xFF get mantissa 0x400
 Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
 - _mx_gemv_kernel (decode, M <= GEMV_MAX_M): CUDA cores; one program per (BLOCK_N rows of W, row
   of x, K split); each 32-block's dot product is summed before its scale is applied; two row
-  halves share each converted x value; split-K fills the SMs (a 1 x 7168 x 7168 product runs as
-  ~900 programs, one wave) and _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed
-  order (deterministic, unlike atomics).
+  halves share each converted x value; the next step's weights are loaded before this step's
+  arithmetic; split-K fills the SMs (a 1 x 7168 x 7168 product runs as ~1600 programs) and
+  _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed order (deterministic, unlike
+  atomics).
 - _mx_gemm_kernel (GEMV_MAX_M < M <= GEMM_MAX_M): acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on
   the tensor cores ("swap AB": the decoded weight is the register operand, the small M is the
   dot's N), split-K as above.
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import FP4_E2M1, SCALE_ROUNDINGS, get_format
+from .formats import SCALE_ROUNDINGS, get_format
 
 try:
     import triton
@@ -293,7 +294,8 @@ if triton is not None:
         n_ok = offs_n < N
         g_ok = kb < KB
         rows = offs_n.to(tl.int64)
-        words = tl.load(q_ptr + rows[:, None, None] * stride_qn + kb[None, :, None] * 4 + tl.arange(0, 4)[None, None, :],
+        w4 = tl.arange(0, 4)
+        words = tl.load(q_ptr + rows[:, None, None] * stride_qn + kb[None, :, None] * 4 + w4[None, None, :],
                         mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
         e = tl.load(s_ptr + rows[:, None] * stride_sn + kb[None, :], mask=n_ok[:, None] & g_ok[None, :], other=127)
         w = (_e2m1_words_to_f32(words) * 16384.0) * _e8m0_to_f32(e.to(tl.int32))[:, :, None]
@@ -356,18 +358,21 @@ def _num_sms(device_index: int) -> int:
 
 
 def _sm_count(device: torch.device) -> int:
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 8
+    if device.type != "cuda":
+        return 8  # the interpreter: any small number
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _splits_for(n_tiles: int, k: int, groups: int, per_sm: int, sms: int) -> int:
-    """Split K so that about per_sm programs land on each SM, never more than one wave's worth."""
+    """Split K so that at most about per_sm programs land on each SM."""
     return max(1, min(-(-k // 32) // groups, (per_sm * sms) // n_tiles))
 
 
 def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
-    """70 registers per thread allow 7 programs of 4 warps per SM: fill exactly one wave."""
-    cfg = GemvConfig(block_n=32, groups=8, num_warps=4)
-    split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 7, _sm_count(device))
+    """The fastest M = 1 config on the H200 for all three benchmark shapes (2026-11-29, third run in
+    docs/log/mx.md): 32 rows x 8 blocks per step, register prefetch, ~14 programs per SM."""
+    cfg = GemvConfig(block_n=32, groups=8, num_warps=4, prefetch=True)
+    split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 14, _sm_count(device))
     return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps, cfg.prefetch)
 
 

@@ -12,7 +12,10 @@ pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("check", ["gemv", "gemm", "dequant_kernel", "nan_weight_block", "fake_quant_kernel", "mx_linear_dispatch"])
+CHECKS = ["gemv", "gemm", "dequant_kernel", "nan_weight_block", "fake_quant_kernel", "mx_linear_dispatch"]
+
+
+@pytest.mark.parametrize("check", CHECKS)
 def test_triton_kernel_under_the_interpreter(check):
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-m", "tests.kernels.mx.interpret_checks", check],
