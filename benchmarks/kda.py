@@ -126,6 +126,7 @@ def main():
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of indices into SHAPES")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants at (1, 16384, 16, 128)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--tiles", default="", help="TileConfig overrides, e.g. 'bwd_warps=4,prep_key_slice=64'")
     args = ap.parse_args()
 
     import triton
@@ -133,6 +134,9 @@ def main():
     from kernels.kda import chunk_kda, kda_decode_step_, naive_recurrent_kda
     from kernels.kda import chunk_triton
 
+    if args.tiles:
+        overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tiles.split(","))}
+        chunk_triton.set_tile_config(dataclasses.replace(chunk_triton._TILES, **overrides))
     torch.manual_seed(0)
     res = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

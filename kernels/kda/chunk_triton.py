@@ -88,68 +88,74 @@ def _store_rows(ptr, val, t_start, T, stride, o_c, m_c, NR: tl.constexpr):
 
 
 @triton.jit
-def _row(x, i, N: tl.constexpr):
-    """Row i of a register tile [N, M] as a vector [M]."""
-    return tl.sum(tl.where(tl.arange(0, N)[:, None] == i, x, 0.0), 0)
+def _anchor_rows(Gs, t0, T, sk, o_k, m_k):
+    """G at rows 0, 16, 32, 48 and 63 of the chunk (clamped to the last valid row), each [BKS]."""
+    p0 = tl.load(Gs + t0 * sk + o_k, mask=m_k, other=0.0)
+    p16 = tl.load(Gs + tl.minimum(t0 + 16, T - 1) * sk + o_k, mask=m_k, other=0.0)
+    p32 = tl.load(Gs + tl.minimum(t0 + 32, T - 1) * sk + o_k, mask=m_k, other=0.0)
+    p48 = tl.load(Gs + tl.minimum(t0 + 48, T - 1) * sk + o_k, mask=m_k, other=0.0)
+    p63 = tl.load(Gs + tl.minimum(t0 + 63, T - 1) * sk + o_k, mask=m_k, other=0.0)
+    return p0, p16, p32, p48, p63
 
 
 @triton.jit
-def _inv_unit_lower16(A):
-    """(I + A)⁻¹ for a strictly lower-triangular 16×16 tile, by forward substitution in registers."""
-    r = tl.arange(0, 16)
-    Ti = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, 16):
-        a = _row(A, i, 16)  # A[i, j], nonzero for j < i
-        t = -tl.sum(a[:, None] * Ti, 0)  # −Σ_j A[i, j] T[j, :]
-        Ti = tl.where(r[:, None] == i, t[None, :] + tl.where(r[None, :] == i, 1.0, 0.0), Ti)
-    return Ti
+def _anchor(p0, p16, p32, p48, REGION: tl.constexpr):
+    """Per-position anchor [64, BKS] of a pair region: 0 diagonal 16-blocks (the block's first row),
+    1 blocks (1, 0) and (3, 2) (rows 16 and 48), 2 rows 32–63 × columns 0–31 (row 32)."""
+    rb = (tl.arange(0, 64) // 16)[:, None]
+    if REGION == 0:
+        return tl.where(rb == 0, p0[None, :], tl.where(rb == 1, p16[None, :],
+                        tl.where(rb == 2, p32[None, :], p48[None, :])))
+    elif REGION == 1:
+        return tl.where(rb < 2, p16[None, :], p48[None, :])
+    else:
+        return tl.where(rb < 64, p32[None, :], 0.0)
 
 
 @triton.jit
-def _blk_tiles(q, k, Gs, row0, T, sk, o_k, m_k):
-    """Sub-chunk tiles [16, BKS] of q, k (fp32) and G (log2 units), plus the anchor G at row0."""
-    qa = _load_rows(q, row0, T, sk, o_k, m_k, 16).to(tl.float32)
-    ka = _load_rows(k, row0, T, sk, o_k, m_k, 16).to(tl.float32)
-    Ga = _load_rows(Gs, row0, T, sk, o_k, m_k, 16)
-    return qa, ka, Ga, _row(Ga, 0, 16)
+def _region_mask(REGION: tl.constexpr):
+    c = tl.arange(0, 64) // 16
+    rb = c[:, None]
+    jb = c[None, :]
+    if REGION == 0:
+        return rb == jb
+    elif REGION == 1:
+        return ((rb % 2) == 1) & (jb == rb - 1)
+    else:
+        return (rb >= 2) & (jb < 2)
 
 
 @triton.jit
-def _diag_blocks(qa, ka, Ga, pa, SHIFT: tl.constexpr, CLAMP: tl.constexpr):
-    """Unmasked (Q_a K_aᵀ, K_a K_aᵀ) with decay 2^{G_r − G_j}, anchored at the sub-chunk's first row."""
-    rf = tl.exp2(Ga - pa[None, :] + SHIFT)
-    kc = tl.trans(ka * tl.exp2(tl.minimum(pa[None, :] - SHIFT - Ga, CLAMP)))
-    return tl.dot(qa * rf, kc), tl.dot(ka * rf, kc)
+def _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, REGION: tl.constexpr,
+                     shift: tl.constexpr, clamp: tl.constexpr):
+    """Adds (Q Kᵀ, K Kᵀ) with decay 2^{G_r − G_j} inside one pair region (module docstring)."""
+    anc = _anchor(p0, p16, p32, p48, REGION)
+    rf = tl.exp2(tl.minimum(GF - anc + shift, clamp))
+    kc = tl.trans(kF * tl.exp2(tl.minimum(anc - shift - GF, clamp)))
+    M = _region_mask(REGION)
+    acc_qk += tl.where(M, tl.dot(qF * rf, kc), 0.0)
+    acc_kk += tl.where(M, tl.dot(kF * rf, kc), 0.0)
+    return acc_qk, acc_kk
 
 
 @triton.jit
-def _off_blocks(qs, ks, pa, k, Gs, row0, T, sk, o_k, m_k):
-    """(Q_a K_bᵀ, K_a K_bᵀ) for an earlier sub-chunk b at row0; rows pre-scaled by 2^{G_a − G_p}."""
-    kb = _load_rows(k, row0, T, sk, o_k, m_k, 16).to(tl.float32)
-    Gb = _load_rows(Gs, row0, T, sk, o_k, m_k, 16)
-    kc = tl.trans(kb * tl.exp2(tl.minimum(pa[None, :] - Gb, 0.0)))
-    return tl.dot(qs, kc), tl.dot(ks, kc)
-
-
-@triton.jit
-def _store_block(ptr, blk, row0, col0, T, stride):
-    r = tl.arange(0, 16)
-    o_t = row0 + r
-    tl.store(ptr + o_t[:, None] * stride + (col0 + r)[None, :], blk.to(ptr.dtype.element_ty),
-             mask=(o_t < T)[:, None])
-
-
-@triton.jit
-def _store_row_blocks(ptr, b0, b1, b2, b3, row0, T, stride):
-    _store_block(ptr, b0, row0, 0, T, stride)
-    _store_block(ptr, b1, row0, 16, T, stride)
-    _store_block(ptr, b2, row0, 32, T, stride)
-    _store_block(ptr, b3, row0, 48, T, stride)
-
-
-@triton.jit
-def _ldot(a, b):
-    return tl.dot(a, b, input_precision="ieee")
+def _inv_unit_lower64(A):
+    """(I + A)⁻¹ for strictly lower-triangular A [64, 64]: A⁶⁴ = 0, so
+    (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸)(I + A¹⁶)(I + A³²) — ten tensor-core products
+    in tf32x3 (about fp32 accuracy)."""
+    c = tl.arange(0, 64)
+    eye = tl.where(c[:, None] == c[None, :], 1.0, 0.0)
+    X = eye - A
+    P = tl.dot(A, A, input_precision="tf32x3")
+    X = tl.dot(X, eye + P, input_precision="tf32x3")
+    P = tl.dot(P, P, input_precision="tf32x3")
+    X = tl.dot(X, eye + P, input_precision="tf32x3")
+    P = tl.dot(P, P, input_precision="tf32x3")
+    X = tl.dot(X, eye + P, input_precision="tf32x3")
+    P = tl.dot(P, P, input_precision="tf32x3")
+    X = tl.dot(X, eye + P, input_precision="tf32x3")
+    P = tl.dot(P, P, input_precision="tf32x3")
+    return tl.dot(X, eye + P, input_precision="tf32x3")
 
 
 @triton.jit
@@ -189,136 +195,50 @@ def _prep_kernel(
     one = tl.full([1], 1, dtype=tl.int1)
     zc = tl.zeros([1], dtype=tl.int32)
 
-    # ---- phase 0: G = chunk-local cumsum (log2 units), and the S-free factors QG, KG, γ ------
+    # ---- G = chunk-local cumsum in log2 units, kept for the rest and for the backward -------
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
         GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
-        GC = _row(GF, 63, 64)  # padded rows carry g = 0, so row 63 holds the last valid row's G
+        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
+    # The anchors are single rows of G, read back from memory: make the stores visible first.
+    tl.debug_barrier()
+
+    # ---- A_qk, A_kk over three anchored regions; QG, KG, γ ----------------------------------
+    acc_qk = tl.zeros([64, 64], dtype=tl.float32)
+    acc_kk = tl.zeros([64, 64], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+        p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
         kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
         _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
         _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
         tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
-    # G goes back in as 16-row sub-chunk tiles: make every thread's stores visible first.
-    tl.debug_barrier()
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 0, SHIFT, CLAMP)
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 1, 0.0, 0.0)
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0)
+    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)  # [64, 1]
+    acc_qk = tl.where(c64[:, None] >= c64[None, :], acc_qk * scale, 0.0)
+    _store_rows(Aqk, acc_qk, t0, T, sa, c64, all64, 64)
+    Tm = _inv_unit_lower64(tl.where(c64[:, None] > c64[None, :], acc_kk * bF, 0.0))
+    Tc = Tm.to(Ti.dtype.element_ty)
+    _store_rows(Ti, Tc, t0, T, sa, c64, all64, 64)
 
-    # ---- phase 1: A_qk, A_kk and T = (I + A_kk)⁻¹, one 16-row block of rows at a time --------
-    r16 = tl.arange(0, 16)
-    strict = r16[:, None] > r16[None, :]
-    incl = r16[:, None] >= r16[None, :]
-    z = tl.zeros([16, 16], dtype=tl.float32)
-
-    # rows 0–15
-    qk00, kk00 = z, z
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0, T, sk, o_k, m_k)
-        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
-        qk00 += a
-        kk00 += b
-    bb = _load_rows(beta, t0, T, H, zc, one, 16).to(tl.float32)
-    T00 = _inv_unit_lower16(tl.where(strict, kk00 * bb, 0.0))
-    _store_row_blocks(Aqk, tl.where(incl, qk00 * scale, 0.0), z, z, z, t0, T, sa)
-    _store_row_blocks(Ti, T00, z, z, z, t0, T, sa)
-
-    # rows 16–31
-    qk10, kk10, qk11, kk11 = z, z, z, z
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 16, T, sk, o_k, m_k)
-        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
-        qk11 += a
-        kk11 += b
-        rf = tl.exp2(Ga - pa[None, :])
-        qs, ks = qa * rf, ka * rf
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
-        qk10 += a
-        kk10 += b
-    bb = _load_rows(beta, t0 + 16, T, H, zc, one, 16).to(tl.float32)
-    kk10 = kk10 * bb
-    T11 = _inv_unit_lower16(tl.where(strict, kk11 * bb, 0.0))
-    T10 = -_ldot(_ldot(T11, kk10), T00)
-    _store_row_blocks(Aqk, qk10 * scale, tl.where(incl, qk11 * scale, 0.0), z, z, t0 + 16, T, sa)
-    _store_row_blocks(Ti, T10, T11, z, z, t0 + 16, T, sa)
-
-    # rows 32–47
-    qk20, kk20, qk21, kk21, qk22, kk22 = z, z, z, z, z, z
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 32, T, sk, o_k, m_k)
-        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
-        qk22 += a
-        kk22 += b
-        rf = tl.exp2(Ga - pa[None, :])
-        qs, ks = qa * rf, ka * rf
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
-        qk20 += a
-        kk20 += b
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 16, T, sk, o_k, m_k)
-        qk21 += a
-        kk21 += b
-    bb = _load_rows(beta, t0 + 32, T, H, zc, one, 16).to(tl.float32)
-    kk20 = kk20 * bb
-    kk21 = kk21 * bb
-    T22 = _inv_unit_lower16(tl.where(strict, kk22 * bb, 0.0))
-    T21 = -_ldot(_ldot(T22, kk21), T11)
-    T20 = -_ldot(T22, _ldot(kk20, T00) + _ldot(kk21, T10))
-    _store_row_blocks(Aqk, qk20 * scale, qk21 * scale, tl.where(incl, qk22 * scale, 0.0), z, t0 + 32, T, sa)
-    _store_row_blocks(Ti, T20, T21, T22, z, t0 + 32, T, sa)
-
-    # rows 48–63
-    qk30, kk30, qk31, kk31, qk32, kk32, qk33, kk33 = z, z, z, z, z, z, z, z
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        qa, ka, Ga, pa = _blk_tiles(q, k, Gs, t0 + 48, T, sk, o_k, m_k)
-        a, b = _diag_blocks(qa, ka, Ga, pa, SHIFT, CLAMP)
-        qk33 += a
-        kk33 += b
-        rf = tl.exp2(Ga - pa[None, :])
-        qs, ks = qa * rf, ka * rf
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0, T, sk, o_k, m_k)
-        qk30 += a
-        kk30 += b
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 16, T, sk, o_k, m_k)
-        qk31 += a
-        kk31 += b
-        a, b = _off_blocks(qs, ks, pa, k, Gs, t0 + 32, T, sk, o_k, m_k)
-        qk32 += a
-        kk32 += b
-    bb = _load_rows(beta, t0 + 48, T, H, zc, one, 16).to(tl.float32)
-    kk30 = kk30 * bb
-    kk31 = kk31 * bb
-    kk32 = kk32 * bb
-    T33 = _inv_unit_lower16(tl.where(strict, kk33 * bb, 0.0))
-    T32 = -_ldot(_ldot(T33, kk32), T22)
-    T31 = -_ldot(T33, _ldot(kk31, T11) + _ldot(kk32, T21))
-    T30 = -_ldot(T33, _ldot(kk30, T00) + _ldot(kk31, T10) + _ldot(kk32, T20))
-    _store_row_blocks(Aqk, qk30 * scale, qk31 * scale, qk32 * scale, tl.where(incl, qk33 * scale, 0.0),
-                      t0 + 48, T, sa)
-    _store_row_blocks(Ti, T30, T31, T32, T33, t0 + 48, T, sa)
-    # T goes back in as one [64, 64] tile.
-    tl.debug_barrier()
-
-    # ---- phase 2: W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) ---------------------------------------
-    Tm = _load_rows(Ti, t0, T, sa, c64, all64, 64)
-    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
+    # ---- W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) ---------------------------------------------------
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
         GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
         kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        _store_rows(W, tl.dot(Tm, (kF * tl.exp2(GF) * bF).to(Tm.dtype)), t0, T, sk, o_k, m_k, 64)
+        _store_rows(W, tl.dot(Tc, (kF * tl.exp2(GF) * bF).to(Tc.dtype)), t0, T, sk, o_k, m_k, 64)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
-        _store_rows(U, tl.dot(Tm, (vF * bF).to(Tm.dtype)), t0, T, sv, o_v, m_v, 64)
+        _store_rows(U, tl.dot(Tc, (vF * bF).to(Tc.dtype)), t0, T, sv, o_v, m_v, 64)
 
 
 @triton.jit
@@ -431,7 +351,7 @@ def _bwd_state_kernel(
 
 
 @triton.jit
-def _pair_region(dq, dk, dG, db, dAs, Mreg, qF, kF, bF, GF, anc, scale,
+def _pair_region(dq, dk, dG, db, dAs, qF, kF, bF, GF, p0, p16, p32, p48, scale, REGION: tl.constexpr,
                  shift: tl.constexpr, clamp: tl.constexpr):
     """Adds the gradients of the pairwise products A_qk, A_kk restricted to one anchored region.
 
@@ -442,16 +362,18 @@ def _pair_region(dq, dk, dG, db, dAs, Mreg, qF, kF, bF, GF, anc, scale,
     C[j] = Σ_r (dA_qk[r, j] scale q_r + β_r dA_kk[r, j] k_r) 2^{G_r − G_j}.
     """
     c64 = tl.arange(0, 64)
+    anc = _anchor(p0, p16, p32, p48, REGION)
     rf = tl.exp2(tl.minimum(GF - anc + shift, clamp))
     cf = tl.exp2(tl.minimum(anc - shift - GF, clamp))
     Y = kF * cf
-    p_rc = dAs + c64[:, None] * 128 + c64[None, :]  # [r, j]
-    p_cr = dAs + c64[None, :] * 128 + c64[:, None]  # [j, r]: the transpose, read straight from memory
-    Rq = tl.dot(tl.load(p_rc + 64, mask=Mreg, other=0.0), Y) * rf
-    Rk = tl.dot(tl.load(p_rc, mask=Mreg, other=0.0), Y) * rf
-    MT = tl.trans(Mreg)
-    C = tl.dot(tl.load(p_cr + 64, mask=MT, other=0.0), (qF * scale) * rf)
-    C = (tl.dot(tl.load(p_cr, mask=MT, other=0.0), (kF * bF) * rf, C)) * cf
+    p_rc = dAs + c64[:, None] * 128 + c64[None, :]
+    Mreg = _region_mask(REGION)
+    Pq = tl.load(p_rc + 64, mask=Mreg, other=0.0)
+    Pk = tl.load(p_rc, mask=Mreg, other=0.0)
+    Rq = tl.dot(Pq, Y) * rf
+    Rk = tl.dot(Pk, Y) * rf
+    C = tl.dot(tl.trans(Pq), (qF * scale) * rf)
+    C = (tl.dot(tl.trans(Pk), (kF * bF) * rf, C)) * cf
     dq += Rq * scale
     dk += bF * Rk + C
     dG += (qF * scale) * Rq + (kF * bF) * Rk - kF * C
@@ -461,7 +383,7 @@ def _pair_region(dq, dk, dG, db, dAs, Mreg, qF, kF, bF, GF, anc, scale,
 
 @triton.jit
 def _bwd_chunk_kernel(
-    q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dAs,
+    q, k, v, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, dAs,
     dq, dk, dv, dg, dbeta,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -477,7 +399,7 @@ def _bwd_chunk_kernel(
     bt = i_b.to(tl.int64) * T * H + i_h
     q += bt * K
     k += bt * K
-    g += bt * K
+    Gs += bt * K
     dq += bt * K
     dk += bt * K
     dg += bt * K
@@ -500,7 +422,10 @@ def _bwd_chunk_kernel(
     one = tl.full([1], 1, dtype=tl.int1)
     zero_c = tl.zeros([1], dtype=tl.int32)
 
-    Tm = _load_rows(Ti, t0, T, H * 64, c64, all64, 64)
+    # Tᵀ, read transposed from memory: tl.trans of a register tile as the left dot operand
+    # miscompiles on Hopper with Triton 3.6 (an out-of-bounds shared-memory read, seen on the H200).
+    o_t = t0 + c64
+    TmT = tl.load(Ti + o_t[None, :] * (H * 64) + c64[:, None], mask=(o_t < T)[None, :], other=0.0)
     bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
 
     # ---- dX = Tᵀ dV_new gives dv = β dX and, with V_new, dA_kk = −dX V_newᵀ; dA_qk = dO V_newᵀ --
@@ -513,7 +438,7 @@ def _bwd_chunk_kernel(
         b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
         b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
         b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
-        dX = tl.dot(tl.trans(Tm), b_dvn)
+        dX = tl.dot(TmT, b_dvn)
         _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
         db += tl.sum(dX * _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32), 1)[:, None]
         dA -= tl.dot(dX.to(b_vn.dtype), tl.trans(b_vn))
@@ -524,8 +449,6 @@ def _bwd_chunk_kernel(
     # The pair gradients read dA back in other layouts (and transposed): make the stores visible.
     tl.debug_barrier()
 
-    blk = c64 // 16
-    rb = blk[:, None]
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
@@ -543,15 +466,15 @@ def _bwd_chunk_kernel(
             m_kv = m_k[:, None] & m_v[None, :]
             b_h = tl.load(hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
             b_dh = tl.load(dhs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
-            dXc = tl.dot(tl.trans(Tm), b_dvn).to(b_vn.dtype)
+            dXc = tl.dot(TmT, b_dvn).to(b_vn.dtype)
             dqg += tl.dot(b_do, tl.trans(b_h))
             dkg += tl.dot(b_vn, tl.trans(b_dh))
             dXh += tl.dot(dXc, tl.trans(b_h))
             dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
 
         # ---- QG, KG, γ and the β e^G K S term of X -----------------------------------------
-        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
-        GC = _row(GF, 63, 64)
+        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+        p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
         qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
         eG = tl.exp2(GF)
@@ -563,24 +486,12 @@ def _bwd_chunk_kernel(
         db -= tl.sum((kF * eG) * dXh, 1)[:, None]
 
         # ---- pairwise terms: three anchored regions partition the lower triangle -------------
-        p0 = _row(GF, 0, 64)
-        p16 = _row(GF, 16, 64)
-        p32 = _row(GF, 32, 64)
-        p48 = _row(GF, 48, 64)
-        # diagonal 16-blocks, anchored (shifted) at each block's first row
-        anc = tl.where(rb == 0, p0[None, :], tl.where(rb == 1, p16[None, :],
-                       tl.where(rb == 2, p32[None, :], p48[None, :])))
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, rb == blk[None, :],
-                                            qF, kF, bF, GF, anc, scale, SHIFT, CLAMP)
-        # block 1 × block 0 and block 3 × block 2, anchored at rows 16 and 48
-        anc = tl.where(rb < 2, p16[None, :], p48[None, :])
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs,
-                                            ((rb % 2) == 1) & (blk[None, :] == rb - 1),
-                                            qF, kF, bF, GF, anc, scale, 0.0, 0.0)
-        # rows 32–63 × columns 0–31, anchored at row 32
-        anc = p32[None, :] + tl.zeros([64, BKS], dtype=tl.float32)
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, (rb >= 2) & (blk[None, :] < 2),
-                                            qF, kF, bF, GF, anc, scale, 0.0, 0.0)
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                            p0, p16, p32, p48, scale, 0, SHIFT, CLAMP)
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                            p0, p16, p32, p48, scale, 1, 0.0, 0.0)
+        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                            p0, p16, p32, p48, scale, 2, 0.0, 0.0)
 
         # G_C enters through γ and KG: its gradient lands on the last row, then dg = reverse cumsum.
         b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
@@ -606,7 +517,8 @@ class TileConfig:
     state_block_v: int = 0  # 0: 64 when batch·heads ≥ 64, else 32 (more programs for the serial loop)
     bwd_warps: int = 8
     bwd_key_slice: int = 32
-    bwd_block_v: int = 32
+    # 8 warps with 32-wide value blocks miscompiles (out-of-bounds shared read, H200, Triton 3.6)
+    bwd_block_v: int = 64
 
 
 _TILES = TileConfig()
@@ -660,7 +572,7 @@ def kda_prepare(q, k, v, g, beta, scale):
         H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.prep_key_slice), BV=_pow2_tile(V, 128),
         SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.prep_warps, num_stages=1,
     )
-    return Ti, Aqk, W, U, QG, KG, GAM
+    return Gs, Ti, Aqk, W, U, QG, KG, GAM
 
 
 def kda_state_forward(W, U, QG, KG, Aqk, GAM, initial_state, output_final_state, save):
@@ -700,7 +612,7 @@ def kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, need_dh0):
     return dhs, dvnew, dh0
 
 
-def kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
+def kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
     """Kernel 4: dq, dk, dv, dg, dβ from the stored chunk quantities."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -712,7 +624,7 @@ def kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
     dbeta = torch.empty_like(beta)
     dAs = torch.empty(B, NT, H, CHUNK, 2 * CHUNK, device=q.device, dtype=torch.float32)  # scratch
     _bwd_chunk_kernel[(NT, B * H)](
-        q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, dAs, dq, dk, dv, dg, dbeta, scale, T,
+        q, k, v, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, dAs, dq, dk, dv, dg, dbeta, scale, T,
         H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.bwd_key_slice), BV=_pow2_tile(V, _TILES.bwd_block_v),
         SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.bwd_warps, num_stages=1,
     )
@@ -730,21 +642,21 @@ class ChunkKDATriton(torch.autograd.Function):
         q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
         h0 = initial_state.contiguous().float() if initial_state is not None else None
         save = any(ctx.needs_input_grad)
-        Ti, Aqk, W, U, QG, KG, GAM = kda_prepare(q, k, v, g, beta, scale)
+        Gs, Ti, Aqk, W, U, QG, KG, GAM = kda_prepare(q, k, v, g, beta, scale)
         o, ht, hs, vnew = kda_state_forward(W, U, QG, KG, Aqk, GAM, h0, output_final_state, save)
         if save:
-            ctx.save_for_backward(q, k, v, g, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew)
+            ctx.save_for_backward(q, k, v, g, Gs, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew)
             ctx.scale = scale
             ctx.has_h0 = h0 is not None
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew = ctx.saved_tensors
+        q, k, v, g, Gs, beta, Ti, Aqk, W, QG, KG, GAM, hs, vnew = ctx.saved_tensors
         do = do.contiguous().to(q.dtype)
         dht = dht.contiguous().float() if dht is not None else None
         dhs, dvnew, dh0 = kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, ctx.has_h0)
-        dq, dk, dv, dg, dbeta = kda_chunk_backward(q, k, v, g, beta, Ti, hs, dhs, vnew, dvnew, do, ctx.scale)
+        dq, dk, dv, dg, dbeta = kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, ctx.scale)
         return dq, dk, dv, dg, dbeta, None, dh0, None
 
 
