@@ -222,6 +222,7 @@ class _Run:
         self.run_static = static
         self.findings: list[Finding] = []
         self.mutated: list[str] = []
+        self.died = False
         self.correct = False
         self.time_s: float | None = None
         self.details: dict = {"task": task.name, "device": device.type, "seed": seed,
@@ -243,6 +244,7 @@ class _Run:
         probe = flat_tensors(run_reference(self.model, to_device(make_inputs(task, 0, False), device)))
         self.dtype = probe[0].dtype
         self.atol, self.rtol = task.tolerance(self.dtype)
+        # fp32 or wider: the precision rules (S4, D5's fp64 comparison) apply.
         self.fp32 = self.dtype in (torch.float32, torch.float64)
         if self.run_static:
             policy = StaticPolicy(backend=cfg.backend, fp32_task=self.fp32,
@@ -298,12 +300,12 @@ class _Run:
         except sandbox.WorkerDied as exc:
             self.correct = False
             self.details["error"] = str(exc)
-            self._died = True
+            self.died = True
         finally:
             self.details["log_tail"] = session.log_tail()
             code = session.close(kill=kill)
             self.details["exit_code"] = code
-            if getattr(self, "_died", False):
+            if self.died:
                 if code == 0:
                     self.add("P1", "the submission ended the worker (exit code 0) before the "
                                    "evaluator finished")
