@@ -24,13 +24,32 @@ Legend: B batch, H heads, N chunks, S sub-chunks per chunk, c sub-chunk length, 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from kernels.kda.naive import check_kda_inputs
 
+logger = logging.getLogger(__name__)
+
 CHUNK = 64
 SUB_CHUNK = 16
+
+
+# exp(x) overflows fp32 at x ≈ 88.7; keep a margin.
+MAX_SUB_CHUNK_DECAY = 80.0
+
+
+def _diagonal_factorization_is_safe(G_BHNScK: torch.Tensor) -> bool:
+    """True when every sub-chunk decays by at most MAX_SUB_CHUNK_DECAY nats, so exp(G_first − G_i)
+    stays finite. Gates bounded below by −5 (the KDA layer's safe gate) always qualify: 15 × 5 = 75."""
+    span = G_BHNScK[..., 0, :] - G_BHNScK[..., -1, :]
+    safe = bool(span.max() <= MAX_SUB_CHUNK_DECAY) if span.numel() else True
+    if not safe:
+        logger.info("chunk_kda_torch: a sub-chunk decays by more than %.0f nats; using exact pairwise "
+                    "decays for the diagonal blocks (slower, same result)", MAX_SUB_CHUNK_DECAY)
+    return safe
 
 
 def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) -> torch.Tensor:
@@ -41,11 +60,16 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
     k = k_BHNCK.reshape(B, H, N, S, c, K)
     G = G_BHNCK.reshape(B, H, N, S, c, K)
 
-    # Diagonal blocks: exact differences, clamped to ≤ 0 so masked (upper) entries cannot overflow.
-    diff_rik = (G.unsqueeze(-2) - G.unsqueeze(-3)).clamp(max=0.0)  # [B,H,N,S,c(r),c(i),K]
-    diag = torch.einsum("bhnsrk,bhnsik,bhnsrik->bhnsri", a, k, diff_rik.exp())
     tri = torch.ones(c, c, dtype=torch.bool, device=a.device)
     tri = tri.tril(0) if include_diagonal else tri.tril(-1)
+    if _diagonal_factorization_is_safe(G):
+        # Diagonal blocks through a reference point at each sub-chunk's first row: one small matmul.
+        G_first = G[..., :1, :]
+        diag = (a * (G - G_first).exp()) @ (k * (G_first - G).exp()).transpose(-1, -2)
+    else:
+        # Exact pairwise differences, clamped to ≤ 0 so masked (upper) entries cannot overflow.
+        diff_rik = (G.unsqueeze(-2) - G.unsqueeze(-3)).clamp(max=0.0)  # [B,H,N,S,c(r),c(i),K]
+        diag = (a.unsqueeze(-2) * k.unsqueeze(-3) * diff_rik.exp()).sum(-1)
     diag = diag * tri
 
     # Off-diagonal blocks (a > b): reference point at the last row of sub-chunk b.

@@ -43,9 +43,11 @@ def test_chunked_matches_recurrent_outputs_and_gradients(T, with_h0):
         assert rel_err(a, b) <= 1e-5, name
 
 
-def test_strong_decay_stays_finite():
+@pytest.mark.parametrize("gate", [-5.0, -20.0])
+def test_strong_decay_stays_finite(gate):
     q, k, v, g, beta, h0 = make_inputs(1, 700, 1, 16, 8)
-    g = torch.full_like(g, -5.0)  # the lower bound of the safe gate, every token
+    # −5 is the safe gate's lower bound; −20 forces the exact pairwise path for diagonal blocks.
+    g = torch.full_like(g, gate)
     o_ref, _ = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0)
     o, _ = chunk_kda(q, k, v, g, beta, initial_state=h0)
     assert torch.isfinite(o).all()
@@ -63,10 +65,16 @@ def test_causality_future_tokens_and_gates_do_not_reach_the_prefix():
     o1, grads1 = prefix_out_and_grads(q, k, v, g, beta)
     q2, k2, v2, g2, beta2, _ = make_inputs(1, T, 2, 16, 8, seed=4)
     mix = lambda a, b: torch.cat([a[:, :cut], b[:, cut:]], dim=1)  # noqa: E731
-    o2, grads2 = prefix_out_and_grads(mix(q, q2), mix(k, k2), mix(v, v2), mix(g, g2 * 5), mix(beta, beta2))
+    o2, grads2 = prefix_out_and_grads(mix(q, q2), mix(k, k2), mix(v, v2), mix(g, g2), mix(beta, beta2))
     assert torch.equal(o1, o2)
     for a, b in zip(grads1, grads2):
         assert torch.allclose(a, b, atol=1e-6)
+    # Future gates strong enough to switch the diagonal blocks to exact pairwise decays: the prefix
+    # changes by rounding at most.
+    o3, grads3 = prefix_out_and_grads(mix(q, q2), mix(k, k2), mix(v, v2), mix(g, g2 * 10), mix(beta, beta2))
+    assert torch.allclose(o1, o3, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads1, grads3):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_shapes_raise_value_errors_that_name_the_tensor():
