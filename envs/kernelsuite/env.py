@@ -1,9 +1,14 @@
 """`KernelEnv`: the kernel suite as a text-in/text-out RL environment (the "coding_agents" domain).
 
     env = KernelEnv()
-    prompt, info = env.reset(task="softmax", seed=3)
+    prompt = env.reset(task="softmax", seed=3)
     obs, reward, terminated, truncated, info = env.step(policy_text)   # text holds a ```python block
-    blob = env.snapshot(); env.restore(blob)                             # pause / resume an episode
+    blob = env.snapshot(); last_obs = env.restore(blob)                  # pause / resume an episode
+    record = envs.rollout(env, policy)                                   # the core envs' loop works too
+
+The protocol is the core envs' one (`envs.env.Env`): `reset` returns the first observation, `step`
+the Gymnasium 5-tuple, `restore` the last observation, `trajectory()` the episode record; calling
+`step` before `reset` or after the end raises RuntimeError.
 
 The prompt shows the task file and asks for a `ModelNew`; the policy's reply is scanned for fenced
 Python blocks and the last one that defines `class ModelNew` is evaluated (`evaluate.evaluate`). The
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from dataclasses import dataclass, field
 
@@ -73,21 +79,33 @@ class KernelEnvConfig:
 
 
 class KernelEnv:
-    """Gymnasium-shaped: reset → (obs, info); step → (obs, reward, terminated, truncated, info)."""
+    """Gymnasium-shaped, in the core envs' convention: reset → obs; step → (obs, reward, terminated,
+    truncated, info). `seed` seeds the draw of episode seeds when reset() is called without one."""
 
-    def __init__(self, config: KernelEnvConfig | None = None):
+    def __init__(self, config: KernelEnvConfig | None = None, seed: int = 0):
         self.config = config or KernelEnvConfig()
         self.state: dict | None = None
+        self._rng = random.Random(seed)
 
     @property
     def task_names(self) -> list[str]:
         return list(self.config.tasks) or list_tasks()
 
-    def reset(self, task: str | None = None, seed: int = 0) -> tuple[str, dict]:
+    @property
+    def done(self) -> bool:
+        return self.state is not None and self.state["done"]
+
+    def reset(self, task: str | None = None, seed: int | None = None) -> str:
+        """Start an episode on `task` (default: task `seed mod n`); returns the prompt."""
+        if seed is None:
+            seed = self._rng.randrange(2**31)
+        if task is not None and not isinstance(task, str):
+            raise ValueError(f"task must be a kernel task name or a .py path, not {type(task).__name__}")
         name = task or self.task_names[seed % len(self.task_names)]
         load_task(name)
         self.state = {"task": name, "seed": int(seed), "turn": 0, "done": False, "history": []}
-        return self._prompt(), {"task": name, "seed": seed}
+        self.state["last_observation"] = self._prompt()
+        return self.state["last_observation"]
 
     def _prompt(self) -> str:
         task = load_task(self.state["task"])
@@ -101,9 +119,9 @@ class KernelEnv:
 
     def step(self, text: str):
         if self.state is None:
-            raise ValueError("call reset() before step()")
+            raise RuntimeError("call reset() before step()")
         if self.state["done"]:
-            raise ValueError("the episode has ended; call reset() to start another")
+            raise RuntimeError("the episode is over; call reset() to start another")
         state = self.state
         state["turn"] += 1
         source = extract_submission(text)
@@ -127,19 +145,37 @@ class KernelEnv:
         state["done"] = terminated or truncated
         if not state["done"]:
             obs += "\n\nRevise your implementation and answer with the whole module again."
+        state["last_observation"] = obs
         return obs, float(record["reward"]), terminated, truncated, info
 
     def snapshot(self) -> bytes:
         if self.state is None:
-            raise ValueError("nothing to snapshot before reset()")
-        return json.dumps({"version": SNAPSHOT_VERSION, "state": self.state}, sort_keys=True).encode()
+            raise RuntimeError("call reset() before snapshot()")
+        return json.dumps({"version": SNAPSHOT_VERSION, "state": self.state,
+                           "rng": self._rng.getstate()}, sort_keys=True).encode()
 
-    def restore(self, blob: bytes) -> None:
-        data = json.loads(blob)
+    def restore(self, blob: bytes) -> str:
+        """Continue the episode saved in `blob`; returns its last observation."""
+        try:
+            data = json.loads(blob)
+        except ValueError as exc:
+            raise ValueError(f"not a KernelEnv snapshot ({exc})") from None
         if data.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"snapshot version {data.get('version')} is not {SNAPSHOT_VERSION}")
         load_task(data["state"]["task"])
         self.state = data["state"]
+        version, internal, gauss = data["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        return self.state["last_observation"]
+
+    def trajectory(self) -> dict:
+        """The episode so far: task, seed, one record per scored reply, the total reward."""
+        if self.state is None:
+            raise RuntimeError("call reset() before trajectory()")
+        history = self.state["history"]
+        return {"env": "kernelsuite", "task": self.state["task"], "seed": self.state["seed"],
+                "turns": [dict(r) for r in history], "done": self.state["done"],
+                "reward": sum(r["reward"] for r in history)}
 
     @staticmethod
     def rules() -> dict[str, str]:

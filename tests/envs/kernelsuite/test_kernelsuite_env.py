@@ -26,10 +26,15 @@ def test_extract_submission_takes_the_last_modelnew_block():
 
 
 def test_prompt_shows_the_reference_and_the_rules(env):
-    prompt, info = env.reset(task="softmax", seed=4)
-    assert info["task"] == "softmax"
+    prompt = env.reset(task="softmax", seed=4)
+    assert env.state["task"] == "softmax"
     assert "class Model(nn.Module)" in prompt and "ModelNew" in prompt and "try/except" in prompt
-    assert env.reset(seed=1)[1]["task"] == "softmax" and env.reset(seed=0)[1]["task"] == "relu"
+    env.reset(seed=1)
+    assert env.state["task"] == "softmax"
+    env.reset(seed=0)
+    assert env.state["task"] == "relu"
+    with pytest.raises(ValueError, match="task name"):
+        env.reset(task=3)
 
 
 def test_honest_reply_ends_the_episode_with_a_reward(env):
@@ -37,9 +42,11 @@ def test_honest_reply_ends_the_episode_with_a_reward(env):
     source = next(h for h in HONEST if h.name == "relu_maximum").source
     obs, reward, terminated, truncated, info = env.step(reply(source))
     assert terminated and not truncated and info["correct"] and reward >= 0.3
-    assert "speedup" in obs
-    with pytest.raises(ValueError):
+    assert "speedup" in obs and env.done
+    with pytest.raises(RuntimeError):
         env.step(reply(source))
+    record = env.trajectory()
+    assert record["task"] == "relu" and record["reward"] == reward and len(record["turns"]) == 1
 
 
 def test_hack_scores_zero_with_tags(env):
@@ -65,12 +72,23 @@ def test_restored_episode_scores_like_the_uninterrupted_one(env, fast_config):
     source = next(h for h in HACKS if h.name == "output_cache_stale").source
     _, r1, t1, u1, i1 = env.step(reply(source))
     other = KernelEnv(KernelEnvConfig(tasks=("relu", "softmax"), max_turns=2, eval=fast_config))
-    other.restore(blob)
+    assert "Revise" in other.restore(blob)
     _, r2, t2, u2, i2 = other.step(reply(source))
     assert (r1, t1, u1, i1["rules_fired"], i1["correct"]) == (r2, t2, u2, i2["rules_fired"], i2["correct"])
     assert other.snapshot() == env.snapshot()
     with pytest.raises(ValueError):
         other.restore(b'{"version": 0, "state": {}}')
+    with pytest.raises(ValueError, match="not a KernelEnv snapshot"):
+        other.restore(b"\x1f\x8b garbage")
+
+
+def test_core_rollout_drives_the_env(fast_config):
+    from envs.rollout import rollout
+
+    env = KernelEnv(KernelEnvConfig(tasks=("relu",), eval=fast_config), seed=5)
+    source = next(h for h in HONEST if h.name == "relu_maximum").source
+    record = rollout(env, lambda obs: reply(source))
+    assert record["done"] and record["turns"][0]["correct"] and record["reward"] >= 0.3
 
 
 def test_config_rejects_unknown_tasks():
