@@ -45,11 +45,32 @@ from k3model.config import get_profile
 from k3model.model import K3Model, default_labels
 from k3model.moe import LatentMoE
 from k3model.parallel.expert_parallel import ExpertParallelMoE, parallelize_experts, sync_balancing_stats
-from k3model.pretrain import build_optimizer
-from k3model.pretrain_data import Batch
 
 BACKENDS = ("gloo", "nccl")
 BUCKET_MB = 64
+
+
+@dataclass
+class TokenBatch:
+    """The fields `data_parallel_train_step` reads; `k3model.pretrain_data.Batch` has the same ones.
+
+    Not imported from there: pretrain_data pulls in datagen (pyarrow, tokenizers), and this module
+    must run where only torch and triton are installed (DESIGN.md §7).
+    """
+    input_ids: torch.Tensor  # [B, T] int64
+    labels: torch.Tensor  # [B, T], IGNORE_INDEX where nothing is predicted
+    images: torch.Tensor | None = None
+    image_mask: torch.Tensor | None = None
+
+
+def build_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with `k3model.pretrain.build_optimizer`'s groups (no decay on 1-D parameters), restated
+    here for the same import reason as TokenBatch."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    fused = next(model.parameters()).is_cuda
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), fused=fused)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,6 +133,8 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: tuple = (), back
     if device == "cuda" and world_size > torch.cuda.device_count():
         raise ValueError(f"world_size {world_size} needs {world_size} GPUs, this machine has "
                          f"{torch.cuda.device_count()}: lower world_size")
+    # On a shared, loaded CPU more threads than cores per rank can slow a step twentyfold (seen
+    # here: 0.12 s at 1 thread, 4.2 s at 2, on a 2-core machine with load 12); pass 1 there.
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -226,7 +249,7 @@ def _autocast(device: torch.device):
     return torch.autocast("cpu", enabled=False)
 
 
-def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,
+def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, batch: TokenBatch, grad_clip: float,
                              group=None) -> dict[str, float]:
     """One data-parallel optimizer step on this rank's rows; metrics are means over ranks.
 
@@ -306,18 +329,20 @@ def build_replica(cfg: DataParallelConfig, device: torch.device, group=None) -> 
     model_cfg = replace(get_profile(cfg.profile).model, vision=None,
                         **({} if cfg.mtp else {"mtp_depth": 0}))
     torch.manual_seed(cfg.seed)
-    model = K3Model(model_cfg).to(device)
+    # Built in place on its device: initializing 700M parameters on the CPU first costs seconds.
+    with device:
+        model = K3Model(model_cfg)
     broadcast_parameters(model, group)
     if cfg.expert_parallel:
         parallelize_experts(model, group)
     return model
 
 
-def random_batch(cfg: DataParallelConfig, step: int, rank: int, vocab: int, device: torch.device) -> Batch:
+def random_batch(cfg: DataParallelConfig, step: int, rank: int, vocab: int, device: torch.device) -> TokenBatch:
     """Rows of uniform random tokens, a pure function of (seed, step, rank)."""
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1009 + rank)
     ids_BT = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=gen).to(device)
-    return Batch(ids_BT, default_labels(ids_BT), None, None)
+    return TokenBatch(ids_BT, default_labels(ids_BT))
 
 
 def data_parallel_worker(rank: int, world_size: int, cfg: DataParallelConfig) -> dict[str, Any]:
@@ -328,7 +353,7 @@ def data_parallel_worker(rank: int, world_size: int, cfg: DataParallelConfig) ->
     group = None
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     model = build_replica(cfg, device, group)
-    optimizer = build_optimizer(model, cfg.lr, weight_decay=0.1)
+    optimizer = build_adamw(model, cfg.lr, weight_decay=0.1)
     vocab = model.cfg.vocab_size
     metrics: dict[str, float] = {}
     for step in range(cfg.warmup_steps):
@@ -355,6 +380,7 @@ def data_parallel_worker(rank: int, world_size: int, cfg: DataParallelConfig) ->
     return out
 
 
-def run_data_parallel_local(cfg: DataParallelConfig) -> dict[str, Any]:
+def run_data_parallel_local(cfg: DataParallelConfig, threads_per_rank: int | None = None) -> dict[str, Any]:
     """`data_parallel_worker` in `cfg.world_size` local processes (torch.multiprocessing); rank 0's result."""
-    return launch_local(data_parallel_worker, cfg.world_size, (cfg,), backend=cfg.backend, device=cfg.device)[0]
+    return launch_local(data_parallel_worker, cfg.world_size, (cfg,), backend=cfg.backend, device=cfg.device,
+                        threads_per_rank=threads_per_rank)[0]

@@ -4,6 +4,9 @@ and the two launchers (torch.multiprocessing, Ray)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +54,33 @@ def test_ray_launcher_runs_the_same_steps_as_the_local_launcher():
     # Same seed, same random batches, same step: the launchers differ only in how ranks start.
     for key in ("train/total", "train/grad_norm", "moe/load_max_over_mean"):
         assert ray_res["metrics"][key] == pytest.approx(local_res["metrics"][key], rel=1e-6), key
+
+
+def test_adamw_groups_match_pretrain():
+    """build_adamw restates pretrain.build_optimizer (which this package cannot import); keep them equal."""
+    from k3model.parallel.data_parallel import build_adamw
+    from k3model.pretrain import build_optimizer
+    model = workers.smoke_model()
+    ours, theirs = build_adamw(model, 1e-3, 0.1), build_optimizer(model, 1e-3, 0.1)
+    assert len(ours.param_groups) == len(theirs.param_groups)
+    for a, b in zip(ours.param_groups, theirs.param_groups):
+        assert [id(p) for p in a["params"]] == [id(p) for p in b["params"]]
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            assert a[key] == b[key], key
+
+
+def test_imports_with_only_torch_present():
+    """The GPU machine has no Ray and the library must not need datagen's dependencies there."""
+    blocked = ("ray", "datagen", "pyarrow", "tokenizers", "safetensors", "dagster", "mlflow")
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {blocked!r}: raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import k3model.parallel, k3model.parallel.ray_launch, benchmarks.multigpu\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
