@@ -1,7 +1,7 @@
 """Per-profile data sizes: `presets(profile)` → DatagenConfig, one small function per profile.
 
 Profiles (DESIGN §3): `smoke` (the test suite, whole graph in about a minute), `tiny` (default, a 2-core
-CPU) and `small` (one GPU). tiny (128 → 1K → 4K → 16K) and small (512 → 4K → 16K → 64K) keep K3's
+CPU) and `small` (one GPU). tiny (64 → 512 → 2K → 8K) and small (512 → 4K → 16K → 64K) keep K3's
 8K : 64K : 256K : 1M = 1 : 8 : 32 : 128 context-stage ratios; smoke uses 64 → 128 → 256 → 512 to stay
 fast. Distance buckets are cut so that bucket i+1
 first becomes reachable at stage i+1's length: claim 1 asks whether later stages answer at distances
@@ -85,8 +85,8 @@ def _tiny(seed: int) -> DatagenConfig:
         corpus=CorpusConfig(seed=seed, stdlib_chars=6_000_000, prose_docs=2000),
         clues=CluesConfig(
             seed=seed,
-            context_lengths=(128, 1024, 4096, 16384),
-            distance_edges=(0, 64, 512, 2048, 8192, 16384),
+            context_lengths=(64, 512, 2048, 8192),
+            distance_edges=(0, 32, 256, 1024, 4096, 8192),
             eval_per_cell=16,
         ),
         images=ImagesConfig(seed=seed, image_size=32, n_images=4000),

@@ -54,7 +54,7 @@ class PretrainConfig:
     image_fraction: float = 0.25  # rows that start with an image and its caption
     ckpt_every: int = 0  # 0: four times per stage
     log_every: int = 10
-    eval_examples_per_cell: int = 8
+    eval_examples_per_cell: int = 3  # (scattered, control) pairs per (length, distance) cell
     eval_max_length: int | None = None  # longest clue-eval length to score; None: every length
     eval_ppl_windows: int = 8
     eval_vqa_questions: int = 64

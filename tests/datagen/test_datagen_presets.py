@@ -32,7 +32,7 @@ def test_stage_ratios_and_derived_sizes(profile):
 def test_default_is_tiny_with_small_vocab():
     cfg = presets()
     assert cfg.profile == "tiny"
-    assert cfg.context_lengths == (128, 1024, 4096, 16384)
+    assert cfg.context_lengths == (64, 512, 2048, 8192)
     assert 2048 <= cfg.tokenizer.vocab_size <= 4096
     assert presets("smoke").tokenizer.vocab_size == 512
 
