@@ -10,7 +10,7 @@
     record = envs.rollout(env, policy)     # policy: any callable str -> str
 
 The package depends on the standard library only (no torch, no orchestration stack). The kernel
-suite, envs.kernelsuite, is a separate subpackage and is not imported here.
+suite (envs.kernelsuite, which needs torch) is imported only when `make_env("kernelsuite")` asks for it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,16 @@ from envs.tasks import (
 )
 
 
+KERNEL_SUITE = "kernelsuite"
+
+
 def list_envs(domain: str | None = None, difficulty: str | None = None) -> list[str]:
-    """Names accepted by make_env, optionally only one domain and/or difficulty."""
-    return family_names(domain, difficulty)
+    """Names accepted by make_env, optionally only one domain and/or difficulty. The kernel suite
+    belongs to the coding_agents domain and has tasks of every difficulty."""
+    names = family_names(domain, difficulty)
+    if domain in (None, "coding_agents") and difficulty is None:
+        names = names + [KERNEL_SUITE]
+    return names
 
 
 def env_info(name: str) -> dict[str, str]:
@@ -59,12 +66,16 @@ def make_env(name: str, harness: str = "hermes", seed: int = 0, max_steps: int |
 
     seed seeds the draw of task seeds when reset() is called without one. max_steps / max_tokens
     replace the task's own budget (tokens of policy text, counted with token_counter)."""
+    if name == KERNEL_SUITE:
+        # The kernel suite speaks the same protocol; its observations are plain text in every harness.
+        from envs.kernelsuite import KernelEnv
+        return KernelEnv(seed=seed)
     config = EnvConfig(max_steps=max_steps, max_tokens=max_tokens, limits=limits)
     return Env(get_family(name), get_harness(harness), seed=seed, config=config, count_tokens=token_counter)
 
 
 __all__ = [
-    "DIFFICULTIES", "DOMAINS", "Env", "EnvConfig", "Family", "HARNESSES", "Limits", "Policy", "Task",
+    "DIFFICULTIES", "DOMAINS", "Env", "EnvConfig", "Family", "HARNESSES", "KERNEL_SUITE", "Limits", "Policy", "Task",
     "TranscriptPolicy", "env_info", "generate", "get_harness", "harness_split", "list_envs", "make_env",
     "register_family", "rollout", "task_set",
 ]
