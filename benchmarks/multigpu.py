@@ -34,7 +34,6 @@ import platform
 import socket
 import sys
 import time
-import traceback
 from dataclasses import replace
 
 # NVLink multicast stays off on the shared GPU hosts (device KINDS.md); spawned ranks inherit this.
@@ -357,11 +356,21 @@ def ep_worker(rank: int, world: int, mode: str, sizes: dict) -> dict:
     for name, p in ref.named_parameters():
         want = p.grad[ep.expert_start:ep.expert_stop] if name.startswith("w_") else p.grad
         check[f"grad_rel/{name}"] = rel_rms(ep_params[name].grad, want)
+    # Any difference traces back to routing if a token picked other experts: the router matmul
+    # over M rows need not round like the one over W·M rows on a GPU.
+    with torch.no_grad():
+        ids_ep = ep.moe.route(x[rank])[0]
+        ids_ref = ref.route(x[rank])[0]
+        ids_ref_global = ref.route(x.reshape(-1, cfg.d_model))[0][rank * M:(rank + 1) * M]
+    check["tokens_routed_differently"] = int((ids_ep != ids_ref_global).any(-1).sum())
+    check["router_batch_shape_changes_routing"] = bool((ids_ref != ids_ref_global).any())
+    check["max_rel"] = max(v for k, v in check.items() if "rel" in k)
     ref.update_bias()
     ep.update_bias()
+    # The bias goes through a 512-bin histogram: a margin that rounding moves across a bin edge
+    # shifts the interpolated quantile by ~bin/count, hence a looser bound than the 1e-5 above.
     check["bias_rel"] = rel_rms(ep.moe.expert_bias_E, ref.expert_bias_E)
-    check["max_rel"] = max(v for k, v in check.items() if "rel" in k)
-    check["pass"] = check["max_rel"] <= 1e-5
+    check["pass"] = check["max_rel"] <= 1e-5 and check["bias_rel"] <= 1e-3
     out["check"] = check
     torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     del ref, ep, x, w, x_ref, y_ref, x_loc, y_loc
@@ -420,7 +429,8 @@ def merge_ranks(per_rank: list[dict]) -> dict:
     checks = [r["check"] for r in per_rank]
     merged = dict(checks[0])
     for key, value in checks[0].items():
-        if isinstance(value, float) and ("rel" in key or "bytes" in key):
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and any(w in key for w in ("rel", "bytes", "differently"))):
             merged[key] = max(c[key] for c in checks)
     merged["pass"] = all(c["pass"] for c in checks)
     merged["per_rank"] = [{k: v for k, v in c.items() if isinstance(v, (int, float, bool, str))} for c in checks]
@@ -434,7 +444,11 @@ def run_part(results: dict, key: str, fn, out_path: str) -> None:
     try:
         results[key] = fn()
     except Exception as err:
-        results[key] = {"error": f"{type(err).__name__}: {err}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+        # A rank's failure arrives wrapped (ProcessRaisedException with the rank's traceback as
+        # text): its last line is the rank's own exception.
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        results[key] = {"error": (lines[-1] if lines else type(err).__name__)[:1000],
+                        "traceback": f"{type(err).__name__}: {err}"[-6000:]}
     results[key]["seconds"] = time.perf_counter() - t0
     print(f"[multigpu] {key}: {json.dumps(results[key])[:1500]}", flush=True)
     write(results, out_path)
