@@ -210,13 +210,13 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
 
 
 def _stage_asset(stage: int) -> dg.AssetsDefinition:
-    deps = [*DATA_INPUTS] + ([stage_name(stage - 1)] if stage > 1 else [])
+    previous = stage_name(stage - 1) if stage > 1 else None
+    start = f"{previous}'s checkpoint" if previous else "random weights"
 
-    @dg.asset(name=stage_name(stage), group_name="pretraining", deps=deps, kinds={"pytorch", "ray"},
-              code_version=PRETRAIN_CODE_VERSION, required_resource_keys=RESOURCES,
-              description=f"Pretraining context stage {stage} of {NUM_STAGES}: the profile's stage-{stage} "
-                          "sequence length, starting from " + (f"{stage_name(stage - 1)}'s checkpoint."
-                                                               if stage > 1 else "random weights."))
+    @dg.asset(name=stage_name(stage), group_name="pretraining", deps=[*DATA_INPUTS, *([previous] if previous else [])],
+              kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION, required_resource_keys=RESOURCES,
+              description=f"Pretraining context stage {stage} of {NUM_STAGES} at the profile's stage-{stage} "
+                          f"sequence length, starting from {start}.")
     def _asset(context: dg.AssetExecutionContext, config: PretrainStageConfig) -> dg.MaterializeResult:
         return materialize_stage(context, config, stage)
     return _asset

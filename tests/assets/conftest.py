@@ -1,27 +1,11 @@
-"""Fixtures for the asset tests: a temporary K3 home, smoke-profile resources, the data group
-materialized once per module into an ephemeral instance, and one Ray cluster for the session."""
-
-import os
+"""Fixtures for the asset tests: a temporary K3 home, smoke-profile resources, and the data group
+materialized once per module into an ephemeral instance."""
 
 import dagster as dg
 import pytest
 
 from assets.data import DATA_ASSETS
 from pipelines.resources import resources_for
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray cluster shared by every test that trains (RayResource reuses it)."""
-    import ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=os.cpu_count(), num_gpus=0, include_dashboard=False,
-                 object_store_memory=256 << 20, log_to_driver=True)
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

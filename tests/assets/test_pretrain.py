@@ -1,18 +1,14 @@
 """Pretraining assets: checks on real checkpoints, refusal of corrupted or missing inputs, bad
-config, and one real stage trained through Ray and logged to MLflow (slow)."""
-
-import json
+config. Real training through Ray and MLflow is exercised end to end in tests/pipelines/test_e2e.py."""
 
 import dagster as dg
 import pytest
 import torch
 from conftest import error_text
-from mlflow.tracking import MlflowClient
 
-from assets.data import DATA_ASSETS
 from assets.lineage import PROFILE_TAG
 from assets.pretrain import PRETRAIN_CHECKS, STAGE_ASSETS, PretrainStageConfig, base_model, clue_tables
-from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file, verify_checkpoint
+from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file
 from pipelines.resources import ProfileResource
 
 
@@ -120,40 +116,3 @@ def test_clue_tables_split_distance_and_length():
     by_distance, by_length = clue_tables(ev)
     assert by_distance.splitlines()[2:] == ["| 0-32 | 1.0 | 1.0 |", "| 32-64 | 0.5 | null |"]
     assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null |"]
-
-
-# Smoke stage 1, short: one clue example per cell. Only the pretraining profile's own step count.
-SHORT = {"eval_examples_per_cell": 1, "log_every": 1}
-
-
-@pytest.mark.slow
-def test_stage_one_trains_on_ray_and_registers_its_checkpoint(ray_cluster, smoke_resources):
-    instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([*DATA_ASSETS, STAGE_ASSETS[0], *PRETRAIN_CHECKS[:2]], instance=instance,
-                            resources=smoke_resources,
-                            run_config={"ops": {"pretrain_stage_1": {"config": SHORT}}})
-    assert result.success
-    md = {k: v.value for k, v in result.asset_materializations_for_node("pretrain_stage_1")[0].metadata.items()}
-    info = verify_checkpoint(md["path"])
-    assert md["sha256"] == info.sha256
-    event = instance.get_latest_materialization_event(dg.AssetKey("pretrain_stage_1")).asset_materialization
-    assert event.tags["dagster/data_version"] == info.sha256
-    # The manifest records config, code, library and data versions.
-    manifest = json.loads((info.path / "manifest.json").read_text())
-    assert manifest["config"]["pretrain"]["stage"] == 1 and manifest["config"]["pretrain"]["profile"] == "smoke"
-    assert set(manifest["data_versions"]) == {"tokenizer_path", "corpus_path", "images_path", "clue_eval_path"}
-    assert manifest["library_versions"]["torch"] and manifest["code_version"]["source_sha256"]
-    for key in ("eval/ppl", "eval/vqa_acc", "moe/load_max_over_mean", "perf/tokens_per_s", "perf/wall_s"):
-        assert key in md, key
-    assert "| distance |" in md["clue_acc_by_distance"] and "| length |" in md["clue_acc_by_length"]
-    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations["checkpoint_intact"] is True and "loss_fell" in evaluations
-
-    client = MlflowClient(smoke_resources["mlflow"].resolved_tracking_uri())
-    run = client.get_run(md["mlflow_run"].rsplit("/", 1)[1])
-    assert run.data.tags["dagster_run_id"] == result.run_id and run.info.status == "FINISHED"
-    history = client.get_metric_history(run.info.run_id, "train/main")
-    assert len(history) == md["steps"]  # logged live from the Ray task, one point per step
-    version = client.get_model_version("k3-smoke-pretrain_stage_1", md["mlflow_model"].rsplit("/", 1)[1])
-    assert version.tags["sha256"] == info.sha256 and version.run_id == run.info.run_id
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"checkpoint", "loss.png"}
