@@ -113,11 +113,11 @@ def _worker_entry(local_rank: int, fn: Callable, world_size: int, backend: str, 
     torch.set_num_threads(threads)
     rank_device = f"cuda:{local_rank}" if device == "cuda" else device
     init_distributed(local_rank, world_size, backend, "127.0.0.1", port, rank_device)
-    try:
-        result = fn(local_rank, world_size, *args)
-        queue.put((local_rank, result))
-    finally:
-        dist.destroy_process_group()
+    # No try/finally: after a failure mid-collective, destroying the group can block, and the
+    # process must exit so the launcher sees the error and stops the other ranks.
+    result = fn(local_rank, world_size, *args)
+    queue.put((local_rank, result))
+    dist.destroy_process_group()
 
 
 def launch_local(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",

@@ -22,6 +22,7 @@ otherwise a private local one is started and shut down on return.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from k3model.parallel.data_parallel import DataParallelConfig
@@ -48,10 +49,11 @@ class _RankActor:
         torch.set_num_threads(threads)
         init_distributed(self.rank, self.world_size, cfg.backend, master_addr, master_port,
                          "cuda" if cfg.device == "cuda" else "cpu")
-        try:
-            return data_parallel_worker(self.rank, self.world_size, cfg)
-        finally:
-            dist.destroy_process_group()
+        # Left in place on failure (destroying a group mid-collective can block); the driver kills
+        # the actors.
+        result = data_parallel_worker(self.rank, self.world_size, cfg)
+        dist.destroy_process_group()
+        return result
 
 
 def run_data_parallel(cfg: DataParallelConfig, timeout_s: float = 600.0,
@@ -86,7 +88,15 @@ def run_data_parallel(cfg: DataParallelConfig, timeout_s: float = 600.0,
     try:
         master_addr, master_port = ray.get(actors[0].address.remote(), timeout=timeout_s)
         refs = [a.run.remote(cfg, master_addr, master_port, cpus_per_rank) for a in actors]
-        results = ray.get(refs, timeout=timeout_s)
+        # Collect as ranks finish, so a failed rank raises at once instead of after the others
+        # (stuck in a collective with it) time out.
+        pending, deadline = list(refs), time.monotonic() + timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                raise TimeoutError(f"data-parallel ranks did not finish within {timeout_s:.0f} s")
+            ray.get(ready)
+        results = ray.get(refs)
     finally:
         for a in actors:
             ray.kill(a)

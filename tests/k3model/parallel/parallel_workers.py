@@ -213,3 +213,11 @@ def dp_step_vs_single(rank: int, world: int, expert_parallel: bool) -> dict[str,
 def dp_cases(rank: int, world: int) -> dict[str, dict[str, float]]:
     return {"dp": dp_step_vs_single(rank, world, expert_parallel=False),
             "dp+ep": dp_step_vs_single(rank, world, expert_parallel=True)}
+
+
+def fail_on_rank1(rank: int, world: int) -> int:
+    """Rank 1 raises while rank 0 waits in a collective for it."""
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.barrier()
+    return rank

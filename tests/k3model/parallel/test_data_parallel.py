@@ -84,3 +84,8 @@ def test_imports_with_only_torch_present():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_failing_rank_raises_in_the_launcher_instead_of_hanging():
+    with pytest.raises(Exception, match="rank 1 fails on purpose"):
+        launch_local(workers.fail_on_rank1, 2)
