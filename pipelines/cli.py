@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     selection, _ = _selection(args.select, all_keys)
     job_name = "k3_cli_run"
     job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, selection)]))
-    job = job_defs.get_job_def(job_name)
+    job = job_defs.resolve_job_def(job_name)
     selected = sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys)
 
     _say(f"k3 run: profile {profile}, {len(selected)} asset(s): {', '.join(selected)}")
