@@ -14,7 +14,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.lineage import markdown_table, profile_tags
+from assets.lineage import markdown_table, profile_tags, run_id
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
 from assets.tasks import LiveLog, evaluate_checkpoint_task
 
@@ -75,7 +75,7 @@ def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> d
                         buckets.append(bucket)
             rows.append(row)
         buckets.sort(key=lambda b: int(b.split("-")[0]))
-        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", context.run.run_id)
+        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", run_id(context))
                      / "clue_acc_by_distance.png", profile)
         mlflow.client().log_artifact(run.info.run_id, str(plot))
 

@@ -82,6 +82,12 @@ def _my_name(context) -> str:
         return context.op_def.name
 
 
+def run_id(context) -> str:
+    """The Dagster run id; "EPHEMERAL" when the asset is called directly (`context.run` is then
+    unset, and `context.run_id` is deprecated)."""
+    return context.op_execution_context.run_id
+
+
 def profile_tags(profile: str) -> dict[str, str]:
     return {PROFILE_TAG: profile}
 

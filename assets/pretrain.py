@@ -26,7 +26,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.lineage import (Upstream, latest_for_profile, markdown_table, profile_tags, require_upstream,
-                            require_upstreams)
+                            require_upstreams, run_id)
 from assets.tasks import LiveLog, train_stage_task
 from k3model.checkpoint import CheckpointCorrupted, source_tree_sha256, verify_checkpoint
 
@@ -168,18 +168,18 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
         result = ray.run(train_stage_task, cfg, data, str(work_dir), str(init.path) if init else None, live,
                          num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info)
 
-        final = store.checkpoint_dir(profile, name, context.run.run_id)
+        final = store.checkpoint_dir(profile, name, run_id(context))
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(result.checkpoint_dir, final)
         # The resumable state is only needed while the stage is unfinished.
         shutil.rmtree(work_dir, ignore_errors=True)
         info = verify_checkpoint(final)
 
-        report = store.report_dir(profile, name, context.run.run_id)
+        report = store.report_dir(profile, name, run_id(context))
         plot = _plot_losses(result.history, report / "loss.png", f"{name} ({profile})")
         mlflow.client().log_artifact(run.info.run_id, str(plot))
         version = mlflow.register_checkpoint(run.info.run_id, f"k3-{profile}-{name}", final,
-                                             tags={"sha256": info.sha256, "dagster_run_id": context.run.run_id})
+                                             tags={"sha256": info.sha256, "dagster_run_id": run_id(context)})
 
     ev = result.eval
     by_distance, by_length = clue_tables(ev)
@@ -234,7 +234,7 @@ def base_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     profile = context.resources.profile.name
     last = verified(context, stage_name(NUM_STAGES), profile)
     store, mlflow = context.resources.store, context.resources.mlflow
-    final = store.checkpoint_dir(profile, "base_model", context.run.run_id)
+    final = store.checkpoint_dir(profile, "base_model", run_id(context))
     final.mkdir(parents=True)
     # Hard links: the base model is the same bytes as the last stage, stored once.
     for f in last.path.iterdir():
@@ -258,7 +258,7 @@ def base_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
             mlflow.log_metrics(run.info.run_id, {f"stages/{k}": v for k, v in row.items()
                                                  if isinstance(v, float)}, step=row["stage"])
         version = mlflow.register_checkpoint(run.info.run_id, model_name, final,
-                                             tags={"sha256": info.sha256, "dagster_run_id": context.run.run_id})
+                                             tags={"sha256": info.sha256, "dagster_run_id": run_id(context)})
         mlflow.client().set_registered_model_alias(model_name, "champion", version.version)
     return dg.MaterializeResult(
         metadata={"path": dg.MetadataValue.path(str(final)), "sha256": info.sha256, "profile": profile,

@@ -201,11 +201,13 @@ class MlflowResource(dg.ConfigurableResource):
         from mlflow.entities import Param
         client = self.client()
         asset = context.asset_key.to_user_string()
-        all_tags = {"dagster_run_id": context.run.run_id, "asset": asset, **(tags or {})}
+        # `context.run` is unset when an asset is called directly; the op context always has an id.
+        dagster_run_id = context.op_execution_context.run_id
+        all_tags = {"dagster_run_id": dagster_run_id, "asset": asset, **(tags or {})}
         if context.has_partition_key:
             all_tags["partition"] = context.partition_key
         run = client.create_run(self.experiment_id(), tags=all_tags,
-                                run_name=f"{asset}-{context.run.run_id[:8]}")
+                                run_name=f"{asset}-{dagster_run_id[:8]}")
         client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
         try:
             yield run
