@@ -188,8 +188,11 @@ class ExpertParallelMoE(nn.Module):
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         send_counts_We = torch.bincount(ids_R, minlength=E).view(W, e)
         recv_counts_We = _all_to_all(send_counts_We, [1] * W, [1] * W, self.group)
-        send_splits = send_counts_We.sum(1).tolist()
-        recv_splits = recv_counts_We.sum(1).tolist()
+        # Two host syncs per layer: the splits must be Python ints.
+        send_counts, recv_counts = send_counts_We.tolist(), recv_counts_We.tolist()
+        send_splits = [sum(row) for row in send_counts]
+        recv_splits = [sum(row) for row in recv_counts]
+        rows_per_local_expert = [sum(col) for col in zip(*recv_counts)]
 
         z_RL = moe._expert_act(z_ML.index_select(0, token_R))
         z_NL = all_to_all_rows(z_RL, recv_splits, send_splits, self.group)
@@ -205,7 +208,7 @@ class ExpertParallelMoE(nn.Module):
         start = 0
         # Experts with no rows still run (on zero rows): every rank then keeps both exchanges in its
         # autograd graph, so the backward all-to-alls are called on all ranks alike.
-        for j, n in enumerate(recv_counts_We.sum(0).tolist()):
+        for j, n in enumerate(rows_per_local_expert):
             z_nL = z_sorted_NL[start:start + n]
             h_nH = situ_glu(z_nL @ w_gate_eHL[j].t(), z_nL @ w_up_eHL[j].t(), moe.cfg.situ_beta1,
                             moe.cfg.situ_beta2)
