@@ -126,9 +126,13 @@ class _Progress(threading.Thread):
             self._line(f"✗ {step}: {_root_message(err)}")
 
 
+def _raise_keyboard_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _root_message(err) -> str:
-    """The innermost cause of a SerializableErrorInfo: the user's own message, not Dagster's wrapper."""
-    while err is not None and err.cause is not None:
+    """The user's own message in a SerializableErrorInfo: the first cause past Dagster's wrappers."""
+    while err is not None and err.cause is not None and err.cls_name.startswith("Dagster"):
         err = err.cause
     if err is None:
         return "unknown error"
@@ -165,6 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"k3 run: not in the pipeline yet (DESIGN.md §1): {', '.join(missing)}")
     _say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
 
+    # SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: the Ray task is cancelled, the local
+    # cluster stopped and the run recorded as failed, instead of dying mid-write.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     instance = dg.DagsterInstance.get()
     run_id = str(uuid.uuid4())
     progress = _Progress(instance, run_id)
@@ -277,9 +284,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     logs = home / "logs"
     procs: list[subprocess.Popen] = []
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         procs.append(_spawn(mlflow_cmd, env, logs / "mlflow.log"))
         procs.append(_spawn(dagster_cmd, env, logs / "dagster.log"))

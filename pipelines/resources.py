@@ -152,9 +152,13 @@ class RayResource(dg.ConfigurableResource):
         refs = [remote.remote(*args) for args in arg_tuples]
         try:
             return ray.get(refs)
-        except BaseException:
+        except BaseException as e:
             for ref in refs:
                 ray.cancel(ref, force=True)
+            if isinstance(e, SystemExit):
+                # Ray's driver turns SIGTERM into SystemExit inside ray.get; say what happened.
+                raise RuntimeError(f"interrupted by a termination signal; cancelled {len(refs)} Ray "
+                                   "task(s)") from e
             raise
 
 
