@@ -16,20 +16,22 @@ and, sequentially over chunks, S the fp32 state entering the chunk:
     S'    = γ ⊙ S + KGᵀ V_new
 
 Kernels, in the order they run:
-1. `_prep_kernel` (parallel over chunks): everything that does not depend on S. A_kk and A_qk are
-   built from 16-row sub-chunks ("secondary chunking"): a pair of rows r ≥ j factors its decay as
-   e^{G_r − G_p} · e^{G_p − G_j} through an anchor row p that lies in the past of r — the first row
-   of r's sub-chunk for diagonal blocks, shifted by 2^±DIAG_SHIFT so both factors stay in fp32
-   range, and for off-diagonal blocks an anchor between the two sub-chunks, where both factors are
-   ≤ 1. No anchor is ever a future row, so prefix outputs do not depend on later gates at all
-   (fla issue #1240). T is inverted blockwise: forward substitution on the four diagonal 16×16
-   blocks, then block products for the rest.
+1. `_prep_kernel` (parallel over chunks): everything that does not depend on S. It stores G (log2
+   units; the backward reuses it), then builds A_qk and A_kk on full 64-row tiles with tensor-core
+   products over three pair regions that partition the lower triangle ("secondary chunking"): the
+   diagonal 16-blocks, blocks (1, 0) and (3, 2), and rows 32–63 × columns 0–31. Inside a region a
+   pair r ≥ j factors its decay as 2^{G_r − G_p} · 2^{G_p − G_j} through the region's anchor row p,
+   which always lies in the past of r: the first row of the block for the diagonal region (both
+   factors shifted by 2^±DIAG_SHIFT to stay in fp32 range), and a row between the two blocks
+   otherwise, where both factors are ≤ 1. No anchor is a future row, so prefix outputs do not depend
+   on later gates at all (fla issue #1240). T = (I + A_kk)⁻¹ by doubling:
+   (I − A)(I + A²)(I + A⁴)…(I + A³²), ten 64×64 products in tf32x3.
 2. `_fwd_state_kernel` (sequential over chunks, parallel over batch·heads and value blocks): the
-   state hand-off S → S' and the output, fused. The chunk's loads and the S-independent products
-   (QG S shares its operand with W S; A_qk V_new runs off the state's critical path) are issued
-   alongside the state update, so the serial chain per chunk is two small products: W S and KGᵀ V_new.
-   With gradients required it also stores S per chunk (bf16) and V_new, so the backward never
-   reruns the forward recurrence.
+   state hand-off S → S' and the output, fused. The chunk's loads are software-pipelined ahead of the
+   serial chain, and the S-independent products (QG S shares its operand with W S; A_qk V_new runs
+   off the state's critical path) are issued alongside the state update, so the serial chain per
+   chunk is two small products: W S and KGᵀ V_new. With gradients required it also stores S per
+   chunk (bf16) and V_new, so the backward never reruns the forward recurrence.
 
 Backward, with dO and dS_final given:
 3. `_bwd_state_kernel` (sequential, reverse): dV_new = A_qkᵀ dO + KG dS',
@@ -37,13 +39,14 @@ Backward, with dO and dS_final given:
 4. `_bwd_chunk_kernel` (parallel over chunks): with X = β(V − e^G K S) so that V_new = T X,
    dX = Tᵀ dV_new and dA_kk = −dX V_newᵀ (strictly lower), which needs neither W nor dT; then the
    gradients of QG, KG, γ and of the pairwise matrices A_qk and A_kk with respect to q, k, G and β,
-   the pairs again factored through past anchors; dg is the reverse cumulative sum of dG over the chunk.
+   over the same three anchored regions; dg is the reverse cumulative sum of dG over the chunk.
 
-Exactness of the anchored factorization: inside one 16-token sub-chunk the per-channel log decay
-(G at the sub-chunk's first row minus G at a later row) must stay below about 130 nats (a mean
-log decay above −8.7 per token, e.g. any gate bounded below by −5 as in K3's safe gate). Beyond
-that the intra-sub-chunk terms are clamped (they stay finite, never NaN) but lose accuracy; use
-`chunk_kda_torch` for such gates. Outside the diagonal blocks every factor is ≤ 1, so any decay is exact.
+Exactness of the anchored factorization: inside one 16-token block the per-channel log decay
+(G at the block's first row minus G at a later row) must stay below DIAG_SHIFT + EXP2_CLAMP = 164
+in log2 units, about 114 nats (a mean log decay above −7.6 per token over the block; any gate
+bounded below by −5, as K3's safe gate is, qualifies). Beyond that the intra-block terms are
+clamped: they stay finite, never NaN, but lose accuracy — use backend="torch" for such gates.
+Outside the diagonal blocks every factor is ≤ 1, so any decay is exact there.
 
 Legend: B batch, T tokens, H heads, K key width, V value width, NT chunks, BT = 64 chunk rows,
 BK/BV tile widths. Layouts follow fla: [B, T, H, D] inputs, [B, H, K, V] fp32 states.
@@ -59,8 +62,9 @@ import triton.language as tl
 
 CHUNK = 64
 LOG2E = 1.4426950408889634
-# Diagonal sub-chunk blocks: row factors 2^(G_r − G_p + SHIFT) ≤ 2^SHIFT, column factors
-# 2^(G_p − SHIFT − G_j) ≥ 2^−SHIFT; both stay normal fp32 while the sub-chunk's decay is < SHIFT + 126.
+# Diagonal 16-blocks: row factors 2^(G_r − G_p + SHIFT) ≤ 2^SHIFT, column factors
+# 2^(G_p − SHIFT − G_j) ≥ 2^−SHIFT. Exponents are clamped at EXP2_CLAMP so that no product,
+# not even one the causal mask discards, overflows to inf (inf · 0 would be NaN).
 DIAG_SHIFT = 64.0
 EXP2_CLAMP = 100.0
 MAX_K = 128
