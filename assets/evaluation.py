@@ -22,6 +22,8 @@ from assets.tasks import LiveLog, evaluate_checkpoint_task
 class EvalConfig(dg.Config):
     examples_per_cell: int = Field(default=1_000_000, ge=1, description="clue-eval examples scored per "
                                    "(length, distance) cell; the default scores the whole grid")
+    stages: list[int] = Field(default=list(range(1, NUM_STAGES + 1)), min_length=1,
+                              description="which stages to re-score (default: all)")
 
 
 def _plot(rows: list[dict[str, Any]], buckets: list[str], path: Path, profile: str) -> Path:
@@ -49,9 +51,13 @@ def _plot(rows: list[dict[str, Any]], buckets: list[str], path: Path, profile: s
           required_resource_keys={"profile", "store", "mlflow", "ray"})
 def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> dg.MaterializeResult:
     """Every stage's newest checkpoint scored on the full clue grid, held-out perplexity and VQA."""
+    bad = sorted(set(config.stages) - set(range(1, NUM_STAGES + 1)))
+    if bad:
+        raise dg.Failure(description=f"ops.checkpoint_evals.config.stages: {bad} are not stages; "
+                                     f"choose from 1 … {NUM_STAGES}", allow_retries=False)
     profile = context.resources.profile.name
     data, _ = pretrain_data(context, profile)
-    stages = {s: verified(context, stage_name(s), profile) for s in range(1, NUM_STAGES + 1)}
+    stages = {s: verified(context, stage_name(s), profile) for s in sorted(set(config.stages))}
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
 
     with mlflow.start_run(context, params={"profile": profile, "examples_per_cell": config.examples_per_cell,

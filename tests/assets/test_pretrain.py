@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import error_text
 
+from assets.evaluation import EvalConfig, checkpoint_evals
 from assets.lineage import PROFILE_TAG
 from assets.pretrain import PRETRAIN_CHECKS, STAGE_ASSETS, PretrainStageConfig, base_model, clue_tables
 from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file
@@ -116,3 +117,16 @@ def test_clue_tables_split_distance_and_length():
     by_distance, by_length = clue_tables(ev)
     assert by_distance.splitlines()[2:] == ["| 0-32 | 1.0 | 1.0 |", "| 32-64 | 0.5 | null |"]
     assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null |"]
+
+
+def test_checkpoint_evals_rejects_unknown_stages(smoke_resources):
+    with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+            pytest.raises(dg.Failure, match=r"ops.checkpoint_evals.config.stages: \[0, 7\] are not stages"):
+        checkpoint_evals(ctx, EvalConfig(stages=[1, 7, 0]))
+
+
+def test_checkpoint_evals_names_the_missing_stage(data_run, smoke_resources, tmp_path):
+    instance, _ = data_run
+    with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx, \
+            pytest.raises(dg.Failure, match="pretrain_stage_3 has not been materialized for profile 'smoke'"):
+        checkpoint_evals(ctx, EvalConfig(stages=[3]))

@@ -107,6 +107,19 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     champion = client.get_model_version_by_alias("k3-smoke-base", "champion")
     assert champion.tags["sha256"] == latest["base_model"].tags["dagster/data_version"]
 
+    # The nightly re-evaluation, cut to one stage and one clue example per cell.
+    proc = _materialize(home, ["checkpoint_evals"], ray_address,
+                        ops={"checkpoint_evals": {"config": {"examples_per_cell": 1, "stages": [1]}}})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    os.environ["DAGSTER_HOME"] = str(dagster_home(home))
+    try:
+        evals = dg.DagsterInstance.get().get_latest_materialization_event(
+            dg.AssetKey("checkpoint_evals")).asset_materialization.metadata
+    finally:
+        del os.environ["DAGSTER_HOME"]
+    assert "| stage | sha256 | ppl | vqa |" in evals["clue_acc_by_distance"].value
+    assert evals["evals"].value["pretrain_stage_1"]["eval/ppl"] == pytest.approx(md["eval/ppl"], rel=1e-4)
+
     # A corrupted stage-4 checkpoint: base_model refuses it with the file and both hashes, exit 1.
     weights = Path(latest["pretrain_stage_4"].metadata["path"].value) / WEIGHTS_FILE
     raw = bytearray(weights.read_bytes())
