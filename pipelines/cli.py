@@ -46,7 +46,7 @@ def _selection(select: str | None, all_keys: list[str]):
     """`--select a,b,*c,d*`: names; `*name` adds everything upstream, `name*` everything downstream."""
     import dagster as dg
     if not select:
-        return dg.AssetSelection.all(), all_keys
+        return dg.AssetSelection.all()
     sel = None
     for raw in (s.strip() for s in select.split(",")):
         name = raw.strip("*")
@@ -59,7 +59,7 @@ def _selection(select: str | None, all_keys: list[str]):
         if raw.endswith("*"):
             part = part.downstream()
         sel = part if sel is None else sel | part
-    return sel, None
+    return sel
 
 
 class _Progress(threading.Thread):
@@ -158,7 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     all_keys = [k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()]
     missing = [name for name in DESIGN_LINEAGE if name not in all_keys]
-    selection, _ = _selection(args.select, all_keys)
+    selection = _selection(args.select, all_keys)
     job_name = "k3_cli_run"
     job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, selection)]))
     job = job_defs.resolve_job_def(job_name)
@@ -182,13 +182,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
                                         raise_on_error=False, tags={"k3/profile": profile, "k3/cli": "run"})
     except KeyboardInterrupt:
-        progress.stop.set()
-        progress.join()
+        result = None
+    # Let the progress thread print the run's last events before the summary.
+    progress.stop.set()
+    progress.join()
+    if result is None:
         _say("k3 run: interrupted")
         return 130
-    finally:
-        progress.stop.set()
-        progress.join()
     took = time.perf_counter() - progress.t0
     if result.success:
         _say(f"k3 run: success in {took:.1f} s (run {run_id})")
