@@ -45,7 +45,7 @@ class PretrainStageConfig(dg.Config):
     lr: float | None = Field(default=None, gt=0, description="peak learning rate")
     balancing: str | None = Field(default=None, description="MoE balancing: quantile, deepseek or none")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
-    eval_examples_per_cell: int = Field(default=8, ge=1, description="clue-eval examples per "
+    eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage")
 
 

@@ -49,23 +49,16 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
     """Re-score a checkpoint (hashes verified on load) with the model config its manifest records."""
     import torch
 
-    from k3model.checkpoint import load_checkpoint
-    from k3model.config import ModelConfig, VisionConfig
-    from k3model.model import K3Model
+    from k3model.pretrain import eval_sizes, load_pretrained
     from k3model.pretrain_eval import evaluate
 
-    weights, manifest = load_checkpoint(checkpoint_dir)
-    recorded = dict(manifest["config"]["model"])
-    if recorded.get("vision") is not None:
-        recorded["vision"] = VisionConfig(**recorded["vision"])
-    model_cfg = ModelConfig(**recorded)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = K3Model(model_cfg)
-    model.load_state_dict(weights)
-    model.to(device)
+    model, manifest = load_pretrained(checkpoint_dir, device)
+    pretrain_cfg = manifest["config"]["pretrain"]
+    _, windows, questions = eval_sizes(pretrain_cfg["profile"])
     t0 = time.perf_counter()
-    metrics = evaluate(model, data, model_cfg, device=device, seed=manifest["config"]["pretrain"]["seed"],
-                       examples_per_cell=examples_per_cell)
+    metrics = evaluate(model, data, model.cfg, device=device, seed=pretrain_cfg["seed"],
+                       examples_per_cell=examples_per_cell, ppl_windows=windows, vqa_questions=questions)
     metrics["perf/eval_wall_s"] = time.perf_counter() - t0
     live(step, metrics)
     return metrics

@@ -27,13 +27,18 @@ import torch
 
 from k3model.checkpoint import (TrainState, capture_rng_state, load_checkpoint, load_train_state,
                                 restore_rng_state, save_checkpoint)
-from k3model.config import ModelConfig, get_profile
+from k3model.config import ModelConfig, VisionConfig, get_profile
 from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import lr_at
 
 LogFn = Callable[[int, dict], None]
+
+
+# (clue pairs per cell, perplexity windows, VQA questions) per profile: the smoke profile only has to
+# exercise the code in CI; tiny has to say something about claim 1.
+EVAL_SIZES = {"smoke": (1, 2, 8), "tiny": (3, 8, 64), "small": (16, 32, 256)}
 
 
 @dataclass(frozen=True)
@@ -54,17 +59,19 @@ class PretrainConfig:
     image_fraction: float = 0.25  # rows that start with an image and its caption
     ckpt_every: int = 0  # 0: four times per stage
     log_every: int = 10
-    eval_examples_per_cell: int = 3  # (scattered, control) pairs per (length, distance) cell
+    # End-of-stage evaluation sizes; None takes the profile's (EVAL_SIZES).
+    eval_examples_per_cell: int | None = None  # (scattered, control) pairs per (length, distance) cell
     eval_max_length: int | None = None  # longest clue-eval length to score; None: every length
-    eval_ppl_windows: int = 8
-    eval_vqa_questions: int = 64
+    eval_ppl_windows: int | None = None
+    eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
 
     def __post_init__(self) -> None:
         get_profile(self.profile)  # raises ValueError naming the valid profiles
         if not 1 <= self.stage <= 4:
             raise ValueError(f"stage must be 1, 2, 3 or 4, got {self.stage}")
-        for name in ("steps", "batch_size", "seq_len"):
+        for name in ("steps", "batch_size", "seq_len", "eval_examples_per_cell", "eval_ppl_windows",
+                     "eval_vqa_questions"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {value}")
@@ -105,6 +112,22 @@ class PretrainResult:
     eval: dict[str, float] = field(default_factory=dict)
     tokens_seen: int = 0
     resumed_from_step: int | None = None
+
+
+def eval_sizes(profile: str) -> tuple[int, int, int]:
+    """(clue pairs per cell, perplexity windows, VQA questions) for end-of-stage evaluation."""
+    return EVAL_SIZES.get(profile, EVAL_SIZES["tiny"])
+
+
+def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3Model, dict]:
+    """The model a checkpoint holds (hashes verified), built from the config its manifest records."""
+    weights, manifest = load_checkpoint(checkpoint_dir)
+    recorded = dict(manifest["config"]["model"])
+    if recorded.get("vision") is not None:
+        recorded["vision"] = VisionConfig(**recorded["vision"])
+    model = K3Model(ModelConfig(**recorded))
+    model.load_state_dict(weights)
+    return model.to(device), manifest
 
 
 def build_optimizer(model: K3Model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -219,10 +242,11 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
             save(step + 1, last_dir, with_state=True)
 
     # ---- final evaluation and checkpoint
+    pairs, windows, questions = eval_sizes(cfg.profile)
     eval_metrics = evaluate(model, data, stage.model, device=device, seed=cfg.seed,
-                            examples_per_cell=cfg.eval_examples_per_cell,
-                            max_length=cfg.eval_max_length, ppl_windows=cfg.eval_ppl_windows,
-                            vqa_questions=cfg.eval_vqa_questions)
+                            examples_per_cell=cfg.eval_examples_per_cell or pairs,
+                            max_length=cfg.eval_max_length, ppl_windows=cfg.eval_ppl_windows or windows,
+                            vqa_questions=cfg.eval_vqa_questions or questions)
     eval_metrics["perf/tokens_per_s"] = timed_tokens / max(timed_seconds, 1e-9)
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
     eval_metrics["train/tokens_seen"] = float(tokens_seen)

@@ -7,8 +7,8 @@ The model files stay single-device; these modules wrap or drive them over torch.
 - `data_parallel`: the data-parallel training step (bucketed gradient all-reduce, global-norm clip,
   global balancing statistics), a timed worker, and `launch_local` / `run_data_parallel_local`
   (torch.multiprocessing, NCCL or gloo).
-- `ray_launch`: `run_data_parallel`, the same worker in one Ray actor per rank. Not imported here:
-  k3model imports no Ray (DESIGN.md §2), so that module is imported only by whoever calls it.
+- `pipelines.ray_launch.run_data_parallel` runs the same worker in one Ray actor per rank; it lives
+  in the orchestration layer because k3model imports no Ray (DESIGN.md §2).
 
 Context-parallel KDA lives with its kernels, in `kernels.kda.cp`.
 """

@@ -20,7 +20,7 @@ another (an image batch on one rank only) is taken as zero where missing, as the
 would give; one that got none anywhere keeps `grad = None`, so AdamW skips it as single-process would.
 
 Launchers: `run_data_parallel_local` spawns one process per rank with torch.multiprocessing (NCCL
-and one GPU each, or gloo on the CPU); `k3model.parallel.ray_launch.run_data_parallel` runs the same
+and one GPU each, or gloo on the CPU); `pipelines.ray_launch.run_data_parallel` runs the same
 `data_parallel_worker` in one Ray actor per rank. Both return tokens/s for a few timed steps on
 random tokens (speed, not learning).
 

@@ -45,7 +45,7 @@ def test_config_rejects_what_cannot_run():
 @pytest.mark.slow
 def test_ray_launcher_runs_the_same_steps_as_the_local_launcher():
     pytest.importorskip("ray")
-    from k3model.parallel.ray_launch import run_data_parallel
+    from pipelines.ray_launch import run_data_parallel
     cfg = DataParallelConfig(profile="smoke", world_size=2, steps=2, warmup_steps=1, batch_size=1, seq_len=32)
     ray_res = run_data_parallel(cfg)
     local_res = run_data_parallel_local(cfg)
@@ -78,7 +78,7 @@ def test_imports_with_only_torch_present():
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name.split('.')[0] in {blocked!r}: raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import k3model.parallel, k3model.parallel.ray_launch, benchmarks.multigpu\n"
+        "import k3model.parallel, pipelines.ray_launch, benchmarks.multigpu\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -9,11 +9,10 @@ process group at that MASTER_ADDR/MASTER_PORT and runs `data_parallel_worker` �
 the torch.multiprocessing launcher (`data_parallel.run_data_parallel_local`) runs, so the two
 launchers measure the same step.
 
-Why a module of its own, imported by nobody in k3model: DESIGN.md §2 keeps k3model free of Ray (the
-GPU machine has no Ray, and `import k3model` must work with only torch and triton). `ray` is imported
-inside `run_data_parallel`, and only this module mentions it, so importing `k3model.parallel` never
-needs Ray. The orchestration layer (`pipelines/resources.py`'s RayResource) would be the natural
-owner of a Ray launcher; it lives here so it can share `data_parallel_worker` and be tested beside it.
+Why it lives in pipelines/: DESIGN.md §2 keeps k3model free of Ray (the GPU machine has no Ray, and
+`import k3model` must work with only torch and triton), so the Ray side of data parallelism sits in
+the orchestration layer and drives k3model's plain `data_parallel_worker`. `ray` is imported inside
+`run_data_parallel`, so importing this module does not start or need a cluster.
 
 A Ray cluster already initialized in this process (or `RAY_ADDRESS`) is used and left running;
 otherwise a private local one is started and shut down on return.
