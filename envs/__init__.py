@@ -30,12 +30,10 @@ KERNEL_SUITE = "kernelsuite"
 
 
 def list_envs(domain: str | None = None, difficulty: str | None = None) -> list[str]:
-    """Names accepted by make_env, optionally only one domain and/or difficulty. The kernel suite
-    belongs to the coding_agents domain and has tasks of every difficulty."""
-    names = family_names(domain, difficulty)
-    if domain in (None, "coding_agents") and difficulty is None:
-        names = names + [KERNEL_SUITE]
-    return names
+    """Task family names accepted by make_env, optionally only one domain and/or difficulty.
+    `make_env(KERNEL_SUITE)` also gives the kernel-coding suite (coding_agents domain), which has
+    its own tasks and scoring rather than a task family."""
+    return family_names(domain, difficulty)
 
 
 def env_info(name: str) -> dict[str, str]:
