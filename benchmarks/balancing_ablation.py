@@ -1,0 +1,67 @@
+"""Claim 2 in real training: expert load max/mean with quantile balancing, DeepSeek's fixed-step bias
+update, and no balancing, on the same pretraining stage (DESIGN.md §5).
+
+    python benchmarks/balancing_ablation.py --profile tiny --steps 60 --out benchmarks/results/balancing_tiny_cpu.json
+
+Each arm trains stage 1 from the same initialization and batches; only `balancing` differs. The
+unit test of the balancer (tests/k3model/test_moe.py) uses a frozen, deliberately skewed router;
+this measures the same thing while the router itself is learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import datagen
+from datagen.build import build_all
+from k3model.pretrain import PretrainConfig, train
+from k3model.pretrain_data import PretrainData
+
+ARMS = ("quantile", "deepseek", "none")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="tiny")
+    parser.add_argument("--data-profile", default="smoke", help="datagen preset (smoke builds in seconds)")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--out", default="benchmarks/results/balancing_ablation.json")
+    args = parser.parse_args()
+
+    results = {"profile": args.profile, "steps": args.steps, "arms": {},
+               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
+    with tempfile.TemporaryDirectory() as tmp:
+        data_cfg = datagen.presets(args.data_profile)
+        build_all(data_cfg, Path(tmp) / "data")
+        d = Path(tmp) / "data"
+        data = PretrainData(d / "tokenizer.json", d / "corpus.parquet", d / "images.parquet",
+                            d / "clue_eval.parquet", clues=data_cfg.clues)
+        for arm in ARMS:
+            t0 = time.perf_counter()
+            cfg = PretrainConfig(profile=args.profile, stage=1, steps=args.steps, balancing=arm,
+                                 eval_examples_per_cell=1, eval_max_length=64, eval_ppl_windows=2,
+                                 eval_vqa_questions=4, log_every=args.steps)
+            result = train(cfg, data, Path(tmp) / arm)
+            loads = [h["moe/load_max_over_mean"] for h in result.history]
+            worst = [h["moe/load_max_over_mean_worst"] for h in result.history]
+            tail = loads[-max(len(loads) // 4, 1):]
+            results["arms"][arm] = {
+                "load_max_over_mean": loads, "load_worst_layer": worst,
+                "last_quarter_mean": sum(tail) / len(tail),
+                "final_loss": result.eval.get("train/final_loss"), "wall_s": time.perf_counter() - t0,
+            }
+            print(f"{arm:9s} load max/mean, mean of the last quarter: {results['arms'][arm]['last_quarter_mean']:.3f}"
+                  f"  final loss {result.eval.get('train/final_loss'):.3f}", flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
