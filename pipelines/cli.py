@@ -42,11 +42,17 @@ def _say(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # k3 run
 
+# Assets a plain `k3 run` leaves out: the nightly re-scoring of checkpoints would repeat, right after
+# training, the evaluation every stage has just run (its schedule and `--select` still run it).
+SCHEDULED_ONLY = ("checkpoint_evals",)
+
+
 def _selection(select: str | None, all_keys: list[str]):
-    """`--select a,b,*c,d*`: names; `*name` adds everything upstream, `name*` everything downstream."""
+    """`--select a,b,*c,d*`: names; `*name` adds everything upstream, `name*` everything downstream.
+    No selection: every asset except SCHEDULED_ONLY."""
     import dagster as dg
     if not select:
-        return dg.AssetSelection.all()
+        return dg.AssetSelection.all() - dg.AssetSelection.assets(*[k for k in SCHEDULED_ONLY if k in all_keys])
     sel = None
     for raw in (s.strip() for s in select.split(",")):
         name = raw.strip("*")
