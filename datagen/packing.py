@@ -12,8 +12,8 @@ probabilities (clue_fraction, image_fraction, rest):
   tokens replace the <|image|> embeddings in order, image i of the row being `image_ids[i]`.
 
 Columns: input_ids [seq_len] int32; loss_mask [seq_len] uint8, where loss_mask[t] = 1 means token t is
-a prediction target (0 on <|image|> placeholders and padding); kind; image_ids (image_id values of the
-image table, in placeholder order); answer_start/answer_end (a clue row's answer span, else -1);
+a prediction target (0 on <|image|> slots and padding); kind; image_ids (image_id values of the
+image table, in slot order); answer_start/answer_end (a clue row's answer span, else -1);
 distance (a clue row's clue distance, else -1). Row i does not depend on `n_sequences`, so packing
 more rows extends the table.
 """
@@ -49,7 +49,7 @@ _IMAGE_LOOKAHEAD = 8
 @dataclass(frozen=True)
 class PackingConfig:
     seed: int = 0
-    # <|image|> placeholders per image: the vision encoder's token count after its 2×2 merge
+    # <|image|> slots per image: the vision encoder's token count after its 2×2 merge
     # (datagen.images.image_token_count(image_size, patch_size)).
     image_tokens: int = 4
     clue_fraction: float = 0.25

@@ -12,7 +12,7 @@ exactly checkable token sequences a tiny model can learn to copy.
 The special tokens below are added first and therefore take ids 0..len(SPECIAL_TOKENS)-1 in this
 order, whatever the vocabulary size; each encodes to a single id wherever it appears in text. They
 cover: document boundaries and padding, chat roles and turn end, tool calls and tool results, thinking
-spans, image placeholders (`<|image|>` is repeated once per vision token after the encoder's 2×2
+spans, <|image|> slots (`<|image|>` is repeated once per vision token after the encoder's 2×2
 merge), and the three reasoning-effort levels of K3's post-training.
 """
 

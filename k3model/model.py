@@ -1,6 +1,6 @@
 """The K3 model assembled (DESIGN.md §4; research/recipe.md §0).
 
-    x₀ = Embed(ids), with image placeholder positions replaced by vision-encoder tokens
+    x₀ = Embed(ids), with <|image|> slot positions replaced by vision-encoder tokens
     for each layer ℓ:  (3 KDA : 1 gated MLA; the last layer is MLA too; the first FFN is dense)
         h = AttnRes_ℓ,attn(sources);   out = Mixer_ℓ(RMSNorm(h));   partial += out
         h = AttnRes_ℓ,ffn(sources);    out = FFN_ℓ(RMSNorm(h));     partial += out
@@ -125,13 +125,13 @@ class K3Model(nn.Module):
         if self.vision is None:
             raise ValueError("this model has no vision encoder (cfg.vision is None); drop the images")
         if image_mask_BT is None:
-            raise ValueError("images given without image_mask_BT (True where image placeholder tokens sit)")
+            raise ValueError("images given without image_mask_BT (True where <|image|> slot tokens sit)")
         tokens_NPD = self.vision(images_NCHW)
         n_slots = int(image_mask_BT.sum())
         if n_slots != tokens_NPD.shape[0] * tokens_NPD.shape[1]:
             raise ValueError(
-                f"{n_slots} image placeholder tokens but {tokens_NPD.shape[0]} images × "
-                f"{tokens_NPD.shape[1]} tokens each; put {self.cfg.vision.tokens_per_image} placeholders per image"
+                f"{n_slots} <|image|> slot tokens but {tokens_NPD.shape[0]} images × "
+                f"{tokens_NPD.shape[1]} tokens each; put {self.cfg.vision.tokens_per_image} <|image|> slots per image"
             )
         x_BTD = x_BTD.masked_scatter(image_mask_BT.unsqueeze(-1), tokens_NPD.reshape(-1, x_BTD.shape[-1]).to(x_BTD.dtype))
         return x_BTD
@@ -190,6 +190,6 @@ def default_labels(input_ids_BT: torch.Tensor, image_mask_BT: torch.Tensor | Non
     labels = torch.full_like(input_ids_BT, IGNORE_INDEX)
     labels[:, :-1] = input_ids_BT[:, 1:]
     if image_mask_BT is not None:
-        # Never train the model to predict image placeholders.
+        # Never train the model to predict <|image|> slots.
         labels[:, :-1] = labels[:, :-1].masked_fill(image_mask_BT[:, 1:], IGNORE_INDEX)
     return labels

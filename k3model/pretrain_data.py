@@ -1,7 +1,7 @@
 """Pretraining batches from the data assets: tokenizer, corpus, images and the clue configuration.
 
 A stage's rows are packed once by `datagen.packing.pack_pretraining` (text windows, scattered-clue
-examples of exactly the stage length, image documents whose <|image|> placeholders the vision
+examples of exactly the stage length, image documents whose <|image|> slots the vision
 encoder fills), then batch `step` is rows [step·B, (step+1)·B): a pure function of
 (seed, stage, step), which is what makes a resumed run end where an uninterrupted one would.
 Legend: B batch rows, T tokens, N images, H/W pixels.
@@ -79,8 +79,8 @@ def pixels_to_tensor(pixels_NHWC: np.ndarray, device: str = "cpu") -> torch.Tens
 class Batch:
     input_ids: torch.Tensor  # [B, T] int64
     labels: torch.Tensor  # [B, T], IGNORE_INDEX where nothing is predicted
-    images: torch.Tensor | None  # [N, C, H, W] in placeholder order, or None
-    image_mask: torch.Tensor | None  # [B, T] True on <|image|> placeholders
+    images: torch.Tensor | None  # [N, C, H, W] in slot order, or None
+    image_mask: torch.Tensor | None  # [B, T] True on <|image|> slots
 
 
 class StageBatches:

@@ -6,7 +6,7 @@
     merged   = 2×2 space-to-depth merge: 4 neighbouring patches concatenated
     tokens   = RMSNorm(W₂ GELU(W₁ merged))     the projector into the LM width ("patchmergerv2")
 
-The image tokens then replace the image placeholder tokens of the text sequence (model.py).
+The image tokens then replace the <|image|> slot tokens of the text sequence (model.py).
 Positions inside an image are the encoder's business; the language model itself has no positional
 encoding. Legend: N images, C channels, P patches per image, E encoder width, D LM width.
 """

@@ -133,7 +133,7 @@ def test_bad_inputs_raise_value_errors():
     mask = torch.zeros(1, 10, dtype=torch.bool)
     mask[0, :2] = True
     img = torch.zeros(1, 3, 32, 32)
-    with pytest.raises(ValueError, match="placeholder"):
+    with pytest.raises(ValueError, match="slot tokens"):
         model(ids, img, mask)
     with pytest.raises(ValueError, match="unknown profile"):
         get_profile("huge")
