@@ -6,7 +6,7 @@ same run).
 
 Reports tokens/s and model-FLOPs utilization (MFU) for a forward+backward+AdamW step at each length.
 Model FLOPs per token = 6 · (active non-embedding parameters) + the sequence mixers' own work:
-causal attention 6·T·H·(d_qk + d_v)/… per MLA layer (half the T² matrix), and KDA's chunked
+causal attention 3 · 2 · (T/2) · H · (d_qk + d_v) per MLA layer (half the T² matrix), and KDA's chunked
 matmuls (Kimi Linear report Eq. 13, ×3 for forward + backward). The MFU denominator is a bf16
 matmul ceiling measured in the same run. Random tokens: this measures speed, not learning.
 """
@@ -87,8 +87,7 @@ def dense_baseline_for(profile: str) -> tuple[DenseTransformer, dict]:
     layers = max(round(target / per_layer), 1)
     model = DenseTransformer(cfg.vocab_size, d, layers, max(d // 128, 1), hidden)
     n = sum(p.numel() for p in model.parameters())
-    return model, {"layers": layers, "d_model": d, "ffn_hidden": hidden, "params": n,
-                   "flops_per_token_fn": None}
+    return model, {"layers": layers, "d_model": d, "ffn_hidden": hidden, "params": n}
 
 
 def matmul_ceiling_tflops(device: str) -> float:
@@ -173,7 +172,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
             attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
             row["dense_flops_per_token"] = 6 * n_nonembed + attn
-            row["dense_info"] = {k: v for k, v in info.items() if k != "flops_per_token_fn"}
+            row["dense_info"] = info
         except torch.OutOfMemoryError as e:
             row["dense_error"] = f"out of memory: {e}"[:300]
         del dense, dopt

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from k3model.attn_res import AttnRes, BlockResidualStream
 from k3model.common import RMSNorm
 from k3model.config import ModelConfig
-from k3model.kda_layer import KDALayer, KDAState
+from k3model.kda_layer import KDALayer
 from k3model.mla import GatedMLA
 from k3model.moe import DenseFFN, LatentMoE
 from k3model.vision import VisionEncoder

@@ -9,6 +9,7 @@ Legend: B batch rows, T tokens, N images, H/W pixels.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +24,8 @@ from datagen.packing import PackingConfig, pack_pretraining
 from datagen.tokenizer import IMAGE, load_tokenizer
 from k3model.config import ModelConfig
 from k3model.model import IGNORE_INDEX
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,9 @@ class StageBatches:
                              f"vocab_size is {model_cfg.vocab_size}: train the tokenizer with vocab_size ≤ "
                              f"{model_cfg.vocab_size} or enlarge the model")
         # An image document must fit in a row: drop images from stages too short to hold one.
-        if image_tokens + 16 > seq_len:
+        if image_tokens + 16 > seq_len and image_fraction > 0:
+            logger.info("stage %d: rows of %d tokens cannot hold an image document (%d image tokens); "
+                        "training this stage on text and clue rows only", stage, seq_len, image_tokens)
             image_fraction = 0.0
         self.batch_size, self.device, self.data = batch_size, device, data
         self.image_token = data.tokenizer.token_to_id(IMAGE)
@@ -107,7 +112,7 @@ class StageBatches:
         self._rows = None
 
     def pack(self, n_rows: int) -> None:
-        """Pack the first `n_rows` rows (done once, on first use, for the whole stage)."""
+        """Pack the first `n_rows` rows; the training loop calls it once for the whole stage."""
         table = pack_pretraining(self._packing, self.data.clues, self.seq_len, n_rows,
                                  tokenizer=self.data.tokenizer, corpus=self.data.corpus,
                                  images=self.data.images)
@@ -131,6 +136,3 @@ class StageBatches:
             return Batch(ids_BT, labels, None, None)
         images = pixels_to_tensor(self.data.image_pixels_NHWC[image_ids], self.device)
         return Batch(ids_BT, labels, images, ids_BT == self.image_token)
-
-    def kinds(self, step: int) -> list[str]:
-        return self._rows["kind"][step * self.batch_size:(step + 1) * self.batch_size]
