@@ -56,6 +56,24 @@ def ui(tmp_path):
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still served after k3 ui stopped"
 
 
+def _wait_for_run_to_end(dagster_url: str, timeout_s: float) -> str:
+    """Poll the webserver's GraphQL endpoint until its one run has ended; returns its status."""
+    query = json.dumps({"query": "{ runsOrError { ... on Runs { results { runId status } } } }"}).encode()
+    deadline = time.monotonic() + timeout_s
+    status = "NO RUN"
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(f"{dagster_url}/graphql", data=query,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            runs = json.loads(r.read())["data"]["runsOrError"]["results"]
+        if runs:
+            status = runs[0]["status"]
+            if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                return status
+        time.sleep(3)
+    return f"still {status} after {timeout_s:.0f} s"
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is missing: `make setup` installs it")
@@ -87,16 +105,13 @@ def test_lineage_and_a_materialization_launched_from_the_ui(ui):
             button.click()
             page.get_by_text("Launched run").first.wait_for(timeout=60_000)
 
+            # Wait on Dagster's own GraphQL API, not by reloading the page: on a slow 2-core machine a
+            # reload every few seconds can keep the runs table at "Loading runs…" for ever.
+            status = _wait_for_run_to_end(ui["dagster"], timeout_s=400)
+            assert status == "SUCCESS", f"the run launched from the UI ended {status}"
             page.goto(f"{ui['dagster']}/runs", wait_until="load")
-            deadline = time.monotonic() + 240
-            while True:
-                body = page.inner_text("body")
-                if "Success" in body or "Failure" in body or time.monotonic() > deadline:
-                    break
-                page.wait_for_timeout(3000)
-                page.reload(wait_until="load")
+            page.get_by_text("Success").first.wait_for(timeout=120_000)
             page.screenshot(path=str(ARTIFACTS / "ui_run.png"))
-            assert "Success" in body, body[:2000]
 
             page.goto(f"{ui['dagster']}/assets/image_data", wait_until="load")
             page.get_by_text("mlflow_run").first.wait_for(timeout=60_000)
