@@ -118,7 +118,10 @@ def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int) -> dict:
+def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
+          out: str | None = None) -> dict:
+    """Times both models at every length; with `out`, rewrites the JSON after each length so a run
+    cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
@@ -186,7 +189,10 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             row["k3_over_dense_tokens_per_s"] = row["k3_tokens_per_s"] / row["dense_tokens_per_s"]
         print(json.dumps(row), flush=True)
         results["rows"].append(row)
-    results["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+        results["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
+        if out:
+            with open(out, "w") as f:
+                json.dump(results, f, indent=2)
     return results
 
 
@@ -203,9 +209,7 @@ def main() -> None:
     stages = get_profile(profile).stages
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [stages[0].seq_len, stages[-1].seq_len])
-    results = bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+    bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out)
     print(f"wrote {args.out}")
 
 
