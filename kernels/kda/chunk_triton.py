@@ -41,6 +41,17 @@ Backward, with dO and dS_final given:
    gradients of QG, KG, γ and of the pairwise matrices A_qk and A_kk with respect to q, k, G and β,
    over the same three anchored regions; dg is the reverse cumulative sum of dG over the chunk.
 
+Variants (`TileConfig`; the defaults are the fused kernels above). Prep and backward chunk run
+8 warps at 255 registers, one CTA per SM, with 30–90 dependent small products per chunk; the splits
+trade extra fp32 scratch traffic for fewer live registers per kernel, so each may run at 4 warps
+with several CTAs per SM. All variants equal the default path in the interpreter.
+- `prep_split`: `_prep_pairs_kernel` (G, QG, KG, γ, A_qk, and β ⊙ A_kk to fp32 scratch), then
+  `_prep_solve_kernel` (inverse, W, U).
+- `bwd_split`: `_bwd_values_kernel` (dv, dA_kk, dA_qk and, per key slice, dQG, dKG, dX Sᵀ,
+  Σ S ⊙ dS' to fp32 scratch), then `_bwd_pairs_kernel` (QG / KG / γ terms, pair regions, dq, dk,
+  dg, dβ).
+- `inverse_precision="tf32"`: one tf32 pass per product of the doubling inverse instead of three.
+
 Exactness of the anchored factorization: inside one 16-token block the per-channel log decay
 (G at the block's first row minus G at a later row) must stay below DIAG_SHIFT + EXP2_CLAMP = 164
 in log2 units, about 114 nats (a mean log decay above −7.6 per token over the block; any gate
@@ -143,57 +154,33 @@ def _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, REGION: tl.c
 
 
 @triton.jit
-def _inv_unit_lower64(A):
+def _inv_unit_lower64(A, PREC: tl.constexpr):
     """(I + A)⁻¹ for strictly lower-triangular A [64, 64]: A⁶⁴ = 0, so
-    (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸)(I + A¹⁶)(I + A³²) — ten tensor-core products
-    in tf32x3 (about fp32 accuracy)."""
+    (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴)(I + A⁸)(I + A¹⁶)(I + A³²) — ten tensor-core products.
+    PREC "tf32x3" is about fp32 accuracy (three tf32 passes each); "tf32" one pass, whose error
+    stays below the bf16 rounding T is stored with (tests/kernels/kda/test_inverse_precision.py)."""
     c = tl.arange(0, 64)
     eye = tl.where(c[:, None] == c[None, :], 1.0, 0.0)
     X = eye - A
-    P = tl.dot(A, A, input_precision="tf32x3")
-    X = tl.dot(X, eye + P, input_precision="tf32x3")
-    P = tl.dot(P, P, input_precision="tf32x3")
-    X = tl.dot(X, eye + P, input_precision="tf32x3")
-    P = tl.dot(P, P, input_precision="tf32x3")
-    X = tl.dot(X, eye + P, input_precision="tf32x3")
-    P = tl.dot(P, P, input_precision="tf32x3")
-    X = tl.dot(X, eye + P, input_precision="tf32x3")
-    P = tl.dot(P, P, input_precision="tf32x3")
-    return tl.dot(X, eye + P, input_precision="tf32x3")
+    P = tl.dot(A, A, input_precision=PREC)
+    X = tl.dot(X, eye + P, input_precision=PREC)
+    P = tl.dot(P, P, input_precision=PREC)
+    X = tl.dot(X, eye + P, input_precision=PREC)
+    P = tl.dot(P, P, input_precision=PREC)
+    X = tl.dot(X, eye + P, input_precision=PREC)
+    P = tl.dot(P, P, input_precision=PREC)
+    X = tl.dot(X, eye + P, input_precision=PREC)
+    P = tl.dot(P, P, input_precision=PREC)
+    return tl.dot(X, eye + P, input_precision=PREC)
 
 
 @triton.jit
-def _prep_kernel(
-    q, k, v, g, beta,
-    Gs, Ti, Aqk, W, U, QG, KG, GAM,
-    scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BKS: tl.constexpr, BV: tl.constexpr,
-    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
-):
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    NT = (T + 63) // 64
-    t0 = i_t * 64
-    bt = i_b.to(tl.int64) * T * H + i_h  # (b, t=0, h) as a flat token-head index
-    q += bt * K
-    k += bt * K
-    g += bt * K
-    Gs += bt * K
-    v += bt * V
-    beta += bt
-    Ti += bt * 64
-    Aqk += bt * 64
-    W += bt * K
-    U += bt * V
-    QG += bt * K
-    KG += bt * K
-    GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
+def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
+                H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
+                SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+    """One chunk's G, QG, KG, γ and A_qk (stored); returns β ⊙ A_kk, strictly lower [64, 64] fp32,
+    and β [64, 1] fp32. Pointers are already offset to (batch, head)."""
     sk = H * K
-    sv = H * V
-    sa = H * 64
     c64 = tl.arange(0, 64)
     all64 = c64 < 64
     one = tl.full([1], 1, dtype=tl.int1)
@@ -226,12 +213,21 @@ def _prep_kernel(
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0)
     bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)  # [64, 1]
     acc_qk = tl.where(c64[:, None] >= c64[None, :], acc_qk * scale, 0.0)
-    _store_rows(Aqk, acc_qk, t0, T, sa, c64, all64, 64)
-    Tm = _inv_unit_lower64(tl.where(c64[:, None] > c64[None, :], acc_kk * bF, 0.0))
-    Tc = Tm.to(Ti.dtype.element_ty)
-    _store_rows(Ti, Tc, t0, T, sa, c64, all64, 64)
+    _store_rows(Aqk, acc_qk, t0, T, H * 64, c64, all64, 64)
+    return tl.where(c64[:, None] > c64[None, :], acc_kk * bF, 0.0), bF
 
-    # ---- W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) ---------------------------------------------------
+
+@triton.jit
+def _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr):
+    """T = (I + A)⁻¹ (stored), W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) for one chunk, A = β ⊙ A_kk."""
+    sk = H * K
+    sv = H * V
+    c64 = tl.arange(0, 64)
+    all64 = c64 < 64
+    Tc = _inv_unit_lower64(A, INV_PREC).to(Ti.dtype.element_ty)
+    _store_rows(Ti, Tc, t0, T, H * 64, c64, all64, 64)
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
@@ -243,6 +239,102 @@ def _prep_kernel(
         m_v = o_v < V
         vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
         _store_rows(U, tl.dot(Tc, (vF * bF).to(Tc.dtype)), t0, T, sv, o_v, m_v, 64)
+
+
+@triton.jit
+def _prep_kernel(
+    q, k, v, g, beta,
+    Gs, Ti, Aqk, W, U, QG, KG, GAM,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h  # (b, t=0, h) as a flat token-head index
+    q += bt * K
+    k += bt * K
+    g += bt * K
+    Gs += bt * K
+    v += bt * V
+    beta += bt
+    Ti += bt * 64
+    Aqk += bt * 64
+    W += bt * K
+    U += bt * V
+    QG += bt * K
+    KG += bt * K
+    GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
+    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
+    _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T, H, K, V, BKS, BV, INV_PREC)
+
+
+@triton.jit
+def _prep_pairs_kernel(
+    q, k, g, beta,
+    Gs, Akk, Aqk, QG, KG, GAM,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+):
+    """Split prep, part 1: `_prep_pairs`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    q += bt * K
+    k += bt * K
+    g += bt * K
+    Gs += bt * K
+    beta += bt
+    Akk += bt * 64
+    Aqk += bt * 64
+    QG += bt * K
+    KG += bt * K
+    GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
+    c64 = tl.arange(0, 64)
+    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
+    _store_rows(Akk, A, t0, T, H * 64, c64, c64 < 64, 64)
+
+
+@triton.jit
+def _prep_solve_kernel(
+    k, v, beta, Gs, Akk,
+    Ti, W, U,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr,
+):
+    """Split prep, part 2: `_prep_solve` from the β ⊙ A_kk that part 1 left in `Akk`."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    k += bt * K
+    v += bt * V
+    beta += bt
+    Gs += bt * K
+    Akk += bt * 64
+    Ti += bt * 64
+    W += bt * K
+    U += bt * V
+    c64 = tl.arange(0, 64)
+    one = tl.full([1], 1, dtype=tl.int1)
+    zc = tl.zeros([1], dtype=tl.int32)
+    # Rows and columns past T are zero, as the fused kernel has them (k = β = 0 there).
+    A = _load_rows(Akk, t0, T, H * 64, c64, c64 < 64, 64)
+    bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
+    _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T, H, K, V, BKS, BV, INV_PREC)
 
 
 @triton.jit
@@ -386,6 +478,95 @@ def _pair_region(dq, dk, dG, db, dAs, qF, kF, bF, GF, p0, p16, p32, p48, scale, 
 
 
 @triton.jit
+def _bwd_dA(TmT, bF, v, vnew, dvnew, do, dv, dAs, t0, T,
+            H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """dX = Tᵀ dV_new gives dv = β dX and, with V_new, dA_kk = −dX V_newᵀ; dA_qk = dO V_newᵀ.
+    Stores dv and both dA (strictly lower / lower) into dAs; returns Σ_v dX ⊙ v [64, 1] (part of dβ)."""
+    sv = H * V
+    c64 = tl.arange(0, 64)
+    dA = tl.zeros([64, 64], dtype=tl.float32)
+    dAqk = tl.zeros([64, 64], dtype=tl.float32)
+    db = tl.zeros([64, 1], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
+        b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
+        b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
+        dX = tl.dot(TmT, b_dvn)
+        _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
+        db += tl.sum(dX * _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32), 1)[:, None]
+        dA -= tl.dot(dX.to(b_vn.dtype), tl.trans(b_vn))
+        dAqk += tl.dot(b_do, tl.trans(b_vn))
+    p_rc = dAs + c64[:, None] * 128 + c64[None, :]
+    tl.store(p_rc, tl.where(c64[:, None] > c64[None, :], dA, 0.0))
+    tl.store(p_rc + 64, tl.where(c64[:, None] >= c64[None, :], dAqk, 0.0))
+    return db
+
+
+@triton.jit
+def _bwd_value_products(TmT, hs, dhs, vnew, dvnew, do, t0, T, o_k, m_k,
+                        H: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
+    """One key slice's products over the value width: dQG = dO Sᵀ, dKG = V_new dS'ᵀ, dX Sᵀ, Σ S ⊙ dS'."""
+    sv = H * V
+    dqg = tl.zeros([64, BKS], dtype=tl.float32)
+    dkg = tl.zeros([64, BKS], dtype=tl.float32)
+    dXh = tl.zeros([64, BKS], dtype=tl.float32)
+    dgam = tl.zeros([BKS], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
+        b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
+        b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
+        m_kv = m_k[:, None] & m_v[None, :]
+        b_h = tl.load(hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        b_dh = tl.load(dhs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+        dXc = tl.dot(TmT, b_dvn).to(b_vn.dtype)
+        dqg += tl.dot(b_do, tl.trans(b_h))
+        dkg += tl.dot(b_vn, tl.trans(b_dh))
+        dXh += tl.dot(dXc, tl.trans(b_h))
+        dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+    return dqg, dkg, dXh, dgam
+
+
+@triton.jit
+def _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T, o_k, m_k,
+                   H: tl.constexpr, K: tl.constexpr, SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+    """dq, dk, dg of one key slice (stored) from its value-width products and the chunk's dA;
+    returns db with this slice's share of dβ added."""
+    sk = H * K
+    c64 = tl.arange(0, 64)
+    # ---- QG, KG, γ and the β e^G K S term of X -----------------------------------------------
+    GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+    p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
+    qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+    kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+    eG = tl.exp2(GF)
+    eGC = tl.exp2(GC[None, :] - GF)
+    b_dq = dqg * eG * scale
+    b_dk = dkg * eGC - bF * eG * dXh
+    b_dG = (qF * scale * eG) * dqg - (kF * eGC) * dkg - (bF * kF * eG) * dXh
+    dGC = tl.sum((kF * eGC) * dkg, 0) + tl.exp2(GC) * dgam
+    db -= tl.sum((kF * eG) * dXh, 1)[:, None]
+
+    # ---- pairwise terms: three anchored regions partition the lower triangle -----------------
+    b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                        p0, p16, p32, p48, scale, 0, SHIFT, CLAMP)
+    b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                        p0, p16, p32, p48, scale, 1, 0.0, 0.0)
+    b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
+                                        p0, p16, p32, p48, scale, 2, 0.0, 0.0)
+
+    # G_C enters through γ and KG: its gradient lands on the last row, then dg = reverse cumsum.
+    b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
+    _store_rows(dq, b_dq, t0, T, sk, o_k, m_k, 64)
+    _store_rows(dk, b_dk, t0, T, sk, o_k, m_k, 64)
+    _store_rows(dg, tl.cumsum(b_dG, 0, reverse=True), t0, T, sk, o_k, m_k, 64)
+    return db
+
+
+@triton.jit
 def _bwd_chunk_kernel(
     q, k, v, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, dAs,
     dq, dk, dv, dg, dbeta,
@@ -419,10 +600,7 @@ def _bwd_chunk_kernel(
     hs += i_chunk * K * V
     dhs += i_chunk * K * V
     dAs += i_chunk * 64 * 128
-    sk = H * K
-    sv = H * V
     c64 = tl.arange(0, 64)
-    all64 = c64 < 64
     one = tl.full([1], 1, dtype=tl.int1)
     zero_c = tl.zeros([1], dtype=tl.int32)
 
@@ -431,77 +609,120 @@ def _bwd_chunk_kernel(
     o_t = t0 + c64
     TmT = tl.load(Ti + o_t[None, :] * (H * 64) + c64[:, None], mask=(o_t < T)[None, :], other=0.0)
     bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
-
-    # ---- dX = Tᵀ dV_new gives dv = β dX and, with V_new, dA_kk = −dX V_newᵀ; dA_qk = dO V_newᵀ --
-    dA = tl.zeros([64, 64], dtype=tl.float32)
-    dAqk = tl.zeros([64, 64], dtype=tl.float32)
-    db = tl.zeros([64, 1], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
-        b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
-        b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
-        dX = tl.dot(TmT, b_dvn)
-        _store_rows(dv, dX * bF, t0, T, sv, o_v, m_v, 64)
-        db += tl.sum(dX * _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32), 1)[:, None]
-        dA -= tl.dot(dX.to(b_vn.dtype), tl.trans(b_vn))
-        dAqk += tl.dot(b_do, tl.trans(b_vn))
-    p_rc = dAs + c64[:, None] * 128 + c64[None, :]
-    tl.store(p_rc, tl.where(c64[:, None] > c64[None, :], dA, 0.0))
-    tl.store(p_rc + 64, tl.where(c64[:, None] >= c64[None, :], dAqk, 0.0))
+    db = _bwd_dA(TmT, bF, v, vnew, dvnew, do, dv, dAs, t0, T, H, V, BV)
     # The pair gradients read dA back in other layouts (and transposed): make the stores visible.
     tl.debug_barrier()
-
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
-        # ---- products over the value width: dQG = dO Sᵀ, dKG = V_new dS'ᵀ, dX Sᵀ, Σ S ⊙ dS' --
-        dqg = tl.zeros([64, BKS], dtype=tl.float32)
-        dkg = tl.zeros([64, BKS], dtype=tl.float32)
-        dXh = tl.zeros([64, BKS], dtype=tl.float32)
-        dgam = tl.zeros([BKS], dtype=tl.float32)
-        for i_v in range(tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_dvn = _load_rows(dvnew, t0, T, sv, o_v, m_v, 64)
-            b_vn = _load_rows(vnew, t0, T, sv, o_v, m_v, 64)
-            b_do = _load_rows(do, t0, T, sv, o_v, m_v, 64).to(b_vn.dtype)
-            m_kv = m_k[:, None] & m_v[None, :]
-            b_h = tl.load(hs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
-            b_dh = tl.load(dhs + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
-            dXc = tl.dot(TmT, b_dvn).to(b_vn.dtype)
-            dqg += tl.dot(b_do, tl.trans(b_h))
-            dkg += tl.dot(b_vn, tl.trans(b_dh))
-            dXh += tl.dot(dXc, tl.trans(b_h))
-            dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
+        dqg, dkg, dXh, dgam = _bwd_value_products(TmT, hs, dhs, vnew, dvnew, do, t0, T, o_k, m_k,
+                                                  H, V, BKS, BV)
+        db = _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T,
+                            o_k, m_k, H, K, SHIFT, CLAMP)
+    _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
 
-        # ---- QG, KG, γ and the β e^G K S term of X -----------------------------------------
-        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
-        p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
-        qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        eG = tl.exp2(GF)
-        eGC = tl.exp2(GC[None, :] - GF)
-        b_dq = dqg * eG * scale
-        b_dk = dkg * eGC - bF * eG * dXh
-        b_dG = (qF * scale * eG) * dqg - (kF * eGC) * dkg - (bF * kF * eG) * dXh
-        dGC = tl.sum((kF * eGC) * dkg, 0) + tl.exp2(GC) * dgam
-        db -= tl.sum((kF * eG) * dXh, 1)[:, None]
 
-        # ---- pairwise terms: three anchored regions partition the lower triangle -------------
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                            p0, p16, p32, p48, scale, 0, SHIFT, CLAMP)
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                            p0, p16, p32, p48, scale, 1, 0.0, 0.0)
-        b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                            p0, p16, p32, p48, scale, 2, 0.0, 0.0)
+@triton.jit
+def _bwd_values_kernel(
+    v, beta, Ti, hs, dhs, vnew, dvnew, do,
+    dv, dAs, dQG, dKG, dXH, dGAM, DB,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr,
+):
+    """Split backward, part 1: everything over the value width. dv; dA_kk, dA_qk → dAs; per key
+    slice dQG, dKG, dX Sᵀ → fp32 scratch [B, T, H, K], Σ S ⊙ dS' → dGAM [B, NT, H, K]; Σ dX ⊙ v → DB."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    v += bt * V
+    vnew += bt * V
+    dvnew += bt * V
+    do += bt * V
+    dv += bt * V
+    beta += bt
+    DB += bt
+    Ti += bt * 64
+    dQG += bt * K
+    dKG += bt * K
+    dXH += bt * K
+    i_chunk = ((i_b * NT + i_t) * H + i_h).to(tl.int64)
+    hs += i_chunk * K * V
+    dhs += i_chunk * K * V
+    dAs += i_chunk * 64 * 128
+    dGAM += i_chunk * K
+    sk = H * K
+    c64 = tl.arange(0, 64)
+    one = tl.full([1], 1, dtype=tl.int1)
+    zero_c = tl.zeros([1], dtype=tl.int32)
 
-        # G_C enters through γ and KG: its gradient lands on the last row, then dg = reverse cumsum.
-        b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
-        _store_rows(dq, b_dq, t0, T, sk, o_k, m_k, 64)
-        _store_rows(dk, b_dk, t0, T, sk, o_k, m_k, 64)
-        _store_rows(dg, tl.cumsum(b_dG, 0, reverse=True), t0, T, sk, o_k, m_k, 64)
+    # Tᵀ read transposed from memory, as in _bwd_chunk_kernel (tl.trans miscompiles there).
+    o_t = t0 + c64
+    TmT = tl.load(Ti + o_t[None, :] * (H * 64) + c64[:, None], mask=(o_t < T)[None, :], other=0.0)
+    bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
+    db = _bwd_dA(TmT, bF, v, vnew, dvnew, do, dv, dAs, t0, T, H, V, BV)
+    _store_rows(DB, db, t0, T, H, zero_c, one, 64)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        dqg, dkg, dXh, dgam = _bwd_value_products(TmT, hs, dhs, vnew, dvnew, do, t0, T, o_k, m_k,
+                                                  H, V, BKS, BV)
+        _store_rows(dQG, dqg, t0, T, sk, o_k, m_k, 64)
+        _store_rows(dKG, dkg, t0, T, sk, o_k, m_k, 64)
+        _store_rows(dXH, dXh, t0, T, sk, o_k, m_k, 64)
+        tl.store(dGAM + o_k, dgam, mask=m_k)
+
+
+@triton.jit
+def _bwd_pairs_kernel(
+    q, k, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB,
+    dq, dk, dg, dbeta,
+    scale, T,
+    H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+):
+    """Split backward, part 2: the QG / KG / γ terms and the three anchored pair regions from
+    part 1's scratch; writes dq, dk, dg and dβ."""
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    NT = (T + 63) // 64
+    t0 = i_t * 64
+    bt = i_b.to(tl.int64) * T * H + i_h
+    q += bt * K
+    k += bt * K
+    Gs += bt * K
+    dq += bt * K
+    dk += bt * K
+    dg += bt * K
+    dQG += bt * K
+    dKG += bt * K
+    dXH += bt * K
+    beta += bt
+    DB += bt
+    dbeta += bt
+    i_chunk = ((i_b * NT + i_t) * H + i_h).to(tl.int64)
+    dAs += i_chunk * 64 * 128
+    dGAM += i_chunk * K
+    sk = H * K
+    one = tl.full([1], 1, dtype=tl.int1)
+    zero_c = tl.zeros([1], dtype=tl.int32)
+    bF = _load_rows(beta, t0, T, H, zero_c, one, 64).to(tl.float32)  # [64, 1]
+    db = _load_rows(DB, t0, T, H, zero_c, one, 64)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        dqg = _load_rows(dQG, t0, T, sk, o_k, m_k, 64)
+        dkg = _load_rows(dKG, t0, T, sk, o_k, m_k, 64)
+        dXh = _load_rows(dXH, t0, T, sk, o_k, m_k, 64)
+        dgam = tl.load(dGAM + o_k, mask=m_k, other=0.0)
+        db = _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T,
+                            o_k, m_k, H, K, SHIFT, CLAMP)
     _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
 
 
@@ -512,8 +733,10 @@ def _bwd_chunk_kernel(
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-    """Launch shapes of the four kernels (benchmarks/kda.py sweeps them; defaults from that sweep)."""
+    """Launch shapes and kernel variants (benchmarks/kda.py and benchmarks/kda_variants.py sweep
+    them; the defaults are the fused kernels measured on the H200, docs/log/kda.md)."""
 
+    # 4 warps miscompiles the fused prep kernel (H200, Triton 3.6); the split kernels are separate.
     prep_warps: int = 8
     prep_key_slice: int = 32
     state_warps: int = 8
@@ -523,6 +746,27 @@ class TileConfig:
     bwd_key_slice: int = 32
     # 8 warps with 32-wide value blocks miscompiles (out-of-bounds shared read, H200, Triton 3.6)
     bwd_block_v: int = 64
+    # The doubling inverse's products: "tf32x3" (about fp32) or "tf32" (one pass, a third of the
+    # tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger).
+    inverse_precision: str = "tf32x3"
+    # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
+    # scratch), then the inverse, W and U.
+    prep_split: bool = False
+    prep_pairs_warps: int = 4
+    prep_solve_warps: int = 4
+    # Backward chunk as two kernels: the value-width products (dv, dA, dQG, dKG, dX Sᵀ to fp32
+    # scratch), then the QG / KG / γ terms and the anchored pair regions (dq, dk, dg, dβ).
+    bwd_split: bool = False
+    bwd_values_warps: int = 4
+    bwd_pairs_warps: int = 4
+
+    def __post_init__(self):
+        if self.inverse_precision not in ("tf32x3", "tf32"):
+            raise ValueError(f"inverse_precision must be 'tf32x3' or 'tf32', got {self.inverse_precision!r}")
+        warps = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_warps")}
+        bad = {n: w for n, w in warps.items() if w not in (1, 2, 4, 8, 16)}
+        if bad:
+            raise ValueError(f"warp counts must be 1, 2, 4, 8 or 16, got {bad}")
 
 
 _TILES = TileConfig()
@@ -558,7 +802,12 @@ def _state_block(V: int, B: int, H: int) -> int:
 
 
 def kda_prepare(q, k, v, g, beta, scale):
-    """Kernel 1: per-chunk T, A_qk, W, U, QG, KG and γ (see the module docstring)."""
+    """Kernel 1 (two kernels with TileConfig.prep_split): per-chunk G, T, A_qk, W, U, QG, KG and γ
+    (see the module docstring)."""
+    if _TILES.prep_split:
+        Gs, Akk, Aqk, QG, KG, GAM = kda_prepare_pairs(q, k, g, beta, scale)
+        Ti, W, U = kda_prepare_solve(k, v, beta, Gs, Akk)
+        return Gs, Ti, Aqk, W, U, QG, KG, GAM
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -574,9 +823,44 @@ def kda_prepare(q, k, v, g, beta, scale):
     _prep_kernel[(NT, B * H)](
         q, k, v, g, beta, Gs, Ti, Aqk, W, U, QG, KG, GAM, scale, T,
         H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.prep_key_slice), BV=_pow2_tile(V, 128),
-        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.prep_warps, num_stages=1,
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, INV_PREC=_TILES.inverse_precision,
+        num_warps=_TILES.prep_warps, num_stages=1,
     )
     return Gs, Ti, Aqk, W, U, QG, KG, GAM
+
+
+def kda_prepare_pairs(q, k, g, beta, scale):
+    """Split prep, part 1: G (log2 units), β ⊙ A_kk (fp32 scratch), A_qk, QG, KG and γ."""
+    B, T, H, K = q.shape
+    NT = triton.cdiv(T, CHUNK)
+    Gs = torch.empty(B, T, H, K, device=q.device, dtype=torch.float32)
+    Akk = torch.empty(B, T, H, CHUNK, device=q.device, dtype=torch.float32)
+    Aqk = torch.empty(B, T, H, CHUNK, device=q.device, dtype=q.dtype)
+    QG = torch.empty_like(q)
+    KG = torch.empty_like(q)
+    GAM = torch.empty(B, NT, H, K, device=q.device, dtype=torch.float32)
+    _prep_pairs_kernel[(NT, B * H)](
+        q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, T,
+        H=H, K=K, BKS=_pow2_tile(K, _TILES.prep_key_slice), SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP,
+        num_warps=_TILES.prep_pairs_warps, num_stages=1,
+    )
+    return Gs, Akk, Aqk, QG, KG, GAM
+
+
+def kda_prepare_solve(k, v, beta, Gs, Akk):
+    """Split prep, part 2: T = (I + β ⊙ A_kk)⁻¹, W and U."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    Ti = torch.empty(B, T, H, CHUNK, device=k.device, dtype=k.dtype)
+    W = torch.empty_like(k)
+    U = torch.empty_like(v)
+    _prep_solve_kernel[(NT, B * H)](
+        k, v, beta, Gs, Akk, Ti, W, U, T,
+        H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.prep_key_slice), BV=_pow2_tile(V, 128),
+        INV_PREC=_TILES.inverse_precision, num_warps=_TILES.prep_solve_warps, num_stages=1,
+    )
+    return Ti, W, U
 
 
 def kda_state_forward(W, U, QG, KG, Aqk, GAM, initial_state, output_final_state, save):
@@ -617,7 +901,12 @@ def kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, need_dh0):
 
 
 def kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale):
-    """Kernel 4: dq, dk, dv, dg, dβ from the stored chunk quantities."""
+    """Kernel 4 (two kernels with TileConfig.bwd_split): dq, dk, dv, dg, dβ from the stored chunk
+    quantities."""
+    if _TILES.bwd_split:
+        dv, dAs, dQG, dKG, dXH, dGAM, DB = kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do)
+        dq, dk, dg, dbeta = kda_chunk_backward_pairs(q, k, g, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB, scale)
+        return dq, dk, dv, dg, dbeta
     B, T, H, K = q.shape
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
@@ -633,6 +922,43 @@ def kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale
         SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.bwd_warps, num_stages=1,
     )
     return dq, dk, dv, dg, dbeta
+
+
+def kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do):
+    """Split backward, part 1: dv, and fp32 scratch dA [B, NT, H, 64, 128], dQG, dKG, dX Sᵀ
+    [B, T, H, K], Σ S ⊙ dS' [B, NT, H, K] and Σ dX ⊙ v [B, T, H]."""
+    B, NT, H, K, V = hs.shape
+    T = v.shape[1]
+    f32 = dict(device=v.device, dtype=torch.float32)
+    dv = torch.empty_like(v)
+    dAs = torch.empty(B, NT, H, CHUNK, 2 * CHUNK, **f32)
+    dQG = torch.empty(B, T, H, K, **f32)
+    dKG = torch.empty(B, T, H, K, **f32)
+    dXH = torch.empty(B, T, H, K, **f32)
+    dGAM = torch.empty(B, NT, H, K, **f32)
+    DB = torch.empty(B, T, H, **f32)
+    _bwd_values_kernel[(NT, B * H)](
+        v, beta, Ti, hs, dhs, vnew, dvnew, do, dv, dAs, dQG, dKG, dXH, dGAM, DB, T,
+        H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.bwd_key_slice), BV=_pow2_tile(V, _TILES.bwd_block_v),
+        num_warps=_TILES.bwd_values_warps, num_stages=1,
+    )
+    return dv, dAs, dQG, dKG, dXH, dGAM, DB
+
+
+def kda_chunk_backward_pairs(q, k, g, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB, scale):
+    """Split backward, part 2: dq, dk, dg, dβ from part 1's scratch."""
+    B, T, H, K = q.shape
+    NT = triton.cdiv(T, CHUNK)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dg = torch.empty_like(g)
+    dbeta = torch.empty_like(beta)
+    _bwd_pairs_kernel[(NT, B * H)](
+        q, k, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB, dq, dk, dg, dbeta, scale, T,
+        H=H, K=K, BKS=_pow2_tile(K, _TILES.bwd_key_slice), SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP,
+        num_warps=_TILES.bwd_pairs_warps, num_stages=1,
+    )
+    return dq, dk, dg, dbeta
 
 
 # --------------------------------------------------------------------------------------------
