@@ -1,4 +1,5 @@
-"""Kernel variants of `chunk_triton.TileConfig` (tf32 inverse, split prep, split backward, all three)
+"""Kernel variants of `chunk_triton.TileConfig` (tf32 inverse, split prep, split backward, all three,
+the splits with 16-wide key slices)
 against the default kernels and the fp32 recurrent reference, on the CPU under TRITON_INTERPRET=1.
 
 The cases run in one fresh interpreter process (`variant_cases.py`). Outputs, final state and every
@@ -29,6 +30,8 @@ EXPECTED = {
     "bwd_split": {"_prep_kernel": 1, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
     "all": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1,
             **TF32},
+    "split_bks16": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_values_kernel": 1,
+                    "_bwd_pairs_kernel": 1, **X3},
 }
 CASES = {"fp32_h0": True, "fp32_no_h0": False, "bf16_h0": True}
 

@@ -1,0 +1,393 @@
+"""KDA Triton kernel variants (`chunk_triton.TileConfig`) on one GPU: correctness, then time per kernel.
+
+Variants: today's default (fused prep and backward chunk, 8 warps, tf32x3 inverse); the tf32
+inverse; prep split at 4 and 8 warps; backward chunk split at 4 and 8 warps; all three combined at
+4 and 8 warps and at mixed warps; the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a miscompile that raises an
+illegal memory access (it kills the CUDA context) loses only that variant. Per variant:
+1. correctness at (B, T, H, D) = (1, 1000, 4, 128), bf16 inputs (fla's test distribution: q, k
+   L2-normalised U(0, 1), g = logsigmoid(N(0, 1)), fp32 h0), against `chunk_kda_torch` in fp32:
+   relative RMS error (fla's `assert_close`) of o, the final state and every gradient, within o/ht
+   5e-3, dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2. Also, for the record only, the forward error against the
+   fp32 recurrence with positive k and weak gates (logsigmoid(N(0, 1) + 3)), where the doubling
+   inverse loses accuracy (docs/log/kda.md);
+2. `triton.testing.do_bench` medians at (8, 4096, 16, 128) bf16 of each stage (prep, forward state,
+   backward state, backward chunk; the halves of a split stage too) and of the whole forward and
+   forward+backward through autograd.
+The JSON is rewritten after every variant, so a timeout keeps what finished.
+
+Usage (H200: Python 3.12, torch 2.11, triton 3.6, nothing else; < 9 minutes):
+    PYTHONPATH=. python3 benchmarks/kda_variants.py --out $OUT/kda_variants_h200.json
+CPU smoke run of the same code path, correctness only, tiny shape, under Triton's interpreter
+(it loads the interpreter shims from tests/kernels/kda/conftest.py):
+    PYTHONPATH=. python3 benchmarks/kda_variants.py --quick --out /tmp/kda_variants_quick.json
+Registers, spills and shared memory per kernel and variant, compiled for sm_90 on the CPU with
+Triton's bundled ptxas (no GPU needed; uses Triton 3.6 internals to build the signatures):
+    PYTHONPATH=. python3 benchmarks/kda_variants.py --resources --out benchmarks/results/kda_variants_sm90_resources.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VARIANTS = {
+    "default": {},
+    "tf32_inverse": {"inverse_precision": "tf32"},
+    "prep_split_w4": {"prep_split": True, "prep_pairs_warps": 4, "prep_solve_warps": 4},
+    "prep_split_w8": {"prep_split": True, "prep_pairs_warps": 8, "prep_solve_warps": 8},
+    "bwd_split_w4": {"bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
+    "bwd_split_w8": {"bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
+    "combined_w4": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 4,
+                    "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
+    "combined_w8": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 8,
+                    "prep_solve_warps": 8, "bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
+    # Each kernel at the warps where the sm_90 compile (--resources) shows no spill and most CTAs/SM.
+    "combined_mixed": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 8,
+                       "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
+    # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
+    "bwd_split_w4_bks16": {"bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4, "bwd_key_slice": 16},
+}
+CHECK_SHAPE = (1, 1000, 4, 128)
+TIME_SHAPE = (8, 4096, 16, 128)
+QUICK_SHAPE = (1, 100, 2, 32)
+TOL = {"o": 5e-3, "ht": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dh0": 8e-3, "dg": 2e-2, "dbeta": 2e-2}
+
+
+# --------------------------------------------------------------------------------------------
+# Worker: one variant, in its own process
+# --------------------------------------------------------------------------------------------
+
+
+def _emit(result):
+    """One line per finished phase; the parent keeps the last, so partial results survive."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(B, T, H, D, device, seed, positive=True, gate_shift=0.0):
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    draw = (lambda *s: torch.rand(*s, device=device, generator=gen)) if positive else \
+        (lambda *s: torch.randn(*s, device=device, generator=gen))
+    q = F.normalize(draw(B, T, H, D), dim=-1).to(torch.bfloat16)
+    k = F.normalize(draw(B, T, H, D), dim=-1).to(torch.bfloat16)
+    v = torch.randn(B, T, H, D, device=device, generator=gen).to(torch.bfloat16)
+    g = F.logsigmoid(torch.randn(B, T, H, D, device=device, generator=gen) + gate_shift)
+    beta = torch.rand(B, T, H, device=device, generator=gen).sigmoid().to(torch.bfloat16)
+    h0 = torch.randn(B, H, D, D, device=device, generator=gen)
+    return [q, k, v, g, beta, h0]
+
+
+def _fwd_bwd(fn, inputs, seed=1):
+    import torch
+
+    leaves = [x.clone().requires_grad_(True) for x in inputs]
+    o, ht = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True)
+    gen = torch.Generator(device=o.device).manual_seed(seed)
+    do = torch.randn(o.shape, device=o.device, generator=gen)
+    dht = torch.randn(ht.shape, device=o.device, generator=gen)
+    ((o.float() * do).sum() + (ht * dht).sum()).backward()
+    names = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+    return {"o": o.detach(), "ht": ht.detach(), **{n: x.grad for n, x in zip(names, leaves)}}
+
+
+def check(shape, device):
+    """Errors of o, final state and every gradient vs the fp32 torch chunked path (fla's metric)."""
+    from kernels.kda.chunk_torch import chunk_kda_torch
+    from kernels.kda.chunk_triton import chunk_kda_triton
+
+    inputs = _inputs(*shape, device, seed=0)
+    ref = _fwd_bwd(chunk_kda_torch, [x.float() for x in inputs])
+    out = _fwd_bwd(chunk_kda_triton, inputs)
+    errors = {n: _rel(out[n], ref[n]) for n in ref}
+    finite = all(bool(x.isfinite().all()) for x in out.values())
+    return errors, finite and all(errors[n] <= TOL[n] for n in errors)
+
+
+def check_weak_decay(shape, device):
+    """Forward error vs the fp32 recurrence for positive k and weak gates (informational)."""
+    from kernels.kda.chunk_triton import chunk_kda_triton
+    from kernels.kda.naive import naive_recurrent_kda
+
+    q, k, v, g, beta, h0 = _inputs(*shape, device, seed=2, gate_shift=3.0)
+    o, ht = chunk_kda_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o_r, ht_r = naive_recurrent_kda(q.float(), k.float(), v.float(), g, beta.float(), initial_state=h0,
+                                    output_final_state=True)
+    return {"o": _rel(o, o_r), "ht": _rel(ht, ht_r)}
+
+
+def time_stages(shape, cfg):
+    """do_bench medians (ms) of each stage and of the whole forward and forward+backward."""
+    import torch
+    from triton.testing import do_bench
+
+    from kernels.kda import chunk_triton as ct
+
+    B, T, H, D = shape
+    scale = D ** -0.5
+    q, k, v, g, beta, _ = _inputs(B, T, H, D, "cuda", seed=3)
+    bench = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    ms = {}
+    with torch.no_grad():
+        ms["prep"] = bench(lambda: ct.kda_prepare(q, k, v, g, beta, scale))
+        if cfg.prep_split:
+            Gs, Akk, *_ = ct.kda_prepare_pairs(q, k, g, beta, scale)
+            ms["prep_pairs"] = bench(lambda: ct.kda_prepare_pairs(q, k, g, beta, scale))
+            ms["prep_solve"] = bench(lambda: ct.kda_prepare_solve(k, v, beta, Gs, Akk))
+            del Gs, Akk
+        Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
+        ms["state_fwd"] = bench(lambda: ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True))
+        _, _, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True)
+        do = torch.randn_like(v)
+        ms["state_bwd"] = bench(lambda: ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False))
+        dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False)
+        ms["bwd_chunk"] = bench(lambda: ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew,
+                                                              do, scale))
+        if cfg.bwd_split:
+            parts = ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do)
+            ms["bwd_values"] = bench(lambda: ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do))
+            ms["bwd_pairs"] = bench(lambda: ct.kda_chunk_backward_pairs(q, k, g, Gs, beta, *parts[1:], scale))
+            del parts
+        del Gs, Ti, Aqk, W, U, QG, KG, GAM, hs, vnew, dhs, dvnew
+    torch.cuda.empty_cache()
+    xs = [x.requires_grad_(True) for x in (q, k, v, g, beta)]
+    ms["fwd"] = bench(lambda: ct.chunk_kda_triton(*xs))
+
+    def fwd_bwd():
+        o, _ = ct.chunk_kda_triton(*xs)
+        o.backward(do)
+
+    ms["fwdbwd"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median", grad_to_none=xs)
+    return ms
+
+
+def worker(name, quick):
+    if quick:
+        # The interpreter needs the shims of tests/kernels/kda/conftest.py (bf16 dots, NumPy ≥ 2.4).
+        sys.path.insert(0, os.path.join(ROOT, "tests", "kernels", "kda"))
+        import conftest  # noqa: F401
+    import torch
+
+    from kernels.kda import chunk_triton as ct
+
+    cfg = dataclasses.replace(ct.TileConfig(), **VARIANTS[name])
+    ct.set_tile_config(cfg)
+    device = "cpu" if quick else "cuda"
+    result = {"tile_config": dataclasses.asdict(cfg)}
+    t = time.time()
+    result["errors"], result["correct"] = check(QUICK_SHAPE if quick else CHECK_SHAPE, device)
+    result["check_s"] = round(time.time() - t, 1)
+    _emit(result)
+    if quick:
+        return
+    result["errors_weak_decay_positive_k"] = check_weak_decay(CHECK_SHAPE, device)
+    _emit(result)
+    t = time.time()
+    result["ms"] = time_stages(TIME_SHAPE, cfg)
+    result["time_s"] = round(time.time() - t, 1)
+    _emit(result)
+    torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# Parent: one subprocess per variant, JSON after each
+# --------------------------------------------------------------------------------------------
+
+
+def run_variant(name, quick, timeout):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if quick:
+        env["TRITON_INTERPRET"] = "1"
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name] + (["--quick"] if quick else [])
+    t = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        out, err, status = proc.stdout, proc.stderr, "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired as exc:  # the captured output is bytes here, whatever text= says
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
+        status = f"timeout after {timeout:.0f} s"
+    lines = [line[7:] for line in out.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(lines[-1]) if lines else {}
+    result["status"] = status
+    result["wall_s"] = round(time.time() - t, 1)
+    if status != "ok":
+        result["stderr_tail"] = err[-3000:]
+    return result
+
+
+def summary(name, r):
+    errs = r.get("errors", {})
+    worst = max(errs, key=lambda n: errs[n] / TOL[n]) if errs else None
+    ms = r.get("ms", {})
+    parts = [f"{name:14s} {r['status']:10s}", f"correct={r.get('correct')}"]
+    if worst:
+        parts.append(f"worst {worst} {errs[worst]:.2e}/{TOL[worst]:.0e}")
+    if ms:
+        parts.append(" ".join(f"{k}={v:.2f}" for k, v in ms.items()) + " ms")
+    parts.append(f"({r['wall_s']} s)")
+    return "  ".join(parts)
+
+
+def versions(device_label=None):
+    import torch
+    import triton
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": device_label or torch.cuda.get_device_name(),
+        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def main_sweep(args):
+    res = versions("none: cpu, TRITON_INTERPRET=1" if args.quick else None)
+    res.update({
+        "mode": "quick (interpreter, correctness only)" if args.quick else "gpu",
+        "check_shape": QUICK_SHAPE if args.quick else CHECK_SHAPE, "time_shape": None if args.quick else TIME_SHAPE,
+        "tolerances": TOL, "reference": "chunk_kda_torch on fp32 copies of the bf16 inputs",
+        "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; stage timings include output allocation",
+        "variants": {},
+    })
+    print(json.dumps({k: res[k] for k in ("gpu", "torch", "triton", "python")}), flush=True)
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    start = time.time()
+    for name in names:
+        left = args.budget - (time.time() - start)
+        if left < 20:
+            res["variants"][name] = {"status": "skipped (time budget)", "wall_s": 0.0}
+        else:
+            res["variants"][name] = run_variant(name, args.quick, min(args.timeout, left))
+        print(summary(name, res["variants"][name]), flush=True)
+        res["elapsed_s"] = round(time.time() - start, 1)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    bad = [n for n, r in res["variants"].items() if r.get("correct") is not True]
+    print(f"wrote {args.out}; {len(names) - len(bad)}/{len(names)} variants correct" + (f", not: {bad}" if bad else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Resources: compile for sm_90 on the CPU and read registers / spills from the cubin
+# --------------------------------------------------------------------------------------------
+
+
+def main_resources(args):
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise ValueError("--resources compiles real kernels: unset TRITON_INTERPRET")
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from kernels.kda import chunk_triton as ct
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    rows: list[dict] = []
+
+    class Offline:
+        """Stands in for a kernel: a launch compiles it for sm_90 and records its resources."""
+
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+                bound, spec, opts = binder(*a, **kw)
+                opts, sig, constexprs, attrs = self.fn._pack_args(backend, kw, bound, spec, opts)
+                kernel = triton.compile(ASTSource(self.fn, sig, constexprs, attrs), target=target,
+                                        options=opts.__dict__)
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(kernel.asm["cubin"])
+                    f.flush()
+                    usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                                           capture_output=True, text=True, check=True).stdout
+                m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", usage)
+                regs, stack, shared = int(m[1]), int(m[2]), int(m[3]) + kernel.metadata.shared
+                warps = opts.num_warps
+                # Hopper: 64K registers per SM, allocated per warp in units of 256; 228 KB shared,
+                # 1 KB of it reserved per CTA; at most 64 warps and 32 CTAs.
+                by_regs = 65536 // (-(-regs * 32 // 256) * 256 * warps)
+                by_smem = (228 * 1024) // (shared + 1024)
+                rows.append({"kernel": self.fn.__name__, "warps": warps, "regs": regs, "spill_stack_B": stack,
+                             "shared_B": shared, "ctas_per_sm": min(by_regs, by_smem, 64 // warps, 32)})
+            return launch
+
+    names = [n for n in dir(ct) if n.startswith("_") and n.endswith("_kernel")]
+    saved = {n: getattr(ct, n) for n in names}
+    res = versions("none: compiled for sm_90 on the cpu")
+    res.update({"mode": "resources (sm_90, compiled on the CPU)", "shape": TIME_SHAPE, "variants": {}})
+    B, T, H, D = TIME_SHAPE
+    meta = lambda *s, dt=torch.bfloat16: torch.empty(*s, device="meta", dtype=dt)  # noqa: E731
+    names_v = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    for name in names_v:
+        rows.clear()
+        old = ct.set_tile_config(dataclasses.replace(ct.TileConfig(), **VARIANTS[name]))
+        for n in names:
+            setattr(ct, n, Offline(saved[n]))
+        try:
+            q, k, v, do = (meta(B, T, H, D) for _ in range(4))
+            g, beta, h0 = meta(B, T, H, D, dt=torch.float32), meta(B, T, H), meta(B, H, D, D, dt=torch.float32)
+            scale = D ** -0.5
+            Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
+            _, ht, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, h0, True, True)
+            dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, ht, True)
+            ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale)
+        finally:
+            ct.set_tile_config(old)
+            for n in names:
+                setattr(ct, n, saved[n])
+        res["variants"][name] = list(rows)
+        print(name, "  ".join(f"{r['kernel']}: {r['warps']}w {r['regs']}r spill {r['spill_stack_B']} B "
+                              f"→ {r['ctas_per_sm']} CTA/SM" for r in rows), flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print("wrote", args.out)
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/kda_variants_h200.json")
+    ap.add_argument("--quick", action="store_true", help="CPU interpreter smoke run: tiny shape, correctness only")
+    ap.add_argument("--resources", action="store_true", help="registers/spills per kernel, sm_90, on the CPU")
+    ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {list(VARIANTS)}")
+    ap.add_argument("--timeout", type=float, default=90.0, help="seconds per variant")
+    ap.add_argument("--budget", type=float, default=510.0, help="seconds for the whole sweep")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args.worker, args.quick)
+        return 0
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - {"all"}
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    return main_resources(args) if args.resources else main_sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
