@@ -22,11 +22,37 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   arithmetic; split-K fills the SMs (a 1 x 7168 x 7168 product runs as ~1600 programs) and
   _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed order (deterministic, unlike
   atomics).
+- _mx_gemv_f16x2_kernel (GemvConfig(accumulate="f16x2"); not a default): the GEMV with each
+  32-block's products accumulated in packed fp16 (fma.rn.f16x2 on the decoded code pairs) instead of
+  one fp16 -> fp32 conversion and one FFMA per value; "Numerics" below. On sm_90 (AOT-compiled, SASS
+  counted; docs/log/mx.md) its loop takes 4.4 instructions per weight value at BLOCK_N = 32 and 3.9
+  at BLOCK_N = 64, against 5.9 / 5.5 for the fp32 kernel.
 - _mx_gemm_kernel (GEMV_MAX_M < M <= GEMM_MAX_M): acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on
   the tensor cores ("swap AB": the decoded weight is the register operand, the small M is the
   dot's N), split-K as above.
 - _mx_dequant_kernel: W to bf16 in one pass (exact), for prefill, where cuBLAS's bf16 GEMM then
   beats any fused kernel here.
+
+Numerics of accumulate="f16x2". Per x block g of 32 values, p_g = floor(log2 max|x_g|) (clamped
+to [-126, 127]) and x' = fp16(x * 2^(14 - p_g)), so max|x'| < 2^15 and no x' is Inf. The decoded
+weights are w' = value * 2^-14 with |value| <= 6, so a product |w' x'| <= 24 and a half-block sum of 16
+of them <= 384: no fp16 intermediate can overflow (max 65504) whatever x is. x' is exact wherever
+|x'| >= 2^-17 (bf16 has 8 significant bits, fp16 11); below that it may lose bits (x more than ~2^31
+below its block's maximum). Per word the four products of each fp16 half are chained in fp16
+(fma.rn, one rounding each), the block's four words are added as a tree (add.rn.f16x2), so each
+product passes through at most 6 fp16 roundings; each rounding errs by at most u * |result| + 2^-25
+(u = 2^-11; 2^-25 is half the fp16 subnormal step). The two halves are then exact in fp32, added, and
+multiplied by 2^(p_g - 14) * 2^(E - 127) (exact barring fp32 under/overflow), and the blocks are summed
+in fp32 as in the default kernel. Hence, for y = x @ W^T (x in bf16, W the dequantized weight):
+    |y_n - y_exact_n| <= gamma_6 * sum_k |W_nk x_k| + 40 * 2^-25 * sum_g 2^p_g * 2^(E_ng - 127)
+                         + (fp32 terms: gamma_(KB+64) at 2^-24, and underflow near 2^-136)
+with gamma_j = j u / (1 - j u); gemv_error_bound computes it (the 40 covers the 38 underflowing fp16
+roundings of a block and the x' conversion). gamma_6 = 2.9e-3: about 7x the bf16 output rounding in
+the worst case, ~1e-4 relative for random data. NaN in x propagates (x' is NaN whatever p_g is); a
+NaN block scale (0xFF) makes its block NaN as in the default kernel. The interpreter emulates the
+packed ops in float64 and rounds once: there the sum a*b + c is exact (w' is a multiple of 2^-15, x'
+of 2^-24, the partial sums are below 2^10: every value is a multiple of 2^-39 below 2^10), so the
+emulation is the hardware's fma.rn.
 
 Under TRITON_INTERPRET=1 (the CPU tests) the dot runs in fp32: the interpreter multiplies bf16
 operands as raw uint16 integers. The decoded weights and the activations are exact in bf16, so
@@ -237,6 +263,185 @@ if triton is not None:
             tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
 
     @triton.jit
+    def _f16_lo(p):
+        return p.to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _f16_hi(p):
+        return (p >> 16).to(tl.uint16).to(tl.float16, bitcast=True)
+
+    @triton.jit
+    def _f16x2(lo, hi):
+        """Two fp16 tensors -> int32 fp16 pairs (lo in bits 0-15, hi in bits 16-31)."""
+        return lo.to(tl.uint16, bitcast=True).to(tl.int32) | (hi.to(tl.uint16, bitcast=True).to(tl.int32) << 16)
+
+    @triton.jit
+    def _fma_f16x2(a, b, c, ASM: tl.constexpr):
+        """a * b + c on int32 words holding fp16 pairs, each half rounded once (fma.rn.f16x2).
+
+        The interpreter cannot run inline asm; there each half is computed in float64 and rounded
+        once to fp16, which is the hardware's result wherever a * b + c is exact in float64: always
+        in the f16x2 GEMV (module docstring, "Numerics")."""
+        if ASM:
+            return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            lo = _f16_lo(a).to(tl.float64) * _f16_lo(b).to(tl.float64) + _f16_lo(c).to(tl.float64)
+            hi = _f16_hi(a).to(tl.float64) * _f16_hi(b).to(tl.float64) + _f16_hi(c).to(tl.float64)
+            return _f16x2(lo.to(tl.float16), hi.to(tl.float16))
+
+    @triton.jit
+    def _add_f16x2(a, b, ASM: tl.constexpr):
+        """a + b on fp16 pairs (add.rn.f16x2; the emulation's float64 sum of two fp16 is exact)."""
+        if ASM:
+            return tl.inline_asm_elementwise("add.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            lo = _f16_lo(a).to(tl.float64) + _f16_lo(b).to(tl.float64)
+            hi = _f16_hi(a).to(tl.float64) + _f16_hi(b).to(tl.float64)
+            return _f16x2(lo.to(tl.float16), hi.to(tl.float16))
+
+    @triton.jit
+    def _pow2_wide(t):
+        """2^t as float32 for int32 t in [-149, 127] (subnormal below -126)."""
+        bits = tl.where(t >= -126, (tl.maximum(t, -126) + 127) << 23, 1 << (tl.minimum(t, -127) + 149))
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _cvt_f16x2(lo, hi, ASM: tl.constexpr):
+        """Two float32 tensors -> int32 fp16 pairs (lo in bits 0-15), each rounded to nearest even."""
+        if ASM:
+            # One instruction (F2FP.PACK_AB); the pair is made before x is shared between threads.
+            return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return _f16x2(lo.to(tl.float16), hi.to(tl.float16))
+
+    @triton.jit
+    def _gemv_x_pairs(x_row, kb, g_ok, K, GROUPS: tl.constexpr, ASM: tl.constexpr):
+        """x[32 kb + j] for the GROUPS blocks kb -> fp16 pairs in the order of the decoded code pairs,
+        and each block's factor 2^(p - 14).
+
+        Block g is scaled by 2^(14 - p) with p = floor(log2 max|x|) (clamped to [-126, 127]), so its
+        largest |x'| lies in [2^14, 2^15) and rounds to a finite fp16. Returns x0, x1, x2, x3 [G, 4]:
+        x_c[g, i] holds x' at elements 8i + c (low half) and 8i + c + 4 (high half), the pairing of
+        the code pairs p04, p15, p26, p37 of word i; and xfac [G] = 2^(p - 14) as float32."""
+        j32 = tl.arange(0, 32)
+        k = kb[:, None] * 32 + j32[None, :]
+        xv = tl.load(x_row + k, mask=g_ok[:, None] & (k < K), other=0.0).to(tl.float32)  # [G, 32]
+        # tl.max need not propagate NaN; a NaN x is carried by x' itself whatever p is.
+        amax = tl.max(tl.abs(xv), axis=1)
+        p = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -126), 127)
+        # 2^(14 - p) spans 2^-113 .. 2^140: two exact power-of-two multiplies, each within _pow2's range.
+        s = 14 - p
+        xs = (xv * _pow2(s >> 1)[:, None]) * _pow2(s - (s >> 1))[:, None]
+        # Element 8i + 4t + c of the block -> [G, i, c, t]; split t into the low and high halves.
+        lo, hi = tl.split(tl.permute(tl.reshape(xs, [GROUPS, 4, 2, 4]), (0, 1, 3, 2)))
+        pairs = tl.reshape(_cvt_f16x2(lo, hi, ASM), [GROUPS, 4, 2, 2])  # [G, i, c // 2, c % 2]
+        even, odd = tl.split(pairs)
+        x0, x2 = tl.split(even)
+        x1, x3 = tl.split(odd)
+        return x0, x1, x2, x3, _pow2_wide(p - 14)
+
+    @triton.jit
+    def _e2m1_word_pairs(w):
+        """int32 words of 8 E2M1 codes -> the fp16 pairs (value * 2^-14) of codes (0, 4), (1, 5),
+        (2, 6), (3, 7), bit for bit those of _e2m1_words_to_f32, in 11 operations per word instead
+        of 15: with a = the low nibbles in place and b = the high nibbles in place,
+            p26 = ((a << 1) | (a << 4)) & M           p04 = (((a << 1) | (a << 4)) & (M >> 8)) << 8
+            p37 = ((b >> 3) | b) & M                  p15 = (((b >> 3) | b) & (M >> 8)) << 8
+        (M = 0x8E008E00; code 3's and code 7's signs already sit at bits 15 and 31 of b)."""
+        m = -0x71FF7200  # 0x8E008E00 as an int32
+        a = w & 0x0F0F0F0F
+        b = w & -0x0F0F0F10  # 0xF0F0F0F0
+        a14 = (a << 1) | (a << 4)
+        b3 = (b >> 3) | b
+        return (a14 & 0x008E008E) << 8, (b3 & 0x008E008E) << 8, a14 & m, b3 & m
+
+    @triton.jit
+    def _gemv_block_sums_f16x2(words, e, x0, x1, x2, x3, xfac, ASM: tl.constexpr):
+        """[R, G] block dot products (codes x x) times their block scales, accumulated in fp16 pairs.
+
+        Per word (8 codes): four chained packed FMAs over the code pairs (0, 4), (1, 5), (2, 6),
+        (3, 7); the block's four words are then added as a tree, (w0 + w1) + (w2 + w3); the two fp16
+        halves go to float32 and are added, then scaled by 2^(p - 14) and the E8M0 scale."""
+        p04, p15, p26, p37 = _e2m1_word_pairs(words)
+        h = _fma_f16x2(p04, x0[None, :, :], tl.zeros_like(words), ASM)
+        h = _fma_f16x2(p15, x1[None, :, :], h, ASM)
+        h = _fma_f16x2(p26, x2[None, :, :], h, ASM)
+        h = _fma_f16x2(p37, x3[None, :, :], h, ASM)
+        h_even, h_odd = tl.split(tl.reshape(h, [h.shape[0], h.shape[1], 2, 2]))  # words (0, 2), (1, 3)
+        s01, s23 = tl.split(_add_f16x2(h_even, h_odd, ASM))  # w0 + w1, w2 + w3
+        s = _add_f16x2(s01, s23, ASM)
+        part = _f16_lo(s).to(tl.float32) + _f16_hi(s).to(tl.float32)
+        return (part * xfac[None, :]) * _e8m0_to_f32(e.to(tl.int32))
+
+    @triton.jit
+    def _mx_gemv_f16x2_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
+        N, K, KB, KB_PER_SPLIT,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+        GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    ):
+        """_mx_gemv_kernel with each 32-block's dot product accumulated in packed fp16 (accumulate =
+        "f16x2"); ASM = False runs the packed ops in plain Triton (the interpreter)."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        HALF: tl.constexpr = BLOCK_N // 2
+        offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
+        offs_b = offs_a + HALF
+        a_ok = offs_a < N
+        b_ok = offs_b < N
+        g = tl.arange(0, GROUPS)
+        w4 = tl.arange(0, 4)
+        kb_lo = pid_s * KB_PER_SPLIT
+
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        qa = q_ptr + offs_a.to(tl.int64)[:, None, None] * stride_qn
+        qb = q_ptr + offs_b.to(tl.int64)[:, None, None] * stride_qn
+        sa = s_ptr + offs_a.to(tl.int64)[:, None] * stride_sn
+        sb = s_ptr + offs_b.to(tl.int64)[:, None] * stride_sn
+        acc_a = tl.zeros([HALF, GROUPS], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
+        if PREFETCH:
+            kb = kb_lo + g
+            wa, ea = _gemv_load(qa, sa, a_ok, kb, kb < KB, w4)
+            wb, eb = _gemv_load(qb, sb, b_ok, kb, kb < KB, w4)
+        for it in range(0, ITERS):
+            kb = kb_lo + it * GROUPS + g
+            g_ok = kb < KB
+            x0, x1, x2, x3, xfac = _gemv_x_pairs(x_row, kb, g_ok, K, GROUPS, ASM)
+            if PREFETCH:
+                kn = kb + GROUPS
+                n_ok = (kn < KB) & (it + 1 < ITERS)
+                wa_n, ea_n = _gemv_load(qa, sa, a_ok, kn, n_ok, w4)
+                wb_n, eb_n = _gemv_load(qb, sb, b_ok, kn, n_ok, w4)
+                acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
+                acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
+                wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
+            else:
+                wa, ea = _gemv_load(qa, sa, a_ok, kb, g_ok, w4)
+                wb, eb = _gemv_load(qb, sb, b_ok, kb, g_ok, w4)
+                acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
+                acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
+        ya = tl.sum(acc_a, axis=1) * 16384.0
+        yb = tl.sum(acc_b, axis=1) * 16384.0
+
+        if SPLIT:
+            base = y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym
+            tl.store(base + offs_a, ya, mask=a_ok)
+            tl.store(base + offs_b, yb, mask=b_ok)
+        else:
+            if HAS_BIAS:
+                ya += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
+                yb += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
+            base = y_ptr + pid_m.to(tl.int64) * stride_ym
+            tl.store(base + offs_a, ya.to(y_ptr.dtype.element_ty), mask=a_ok)
+            tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
+
+    @triton.jit
     def _mx_gemm_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
         M, N, K, KB, KB_PER_SPLIT,
@@ -328,6 +533,12 @@ class GemvConfig:
     split_k: int = 4      # programs along K (rounded so each holds a multiple of `groups` blocks)
     num_warps: int = 4
     prefetch: bool = False
+    # "f32": each product converted to fp32 and FFMA'd (the default); "f16x2": packed fp16 FMAs
+    # within each 32-block (module docstring, "Numerics"), for the instruction count.
+    accumulate: str = "f32"
+
+
+GEMV_ACCUMULATE = ("f32", "f16x2")
 
 
 @dataclass(frozen=True)
@@ -418,20 +629,70 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
     _require_triton()
     _check_operands(x, codes, scales, k, out)
+    if cfg.accumulate not in GEMV_ACCUMULATE:
+        raise ValueError(f"GemvConfig.accumulate={cfg.accumulate!r}: use one of {GEMV_ACCUMULATE}")
     m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
     words = _words(codes)
-    _mx_gemv_kernel[(triton.cdiv(n, cfg.block_n), m, splits)](
-        x, words, scales, bias if bias is not None else scales, target,
-        n, k, kb, per,
-        x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0),
-        ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
-        GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
-    )
+    args = (x, words, scales, bias if bias is not None else scales, target,
+            n, k, kb, per,
+            x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0))
+    meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
+                GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+    grid = (triton.cdiv(n, cfg.block_n), m, splits)
+    if cfg.accumulate == "f16x2":
+        _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+    else:
+        _mx_gemv_kernel[grid](*args, **meta)
     if splits > 1:
         _reduce_splits(target, bias, out)
     return out
+
+
+def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, accumulate: str,
+                     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bound [M, N] (float64) on |mx_gemv(x, ...) - y_exact| for the GEMV kernels, from the module
+    docstring's "Numerics"; y_exact = x.double() @ w.T (+ bias), w = the dequantized weight [N, K]
+    (float64), scales the E8M0 codes [N, KB], x [M, K] in bf16 (for the x blocks' exponents p_g)."""
+    if accumulate not in GEMV_ACCUMULATE:
+        raise ValueError(f"accumulate={accumulate!r}: use one of {GEMV_ACCUMULATE}")
+    m, k = x.shape
+    n, kb = scales.shape
+    xd = torch.nn.functional.pad(x.double(), (0, kb * 32 - k))
+    wd = torch.nn.functional.pad(w.double(), (0, kb * 32 - k))
+    abs_sum = xd.abs() @ wd.abs().T  # [M, N]: sum_k |W_nk x_k|
+    y = xd @ wd.T
+    if bias is not None:
+        y = y + bias.double()
+
+    def gamma(j: int, u: float) -> float:
+        return j * u / (1 - j * u)
+
+    u16, u32 = 2.0**-11, 2.0**-24
+    # Every block's fp32 terms: the half-sum, the scale products, ITERS + GROUPS + splits additions,
+    # the bias, at most KB + 64 roundings for any config.
+    g32 = gamma(kb + 64, u32)
+    e = scales.long()
+    # fp32 underflow: each of the <= 2 * KB + 64 roundings below 2^-126 in the accumulator's units
+    # (y * 2^-14) errs by at most 2^-150, i.e. 2^-136 in y's, times the block scale where that exceeds 1
+    # (the default kernel's per-product sums are in units of the scale).
+    big_scale = torch.exp2((e - 127).clamp(min=0).double()).amax(dim=1)  # [N]
+    under32 = (2 * kb + 96) * 2.0**-136 * big_scale[None, :].expand(m, n)
+    if accumulate == "f32":
+        bound = gamma(32, u32) * abs_sum + g32 * (1 + gamma(32, u32)) * abs_sum + under32
+    else:
+        amax = xd.abs().reshape(m, kb, 32).amax(dim=2)
+        p = torch.floor(torch.log2(amax.clamp(min=2.0**-126))).clamp(-126, 127)
+        block = torch.exp2(p)[:, None, :] * torch.exp2((e - 127).double())[None, :, :]  # [M, N, KB]
+        under16 = 40 * 2.0**-25 * block.sum(dim=2)
+        g6 = gamma(6, u16)
+        bound = g6 * abs_sum + under16 + g32 * (1 + g6) * abs_sum + under32
+    if bias is not None:
+        bound = bound + u32 * (y.abs() + bound)
+    if out_dtype != torch.float32:
+        bound = bound + 2.0 ** -(torch.finfo(out_dtype).nmant + 1) * (y.abs() + bound)
+    return bound
 
 
 def mx_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
@@ -496,6 +757,6 @@ def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rou
 
 
 __all__ = [
-    "GemvConfig", "GemmConfig", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
+    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "gemv_error_bound", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
     "fake_quant_triton", "triton_available", "interpreter_enabled",
 ]

@@ -9,13 +9,16 @@ import os
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from kernels.mx import mx_linear, matmul_path, naive, quantize_mx  # noqa: E402
+from kernels.mx import triton_matmul as tm  # noqa: E402
 from kernels.mx.quant import fake_quant_torch  # noqa: E402
 from kernels.mx.triton_matmul import (  # noqa: E402
-    GemmConfig, GemvConfig, dequant_fp4_bf16, fake_quant_triton, mx_gemm, mx_gemv,
+    GemmConfig, GemvConfig, dequant_fp4_bf16, fake_quant_triton, gemv_error_bound, mx_gemm, mx_gemv,
 )
 
 
@@ -81,11 +84,143 @@ def check_nan_weight_block():
     w[3, 40] = float("nan")
     wq = quantize_mx(w, "fp4_e2m1")
     for fn, cfg in ((mx_gemv, GemvConfig(block_n=16, groups=2, split_k=2)),
+                    (mx_gemv, GemvConfig(block_n=16, groups=2, split_k=2, accumulate="f16x2")),
                     (mx_gemm, GemmConfig(block_m=16, block_n=16, groups=1))):
         out = torch.zeros(2, 24)
         fn(x, wq.codes, wq.scales, 64, None, out, cfg)
         assert torch.isnan(out[:, 3]).all() and torch.isfinite(out[:, torch.arange(24) != 3]).all()
     print("nan block ok")
+
+
+def _check_within_bound(out, x, wq, bias, accumulate, what):
+    """Every finite output within gemv_error_bound of the float64 reference; NaN exactly where the
+    reference is NaN. Returns the largest error over bound."""
+    k = wq.shape[1]
+    ref = _reference(x, wq, bias, None)
+    w = naive.dequantize(wq.element_codes(), wq.scales, "fp4_e2m1", 32, k)
+    bound = gemv_error_bound(x, w, wq.scales, accumulate, bias, out.dtype)
+    nan = torch.isnan(ref)
+    assert torch.equal(torch.isnan(out), nan), (what, torch.isnan(out).sum(), nan.sum())
+    err = (out.double() - ref).abs()[~nan]
+    ratio = (err / bound[~nan]).max().item()
+    assert ratio <= 1.0, (what, ratio)
+    return ratio
+
+
+def check_gemv_f16x2():
+    # Odd N and K (K = 80, 1000 padded in storage), ragged split-K, M = 1, 2, 8, both loop forms.
+    ratios = []
+    for m, n, k, cfg, b_ in [(1, 40, 96, GemvConfig(block_n=16, groups=2, split_k=1), False),
+                             (2, 33, 80, GemvConfig(block_n=32, groups=2, split_k=2), True),
+                             (8, 40, 224, GemvConfig(block_n=32, groups=2, split_k=3, prefetch=True), False),
+                             (2, 24, 1000, GemvConfig(block_n=32, groups=4, split_k=2, prefetch=True), True)]:
+        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 7)
+        cfg16 = GemvConfig(cfg.block_n, cfg.groups, cfg.split_k, cfg.num_warps, cfg.prefetch, "f16x2")
+        b = bias if b_ else None
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg16)
+        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", (m, n, k, cfg16)))
+        # The packed-fp16 path is really taken: its error is far above the fp32 kernel's.
+        out32 = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out32, cfg)
+        ref = _reference(x, wq, b, None)
+        e16, e32 = _rel_err(out, ref), _rel_err(out32, ref)
+        assert e16 > 1e-5 > e32, (m, n, k, e16, e32)
+    print(f"gemv f16x2 ok (largest error / bound {max(ratios):.3f})")
+
+
+def check_gemv_f16x2_extreme_x():
+    """Rows of x: normal; x 1e30; x 1e-30; blocks alternating 1e30 / 1e-30; one 1e30 among 1e-30s
+    inside each block; zero; a NaN; bf16's largest normal exponents next to its smallest."""
+    m, n, k = 8, 40, 224
+    x, wq, bias = _problem(m, n, k, seed=11)
+    xf = x.float()
+    xf[1] *= 1e30
+    xf[2] *= 1e-30
+    blk = (torch.arange(k) // 32) % 2 == 0
+    xf[3] = torch.where(blk, xf[3] * 1e30, xf[3] * 1e-30)
+    xf[4] = xf[4] * 1e-30
+    xf[4, ::32] = 1e30
+    xf[5] = 0.0
+    xf[6, 77] = float("nan")
+    xf[7] = torch.where(blk, xf[7] * 2.0**100, xf[7] * 2.0**-120)
+    x = xf.to(torch.bfloat16)
+    ratios = []
+    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3, accumulate="f16x2"), None),
+                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, accumulate="f16x2"), bias)):
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
+        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", cfg))
+        assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
+        assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
+    print(f"gemv f16x2 extreme x ok (largest error / bound {max(ratios):.3f})")
+
+
+@triton.jit
+def _f16x2_ops_kernel(a_ptr, b_ptr, c_ptr, fma_ptr, add_ptr, cvt_ptr, dec_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + i)
+    b = tl.load(b_ptr + i)
+    c = tl.load(c_ptr + i)
+    tl.store(fma_ptr + i, tm._fma_f16x2(a, b, c, False))
+    tl.store(add_ptr + i, tm._add_f16x2(a, c, False))
+    tl.store(cvt_ptr + i, tm._cvt_f16x2(tm._f16_lo(a).to(tl.float32) * 3.0, tm._f16_hi(b).to(tl.float32), False))
+    p04, p15, p26, p37 = tm._e2m1_word_pairs(a)
+    tl.store(dec_ptr + i * 4, p04)
+    tl.store(dec_ptr + i * 4 + 1, p15)
+    tl.store(dec_ptr + i * 4 + 2, p26)
+    tl.store(dec_ptr + i * 4 + 3, p37)
+
+
+def check_f16x2_ops():
+    """The interpreter's packed fp16 ops against torch (float64 then one rounding), per half, and the
+    11-operation code-pair decode against _e2m1_words_to_f32's formulas, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    size = 4096
+
+    def halves(lo, hi):
+        return (lo.view(torch.int16).int() & 0xFFFF) | (hi.view(torch.int16).int() << 16)
+
+    # Magnitudes as in the kernel (w' <= 6 * 2^-14 incl. subnormals, x' < 2^15, sums < 2^10) plus
+    # zeros, signed zeros and NaN.
+    w = (torch.randint(0, 16, (2, size), generator=g).float() * 2.0**-15 * torch.randint(-1, 2, (2, size), generator=g))
+    xx = torch.randn(2, size, generator=g) * torch.exp2(torch.randint(-30, 15, (2, size), generator=g).float())
+    acc = torch.randn(2, size, generator=g) * torch.exp2(torch.randint(-24, 9, (2, size), generator=g).float())
+    w, xx, acc = w.half(), xx.clamp(-32000, 32000).half(), acc.half()
+    xx[0, 5] = float("nan")
+    acc[1, 9] = -0.0
+    a, b, c = halves(w[0], w[1]), halves(xx[0], xx[1]), halves(acc[0], acc[1])
+    a[-256:] = torch.randint(-2**31, 2**31 - 1, (256,), generator=g, dtype=torch.int64).int()  # words for the decode
+    fma, add, cvt = torch.empty_like(a), torch.empty_like(a), torch.empty_like(a)
+    dec = torch.empty(size * 4, dtype=torch.int32)
+    _f16x2_ops_kernel[(1,)](a, b, c, fma, add, cvt, dec, BLOCK=size)
+
+    def lo(t):
+        return (t & 0xFFFF).short().view(torch.float16)
+
+    def hi(t):
+        return (t >> 16).short().view(torch.float16)
+
+    def same(got, want):
+        return torch.equal(got.view(torch.int16), want.view(torch.int16)) or bool(
+            ((got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())).all())
+
+    n = size - 256
+    for half in (lo, hi):
+        want_fma = (half(a).double() * half(b).double() + half(c).double()).half()
+        assert same(half(fma)[:n], want_fma[:n]), half
+        assert same(half(add)[:n], (half(a).double() + half(c).double()).half()[:n]), half
+    assert same(lo(cvt), (lo(a).float() * 3.0).half()) and same(hi(cvt), hi(b))
+    assert torch.isnan(lo(fma)[5]) and not torch.isnan(hi(fma)[5])
+
+    # The decode: the formulas of _e2m1_words_to_f32, in torch (int64 to avoid overflow).
+    wd = a.long() & 0xFFFFFFFF
+    aa, bb = wd & 0x0F0F0F0F, (wd >> 4) & 0x0F0F0F0F
+    mask = 0x8E008E00
+    want = torch.stack([((aa << 9) | (aa << 12)) & mask, ((bb << 9) | (bb << 12)) & mask,
+                        ((aa << 1) | (aa << 4)) & mask, ((bb << 1) | (bb << 4)) & mask], dim=1)
+    assert torch.equal(dec.view(size, 4).long() & 0xFFFFFFFF, want)
+    print("f16x2 ops ok")
 
 
 def check_fake_quant_kernel():
