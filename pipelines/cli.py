@@ -78,6 +78,7 @@ class _Progress(threading.Thread):
         self.t0 = time.perf_counter()
         self.started: dict[str, float] = {}
         self.failed: list[str] = []
+        self.interrupted = False  # a step failed because the run was interrupted (Ctrl-C, SIGTERM)
 
     def _line(self, msg: str) -> None:
         _say(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}")
@@ -129,11 +130,23 @@ class _Progress(threading.Thread):
         elif ev.event_type == DagsterEventType.STEP_FAILURE:
             err = ev.event_specific_data.error
             self.failed.append(step)
-            self._line(f"✗ {step}: {_root_message(err)}")
+            if _is_interruption(err):
+                self.interrupted = True
+                self._line(f"✗ {step}: interrupted")
+            else:
+                self._line(f"✗ {step}: {_root_message(err)}")
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+def _is_interruption(err) -> bool:
+    while err is not None:
+        if err.cls_name == "DagsterExecutionInterruptedError":
+            return True
+        err = err.cause or err.context
+    return False
 
 
 def _root_message(err) -> str:
@@ -192,8 +205,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Let the progress thread print the run's last events before the summary.
     progress.stop.set()
     progress.join()
-    if result is None:
-        _say("k3 run: interrupted")
+    if result is None or progress.interrupted:
+        # Inside a step, Dagster turns the interrupt into a failed step and returns normally.
+        _say(f"k3 run: interrupted; run {run_id} is recorded as failed, and a stage run again resumes "
+             "from its last checkpoint")
         return 130
     took = time.perf_counter() - progress.t0
     if result.success:

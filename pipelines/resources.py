@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,6 +97,7 @@ class RayResource(dg.ConfigurableResource):
             return
         address = self.address or os.environ.get("RAY_ADDRESS") or None
         t0 = time.perf_counter()
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         if address:
             ray.init(address=address, log_to_driver=True)
             what = f"joined Ray cluster at {address}"
@@ -103,11 +106,22 @@ class RayResource(dg.ConfigurableResource):
             # needs none.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             gpus = local_gpu_count() if self.num_gpus is None else self.num_gpus
-            ray.init(num_cpus=self.num_cpus or os.cpu_count(), num_gpus=gpus,
-                     object_store_memory=self.object_store_memory_mb << 20, include_dashboard=False,
-                     log_to_driver=True)
+            try:
+                ray.init(num_cpus=self.num_cpus or os.cpu_count(), num_gpus=gpus,
+                         object_store_memory=self.object_store_memory_mb << 20, include_dashboard=False,
+                         log_to_driver=True)
+            except SystemExit as e:
+                # A SIGTERM during start-up meets Ray's own handler (sys.exit): stop what started
+                # and report an interruption, as a SIGTERM at any other moment is.
+                ray.shutdown()
+                raise KeyboardInterrupt from e
             self._started_here = True
             what = f"started a local Ray cluster ({ray.cluster_resources()})"
+        # ray.init replaces the driver's SIGTERM handler with sys.exit, which lands wherever the
+        # driver happens to be (inside ray.get, Ray's C++ core then aborts the process). Keep the
+        # caller's own handler: `k3 run` turns SIGTERM into its Ctrl-C path.
+        if callable(on_sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_sigterm)
         if log:
             log(f"{what} in {time.perf_counter() - t0:.1f} s")
 
@@ -151,15 +165,36 @@ class RayResource(dg.ConfigurableResource):
         remote = ray.remote(fn).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0)
         refs = [remote.remote(*args) for args in arg_tuples]
         try:
+            # Wait in short slices: a blocking ray.get can sit in Ray's C++ core for the whole task
+            # and never run the driver's Python signal handlers (SIGTERM then did nothing).
+            pending = refs
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             return ray.get(refs)
         except BaseException as e:
             for ref in refs:
                 ray.cancel(ref, force=True)
+            interrupt = _interrupt_behind(e)
+            if interrupt is not None and interrupt is not e:
+                # A signal handler raised inside Ray's Cython code, which then reports a SystemError
+                # wrapping it: re-raise the interrupt itself so Dagster records an interruption.
+                raise interrupt from None
             if isinstance(e, SystemExit):
-                # Ray's driver turns SIGTERM into SystemExit inside ray.get; say what happened.
+                # Ray's default driver handler turns SIGTERM into SystemExit; say what happened.
                 raise RuntimeError(f"interrupted by a termination signal; cancelled {len(refs)} Ray "
                                    "task(s)") from e
             raise
+
+
+def _interrupt_behind(e: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or Dagster interruption in e's chain of causes, if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (KeyboardInterrupt, dg.DagsterExecutionInterruptedError)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
