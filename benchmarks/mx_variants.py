@@ -35,7 +35,9 @@ import torch
 
 from benchmarks.mx import SHAPES, TIMING_NOTE, _copies, _make_problem, env_info, measure_ceilings, time_calls
 from kernels.mx import naive
-from kernels.mx.triton_matmul import GemvConfig, _split_plan, _splits_for, default_gemv_config, gemv_error_bound, mx_gemv
+from kernels.mx.triton_matmul import (
+    GemvConfig, _split_plan, _splits_for, default_gemv_config, gemv_error_bound, mx_gemv,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> (block_n, groups, num_warps, programs per SM, prefetch, accumulate); "default" is
@@ -253,7 +255,8 @@ def main(argv=None) -> int:
 
     if not args.quick:
         report["ceilings_after"] = measure_ceilings(torch.device("cuda"), smoke=False)
-    report["status"] = "ok" if all(v.get("status") == "ok" for v in report["variants"].values()) else "some variants failed"
+    all_ok = all(v.get("status") == "ok" for v in report["variants"].values())
+    report["status"] = "ok" if all_ok else "some variants failed"
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     dump()
     print(f"{report['status']} in {report['seconds']} s -> {args.out}", flush=True)

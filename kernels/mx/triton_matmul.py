@@ -757,6 +757,7 @@ def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rou
 
 
 __all__ = [
-    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "gemv_error_bound", "default_gemv_config", "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
+    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "gemv_error_bound", "default_gemv_config",
+    "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
     "fake_quant_triton", "triton_available", "interpreter_enabled",
 ]
