@@ -2,14 +2,15 @@
 
 Variants: today's default (fused prep and backward chunk, 8 warps, tf32x3 inverse); the tf32
 inverse; prep split at 4 and 8 warps; backward chunk split at 4 and 8 warps; all three combined at
-4 and 8 warps and at mixed warps; the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a miscompile that raises an
+4 and 8 warps and at mixed warps; the substitution inverse (split prep only), alone and combined;
+the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a miscompile that raises an
 illegal memory access (it kills the CUDA context) loses only that variant. Per variant:
 1. correctness at (B, T, H, D) = (1, 1000, 4, 128), bf16 inputs (fla's test distribution: q, k
    L2-normalised U(0, 1), g = logsigmoid(N(0, 1)), fp32 h0), against `chunk_kda_torch` in fp32:
    relative RMS error (fla's `assert_close`) of o, the final state and every gradient, within o/ht
    5e-3, dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2. Also, for the record only, the forward error against the
    fp32 recurrence with positive k and weak gates (logsigmoid(N(0, 1) + 3)), where the doubling
-   inverse loses accuracy (docs/log/kda.md);
+   inverse loses accuracy and the substitution inverse should not (docs/log/kda.md);
 2. `triton.testing.do_bench` medians at (8, 4096, 16, 128) bf16 of each stage (prep, forward state,
    backward state, backward chunk; the halves of a split stage too) and of the whole forward and
    forward+backward through autograd.
@@ -55,6 +56,13 @@ VARIANTS = {
     # Each kernel at the warps where the sm_90 compile (--resources) shows no spill and most CTAs/SM.
     "combined_mixed": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 8,
                        "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
+    # The substitution inverse (exact where the doubling fails: positive k, weak gates), alone and
+    # with everything else; tf32 is safe for it in every regime (tests/kernels/kda/test_inverse_precision.py).
+    "subst_prep_split_w4": {"prep_split": True, "inverse": "substitution", "prep_pairs_warps": 4,
+                            "prep_solve_warps": 4},
+    "subst_combined_mixed": {"inverse": "substitution", "inverse_precision": "tf32", "prep_split": True,
+                             "prep_pairs_warps": 8, "prep_solve_warps": 4, "bwd_split": True,
+                             "bwd_values_warps": 4, "bwd_pairs_warps": 8},
     # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
     "bwd_split_w4_bks16": {"bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4, "bwd_key_slice": 16},
 }

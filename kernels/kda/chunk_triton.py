@@ -51,6 +51,9 @@ with several CTAs per SM. All variants equal the default path in the interpreter
   Σ S ⊙ dS' to fp32 scratch), then `_bwd_pairs_kernel` (QG / KG / γ terms, pair regions, dq, dk,
   dg, dβ).
 - `inverse_precision="tf32"`: one tf32 pass per product of the doubling inverse instead of three.
+- `inverse="substitution"` (with `prep_split`): T by forward substitution in the diagonal 16-blocks
+  and a block merge instead of doubling. The doubling forms A², …, A³², which for positive keys
+  and weak decays grow to ~10² although T stays ≤ 1, and loses accuracy (docs/log/kda.md).
 
 Exactness of the anchored factorization: inside one 16-token block the per-channel log decay
 (G at the block's first row minus G at a later row) must stay below DIAG_SHIFT + EXP2_CLAMP = 164
@@ -218,16 +221,11 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
 
 
 @triton.jit
-def _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr):
-    """T = (I + A)⁻¹ (stored), W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) for one chunk, A = β ⊙ A_kk."""
+def _prep_wu(Tc, bF, k, v, Gs, W, U, t0, T,
+             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
+    """W = T (β ⊙ e^G ⊙ K), U = T (β ⊙ V) for one chunk, T given as a [64, 64] tile in Ti's dtype."""
     sk = H * K
     sv = H * V
-    c64 = tl.arange(0, 64)
-    all64 = c64 < 64
-    Tc = _inv_unit_lower64(A, INV_PREC).to(Ti.dtype.element_ty)
-    _store_rows(Ti, Tc, t0, T, H * 64, c64, all64, 64)
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
@@ -239,6 +237,92 @@ def _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T,
         m_v = o_v < V
         vF = _load_rows(v, t0, T, sv, o_v, m_v, 64).to(tl.float32)
         _store_rows(U, tl.dot(Tc, (vF * bF).to(Tc.dtype)), t0, T, sv, o_v, m_v, 64)
+
+
+@triton.jit
+def _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr):
+    """T = (I + A)⁻¹ by doubling (stored), then W and U, for one chunk, A = β ⊙ A_kk."""
+    c64 = tl.arange(0, 64)
+    Tc = _inv_unit_lower64(A, INV_PREC).to(Ti.dtype.element_ty)
+    _store_rows(Ti, Tc, t0, T, H * 64, c64, c64 < 64, 64)
+    _prep_wu(Tc, bF, k, v, Gs, W, U, t0, T, H, K, V, BKS, BV)
+
+
+@triton.jit
+def _block16(A, t0, T, bi: tl.constexpr, bj: tl.constexpr, sa):
+    """Block (bi, bj) [16, 16] of a chunk's [64, 64] rows in memory; rows past T read as zero."""
+    o16 = tl.arange(0, 16)
+    rows = t0 + 16 * bi + o16
+    return tl.load(A + rows[:, None] * sa + 16 * bj + o16[None, :], mask=(rows < T)[:, None], other=0.0)
+
+
+@triton.jit
+def _store_block16(Ti, val, t0, T, bi: tl.constexpr, bj: tl.constexpr, sa):
+    o16 = tl.arange(0, 16)
+    rows = t0 + 16 * bi + o16
+    tl.store(Ti + rows[:, None] * sa + 16 * bj + o16[None, :], val.to(Ti.dtype.element_ty),
+             mask=(rows < T)[:, None])
+
+
+@triton.jit
+def _inv_diag16(A, t0, T, b: tl.constexpr, sa):
+    """(I + A_bb)⁻¹ of the diagonal 16-block b by forward substitution, one row at a time:
+    row i of N = T − I is −A_i − Σ_{m<i} A_im N_m (rows 0 and 1 need no update)."""
+    o16 = tl.arange(0, 16)
+    N = -tl.where(o16[:, None] > o16[None, :], _block16(A, t0, T, b, b, sa), 0.0)
+    for i in range(2, 16):
+        row = t0 + 16 * b + i
+        a = -tl.load(A + row * sa + 16 * b + o16, mask=(o16 < i) & (row < T), other=0.0)
+        a += tl.sum(a[:, None] * N, 0)
+        N = tl.where(o16[:, None] == i, a[None, :], N)
+    return N + tl.where(o16[:, None] == o16[None, :], 1.0, 0.0)
+
+
+@triton.jit
+def _inv_unit_lower64_substitution(A, Ti, t0, T, sa, PREC: tl.constexpr):
+    """(I + A)⁻¹ for the chunk's strictly lower A [64, 64] (rows in memory), stored to Ti: forward
+    substitution inside the four diagonal 16-blocks, then block forward substitution,
+    X_ij = −X_ii Σ_{j≤m<i} A_im X_mj (fla's `solve_tril`). Stable where the doubling is not
+    (positive keys with weak decay, docs/log/kda.md): no power of A is ever formed."""
+    X00 = _inv_diag16(A, t0, T, 0, sa)
+    X11 = _inv_diag16(A, t0, T, 1, sa)
+    X22 = _inv_diag16(A, t0, T, 2, sa)
+    X33 = _inv_diag16(A, t0, T, 3, sa)
+    A10 = _block16(A, t0, T, 1, 0, sa)
+    A21 = _block16(A, t0, T, 2, 1, sa)
+    A32 = _block16(A, t0, T, 3, 2, sa)
+    X10 = -tl.dot(X11, tl.dot(A10, X00, input_precision=PREC), input_precision=PREC)
+    X21 = -tl.dot(X22, tl.dot(A21, X11, input_precision=PREC), input_precision=PREC)
+    X32 = -tl.dot(X33, tl.dot(A32, X22, input_precision=PREC), input_precision=PREC)
+    A20 = _block16(A, t0, T, 2, 0, sa)
+    A31 = _block16(A, t0, T, 3, 1, sa)
+    X20 = tl.dot(A20, X00, input_precision=PREC)
+    X20 = -tl.dot(X22, tl.dot(A21, X10, X20, input_precision=PREC), input_precision=PREC)
+    X31 = tl.dot(A31, X11, input_precision=PREC)
+    X31 = -tl.dot(X33, tl.dot(A32, X21, X31, input_precision=PREC), input_precision=PREC)
+    A30 = _block16(A, t0, T, 3, 0, sa)
+    X30 = tl.dot(A30, X00, input_precision=PREC)
+    X30 = tl.dot(A31, X10, X30, input_precision=PREC)
+    X30 = -tl.dot(X33, tl.dot(A32, X20, X30, input_precision=PREC), input_precision=PREC)
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    _store_block16(Ti, X00, t0, T, 0, 0, sa)
+    _store_block16(Ti, zero, t0, T, 0, 1, sa)
+    _store_block16(Ti, zero, t0, T, 0, 2, sa)
+    _store_block16(Ti, zero, t0, T, 0, 3, sa)
+    _store_block16(Ti, X10, t0, T, 1, 0, sa)
+    _store_block16(Ti, X11, t0, T, 1, 1, sa)
+    _store_block16(Ti, zero, t0, T, 1, 2, sa)
+    _store_block16(Ti, zero, t0, T, 1, 3, sa)
+    _store_block16(Ti, X20, t0, T, 2, 0, sa)
+    _store_block16(Ti, X21, t0, T, 2, 1, sa)
+    _store_block16(Ti, X22, t0, T, 2, 2, sa)
+    _store_block16(Ti, zero, t0, T, 2, 3, sa)
+    _store_block16(Ti, X30, t0, T, 3, 0, sa)
+    _store_block16(Ti, X31, t0, T, 3, 1, sa)
+    _store_block16(Ti, X32, t0, T, 3, 2, sa)
+    _store_block16(Ti, X33, t0, T, 3, 3, sa)
 
 
 @triton.jit
@@ -311,9 +395,10 @@ def _prep_solve_kernel(
     Ti, W, U,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr,
+    BKS: tl.constexpr, BV: tl.constexpr, INV_PREC: tl.constexpr, SUBSTITUTION: tl.constexpr,
 ):
-    """Split prep, part 2: `_prep_solve` from the β ⊙ A_kk that part 1 left in `Akk`."""
+    """Split prep, part 2: T = (I + β ⊙ A_kk)⁻¹ from part 1's scratch `Akk` (doubling, or
+    substitution when SUBSTITUTION), then W and U."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -331,10 +416,17 @@ def _prep_solve_kernel(
     c64 = tl.arange(0, 64)
     one = tl.full([1], 1, dtype=tl.int1)
     zc = tl.zeros([1], dtype=tl.int32)
-    # Rows and columns past T are zero, as the fused kernel has them (k = β = 0 there).
-    A = _load_rows(Akk, t0, T, H * 64, c64, c64 < 64, 64)
     bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)
-    _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T, H, K, V, BKS, BV, INV_PREC)
+    if SUBSTITUTION:
+        _inv_unit_lower64_substitution(Akk, Ti, t0, T, H * 64, INV_PREC)
+        # T was stored in 16-blocks; W and U read it back whole: make the stores visible.
+        tl.debug_barrier()
+        Tc = _load_rows(Ti, t0, T, H * 64, c64, c64 < 64, 64)
+        _prep_wu(Tc, bF, k, v, Gs, W, U, t0, T, H, K, V, BKS, BV)
+    else:
+        # Rows and columns past T are zero, as the fused kernel has them (k = β = 0 there).
+        A = _load_rows(Akk, t0, T, H * 64, c64, c64 < 64, 64)
+        _prep_solve(A, bF, k, v, Gs, Ti, W, U, t0, T, H, K, V, BKS, BV, INV_PREC)
 
 
 @triton.jit
@@ -749,6 +841,10 @@ class TileConfig:
     # The doubling inverse's products: "tf32x3" (about fp32) or "tf32" (one pass, a third of the
     # tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger).
     inverse_precision: str = "tf32x3"
+    # "doubling" (today) or "substitution": forward substitution in the 16-blocks and a block merge,
+    # stable for positive keys with weak decay where the doubling is not (docs/log/kda.md). It reads
+    # rows of β ⊙ A_kk from the split prep's scratch, so it needs prep_split.
+    inverse: str = "doubling"
     # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
     # scratch), then the inverse, W and U.
     prep_split: bool = False
@@ -763,6 +859,10 @@ class TileConfig:
     def __post_init__(self):
         if self.inverse_precision not in ("tf32x3", "tf32"):
             raise ValueError(f"inverse_precision must be 'tf32x3' or 'tf32', got {self.inverse_precision!r}")
+        if self.inverse not in ("doubling", "substitution"):
+            raise ValueError(f"inverse must be 'doubling' or 'substitution', got {self.inverse!r}")
+        if self.inverse == "substitution" and not self.prep_split:
+            raise ValueError("inverse='substitution' reads A_kk from the split prep's scratch: set prep_split=True")
         warps = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name.endswith("_warps")}
         bad = {n: w for n, w in warps.items() if w not in (1, 2, 4, 8, 16)}
         if bad:
@@ -858,7 +958,8 @@ def kda_prepare_solve(k, v, beta, Gs, Akk):
     _prep_solve_kernel[(NT, B * H)](
         k, v, beta, Gs, Akk, Ti, W, U, T,
         H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.prep_key_slice), BV=_pow2_tile(V, 128),
-        INV_PREC=_TILES.inverse_precision, num_warps=_TILES.prep_solve_warps, num_stages=1,
+        INV_PREC=_TILES.inverse_precision, SUBSTITUTION=_TILES.inverse == "substitution",
+        num_warps=_TILES.prep_solve_warps, num_stages=1,
     )
     return Ti, W, U
 
