@@ -1,10 +1,11 @@
-"""KDA Triton kernel variants (`chunk_triton.TileConfig`) on one GPU: correctness, then time per kernel.
+"""KDA Triton kernel variants (`chunk_triton.TileConfig`) on one GPU: correctness, then per-kernel time.
 
 Variants: today's default (fused prep and backward chunk, 8 warps, tf32x3 inverse); the tf32
 inverse; prep split at 4 and 8 warps; backward chunk split at 4 and 8 warps; all three combined at
 4 and 8 warps and at mixed warps; the substitution inverse (split prep only), alone and combined;
-the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a miscompile that raises an
-illegal memory access (it kills the CUDA context) loses only that variant. Per variant:
+the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a
+miscompile that raises an illegal memory access (it kills the CUDA context) loses only that variant.
+Per variant:
 1. correctness at (B, T, H, D) = (1, 1000, 4, 128), bf16 inputs (fla's test distribution: q, k
    L2-normalised U(0, 1), g = logsigmoid(N(0, 1)), fp32 h0), against `chunk_kda_torch` in fp32:
    relative RMS error (fla's `assert_close`) of o, the final state and every gradient, within o/ht
@@ -18,12 +19,12 @@ The JSON is rewritten after every variant, so a timeout keeps what finished.
 
 Usage (H200: Python 3.12, torch 2.11, triton 3.6, nothing else; < 9 minutes):
     PYTHONPATH=. python3 benchmarks/kda_variants.py --out $OUT/kda_variants_h200.json
-CPU smoke run of the same code path, correctness only, tiny shape, under Triton's interpreter
-(it loads the interpreter shims from tests/kernels/kda/conftest.py):
+CPU smoke run of the same code path under Triton's interpreter, tiny shape: correctness, and every
+timed stage run once without timing (it loads the interpreter shims from tests/kernels/kda/conftest.py):
     PYTHONPATH=. python3 benchmarks/kda_variants.py --quick --out /tmp/kda_variants_quick.json
 Registers, spills and shared memory per kernel and variant, compiled for sm_90 on the CPU with
 Triton's bundled ptxas (no GPU needed; uses Triton 3.6 internals to build the signatures):
-    PYTHONPATH=. python3 benchmarks/kda_variants.py --resources --out benchmarks/results/kda_variants_sm90_resources.json
+    PYTHONPATH=. python3 benchmarks/kda_variants.py --resources --out /tmp/kda_variants_sm90.json
 """
 
 from __future__ import annotations
@@ -141,40 +142,52 @@ def check_weak_decay(shape, device):
     return {"o": _rel(o, o_r), "ht": _rel(ht, ht_r)}
 
 
-def time_stages(shape, cfg):
-    """do_bench medians (ms) of each stage and of the whole forward and forward+backward."""
-    import torch
+def _stage_ms(ct, q, k, v, g, beta, do, scale, cfg, bench):
+    """bench(fn) of each stage, and of each half of a split stage."""
+    ms = {"prep": bench(lambda: ct.kda_prepare(q, k, v, g, beta, scale))}
+    if cfg.prep_split:
+        Gs, Akk, *_ = ct.kda_prepare_pairs(q, k, g, beta, scale)
+        ms["prep_pairs"] = bench(lambda: ct.kda_prepare_pairs(q, k, g, beta, scale))
+        ms["prep_solve"] = bench(lambda: ct.kda_prepare_solve(k, v, beta, Gs, Akk))
+    Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
+    ms["state_fwd"] = bench(lambda: ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True))
+    _, _, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True)
+    ms["state_bwd"] = bench(lambda: ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False))
+    dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False)
+    ms["bwd_chunk"] = bench(lambda: ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do,
+                                                          scale))
+    if cfg.bwd_split:
+        parts = ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do)
+        ms["bwd_values"] = bench(lambda: ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do))
+        ms["bwd_pairs"] = bench(lambda: ct.kda_chunk_backward_pairs(q, k, g, Gs, beta, *parts[1:], scale))
+    return ms
+
+
+def _do_bench(fn, grad_to_none=None):
     from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median", grad_to_none=grad_to_none)
+
+
+def _run_once(fn, grad_to_none=None):
+    """--quick stands in for do_bench: run the stage once (plumbing only), no time."""
+    fn()
+    return float("nan")
+
+
+def time_stages(shape, cfg, device="cuda", bench=_do_bench):
+    """bench medians (ms) of each stage and of the whole forward and forward+backward."""
+    import torch
 
     from kernels.kda import chunk_triton as ct
 
     B, T, H, D = shape
-    scale = D ** -0.5
-    q, k, v, g, beta, _ = _inputs(B, T, H, D, "cuda", seed=3)
-    bench = lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")  # noqa: E731
-    ms = {}
+    q, k, v, g, beta, _ = _inputs(B, T, H, D, device, seed=3)
+    do = torch.randn_like(v)
     with torch.no_grad():
-        ms["prep"] = bench(lambda: ct.kda_prepare(q, k, v, g, beta, scale))
-        if cfg.prep_split:
-            Gs, Akk, *_ = ct.kda_prepare_pairs(q, k, g, beta, scale)
-            ms["prep_pairs"] = bench(lambda: ct.kda_prepare_pairs(q, k, g, beta, scale))
-            ms["prep_solve"] = bench(lambda: ct.kda_prepare_solve(k, v, beta, Gs, Akk))
-            del Gs, Akk
-        Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
-        ms["state_fwd"] = bench(lambda: ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True))
-        _, _, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True)
-        do = torch.randn_like(v)
-        ms["state_bwd"] = bench(lambda: ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False))
-        dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False)
-        ms["bwd_chunk"] = bench(lambda: ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew,
-                                                              do, scale))
-        if cfg.bwd_split:
-            parts = ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do)
-            ms["bwd_values"] = bench(lambda: ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do))
-            ms["bwd_pairs"] = bench(lambda: ct.kda_chunk_backward_pairs(q, k, g, Gs, beta, *parts[1:], scale))
-            del parts
-        del Gs, Ti, Aqk, W, U, QG, KG, GAM, hs, vnew, dhs, dvnew
-    torch.cuda.empty_cache()
+        ms = _stage_ms(ct, q, k, v, g, beta, do, D ** -0.5, cfg, bench)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the stages' buffers died with _stage_ms
     xs = [x.requires_grad_(True) for x in (q, k, v, g, beta)]
     ms["fwd"] = bench(lambda: ct.chunk_kda_triton(*xs))
 
@@ -182,7 +195,7 @@ def time_stages(shape, cfg):
         o, _ = ct.chunk_kda_triton(*xs)
         o.backward(do)
 
-    ms["fwdbwd"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median", grad_to_none=xs)
+    ms["fwdbwd"] = bench(fwd_bwd, grad_to_none=xs)
     return ms
 
 
@@ -190,7 +203,7 @@ def worker(name, quick):
     if quick:
         # The interpreter needs the shims of tests/kernels/kda/conftest.py (bf16 dots, NumPy ≥ 2.4).
         sys.path.insert(0, os.path.join(ROOT, "tests", "kernels", "kda"))
-        import conftest  # noqa: F401
+        import conftest  # noqa: F401  (patches the interpreter on import)
     import torch
 
     from kernels.kda import chunk_triton as ct
@@ -204,6 +217,8 @@ def worker(name, quick):
     result["check_s"] = round(time.time() - t, 1)
     _emit(result)
     if quick:
+        result["stages_run_once"] = sorted(time_stages(QUICK_SHAPE, cfg, device, bench=_run_once))
+        _emit(result)
         return
     result["errors_weak_decay_positive_k"] = check_weak_decay(CHECK_SHAPE, device)
     _emit(result)
@@ -269,7 +284,7 @@ def versions(device_label=None):
 def main_sweep(args):
     res = versions("none: cpu, TRITON_INTERPRET=1" if args.quick else None)
     res.update({
-        "mode": "quick (interpreter, correctness only)" if args.quick else "gpu",
+        "mode": "quick (interpreter: correctness, stages run once, no timing)" if args.quick else "gpu",
         "check_shape": QUICK_SHAPE if args.quick else CHECK_SHAPE, "time_shape": None if args.quick else TIME_SHAPE,
         "tolerances": TOL, "reference": "chunk_kda_torch on fp32 copies of the bf16 inputs",
         "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; stage timings include output allocation",
@@ -381,7 +396,8 @@ def main_resources(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results/kda_variants_h200.json")
-    ap.add_argument("--quick", action="store_true", help="CPU interpreter smoke run: tiny shape, correctness only")
+    ap.add_argument("--quick", action="store_true",
+                    help="CPU interpreter smoke run: tiny shape, correctness, each timed stage run once untimed")
     ap.add_argument("--resources", action="store_true", help="registers/spills per kernel, sm_90, on the CPU")
     ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {list(VARIANTS)}")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds per variant")
