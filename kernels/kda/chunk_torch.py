@@ -87,23 +87,41 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
 
 
 def unit_lower_inverse(A_CC: torch.Tensor) -> torch.Tensor:
-    """(I + A)⁻¹ for strictly lower-triangular A (batched), by doubling:
+    """(I + A)⁻¹ for strictly lower-triangular A (batched), blockwise, as fla's solve_tril does:
+    forward substitution inside the 16×16 diagonal blocks, then 2×2 block merges 16 → 32 → 64,
 
-        (I + A)⁻¹ = (I − A)(I + A²)(I + A⁴) ⋯ (I + A^(C/2))      since A^C = 0,
+        [[X, 0], [L, Y]]⁻¹ = [[X⁻¹, 0], [−Y⁻¹ L X⁻¹, Y⁻¹]].
 
-    as (I + A)(I − A) = I − A², (I − A²)(I + A²) = I − A⁴, … This is 2·log₂C batched matmuls, far
-    faster on the CPU than a batched triangular solve of many small systems, and differentiable.
+    Every step multiplies by blocks of the inverse itself, which stay bounded when T does. The shorter
+    doubling product (I − A)(I + A²)(I + A⁴)⋯(I + A³²) is not used: it forms A³², whose entries grow
+    like binomial coefficients when A ≥ 0 and large (aligned positive keys — L2Norm(SiLU(·)) keys are
+    mostly positive — with weak decay) and then cancel: 0.18–0.29 relative output error at gates
+    logsigmoid(N(0,1) + 5) with L2-normalised uniform keys, where this path stays at fp32 rounding
+    (~6e-7; tests/kernels/test_kda_torch.py). Differentiable through autograd.
     """
     C = A_CC.shape[-1]
-    eye = torch.eye(C, dtype=A_CC.dtype, device=A_CC.device)
-    inverse = eye - A_CC
-    power = A_CC
-    span = 2
-    while span < C:
-        power = power @ power
-        inverse = inverse + inverse @ power
-        span *= 2
-    return inverse
+    b = min(C, SUB_CHUNK)
+    if C % b or (C // b) & (C // b - 1):
+        raise ValueError(f"unit_lower_inverse needs C = 16·2^j (or C ≤ 16), got C={C}")
+    nb = C // b
+    A_blocks = torch.stack([A_CC[..., i * b:(i + 1) * b, i * b:(i + 1) * b] for i in range(nb)], dim=-3)
+    eye = torch.eye(b, dtype=A_CC.dtype, device=A_CC.device)
+    rows = [eye[0].expand(*A_blocks.shape[:-2], b)]
+    for i in range(1, b):
+        done = torch.stack(rows, dim=-2)  # rows 0 … i−1 of the block inverse
+        rows.append(eye[i] - (A_blocks[..., i:i + 1, :i] @ done).squeeze(-2))
+    inv = torch.stack(rows, dim=-2)  # [..., nb, b, b]
+    size = b
+    while size < C:
+        X, Y = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        L = torch.stack([A_CC[..., (2 * p + 1) * size:(2 * p + 2) * size, 2 * p * size:(2 * p + 1) * size]
+                         for p in range(X.shape[-3])], dim=-3)
+        lower = -(Y @ L @ X)
+        top = torch.cat([X, torch.zeros_like(X)], dim=-1)
+        bottom = torch.cat([lower, Y], dim=-1)
+        inv = torch.cat([top, bottom], dim=-2)
+        size *= 2
+    return inv.squeeze(-3)
 
 
 def chunk_kda_torch(
