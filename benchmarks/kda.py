@@ -204,11 +204,12 @@ def main():
     if args.sweep:
         variants = {
             "default": chunk_triton.TileConfig(),
+            "fused_doubling": chunk_triton.FUSED_DOUBLING,
             "state_warps4": chunk_triton.TileConfig(state_warps=4),
             "state_bv16": chunk_triton.TileConfig(state_block_v=16),
             "bwd_bks64_bv64": chunk_triton.TileConfig(bwd_key_slice=64, bwd_block_v=64),
             "bwd_warps4": chunk_triton.TileConfig(bwd_warps=4),
-            "prep_warps4": chunk_triton.TileConfig(prep_warps=4),
+            "prep_warps4": dataclasses.replace(chunk_triton.FUSED_DOUBLING, prep_warps=4),
         }
         sweep = {}
         for name, cfg in variants.items():

@@ -43,29 +43,33 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Overrides of TileConfig(): the default is the split prep with the substitution inverse; FD marks
+# the fused prep with the doubling inverse, the configuration timed on the H200 on 2026-11-29.
+FD = {"prep_split": False, "inverse": "doubling"}
+DB = {"inverse": "doubling"}
 VARIANTS = {
     "default": {},
-    "tf32_inverse": {"inverse_precision": "tf32"},
-    "prep_split_w4": {"prep_split": True, "prep_pairs_warps": 4, "prep_solve_warps": 4},
-    "prep_split_w8": {"prep_split": True, "prep_pairs_warps": 8, "prep_solve_warps": 8},
-    "bwd_split_w4": {"bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
-    "bwd_split_w8": {"bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
-    "combined_w4": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 4,
+    "fused_doubling": FD,
+    "tf32_inverse": {**FD, "inverse_precision": "tf32"},
+    "prep_split_w4": {**DB, "prep_pairs_warps": 4, "prep_solve_warps": 4},
+    "prep_split_w8": {**DB, "prep_pairs_warps": 8, "prep_solve_warps": 8},
+    "bwd_split_w4": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
+    "bwd_split_w8": {**FD, "bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
+    "combined_w4": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 4,
                     "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
-    "combined_w8": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 8,
+    "combined_w8": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 8,
                     "prep_solve_warps": 8, "bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
     # Each kernel at the warps where the sm_90 compile (--resources) shows no spill and most CTAs/SM.
-    "combined_mixed": {"inverse_precision": "tf32", "prep_split": True, "prep_pairs_warps": 8,
+    "combined_mixed": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 8,
                        "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
-    # The substitution inverse (exact where the doubling fails: positive k, weak gates), alone and
+    # The substitution inverse (exact where the doubling fails: positive k, weak gates) at 8 warps and
     # with everything else; tf32 is safe for it in every regime (tests/kernels/kda/test_inverse_precision.py).
-    "subst_prep_split_w4": {"prep_split": True, "inverse": "substitution", "prep_pairs_warps": 4,
-                            "prep_solve_warps": 4},
-    "subst_combined_mixed": {"inverse": "substitution", "inverse_precision": "tf32", "prep_split": True,
-                             "prep_pairs_warps": 8, "prep_solve_warps": 4, "bwd_split": True,
-                             "bwd_values_warps": 4, "bwd_pairs_warps": 8},
+    "subst_w8": {"prep_pairs_warps": 8, "prep_solve_warps": 8},
+    "subst_combined_mixed": {"inverse_precision": "tf32", "prep_pairs_warps": 8, "prep_solve_warps": 4,
+                             "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
     # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
-    "bwd_split_w4_bks16": {"bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4, "bwd_key_slice": 16},
+    "bwd_split_w4_bks16": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4,
+                           "bwd_key_slice": 16},
 }
 CHECK_SHAPE = (1, 1000, 4, 128)
 TIME_SHAPE = (8, 4096, 16, 128)

@@ -826,7 +826,8 @@ def _bwd_pairs_kernel(
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """Launch shapes and kernel variants (benchmarks/kda.py and benchmarks/kda_variants.py sweep
-    them; the defaults are the fused kernels measured on the H200, docs/log/kda.md)."""
+    them). The defaults choose the stable substitution inverse (split prep); its speed on the H200 is
+    not measured yet — `FUSED_DOUBLING` is the configuration that was (docs/log/kda.md)."""
 
     # 4 warps miscompiles the fused prep kernel (H200, Triton 3.6); the split kernels are separate.
     prep_warps: int = 8
@@ -841,13 +842,16 @@ class TileConfig:
     # The doubling inverse's products: "tf32x3" (about fp32) or "tf32" (one pass, a third of the
     # tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger).
     inverse_precision: str = "tf32x3"
-    # "doubling" (today) or "substitution": forward substitution in the 16-blocks and a block merge,
-    # stable for positive keys with weak decay where the doubling is not (docs/log/kda.md). It reads
-    # rows of β ⊙ A_kk from the split prep's scratch, so it needs prep_split.
-    inverse: str = "doubling"
+    # "substitution" (default): forward substitution in the 16-blocks and a block merge, as fla's
+    # solve_tril; or "doubling", (I − A)(I + A²)⋯(I + A³²) in the fused prep kernel — the
+    # configuration timed on the H200 on 2026-11-29, but it cancels catastrophically for aligned
+    # positive keys with weak decay, which trained models do produce (a tiny checkpoint's third KDA
+    # layer: NaN / 8× relative error in the torch twin; docs/log/kda.md). The substitution reads rows
+    # of β ⊙ A_kk from the split prep's scratch, so it needs prep_split.
+    inverse: str = "substitution"
     # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
     # scratch), then the inverse, W and U.
-    prep_split: bool = False
+    prep_split: bool = True
     prep_pairs_warps: int = 4
     prep_solve_warps: int = 4
     # Backward chunk as two kernels: the value-width products (dv, dA, dQG, dKG, dX Sᵀ to fp32
@@ -870,6 +874,9 @@ class TileConfig:
 
 
 _TILES = TileConfig()
+# The fused prep kernel with the doubling inverse: timed on the H200 (2026-11-29), unstable for aligned
+# positive keys with weak decay.
+FUSED_DOUBLING = TileConfig(prep_split=False, inverse="doubling")
 
 
 def set_tile_config(cfg: TileConfig) -> TileConfig:

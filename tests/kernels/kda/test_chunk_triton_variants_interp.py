@@ -1,12 +1,13 @@
-"""Kernel variants of `chunk_triton.TileConfig` (tf32 inverse, split prep, split backward, all three,
-the splits with 16-wide key slices, the substitution inverse)
-against the default kernels and the fp32 recurrent reference, on the CPU under TRITON_INTERPRET=1.
+"""Kernel variants of `chunk_triton.TileConfig` (the fused prep with the doubling inverse, tf32
+inverse, split prep, split backward, all three, the splits with 16-wide key slices) against the
+default kernels (split prep, substitution inverse) and the fp32 recurrent reference, on the CPU under
+TRITON_INTERPRET=1.
 
 The cases run in one fresh interpreter process (`variant_cases.py`). Outputs, final state and every
 gradient (dq, dk, dv, dg, dbeta, dh0) must equal the default path to 1e-5 relative for fp32 inputs and
 to 1e-3 for bf16 ones (the split kernels keep their scratch in fp32, so they should agree to rounding),
 and stay within fla's tolerances of the reference for bf16 inputs. With positive keys and weak gates,
-where the default (doubling) inverse fails, the substitution inverse must match the fp64 recurrence.
+where the doubling inverse fails, the default (substitution) inverse must match the fp64 recurrence.
 """
 
 import json
@@ -24,16 +25,16 @@ NAMES = ["o", "ht", "dq", "dk", "dv", "dg", "dbeta"]
 FLA_TOL = {"o": 5e-3, "ht": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dg": 2e-2, "dbeta": 2e-2, "dh0": 8e-3}
 # Kernels each variant must launch (each once: one forward, one backward) and the inverse precision.
 X3, TF32 = {"INV_PREC=tf32x3": 1}, {"INV_PREC=tf32": 1}
+SPLIT_PREP = {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1}
 EXPECTED = {
-    "default": {"_prep_kernel": 1, "_bwd_chunk_kernel": 1, **X3},
+    "default": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
+    "fused_doubling": {"_prep_kernel": 1, "_bwd_chunk_kernel": 1, **X3},
     "tf32_inverse": {"_prep_kernel": 1, "_bwd_chunk_kernel": 1, **TF32},
-    "prep_split": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_chunk_kernel": 1, **X3},
+    "prep_split": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
     "bwd_split": {"_prep_kernel": 1, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
-    "all": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1,
-            **TF32},
-    "split_bks16": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_values_kernel": 1,
-                    "_bwd_pairs_kernel": 1, **X3},
-    "substitution": {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1, "_bwd_chunk_kernel": 1, **X3},
+    "all": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32},
+    "split_bks16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
+    "substitution_bwd_split": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
 }
 CASES = {"fp32_h0": True, "fp32_no_h0": False, "bf16_h0": True}
 
@@ -52,12 +53,12 @@ def test_substitution_inverse_is_exact_where_the_doubling_fails(results):
     """Positive keys, weak gates (variant_cases.WEAK): the doubling inverse's error reaches the outputs
     and every gradient; the substitution inverse holds fp32 accuracy."""
     names = NAMES + ["dh0"]
-    sub = results[("substitution", "fp32_weak_decay_positive_k")]
-    dbl = results[("default", "fp32_weak_decay_positive_k")]
-    assert sub["finite"] and sub["launches"] == EXPECTED["substitution"], sub
+    sub = results[("default", "fp32_weak_decay_positive_k")]
+    dbl = results[("fused_doubling", "fp32_weak_decay_positive_k")]
+    assert sub["finite"] and sub["launches"] == EXPECTED["default"], sub
     bad = {n: sub["vs_reference"][n] for n in names if not sub["vs_reference"][n] <= 1e-5}
     assert not bad, f"substitution inverse over 1e-5 vs the fp64 recurrence: {bad}"
-    # The case really is in the regime: the default path is far off there (docs/log/kda.md).
+    # The case really is in the regime: the doubling inverse is far off there (docs/log/kda.md).
     assert dbl["vs_reference"]["o"] > 1e3 * sub["vs_reference"]["o"], (dbl["vs_reference"], sub["vs_reference"])
 
 
@@ -85,7 +86,7 @@ def test_variant_matches_reference(results, variant):
         assert not bad, f"{variant}/{case} over tolerance vs the fp32 reference: {bad}"
 
 
-def test_default_launches_the_fused_kernels(results):
+def test_default_launches_the_split_prep_with_the_substitution_inverse(results):
     for case in CASES:
         assert results[("default", case)]["launches"] == EXPECTED["default"]
 
