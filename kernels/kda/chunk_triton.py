@@ -844,10 +844,10 @@ class TileConfig:
     inverse_precision: str = "tf32x3"
     # "substitution" (default): forward substitution in the 16-blocks and a block merge, as fla's
     # solve_tril; or "doubling", (I − A)(I + A²)⋯(I + A³²) in the fused prep kernel — the
-    # configuration timed on the H200 on 2026-11-29, but it cancels catastrophically for aligned
-    # positive keys with weak decay, which trained models do produce (a tiny checkpoint's third KDA
-    # layer: NaN / 8× relative error in the torch twin; docs/log/kda.md). The substitution reads rows
-    # of β ⊙ A_kk from the split prep's scratch, so it needs prep_split.
+    # configuration timed on the H200 on 2026-11-29, but it cancels catastrophically when A_kk is
+    # large and of one sign (correlated keys, weak decay), which trained models do produce (a tiny
+    # checkpoint's third KDA layer: NaN / 8–80× relative error in the torch twin; docs/log/kda.md).
+    # The substitution reads rows of β ⊙ A_kk from the split prep's scratch, so it needs prep_split.
     inverse: str = "substitution"
     # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
     # scratch), then the inverse, W and U.
@@ -874,8 +874,8 @@ class TileConfig:
 
 
 _TILES = TileConfig()
-# The fused prep kernel with the doubling inverse: timed on the H200 (2026-11-29), unstable for aligned
-# positive keys with weak decay.
+# The fused prep kernel with the doubling inverse: timed on the H200 (2026-11-29), unstable when A_kk
+# is large and of one sign (correlated keys, weak decay).
 FUSED_DOUBLING = TileConfig(prep_split=False, inverse="doubling")
 
 
