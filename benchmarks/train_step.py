@@ -204,7 +204,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
+    parser.add_argument("--kda-tiles", choices=("default", "fused_doubling"), default="default",
+                        help="the Triton KDA kernels' TileConfig on CUDA (kernels/kda/chunk_triton.py)")
     args = parser.parse_args()
+    if args.kda_tiles == "fused_doubling":
+        from kernels.kda import chunk_triton
+        chunk_triton.set_tile_config(chunk_triton.FUSED_DOUBLING)
     profile = args.profile or ("small" if torch.cuda.is_available() else "tiny")
     stages = get_profile(profile).stages
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
