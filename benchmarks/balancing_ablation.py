@@ -5,7 +5,10 @@ update, and no balancing, on the same pretraining stage (DESIGN.md §5).
 
 Each arm trains stage 1 from the same initialization and batches; only `balancing` differs. The
 unit test of the balancer (tests/k3model/test_moe.py) uses a frozen, deliberately skewed router;
-this measures the same thing while the router itself is learning.
+this measures the same thing while the router itself is learning. A last arm, `quantile_frozen`,
+runs the same batches with the learning rate at 0: the bias still updates every step, so its
+max/mean is the floor that batch-to-batch variation alone leaves at this batch size (the bias is
+set from one batch and applied to the next).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import torch
 
 import datagen
 from datagen.build import build_all
-from k3model.pretrain import PretrainConfig, train
-from k3model.pretrain_data import PretrainData
+from k3model.model import K3Model
+from k3model.pretrain import PretrainConfig, build_optimizer, train, train_step
+from k3model.pretrain_data import PretrainData, StageBatches
 
 ARMS = ("quantile", "deepseek", "none")
 
@@ -59,8 +63,29 @@ def main() -> None:
             }
             print(f"{arm:9s} load max/mean, mean of the last quarter: {results['arms'][arm]['last_quarter_mean']:.3f}"
                   f"  final loss {result.eval.get('train/final_loss'):.3f}", flush=True)
+        t0 = time.perf_counter()
+        loads = frozen_router_loads(data, args.profile, args.steps)
+        tail = loads[-max(len(loads) // 4, 1):]
+        results["arms"]["quantile_frozen"] = {"load_max_over_mean": loads, "last_quarter_mean": sum(tail) / len(tail),
+                                              "wall_s": time.perf_counter() - t0}
+        print(f"quantile_frozen load max/mean, mean of the last quarter: {sum(tail) / len(tail):.3f}", flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
+
+
+def frozen_router_loads(data: PretrainData, profile: str, steps: int) -> list[float]:
+    """max/mean per step with quantile balancing on stage 1's batches while no weight changes."""
+    torch.manual_seed(0)
+    stage = PretrainConfig(profile=profile, stage=1, steps=steps, balancing="quantile").resolved()
+    model = K3Model(stage.model)
+    optimizer = build_optimizer(model, stage.lr, weight_decay=0.0)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size, seed=0,
+                           stage=1, clue_fraction=0.5, image_fraction=0.25)
+    batches.pack(steps * stage.batch_size)
+    return [train_step(model, optimizer, batches.batch(step), 1.0, "cpu")["moe/load_max_over_mean"]
+            for step in range(steps)]
 
 
 if __name__ == "__main__":
