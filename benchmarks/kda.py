@@ -120,13 +120,30 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _tile_value(text: str):
+    """A --tiles value: an int, true/false, or a string (e.g. inverse=doubling)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _write(res: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/kda_h200.json")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of indices into SHAPES")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants at (1, 16384, 16, 128)")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--tiles", default="", help="TileConfig overrides, e.g. 'bwd_warps=4,prep_key_slice=64'")
+    ap.add_argument("--tiles", default="", help="TileConfig overrides, e.g. 'bwd_warps=4,prep_split=false,"
+                    "inverse=doubling'")
     args = ap.parse_args()
 
     import triton
@@ -135,7 +152,7 @@ def main():
     from kernels.kda import chunk_triton
 
     if args.tiles:
-        overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.tiles.split(","))}
+        overrides = {k: _tile_value(v) for k, v in (kv.split("=") for kv in args.tiles.split(","))}
         chunk_triton.set_tile_config(dataclasses.replace(chunk_triton._TILES, **overrides))
     torch.manual_seed(0)
     res = {
@@ -185,6 +202,8 @@ def main():
         row["ours_fwdbwd_GBps"] = kda_bytes(B, T, H, D, True) / row["ours_fwdbwd_ms"] / 1e6
         rows.append(row)
         print(json.dumps(row), flush=True)
+        res["rows"] = rows
+        _write(res, args.out)  # after every shape: a run cut short keeps what it measured
     res["rows"] = rows
 
     # one-token decode, B = 64 sequences, H = 16, state 128×128 fp32 per head
@@ -222,9 +241,7 @@ def main():
             print("sweep", name, sweep[name], flush=True)
         res["sweep_1x16384x16x128"] = sweep
 
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    _write(res, args.out)
     print(f"{'shape':>22} {'ours fwd':>9} {'fla fwd':>8} {'ours f+b':>9} {'fla f+b':>8} {'x fla':>6} {'sdpa f+b':>9}")
     for r in rows:
         print(f"{str((r['B'], r['T'], r['H'], r['D'])):>22} {r['ours_fwd_ms']:9.2f} {r.get('fla_fwd_ms', math.nan):8.2f} "
