@@ -7,6 +7,13 @@ import torch
 from kernels.mx import matmul_path, mx_linear, naive, quantize_mx
 
 
+@pytest.fixture(autouse=True)
+def cpu_path(monkeypatch):
+    """These tests are about the CPU path: TRITON_INTERPRET=1 in the caller's shell would route
+    mx_linear to the Triton kernels instead (the dispatcher reads it at call time)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
 def _weight(n=48, k=96, seed=0):
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
     return quantize_mx(w, "fp4_e2m1")
