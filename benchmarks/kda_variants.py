@@ -17,8 +17,11 @@ Per variant:
    forward+backward through autograd.
 The JSON is rewritten after every variant, so a timeout keeps what finished.
 
-Usage (H200: Python 3.12, torch 2.11, triton 3.6, nothing else; < 9 minutes):
-    PYTHONPATH=. python3 benchmarks/kda_variants.py --out $OUT/kda_variants_h200.json
+Usage (H200: Python 3.12, torch 2.11, triton 3.6, nothing else; < 9 minutes serially; --jobs 8 checks
+and compiles the variants in parallel first, then times them one by one):
+    PYTHONPATH=. python3 benchmarks/kda_variants.py --jobs 8 --out $OUT/kda_variants_h200.json
+benchmarks/kda.py and benchmarks/train_step.py take `--tiles best:$OUT/kda_variants_h200.json` to run
+the fastest correct variant of such a sweep.
 CPU smoke run of the same code path under Triton's interpreter, tiny shape: correctness, and every
 timed stage run once without timing (it loads the interpreter shims from tests/kernels/kda/conftest.py):
     PYTHONPATH=. python3 benchmarks/kda_variants.py --quick --out /tmp/kda_variants_quick.json
@@ -75,6 +78,44 @@ CHECK_SHAPE = (1, 1000, 4, 128)
 TIME_SHAPE = (8, 4096, 16, 128)
 QUICK_SHAPE = (1, 100, 2, 32)
 TOL = {"o": 5e-3, "ht": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dh0": 8e-3, "dg": 2e-2, "dbeta": 2e-2}
+
+
+def fastest_correct(path):
+    """(name, overrides) of the correct variant with the fastest timed forward+backward in a sweep's JSON."""
+    with open(path) as f:
+        variants = json.load(f)["variants"]
+    timed = {n: r["ms"]["fwdbwd"] for n, r in variants.items() if r.get("correct") is True and "fwdbwd" in r.get("ms", {})}
+    if not timed:
+        raise ValueError(f"{path}: no variant is both correct and timed")
+    name = min(timed, key=timed.get)
+    return name, VARIANTS[name]
+
+
+def tile_config_from_arg(text):
+    """A benchmark's --tiles value as a TileConfig: 'default', a variant name, 'best:SWEEP.json' (the
+    fastest correct variant of a kda_variants run), or overrides 'bwd_warps=4,inverse=doubling'."""
+    from kernels.kda.chunk_triton import TileConfig
+
+    if text in ("", "default"):
+        return TileConfig()
+    if text.startswith("best:"):
+        return dataclasses.replace(TileConfig(), **fastest_correct(text[5:])[1])
+    if text in VARIANTS:
+        return dataclasses.replace(TileConfig(), **VARIANTS[text])
+
+    def value(v):
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        try:
+            return int(v)
+        except ValueError:
+            return v
+
+    pairs = [kv.split("=") for kv in text.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"--tiles {text!r}: expected 'default', a variant of {list(VARIANTS)}, "
+                         "'best:SWEEP.json' or 'name=value,...'")
+    return dataclasses.replace(TileConfig(), **{k: value(v) for k, v in pairs})
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +244,7 @@ def time_stages(shape, cfg, device="cuda", bench=_do_bench):
     return ms
 
 
-def worker(name, quick):
+def worker(name, quick, phase="all"):
     if quick:
         # The interpreter needs the shims of tests/kernels/kda/conftest.py (bf16 dots, NumPy ≥ 2.4).
         sys.path.insert(0, os.path.join(ROOT, "tests", "kernels", "kda"))
@@ -226,6 +267,13 @@ def worker(name, quick):
         return
     result["errors_weak_decay_positive_k"] = check_weak_decay(CHECK_SHAPE, device)
     _emit(result)
+    if phase == "check":
+        # Compile every timed kernel at the timing shape (Triton's on-disk cache keeps them), untimed.
+        t = time.time()
+        time_stages(TIME_SHAPE, cfg, bench=_run_once)
+        result["compile_s"] = round(time.time() - t, 1)
+        _emit(result)
+        return
     t = time.time()
     result["ms"] = time_stages(TIME_SHAPE, cfg)
     result["time_s"] = round(time.time() - t, 1)
@@ -238,19 +286,16 @@ def worker(name, quick):
 # --------------------------------------------------------------------------------------------
 
 
-def run_variant(name, quick, timeout):
+def _worker_cmd(name, quick, phase):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if quick:
         env["TRITON_INTERPRET"] = "1"
         env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name] + (["--quick"] if quick else [])
-    t = time.time()
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        out, err, status = proc.stdout, proc.stderr, "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-    except subprocess.TimeoutExpired as exc:  # the captured output is bytes here, whatever text= says
-        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
-        status = f"timeout after {timeout:.0f} s"
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--phase", phase]
+    return cmd + (["--quick"] if quick else []), env
+
+
+def _collect(out, err, status, t):
     lines = [line[7:] for line in out.splitlines() if line.startswith("RESULT ")]
     result = json.loads(lines[-1]) if lines else {}
     result["status"] = status
@@ -258,6 +303,29 @@ def run_variant(name, quick, timeout):
     if status != "ok":
         result["stderr_tail"] = err[-3000:]
     return result
+
+
+def run_variant(name, quick, timeout, phase="all"):
+    cmd, env = _worker_cmd(name, quick, phase)
+    t = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        out, err, status = proc.stdout, proc.stderr, "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+    except subprocess.TimeoutExpired as exc:  # the captured output is bytes here, whatever text= says
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
+        status = f"timeout after {timeout:.0f} s"
+    return _collect(out, err, status, t)
+
+
+def check_in_parallel(names, jobs, timeout, quick=False):
+    """Correctness of every variant and a compile of its timed kernels, `jobs` processes at a time.
+
+    Triton compiles on the CPU; with the kernels in its on-disk cache the serial timing phase after
+    this spends its time on the GPU. Not timed, so sharing the GPU does not matter here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as pool:
+        return dict(zip(names, pool.map(lambda n: run_variant(n, quick, timeout, "check"), names)))
 
 
 def summary(name, r):
@@ -297,12 +365,22 @@ def main_sweep(args):
     print(json.dumps({k: res[k] for k in ("gpu", "torch", "triton", "python")}), flush=True)
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     start = time.time()
+    checked = {}
+    if args.jobs > 1:
+        checked = check_in_parallel(names, args.jobs, min(args.timeout * 2, args.budget / 2), args.quick)
+        res["parallel_check_s"] = round(time.time() - start, 1)
+        for name, r in checked.items():
+            print("checked", summary(name, r), flush=True)
     for name in names:
         left = args.budget - (time.time() - start)
-        if left < 20:
-            res["variants"][name] = {"status": "skipped (time budget)", "wall_s": 0.0}
+        if name in checked and checked[name].get("correct") is not True:
+            res["variants"][name] = {**checked[name], "timed": "no: failed or did not finish its check"}
+        elif left < 20:
+            res["variants"][name] = {**checked.get(name, {}), "status": "skipped (time budget)", "wall_s": 0.0}
         else:
             res["variants"][name] = run_variant(name, args.quick, min(args.timeout, left))
+            if name in checked:
+                res["variants"][name]["check_phase"] = checked[name]
         print(summary(name, res["variants"][name]), flush=True)
         res["elapsed_s"] = round(time.time() - start, 1)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -406,10 +484,13 @@ def main():
     ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {list(VARIANTS)}")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds per variant")
     ap.add_argument("--budget", type=float, default=510.0, help="seconds for the whole sweep")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="check and compile the variants this many at a time first; then time them one by one")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=("all", "check"), default="all", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker, args.quick)
+        worker(args.worker, args.quick, args.phase)
         return 0
     unknown = set(args.variants.split(",")) - set(VARIANTS) - {"all"}
     if unknown:

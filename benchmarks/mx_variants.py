@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--quick", action="store_true", help="correctness only, TRITON_INTERPRET=1 on the CPU, tiny shapes")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from VARIANTS")
+    ap.add_argument("--budget", type=float, default=TOTAL_BUDGET_S, help="seconds for the whole sweep")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -211,12 +213,13 @@ def main(argv=None) -> int:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     for name in names:
-        left = TOTAL_BUDGET_S - (time.perf_counter() - t_start)
+        left = args.budget - (time.perf_counter() - t_start)
         if left < 30:
-            report["variants"][name] = {"status": "skipped", "reason": f"time budget ({TOTAL_BUDGET_S} s) spent"}
+            report["variants"][name] = {"status": "skipped", "reason": f"time budget ({args.budget:.0f} s) spent"}
             dump()
             continue
-        child_out = os.path.join(out_dir, f".mx_variants_{name}.json")
+        # beside, not under, $OUT: the device tool returns 8 files at most
+        child_out = os.path.join(tempfile.gettempdir(), f"mx_variants_{os.getpid()}_{name}.json")
         if os.path.exists(child_out):
             os.remove(child_out)
         cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--child", name, "--child-out", child_out]
