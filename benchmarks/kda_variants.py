@@ -444,9 +444,10 @@ def main_resources(args):
     names = [n for n in dir(ct) if n.startswith("_") and n.endswith("_kernel")]
     saved = {n: getattr(ct, n) for n in names}
     res = versions("none: compiled for sm_90 on the cpu")
-    res.update({"mode": "resources (sm_90, compiled on the CPU)", "shape": TIME_SHAPE, "variants": {}})
+    res.update({"mode": "resources (sm_90, compiled on the CPU)", "shape": TIME_SHAPE, "dtype": args.dtype,
+                "variants": {}})
     B, T, H, D = TIME_SHAPE
-    meta = lambda *s, dt=torch.bfloat16: torch.empty(*s, device="meta", dtype=dt)  # noqa: E731
+    meta = lambda *s, dt=getattr(torch, args.dtype): torch.empty(*s, device="meta", dtype=dt)  # noqa: E731
     names_v = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     for name in names_v:
         rows.clear()
@@ -484,6 +485,8 @@ def main():
     ap.add_argument("--variants", default="all", help=f"'all' or a comma list of {list(VARIANTS)}")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds per variant")
     ap.add_argument("--budget", type=float, default=510.0, help="seconds for the whole sweep")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                    help="with --resources: the inputs' dtype")
     ap.add_argument("--jobs", type=int, default=1,
                     help="check and compile the variants this many at a time first; then time them one by one")
     ap.add_argument("--worker", help=argparse.SUPPRESS)

@@ -826,8 +826,10 @@ def _bwd_pairs_kernel(
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """Launch shapes and kernel variants (benchmarks/kda.py and benchmarks/kda_variants.py sweep
-    them). The defaults choose the stable substitution inverse (split prep); its speed on the H200 is
-    not measured yet — `FUSED_DOUBLING` is the configuration that was (docs/log/kda.md)."""
+    them). The defaults are the fastest correct variant of the H200 sweep of 2026-11-29 (session 3,
+    `subst_combined_mixed`: split prep with the substitution inverse in one tf32 pass, split backward;
+    8.35 ms forward+backward at (8, 4096, 16, 128) against 10.78 ms for `FUSED_DOUBLING`;
+    benchmarks/results/kda_variants_h200.json, docs/log/kda.md)."""
 
     # 4 warps miscompiles the fused prep kernel (H200, Triton 3.6); the split kernels are separate.
     prep_warps: int = 8
@@ -841,7 +843,7 @@ class TileConfig:
     bwd_block_v: int = 64
     # The doubling inverse's products: "tf32x3" (about fp32) or "tf32" (one pass, a third of the
     # tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger).
-    inverse_precision: str = "tf32x3"
+    inverse_precision: str = "tf32"
     # "substitution" (default): forward substitution in the 16-blocks and a block merge, as fla's
     # solve_tril; or "doubling", (I − A)(I + A²)⋯(I + A³²) in the fused prep kernel — the
     # configuration timed on the H200 on 2026-11-29, but it cancels catastrophically when A_kk is
@@ -852,13 +854,15 @@ class TileConfig:
     # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
     # scratch), then the inverse, W and U.
     prep_split: bool = True
-    prep_pairs_warps: int = 4
+    prep_pairs_warps: int = 8
+    # With the doubling inverse, a 4-warp solve kernel gave dh0 74 % off on the H200 (Triton 3.6; the
+    # session-3 sweep); the substitution solve at 4 warps passes every GPU test.
     prep_solve_warps: int = 4
     # Backward chunk as two kernels: the value-width products (dv, dA, dQG, dKG, dX Sᵀ to fp32
     # scratch), then the QG / KG / γ terms and the anchored pair regions (dq, dk, dg, dβ).
-    bwd_split: bool = False
+    bwd_split: bool = True
     bwd_values_warps: int = 4
-    bwd_pairs_warps: int = 4
+    bwd_pairs_warps: int = 8
 
     def __post_init__(self):
         if self.inverse_precision not in ("tf32x3", "tf32"):
@@ -876,7 +880,7 @@ class TileConfig:
 _TILES = TileConfig()
 # The fused prep kernel with the doubling inverse: timed on the H200 (2026-11-29), unstable when A_kk
 # is large and of one sign (correlated keys, weak decay).
-FUSED_DOUBLING = TileConfig(prep_split=False, inverse="doubling")
+FUSED_DOUBLING = TileConfig(prep_split=False, inverse="doubling", inverse_precision="tf32x3", bwd_split=False)
 
 
 def set_tile_config(cfg: TileConfig) -> TileConfig:
@@ -906,6 +910,12 @@ def _state_block(V: int, B: int, H: int) -> int:
     # Few (batch·head) programs leave SMs idle during the serial chunk loop: split V finer then.
     bv = _TILES.state_block_v or (64 if B * H >= 64 else 32)
     return _pow2_tile(V, bv)
+
+
+def _state_stages(x: torch.Tensor) -> int:
+    # fp32 chunk tiles double the pipelined buffers: at K = 128 two stages need 304 KB of shared
+    # memory (the H200 has 227 KB per CTA), so fp32 inputs stream the state kernels' loads unbuffered.
+    return _TILES.state_stages if x.element_size() <= 2 else 1
 
 
 def kda_prepare(q, k, v, g, beta, scale):
@@ -985,7 +995,7 @@ def kda_state_forward(W, U, QG, KG, Aqk, GAM, initial_state, output_final_state,
         W, U, QG, KG, Aqk, GAM, initial_state, o, ht, hs, vnew, T,
         H=H, K=K, V=V, BK=_pow2_tile(K, MAX_K), BV=BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE=save,
-        num_warps=_TILES.state_warps, num_stages=_TILES.state_stages,
+        num_warps=_TILES.state_warps, num_stages=_state_stages(W),
     )
     return o, ht, hs, vnew
 
@@ -1003,7 +1013,7 @@ def kda_state_backward(W, QG, KG, Aqk, GAM, do, dht, need_dh0):
         W, QG, KG, Aqk, GAM, do, dht, dhs, dvnew, dh0, T,
         H=H, K=K, V=V, BK=_pow2_tile(K, MAX_K), BV=BV,
         USE_DHT=dht is not None, USE_DH0=need_dh0, num_warps=_TILES.state_warps,
-        num_stages=_TILES.state_stages,
+        num_stages=_state_stages(W),
     )
     return dhs, dvnew, dh0
 
