@@ -140,6 +140,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         row = {"seq_len": T, "batch": B, "tokens_per_step": B * T}
         torch.manual_seed(0)
         model = K3Model(cfg).to(device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
 
         def k3_step():
@@ -156,6 +158,9 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             row["k3_tokens_per_s"] = B * T / dt
             row["k3_step_s"] = dt
             row["k3_flops_per_token"] = model_flops_per_token(profile, T)
+            row["k3_activation_checkpointing"] = cfg.activation_checkpointing
+            if device == "cuda":
+                row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
         except torch.OutOfMemoryError as e:
             row["k3_error"] = f"out of memory: {e}"[:300]
         del model, opt

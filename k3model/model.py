@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from k3model.attn_res import AttnRes, BlockResidualStream
 from k3model.common import RMSNorm
@@ -57,8 +58,13 @@ class Block(nn.Module):
         self.mixer = KDALayer(cfg.kda()) if mixer == "kda" else GatedMLA(cfg.mla())
         self.ffn_res, self.ffn_norm = AttnRes(d, cfg.norm_eps), RMSNorm(d, cfg.norm_eps)
         self.ffn = DenseFFN(d, cfg.dense_hidden) if ffn == "dense" else LatentMoE(cfg.moe())
+        self.activation_checkpointing = cfg.activation_checkpointing
 
     def forward(self, stream: BlockResidualStream, layer_cache=None, use_cache: bool = False):
+        if self.activation_checkpointing and self.training and not use_cache and torch.is_grad_enabled():
+            stream.add(self._recomputed(self._mix, stream.sources()))
+            stream.add(self._recomputed(self._feed_forward, stream.sources()))
+            return None
         h = self.mixer_res(stream.sources())
         if self.mixer_kind == "kda":
             out, new_cache = self.mixer(self.mixer_norm(h), layer_cache if use_cache else None)
@@ -68,6 +74,30 @@ class Block(nn.Module):
         h = self.ffn_res(stream.sources())
         stream.add(self.ffn(self.ffn_norm(h)))
         return new_cache if use_cache else None
+
+    def _mix(self, *sources: torch.Tensor) -> torch.Tensor:
+        return self.mixer(self.mixer_norm(self.mixer_res(list(sources))), None)[0]
+
+    def _feed_forward(self, *sources: torch.Tensor) -> torch.Tensor:
+        return self.ffn(self.ffn_norm(self.ffn_res(list(sources))))
+
+    def _recomputed(self, part, sources: list[torch.Tensor]) -> torch.Tensor:
+        """part(*sources), keeping only its inputs for the backward, which runs it again; the MoE
+        observes its routing (balancing statistics) on the first run only."""
+        calls = 0
+
+        def run(*xs):
+            nonlocal calls
+            if isinstance(self.ffn, LatentMoE):
+                self.ffn.observing = calls == 0
+            calls += 1
+            try:
+                return part(*xs)
+            finally:
+                if isinstance(self.ffn, LatentMoE):
+                    self.ffn.observing = True
+
+        return torch.utils.checkpoint.checkpoint(run, *sources, use_reentrant=False)
 
 
 class MTPModule(nn.Module):

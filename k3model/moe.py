@@ -232,6 +232,7 @@ class LatentMoE(nn.Module):
         self.reset_expert_parameters()
 
         self.last_load = torch.zeros(E)
+        self.observing = True  # False while activation checkpointing recomputes a forward
         self._reset_stats()
 
     def reset_expert_parameters(self) -> None:
@@ -331,6 +332,8 @@ class LatentMoE(nn.Module):
 
     @torch.no_grad()
     def _observe(self, ids_MK: torch.Tensor, cutoff_M: torch.Tensor | None, s_ME: torch.Tensor) -> None:
+        if not self.observing:  # a recomputation for activation checkpointing: seen already
+            return
         load_E = torch.bincount(ids_MK.reshape(-1), minlength=self.cfg.n_routed).float()
         self.last_load = load_E
         if not self.training or self.freeze_bias or self.cfg.balancing == "none":
