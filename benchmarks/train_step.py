@@ -107,6 +107,19 @@ def matmul_ceiling_tflops(device: str) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
 
 
+def compile_glue() -> None:
+    """torch.compile the K3 model's elementwise glue in place — RMSNorm, AttnRes's depth mixing and
+    SiTU-GLU — to measure how much of the step is unfused elementwise work (an experiment: the
+    model itself stays eager). The dense baseline uses none of these."""
+    import k3model.attn_res
+    import k3model.common
+    import k3model.moe
+
+    k3model.common.RMSNorm.forward = torch.compile(k3model.common.RMSNorm.forward)
+    k3model.attn_res.AttnRes.forward = torch.compile(k3model.attn_res.AttnRes.forward)
+    k3model.moe.situ_glu = torch.compile(k3model.moe.situ_glu, dynamic=True)  # rows per expert vary
+
+
 def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
     for _ in range(warmup):
         step_fn()
@@ -121,14 +134,14 @@ def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
 
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
-          out: str | None = None) -> dict:
+          out: str | None = None, compiled_glue: bool = False) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
     cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
-    results = {"profile": profile, "device": device, "rows": []}
+    results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue}
     if device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
@@ -216,14 +229,19 @@ def main() -> None:
     parser.add_argument("--kda-tiles", default="default",
                         help="the Triton KDA kernels' TileConfig on CUDA (kernels/kda/chunk_triton.py): 'default', "
                         "a benchmarks/kda_variants.py variant, 'best:SWEEP.json', or overrides 'name=value,...'")
+    parser.add_argument("--compile-glue", action="store_true",
+                        help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
     args = parser.parse_args()
+    if args.compile_glue:
+        compile_glue()
     from kernels.kda import chunk_triton
     chunk_triton.set_tile_config(tile_config_from_arg(args.kda_tiles))
     profile = args.profile or ("small" if torch.cuda.is_available() else "tiny")
     stages = get_profile(profile).stages
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [stages[0].seq_len, stages[-1].seq_len])
-    bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out)
+    bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
+          compiled_glue=args.compile_glue)
     print(f"wrote {args.out}")
 
 
