@@ -142,8 +142,10 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 
 
 def _is_interruption(err) -> bool:
+    # Dagster's own wrapper, or our KeyboardInterrupt raised inside a step (a SIGTERM during
+    # ray.init: RayResource._ensure).
     while err is not None:
-        if err.cls_name == "DagsterExecutionInterruptedError":
+        if err.cls_name in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
             return True
         err = err.cause or err.context
     return False
@@ -413,5 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     return args.fn(args)
 
 
+def console_main() -> None:
+    """The `k3` console script. After an interruption, exit at once: a SIGTERM that cut ray.init short
+    leaves Ray's half-built core worker behind, whose destructor aborts the interpreter's normal exit
+    (SIGABRT instead of 130)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -1,6 +1,7 @@
 """Kernel variants of `chunk_triton.TileConfig` (the fused prep with the doubling inverse, tf32
 inverse, split prep, split backward, all three, the splits with 16-wide key slices) against the
-default kernels (split prep, substitution inverse) and the fp32 recurrent reference, on the CPU under
+default kernels (split prep, substitution inverse in tf32, split backward: the fastest correct
+variant on the H200) and the fp32 recurrent reference, on the CPU under
 TRITON_INTERPRET=1.
 
 The cases run in one fresh interpreter process (`variant_cases.py`). Outputs, final state and every
@@ -27,14 +28,14 @@ FLA_TOL = {"o": 5e-3, "ht": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dg": 2e-2
 X3, TF32 = {"INV_PREC=tf32x3": 1}, {"INV_PREC=tf32": 1}
 SPLIT_PREP = {"_prep_pairs_kernel": 1, "_prep_solve_kernel": 1}
 EXPECTED = {
-    "default": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
+    "default": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32},
     "fused_doubling": {"_prep_kernel": 1, "_bwd_chunk_kernel": 1, **X3},
     "tf32_inverse": {"_prep_kernel": 1, "_bwd_chunk_kernel": 1, **TF32},
     "prep_split": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
     "bwd_split": {"_prep_kernel": 1, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
     "all": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32},
     "split_bks16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
-    "substitution_bwd_split": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
+    "substitution_fused_bwd": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
 }
 CASES = {"fp32_h0": True, "fp32_no_h0": False, "bf16_h0": True}
 

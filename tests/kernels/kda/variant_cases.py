@@ -33,7 +33,8 @@ VARIANTS = {
     "all": dataclasses.replace(_FD, inverse_precision="tf32", prep_split=True, bwd_split=True),
     # K = 32 in 16-wide slices: the split kernels' key-slice loops run twice.
     "split_bks16": dataclasses.replace(_FD, prep_split=True, bwd_split=True, prep_key_slice=16, bwd_key_slice=16),
-    "substitution_bwd_split": ct.TileConfig(bwd_split=True),
+    # The substitution inverse with the fused backward chunk kernel and the tf32x3 products.
+    "substitution_fused_bwd": ct.TileConfig(bwd_split=False, inverse_precision="tf32x3"),
 }
 # Positive keys (as L2Norm(SiLU(·)) gives) with weak gates, logsigmoid(N(0, 1) + 5): the doubling
 # inverse loses all accuracy here (docs/log/kda.md); the default (substitution) must not.
