@@ -134,14 +134,15 @@ def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
 
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
-          out: str | None = None, compiled_glue: bool = False) -> dict:
+          out: str | None = None, compiled_glue: bool = False, moe: str = "auto") -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
     cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
-    results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue}
+    results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
+               "moe_expert_matmuls": moe}
     if device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
@@ -153,6 +154,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         row = {"seq_len": T, "batch": B, "tokens_per_step": B * T}
         torch.manual_seed(0)
         model = K3Model(cfg).to(device)
+        for layer in model.moe_layers():
+            layer.grouped_matmuls = {"auto": None, "loop": False, "grouped": True}[moe]
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -176,6 +179,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
                 row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
         except torch.OutOfMemoryError as e:
             row["k3_error"] = f"out of memory: {e}"[:300]
+        except Exception as e:  # e.g. an op the GPU's torch lacks: keep the dense row and the JSON
+            row["k3_error"] = repr(e)[:500]
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -229,6 +234,8 @@ def main() -> None:
     parser.add_argument("--kda-tiles", default="default",
                         help="the Triton KDA kernels' TileConfig on CUDA (kernels/kda/chunk_triton.py): 'default', "
                         "a benchmarks/kda_variants.py variant, 'best:SWEEP.json', or overrides 'name=value,...'")
+    parser.add_argument("--moe", choices=("auto", "loop", "grouped"), default="auto",
+                        help="expert matmuls: grouped GEMM or a loop over experts (auto: grouped on CUDA)")
     parser.add_argument("--compile-glue", action="store_true",
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
     args = parser.parse_args()
@@ -241,7 +248,7 @@ def main() -> None:
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [stages[0].seq_len, stages[-1].seq_len])
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
-          compiled_glue=args.compile_glue)
+          compiled_glue=args.compile_glue, moe=args.moe)
     print(f"wrote {args.out}")
 
 

@@ -81,6 +81,37 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -
     return (gate_act * up_act).to(gate.dtype)
 
 
+def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
+    """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert."""
+    out_chunks = []
+    start = 0
+    for e, n in enumerate(counts_E.tolist()):
+        if n == 0:
+            continue
+        z_nL = z_RL[start:start + n]
+        h_nH = glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t())
+        out_chunks.append(act(h_nH) @ w_down_ELH[e].t())
+        start += n
+    return torch.cat(out_chunks, 0)
+
+
+def _grouped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
+    """The same as `_looped_experts` with one grouped GEMM per projection (`torch._grouped_mm`, the
+    op torchtitan's MoE uses): the expert boundaries stay on the device. Under autocast the
+    operands take the autocast dtype, as a Linear's would (the op is not autocast-aware)."""
+    dtype = z_RL.dtype
+    if z_RL.is_cuda and torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+    z_RL = z_RL.to(dtype)
+    offs_E = torch.cumsum(counts_E, 0).to(torch.int32)
+
+    def mm(x_RI, w_EOI):
+        return torch._grouped_mm(x_RI, w_EOI.to(dtype).transpose(-2, -1), offs=offs_E)
+
+    h_RH = glu(mm(z_RL, w_gate_EHL), mm(z_RL, w_up_EHL))
+    return mm(act(h_RH).to(dtype), w_down_ELH)
+
+
 class DenseFFN(nn.Module):
     """y = W2 SiTU-GLU(W1 x, W3 x): the first (dense) layer's FFN and the shared experts."""
 
@@ -233,6 +264,10 @@ class LatentMoE(nn.Module):
 
         self.last_load = torch.zeros(E)
         self.observing = True  # False while activation checkpointing recomputes a forward
+        # Expert matmuls: True = one grouped GEMM per projection (torch._grouped_mm: no host sync, three
+        # launches per layer), False = a loop over experts (one matmul each, the counts read on the
+        # host); None picks grouped on CUDA, the loop on the CPU. Both give the same result.
+        self.grouped_matmuls: bool | None = None
         self._reset_stats()
 
     def reset_expert_parameters(self) -> None:
@@ -283,26 +318,20 @@ class LatentMoE(nn.Module):
         return a if self.fake_quant_mx is None else self._fake_quant(a, "fp8_e4m3")
 
     def routed_experts(self, z_ML: torch.Tensor, ids_MK: torch.Tensor, p_MK: torch.Tensor) -> torch.Tensor:
-        """u_ML = Σ_{j∈I_m} p_mj E_j(z_m): tokens sorted by expert, one matmul per expert, index_add back."""
+        """u_ML = Σ_{j∈I_m} p_mj E_j(z_m): tokens sorted by expert, the experts' matmuls over their
+        contiguous row ranges, index_add back."""
         M, K = ids_MK.shape
         w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
         ids_R = ids_MK.reshape(-1)
         order_R = torch.argsort(ids_R, stable=True)
         token_R = order_R // K
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
-        counts = torch.bincount(ids_R, minlength=self.cfg.n_routed).tolist()
+        counts_E = torch.bincount(ids_R, minlength=self.cfg.n_routed)
         z_RL = self._expert_act(z_ML.index_select(0, token_R))
-
-        out_chunks = []
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            z_nL = z_RL[start:start + n]
-            h_nH = situ_glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t(), self.cfg.situ_beta1, self.cfg.situ_beta2)
-            out_chunks.append(self._expert_act(h_nH) @ w_down_ELH[e].t())
-            start += n
-        out_RL = torch.cat(out_chunks, 0)
+        grouped = self.grouped_matmuls if self.grouped_matmuls is not None else z_RL.is_cuda
+        experts = _grouped_experts if grouped else _looped_experts
+        out_RL = experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH,
+                         lambda g, u: situ_glu(g, u, self.cfg.situ_beta1, self.cfg.situ_beta2), self._expert_act)
 
         u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
         u_ML = u_ML.index_add(0, token_R, out_RL.float() * weight_R1)
