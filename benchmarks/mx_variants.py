@@ -1,4 +1,4 @@
-"""MXFP4 GEMV variants (kernels.mx GemvConfig, accumulate "f32" vs "f16x2") against bf16 torch.matmul, one GPU.
+"""MXFP4 GEMV variants (kernels.mx GemvConfig: tiles, accumulate, split-K reduce) against bf16 torch.matmul, one GPU.
 
     PYTHONPATH=. python3 benchmarks/mx_variants.py --out $OUT/mx_variants_h200.json [--commit SHA]
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/mx_variants.py --quick --out /tmp/mx_variants_quick.json
@@ -9,7 +9,8 @@ hung kernel) costs that variant only; the JSON is rewritten after every variant.
    gate/up expert (3584 -> 3072) weights: every output within kernels.mx.triton_matmul.gemv_error_bound
    (the bound derived in that module's docstring, incl. the bf16 output rounding), NaN exactly where the
    reference has NaN, outputs NaN-poisoned before the call. At M = 8 the x rows include 1e30-, 1e-30-
-   and mixed-magnitude rows and a NaN. A variant that fails is not timed.
+   and mixed-magnitude rows and a NaN. A reduce="in_kernel" variant must also give the bits of its
+   config with reduce="separate" on each of INKERNEL_REPEATS further calls. A variant that fails is not timed.
 2. Timing with benchmarks/mx.py's method (time_calls: CUDA-graph replay over enough weight copies that
    the weights stream from HBM), at M = 1, 8, 16 on dense 7168^2 and the k3 experts (gate/up
    3584 -> 3072, down 3072 -> 3584), beside bf16 torch.matmul timed in the same process.
@@ -41,22 +42,35 @@ from kernels.mx.triton_matmul import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# name -> (block_n, groups, num_warps, programs per SM, prefetch, accumulate); "default" is
-# default_gemv_config (accumulate="f32", the dispatcher's GEMV).
+# name -> GemvConfig fields but split_k, plus per_sm: split_k is set for about per_sm programs per SM
+# (_splits_for). "default" is default_gemv_config (accumulate="f32", reduce="separate", ~14 programs
+# per SM: the dispatcher's GEMV). The f16x2 variants with reduce="separate" were timed on 2026-11-29
+# (no faster than the default, docs/log/mx.md); these try the single-launch split-K reduction.
 VARIANTS = {
     "default": None,
-    "f16x2_bn32_w4_s14": (32, 8, 4, 14, True, "f16x2"),
-    "f16x2_bn32_w4_s7": (32, 8, 4, 7, True, "f16x2"),
-    "f16x2_bn32_w4_s14_noprefetch": (32, 8, 4, 14, False, "f16x2"),
-    "f16x2_bn64_w4_s14": (64, 8, 4, 14, True, "f16x2"),
-    "f16x2_bn64_w4_s7": (64, 8, 4, 7, True, "f16x2"),
-    "f16x2_bn64_w8_s14": (64, 8, 8, 14, True, "f16x2"),
-    "f16x2_bn128_w8_s7": (128, 8, 8, 7, True, "f16x2"),
+    "inkernel_bn32_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn32_w4_s7": dict(block_n=32, groups=8, num_warps=4, per_sm=7, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn32_w4_s21": dict(block_n=32, groups=8, num_warps=4, per_sm=21, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn32_w4_s28": dict(block_n=32, groups=8, num_warps=4, per_sm=28, prefetch=True, reduce="in_kernel"),
+    # 4 blocks per step: the experts (112 blocks of K) can split 28 ways instead of 14.
+    "inkernel_bn32_g4_w4_s28": dict(block_n=32, groups=4, num_warps=4, per_sm=28, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn16_w4_s14": dict(block_n=16, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn16_w2_s14": dict(block_n=16, groups=8, num_warps=2, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn64_w4_s14": dict(block_n=64, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "inkernel_bn64_w8_s14": dict(block_n=64, groups=8, num_warps=8, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "inkernel_f16x2_bn32_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True,
+                                       accumulate="f16x2", reduce="in_kernel"),
+    "inkernel_f16x2_bn64_w4_s14": dict(block_n=64, groups=8, num_warps=4, per_sm=14, prefetch=True,
+                                       accumulate="f16x2", reduce="in_kernel"),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
+INKERNEL_REPEATS = 20  # reduce="in_kernel" calls compared bit for bit with reduce="separate" (GPU)
 CHECK_SHAPES = ("dense_7168", "expert_gate_up")
-QUICK_SHAPES = {"small": (96, 40), "small_down": (80, 72)}  # (K, N); K = 80 is padded to 96 in storage
+# (K, N). K = 80 is padded to 96 in storage; K = 520 (17 blocks, padded to 544) is long enough to
+# split at GROUPS = 8 (2 splits, the second ragged; 3 at GROUPS = 4), so --quick runs the split-K
+# reductions.
+QUICK_SHAPES = {"small_split": (520, 40), "small_down": (80, 72)}
 CHILD_TIMEOUT_S = 120
 TOTAL_BUDGET_S = 450  # the whole script stays under 8 minutes
 
@@ -65,8 +79,9 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     spec = VARIANTS[name]
     if spec is None:
         return default_gemv_config(n, k, dev)
-    bn, g, w, per_sm, pf, acc = spec
-    return GemvConfig(bn, g, _splits_for(-(-n // bn), k, g, per_sm, sms), w, pf, acc)
+    fields = {key: v for key, v in spec.items() if key != "per_sm"}
+    split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms)
+    return GemvConfig(split_k=split, **fields)
 
 
 def _check_x(m: int, k: int, dev, seed: int) -> torch.Tensor:
@@ -81,6 +96,10 @@ def _check_x(m: int, k: int, dev, seed: int) -> torch.Tensor:
         xf[4, k // 3] = float("nan")
         x = xf.to(torch.bfloat16)
     return x
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
 
 
 def check_variant(name: str, shapes: dict, dev, sms: int, results: list) -> None:
@@ -108,6 +127,20 @@ def check_variant(name: str, shapes: dict, dev, sms: int, results: list) -> None
             r = {"shape": shape, "K": k, "N": n, "M": m, "config": dataclasses.asdict(cfg),
                  "max_err_over_bound": ratio, "rel_err_finite_rows": rel, "nan_pattern_matches": ok_nan,
                  "ok": ok_nan and ratio <= 1.0}
+            if cfg.reduce == "in_kernel":
+                # The same bits as the two-kernel reduction (same sum order) on every one of several
+                # calls: a partial read before it was written (a memory-ordering bug) or a counter
+                # not reset would show here, whichever program arrives last.
+                sep = torch.full_like(out, float("nan"))
+                mx_gemv(x, wq.codes, wq.scales, k, None, sep, dataclasses.replace(cfg, reduce="separate"))
+                same = _same_bits(out, sep)
+                # (The interpreter runs programs in one fixed order: repeating there adds nothing.)
+                for _ in range(INKERNEL_REPEATS if dev.type == "cuda" else 0):
+                    again = torch.full_like(out, float("nan"))
+                    mx_gemv(x, wq.codes, wq.scales, k, None, again, cfg)
+                    same = same and _same_bits(again, sep)
+                r["same_bits_as_separate"] = same
+                r["ok"] = r["ok"] and same
             results.append(r)
             if not r["ok"]:
                 raise AssertionError(f"{name} {shape} M={m}: {r}")

@@ -21,7 +21,9 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   halves share each converted x value; the next step's weights are loaded before this step's
   arithmetic; split-K fills the SMs (a 1 x 7168 x 7168 product runs as ~1600 programs) and
   _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed order (deterministic, unlike
-  atomics).
+  atomics). With GemvConfig(reduce="in_kernel") there is no second launch: each program writes its
+  partial and bumps a per-(tile, row) counter (atomic, acq_rel), and the program that arrives last
+  sums the partials in the same fixed order and writes the output (_gemv_epilogue; same bits).
 - _mx_gemv_f16x2_kernel (GemvConfig(accumulate="f16x2"); not a default): the GEMV with each
   32-block's products accumulated in packed fp16 (fma.rn.f16x2 on the decoded code pairs) instead of
   one fp16 -> fp32 conversion and one FFMA per value; "Numerics" below. On sm_90 (AOT-compiled, SASS
@@ -193,12 +195,73 @@ if triton is not None:
         return part * _e8m0_to_f32(e.to(tl.int32))
 
     @triton.jit
+    def _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+                       stride_ym, stride_ps, stride_pm,
+                       HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr):
+        """Writes one GEMV program's fp32 sums ya, yb (rows offs_a, offs_b of x row pid_m, split pid_s).
+
+        REDUCE = 0 (one split): y = sums (+ bias) in y's dtype. REDUCE = 1: the partial goes to
+        p[pid_s, pid_m, :] and _splitk_reduce_kernel sums later. REDUCE = 2 (reduce="in_kernel"): the
+        partial goes to p, then the program counts itself in cnt[pid_m, pid_n]; the one that finds
+        SPLITS - 1 earlier arrivals sums p[0..SPLITS-1] in split order (its own slot from registers,
+        the same bits), adds the bias, writes y and resets the counter to 0 for the next launch.
+        The sum order is that of _splitk_reduce_kernel whichever program arrives last, so both
+        reductions give the same bits.
+
+        Ordering (PTX memory model, the pattern of CUTLASS's split-K semaphore): every thread's
+        partial stores -> bar.sync (tl.debug_barrier; the atomic is issued by one thread) -> atom
+        .acq_rel.gpu, a release that covers what the barrier ordered before it (release is
+        cumulative). In the last program the same atomic acquires the other programs' releases, and
+        Triton's broadcast of its result (shared memory + bar.sync) orders every thread's loads after
+        it; the loads also bypass L1 (.cg), which is not coherent between SMs. Triton 3.6 would put a
+        bar.sync before the atomic anyway (its result's shared-memory slot was the stores' layout
+        scratch); the explicit barrier keeps that from being an accident and adds none to the PTX.
+        tests/kernels/mx/test_gemv_in_kernel_ptx.py checks this order in the sm_90 PTX.
+        """
+        if REDUCE == 0:
+            if HAS_BIAS:
+                ya += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
+                yb += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
+            base = y_ptr + pid_m.to(tl.int64) * stride_ym
+            tl.store(base + offs_a, ya.to(y_ptr.dtype.element_ty), mask=a_ok)
+            tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
+        else:
+            p_row = p_ptr + pid_m.to(tl.int64) * stride_pm
+            base = p_row + pid_s.to(tl.int64) * stride_ps
+            tl.store(base + offs_a, ya, mask=a_ok)
+            tl.store(base + offs_b, yb, mask=b_ok)
+            if REDUCE == 2:
+                tl.debug_barrier()
+                cnt = cnt_ptr + pid_m * tl.num_programs(0) + pid_n
+                arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                if arrived == SPLITS - 1:
+                    acc_a = tl.zeros_like(ya)
+                    acc_b = tl.zeros_like(yb)
+                    for s in range(0, SPLITS):
+                        other = s != pid_s
+                        pa = tl.load(p_row + s * stride_ps + offs_a, mask=a_ok & other, other=0.0,
+                                     cache_modifier=".cg")
+                        pb = tl.load(p_row + s * stride_ps + offs_b, mask=b_ok & other, other=0.0,
+                                     cache_modifier=".cg")
+                        acc_a += tl.where(other, pa, ya)
+                        acc_b += tl.where(other, pb, yb)
+                    if HAS_BIAS:
+                        acc_a += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
+                        acc_b += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
+                    out = y_ptr + pid_m.to(tl.int64) * stride_ym
+                    tl.store(out + offs_a, acc_a.to(y_ptr.dtype.element_ty), mask=a_ok)
+                    tl.store(out + offs_b, acc_b.to(y_ptr.dtype.element_ty), mask=b_ok)
+                    # Every program of this tile has counted (the count reached SPLITS), so nothing
+                    # else touches the counter in this launch; the next launch reads the 0.
+                    tl.store(cnt, 0)
+
+    @triton.jit
     def _mx_gemv_kernel(
-        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
         N, K, KB, KB_PER_SPLIT,
-        stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
-        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
+        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         """q_ptr: the packed codes as int32 words [N, Kp / 8] (stride_qn in words).
         PREFETCH issues the next step's weight loads before this step's arithmetic (more bytes in
@@ -249,18 +312,8 @@ if triton is not None:
                 acc_b += _gemv_block_sums(wb, eb, xv)
         ya = tl.sum(acc_a, axis=1) * 16384.0
         yb = tl.sum(acc_b, axis=1) * 16384.0
-
-        if SPLIT:
-            base = y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym
-            tl.store(base + offs_a, ya, mask=a_ok)
-            tl.store(base + offs_b, yb, mask=b_ok)
-        else:
-            if HAS_BIAS:
-                ya += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
-                yb += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
-            base = y_ptr + pid_m.to(tl.int64) * stride_ym
-            tl.store(base + offs_a, ya.to(y_ptr.dtype.element_ty), mask=a_ok)
-            tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
+        _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+                       stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
 
     @triton.jit
     def _f16_lo(p):
@@ -378,11 +431,11 @@ if triton is not None:
 
     @triton.jit
     def _mx_gemv_f16x2_kernel(
-        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
         N, K, KB, KB_PER_SPLIT,
-        stride_xm, stride_qn, stride_sn, stride_ym, stride_ys,
-        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-        GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
+        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
     ):
         """_mx_gemv_kernel with each 32-block's dot product accumulated in packed fp16 (accumulate =
         "f16x2"); ASM = False runs the packed ops in plain Triton (the interpreter)."""
@@ -428,18 +481,8 @@ if triton is not None:
                 acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
         ya = tl.sum(acc_a, axis=1) * 16384.0
         yb = tl.sum(acc_b, axis=1) * 16384.0
-
-        if SPLIT:
-            base = y_ptr + pid_s.to(tl.int64) * stride_ys + pid_m * stride_ym
-            tl.store(base + offs_a, ya, mask=a_ok)
-            tl.store(base + offs_b, yb, mask=b_ok)
-        else:
-            if HAS_BIAS:
-                ya += tl.load(bias_ptr + offs_a, mask=a_ok, other=0.0).to(tl.float32)
-                yb += tl.load(bias_ptr + offs_b, mask=b_ok, other=0.0).to(tl.float32)
-            base = y_ptr + pid_m.to(tl.int64) * stride_ym
-            tl.store(base + offs_a, ya.to(y_ptr.dtype.element_ty), mask=a_ok)
-            tl.store(base + offs_b, yb.to(y_ptr.dtype.element_ty), mask=b_ok)
+        _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+                       stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
 
     @triton.jit
     def _mx_gemm_kernel(
@@ -536,9 +579,14 @@ class GemvConfig:
     # "f32": each product converted to fp32 and FFMA'd (the default); "f16x2": packed fp16 FMAs
     # within each 32-block (module docstring, "Numerics"), for the instruction count.
     accumulate: str = "f32"
+    # With more than one split: "separate" sums the fp32 partials in a second kernel
+    # (_splitk_reduce_kernel); "in_kernel" has the last split program of each tile sum them
+    # (_gemv_epilogue; one launch, same bits, counters from _split_counters).
+    reduce: str = "separate"
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
+GEMV_REDUCE = ("separate", "in_kernel")
 
 
 @dataclass(frozen=True)
@@ -612,6 +660,27 @@ def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.
     )
 
 
+# device -> zeroed int32 counter buffers for reduce="in_kernel", the newest (largest) last.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _split_counters(device: torch.device, size: int) -> torch.Tensor:
+    """At least `size` int32 counters, all 0, for reduce="in_kernel" on `device`.
+
+    Every launch leaves the counters it used at 0 (the last program of each tile resets its own),
+    so one zeroed buffer per device serves all launches with no memset per call. Outgrown buffers
+    are kept, never freed: a CUDA graph captured with one still points at it. Caveats: launches that
+    may run at the same time (different streams with no order between them) share the counters and
+    would miscount: use reduce="separate" there. A launch that dies mid-way leaves counters non-zero
+    (a CUDA error ends the context anyway). Call once before capturing a CUDA graph, so that the
+    zero-fill of a new buffer is not captured into it (it would then run at every replay)."""
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < size:
+        grown = max(size, 4096, 2 * bufs[-1].numel() if bufs else 0)
+        bufs.append(torch.zeros(grown, device=device, dtype=torch.int32))
+    return bufs[-1]
+
+
 def _check_operands(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, out: torch.Tensor) -> None:
     assert x.dim() == 2 and x.shape[1] == k and x.stride(1) == 1 and x.dtype == torch.bfloat16
     assert codes.dtype == torch.uint8 and codes.stride(1) == 1 and scales.stride(1) == 1
@@ -631,22 +700,27 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     _check_operands(x, codes, scales, k, out)
     if cfg.accumulate not in GEMV_ACCUMULATE:
         raise ValueError(f"GemvConfig.accumulate={cfg.accumulate!r}: use one of {GEMV_ACCUMULATE}")
+    if cfg.reduce not in GEMV_REDUCE:
+        raise ValueError(f"GemvConfig.reduce={cfg.reduce!r}: use one of {GEMV_REDUCE}")
     m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
-    target = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
-    words = _words(codes)
-    args = (x, words, scales, bias if bias is not None else scales, target,
-            n, k, kb, per,
-            x.stride(0), words.stride(0), scales.stride(0), target.stride(-2), target.stride(0))
-    meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLIT=splits > 1, BLOCK_N=cfg.block_n,
-                GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     grid = (triton.cdiv(n, cfg.block_n), m, splits)
+    # 0: one split writes out; 1: partials, then _reduce_splits; 2: partials, the last program sums.
+    reduce = 0 if splits == 1 else (2 if cfg.reduce == "in_kernel" else 1)
+    partial = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
+    counters = _split_counters(x.device, grid[0] * m) if reduce == 2 else partial
+    words = _words(codes)
+    args = (x, words, scales, bias if bias is not None else scales, out, partial, counters,
+            n, k, kb, per,
+            x.stride(0), words.stride(0), scales.stride(0), out.stride(0), partial.stride(0), partial.stride(-2))
+    meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
+                BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if cfg.accumulate == "f16x2":
         _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     else:
         _mx_gemv_kernel[grid](*args, **meta)
-    if splits > 1:
-        _reduce_splits(target, bias, out)
+    if reduce == 1:
+        _reduce_splits(partial, bias, out)
     return out
 
 
@@ -757,7 +831,7 @@ def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rou
 
 
 __all__ = [
-    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "gemv_error_bound", "default_gemv_config",
+    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "GEMV_REDUCE", "gemv_error_bound", "default_gemv_config",
     "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
     "fake_quant_triton", "triton_available", "interpreter_enabled",
 ]

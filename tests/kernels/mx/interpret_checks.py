@@ -156,6 +156,59 @@ def check_gemv_f16x2_extreme_x():
     print(f"gemv f16x2 extreme x ok (largest error / bound {max(ratios):.3f})")
 
 
+def _rotated_split_order(shift: int):
+    """Patches the interpreter to run the split programs (grid axis 2) in the order shift, shift + 1,
+    ... (mod S), so that split (shift - 1) mod S arrives last; returns the undo function. The
+    interpreter runs programs one after another, z innermost, so without this split S - 1 is
+    always the last to arrive."""
+    from triton.runtime import interpreter as ti
+
+    builder = ti.interpreter_builder
+    orig = builder.set_grid_idx
+
+    def set_grid_idx(x, y, z):
+        orig(x, y, (z + shift) % builder.grid_dim[2])
+
+    builder.set_grid_idx = set_grid_idx
+    return lambda: setattr(builder, "set_grid_idx", orig)
+
+
+def check_gemv_in_kernel_reduce():
+    """reduce="in_kernel" gives the bits of reduce="separate" (the same fixed split order) whichever
+    split arrives last, at M = 1 and 3, with and without bias, K not a multiple of 32 or of the step,
+    fp32 and bf16 outputs, f32 and f16x2 accumulation; the counters are back at 0 after each call,
+    and a second call in a row gives the same bits."""
+    from dataclasses import replace
+
+    cases = [  # (m, n, k, cfg, out dtype, with bias); splits 4, 3, 3, 2
+        (1, 24, 1000, GemvConfig(block_n=16, groups=2, split_k=5), torch.float32, False),
+        (3, 20, 80, GemvConfig(block_n=32, groups=1, split_k=3, prefetch=True), torch.float32, True),
+        (1, 24, 224, GemvConfig(block_n=16, groups=1, split_k=3, accumulate="f16x2"), torch.float32, True),
+        (1, 24, 200, GemvConfig(block_n=16, groups=4, split_k=2, prefetch=True), torch.bfloat16, True),
+    ]
+    for i, (m, n, k, cfg, dtype, with_bias) in enumerate(cases):
+        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 3)
+        b = bias if with_bias else None
+        splits = tm._split_plan(wq.scales.shape[1], cfg.groups, cfg.split_k)[1]
+        assert splits > 1, (cfg, splits)
+        want = torch.full((m, n), float("nan"), dtype=dtype)
+        mx_gemv(x, wq.codes, wq.scales, k, b, want, cfg)
+        # shift s: split (s - 1) mod S arrives last. Every split once in the first case; otherwise
+        # split 0 (out of launch order), then the launch order again (a second call in a row).
+        for shift in range(splits) if i == 0 else (1, 0):
+            undo = _rotated_split_order(shift)
+            try:
+                got = torch.full((m, n), float("nan"), dtype=dtype)
+                mx_gemv(x, wq.codes, wq.scales, k, b, got, replace(cfg, reduce="in_kernel"))
+            finally:
+                undo()
+            assert torch.equal(got, want), (m, n, k, cfg, shift, (got.double() - want.double()).abs().max())
+            assert not tm._COUNTERS[x.device][-1].any(), "counters not reset"
+        if dtype == torch.float32:  # the interpreter truncates to bf16, which the bound does not cover
+            _check_within_bound(got, x, wq, b, cfg.accumulate, (m, n, k, cfg))
+    print("gemv in-kernel reduce ok")
+
+
 @triton.jit
 def _f16x2_ops_kernel(a_ptr, b_ptr, c_ptr, fma_ptr, add_ptr, cvt_ptr, dec_ptr, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)

@@ -4,6 +4,10 @@ Run by test_gemv_f16x2_sass.py in a subprocess without TRITON_INTERPRET (the int
 the kernels). It checks that the inline PTX of accumulate="f16x2" (fma.rn.f16x2, add.rn.f16x2,
 cvt.rn.f16x2.f32) passes ptxas, and prints instructions per weight value in the main loop:
     python -m tests.kernels.mx.sass_checks
+With the argument `ordering` (test_gemv_in_kernel_ptx.py) it prints, for reduce="in_kernel", the
+PTX facts its memory ordering rests on (see _gemv_epilogue): partial stores, then bar.sync, then
+one atom.acq_rel.gpu, then the partial loads through L2 (.cg):
+    python -m tests.kernels.mx.sass_checks ordering
 """
 
 import json
@@ -21,22 +25,31 @@ from triton.compiler import ASTSource
 from kernels.mx import triton_matmul as tm
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-INT_ARGS = ("N", "K", "KB", "KB_PER_SPLIT", "stride_xm", "stride_qn", "stride_sn", "stride_ym", "stride_ys")
+INT_ARGS = ("N", "K", "KB", "KB_PER_SPLIT", "stride_xm", "stride_qn", "stride_sn", "stride_ym", "stride_ps",
+            "stride_pm")
 
 
-def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: int = 4, prefetch: bool = True):
-    """SASS opcodes of the K loop of the split-K GEMV kernel compiled for sm_90, and its registers."""
+def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = False):
+    """The split-K GEMV kernel compiled for sm_90 with the given constexprs (bf16 output)."""
     fn = tm._mx_gemv_f16x2_kernel if accumulate == "f16x2" else tm._mx_gemv_kernel
-    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*u8", "y_ptr": "*fp32"}
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16" if bias else "*u8",
+           "y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({name: "i32" for name in INT_ARGS})
-    const = dict(ITERS=4, HAS_BIAS=False, SPLIT=True, BLOCK_N=block_n, GROUPS=groups, PREFETCH=prefetch)
+    runtime = list(sig)
+    const = dict(const, HAS_BIAS=bias)
     if accumulate == "f16x2":
         const["ASM"] = True
     sig.update({name: "constexpr" for name in const})
     # The JIT's specialization marks 16-divisible pointers and sizes; without it every load is 1 byte.
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in list(sig)[:14]}
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps})
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in runtime}
+    return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
+
+
+def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: int = 4, prefetch: bool = True):
+    """SASS opcodes of the K loop of the split-K GEMV kernel compiled for sm_90, and its registers."""
+    const = dict(ITERS=4, SPLITS=4, REDUCE=1, BLOCK_N=block_n, GROUPS=groups, PREFETCH=prefetch)
+    kernel = _compile_gemv(accumulate, const, num_warps)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
@@ -57,7 +70,34 @@ def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: in
     return ops, values, regs
 
 
+def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
+    """PTX facts of reduce="in_kernel" (REDUCE = 2) at the default tile, with a bias."""
+    const = dict(ITERS=4, SPLITS=splits, REDUCE=2, BLOCK_N=32, GROUPS=8, PREFETCH=True)
+    ptx = _compile_gemv(accumulate, const, num_warps=4, bias=True).asm["ptx"]
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    atoms = [i for i, ln in enumerate(lines) if re.search(r"\batom\.", ln)]
+    at = atoms[0] if atoms else len(lines)
+    # The partial stores are the fp32 (b32) global stores before the atomic.
+    stores = [i for i, ln in enumerate(lines[:at]) if re.search(r"st\.global\.b32", ln)]
+    between = lines[stores[-1] + 1:at] if stores else []
+    after = lines[at + 1:]
+    loads_f32 = [ln for ln in after if re.search(r"ld\.global\S*\.b32", ln)]
+    first_load = next((i for i, ln in enumerate(after) if "ld.global" in ln), len(after))
+    return {
+        "atomics": [lines[i].split("atom.")[1].split()[0] for i in atoms],
+        "partial_stores_before_atomic": len(stores),
+        "bar_sync_between_stores_and_atomic": any(ln.startswith("bar.sync") for ln in between),
+        "bar_sync_between_atomic_and_loads": any(ln.startswith("bar.sync") for ln in after[:first_load]),
+        "partial_loads": len(loads_f32),
+        "partial_loads_cg": sum(".cg." in ln for ln in loads_f32),
+        "splits": splits,
+    }
+
+
 def main() -> int:
+    if sys.argv[1:] == ["ordering"]:
+        print(json.dumps({acc: in_kernel_ordering(acc) for acc in ("f32", "f16x2")}))
+        return 0
     report = {}
     for acc in ("f32", "f16x2"):
         for block_n in (32, 64):
