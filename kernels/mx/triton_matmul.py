@@ -485,6 +485,123 @@ if triton is not None:
                        stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
 
     @triton.jit
+    def _ld_x_word(ptr, ok, ASM: tl.constexpr):
+        """The 16 bytes (8 bf16) at ptr, as 4 int32 bf16 pairs (0 where not ok), in ptr's layout.
+
+        Inline asm because tl.load would get its own layout from Triton's coalescing pass (one value
+        per thread along the strided word axis) and a shared-memory conversion into the weight words'
+        layout every iteration; the asm op takes its operands' layout, so each thread loads the x it
+        needs (an L1 hit: x is a few KB). ld.global.nc: x is read-only during the kernel. ptr must be
+        16-byte aligned (mx_gemv checks). The interpreter (ASM = False) loads the 4 words with tl.load."""
+        if ASM:
+            return tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; "
+                "mov.b32 $3, 0; @p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4]; }",
+                "=r,=r,=r,=r,l,r", [ptr, ok.to(tl.int32)], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+                is_pure=True, pack=1)
+        else:
+            p32 = ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            return (tl.load(p32, mask=ok, other=0), tl.load(p32 + 1, mask=ok, other=0),
+                    tl.load(p32 + 2, mask=ok, other=0), tl.load(p32 + 3, mask=ok, other=0))
+
+    @triton.jit
+    def _ld_scale(ptr, ok, ASM: tl.constexpr):
+        """E8M0 code at ptr as int32 (127 where not ok), in ptr's layout (inline asm: see _ld_x_word)."""
+        if ASM:
+            return tl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 127; @p ld.global.nc.u8 $0, [$1]; }",
+                "=r,l,r", [ptr, ok.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.load(ptr, mask=ok, other=127).to(tl.int32)
+
+    @triton.jit
+    def _gemv_elem_load(q_rows, s_rows, n_ok, kb, g_ok, w4, ASM: tl.constexpr):
+        words = tl.load(q_rows + kb[None, :, None] * 4 + w4[None, None, :],
+                        mask=n_ok[:, None, None] & g_ok[None, :, None], other=0)
+        e = _ld_scale(s_rows + kb[None, :], n_ok[:, None] & g_ok[None, :], ASM)
+        return words, e
+
+    @triton.jit
+    def _bf16_lo(p):
+        return (p << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _bf16_hi(p):
+        return (p & -0x10000).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _gemv_elem_step(acc, words, e, x0, x1, x2, x3):
+        """acc [R, G, 4] += (the word's 8 products, summed in a chain) * block scale, all in the weight
+        words' layout. x_t holds x at elements 8i + 2t (low) and 8i + 2t + 1 (high) of word i; the code
+        pairs are (0, 4), (1, 5), (2, 6), (3, 7)."""
+        p04, p15, p26, p37 = _e2m1_word_pairs(words)
+        t = _fp16_pair_lo(p04) * _bf16_lo(x0)
+        t += _fp16_pair_lo(p15) * _bf16_hi(x0)
+        t += _fp16_pair_lo(p26) * _bf16_lo(x1)
+        t += _fp16_pair_lo(p37) * _bf16_hi(x1)
+        t += _fp16_pair_hi(p04) * _bf16_lo(x2)
+        t += _fp16_pair_hi(p15) * _bf16_hi(x2)
+        t += _fp16_pair_hi(p26) * _bf16_lo(x3)
+        t += _fp16_pair_hi(p37) * _bf16_hi(x3)
+        return acc + t * _e8m0_to_f32(e)[:, :, None]
+
+    @triton.jit
+    def _mx_gemv_elem_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+        N, K, KB, KB_PER_SPLIT,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
+        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    ):
+        """_mx_gemv_kernel with loop="elementwise": no layout conversion inside the K loop."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        HALF: tl.constexpr = BLOCK_N // 2
+        offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
+        offs_b = offs_a + HALF
+        a_ok = offs_a < N
+        b_ok = offs_b < N
+        g = tl.arange(0, GROUPS)
+        w4 = tl.arange(0, 4)
+        kb_lo = pid_s * KB_PER_SPLIT
+
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        qa = q_ptr + offs_a.to(tl.int64)[:, None, None] * stride_qn
+        qb = q_ptr + offs_b.to(tl.int64)[:, None, None] * stride_qn
+        sa = s_ptr + offs_a.to(tl.int64)[:, None] * stride_sn
+        sb = s_ptr + offs_b.to(tl.int64)[:, None] * stride_sn
+        acc_a = tl.zeros([HALF, GROUPS, 4], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, GROUPS, 4], dtype=tl.float32)
+        if PREFETCH:
+            kb = kb_lo + g
+            wa, ea = _gemv_elem_load(qa, sa, a_ok, kb, kb < KB, w4, ASM)
+            wb, eb = _gemv_elem_load(qb, sb, b_ok, kb, kb < KB, w4, ASM)
+        for it in range(0, ITERS):
+            kb = kb_lo + it * GROUPS + g
+            g_ok = kb < KB
+            xw = tl.broadcast_to((kb[:, None] * 32 + w4[None, :] * 8)[None, :, :], [HALF, GROUPS, 4])
+            x_ok = tl.broadcast_to(g_ok[None, :, None], [HALF, GROUPS, 4]) & (xw < K)
+            x0, x1, x2, x3 = _ld_x_word(x_row + xw, x_ok, ASM)
+            if PREFETCH:
+                kn = kb + GROUPS
+                n_ok = (kn < KB) & (it + 1 < ITERS)
+                wa_n, ea_n = _gemv_elem_load(qa, sa, a_ok, kn, n_ok, w4, ASM)
+                wb_n, eb_n = _gemv_elem_load(qb, sb, b_ok, kn, n_ok, w4, ASM)
+                acc_a = _gemv_elem_step(acc_a, wa, ea, x0, x1, x2, x3)
+                acc_b = _gemv_elem_step(acc_b, wb, eb, x0, x1, x2, x3)
+                wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
+            else:
+                wa, ea = _gemv_elem_load(qa, sa, a_ok, kb, g_ok, w4, ASM)
+                wb, eb = _gemv_elem_load(qb, sb, b_ok, kb, g_ok, w4, ASM)
+                acc_a = _gemv_elem_step(acc_a, wa, ea, x0, x1, x2, x3)
+                acc_b = _gemv_elem_step(acc_b, wb, eb, x0, x1, x2, x3)
+        ya = tl.sum(tl.sum(acc_a, axis=2), axis=1) * 16384.0
+        yb = tl.sum(tl.sum(acc_b, axis=2), axis=1) * 16384.0
+        _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+                       stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
+
+    @triton.jit
     def _mx_gemm_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr,
         M, N, K, KB, KB_PER_SPLIT,
@@ -583,10 +700,17 @@ class GemvConfig:
     # (_splitk_reduce_kernel); "in_kernel" has the last split program of each tile sum them
     # (_gemv_epilogue; one launch, same bits, counters from _split_counters).
     reduce: str = "separate"
+    # The K loop of accumulate="f32": "block_sums" (_mx_gemv_kernel) sums each 32-block across
+    # threads every iteration (Triton converts layouts through shared memory: 4 bar.sync per
+    # iteration on sm_90); "elementwise" (_mx_gemv_elem_kernel) keeps a per-word fp32 accumulator
+    # in the weight words' own layout, loads x per thread, and reduces once after the loop (no
+    # barrier or shared memory in the loop; module docstring, "Numerics of loop").
+    loop: str = "block_sums"
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
 GEMV_REDUCE = ("separate", "in_kernel")
+GEMV_LOOP = ("block_sums", "elementwise")
 
 
 @dataclass(frozen=True)
@@ -693,6 +817,19 @@ def _words(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.int32)
 
 
+def _x_for_word_loads(x: torch.Tensor) -> torch.Tensor:
+    """x itself when every row starts 16-byte aligned and K is a multiple of 8 (the 16-byte x loads of
+    loop="elementwise" then never cross K); else a zero-padded copy [M, K rounded up to 8] (one small
+    copy; never the case for the model's K)."""
+    m, k = x.shape
+    if k % 8 == 0 and x.data_ptr() % 16 == 0 and (m == 1 or x.stride(0) % 8 == 0):
+        return x
+    kp = -(-k // 8) * 8
+    xp = torch.zeros((m, kp), device=x.device, dtype=x.dtype)
+    xp[:, :k] = x
+    return xp[:, :k]
+
+
 def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
             out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
     """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
@@ -702,6 +839,14 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
         raise ValueError(f"GemvConfig.accumulate={cfg.accumulate!r}: use one of {GEMV_ACCUMULATE}")
     if cfg.reduce not in GEMV_REDUCE:
         raise ValueError(f"GemvConfig.reduce={cfg.reduce!r}: use one of {GEMV_REDUCE}")
+    if cfg.loop not in GEMV_LOOP:
+        raise ValueError(f"GemvConfig.loop={cfg.loop!r}: use one of {GEMV_LOOP}")
+    elementwise = cfg.loop == "elementwise"
+    if elementwise and cfg.accumulate != "f32":
+        raise ValueError(f"GemvConfig(loop='elementwise') is an fp32 loop: set accumulate='f32' "
+                         f"(got {cfg.accumulate!r}) or loop='block_sums'")
+    if elementwise:
+        x = _x_for_word_loads(x)
     m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), m, splits)
@@ -717,6 +862,8 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if cfg.accumulate == "f16x2":
         _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+    elif elementwise:
+        _mx_gemv_elem_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     else:
         _mx_gemv_kernel[grid](*args, **meta)
     if reduce == 1:
@@ -725,12 +872,19 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
 
 
 def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, accumulate: str,
-                     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+                     loop: str = "block_sums", groups: int | None = None) -> torch.Tensor:
     """Bound [M, N] (float64) on |mx_gemv(x, ...) - y_exact| for the GEMV kernels, from the module
     docstring's "Numerics"; y_exact = x.double() @ w.T (+ bias), w = the dequantized weight [N, K]
-    (float64), scales the E8M0 codes [N, KB], x [M, K] in bf16 (for the x blocks' exponents p_g)."""
+    (float64), scales the E8M0 codes [N, KB], x [M, K] in bf16 (for the x blocks' exponents p_g).
+    loop="elementwise" (accumulate="f32" only) needs the config's `groups` (the final tree spans
+    4 * groups per-word accumulators)."""
     if accumulate not in GEMV_ACCUMULATE:
         raise ValueError(f"accumulate={accumulate!r}: use one of {GEMV_ACCUMULATE}")
+    if loop not in GEMV_LOOP:
+        raise ValueError(f"loop={loop!r}: use one of {GEMV_LOOP}")
+    if loop == "elementwise" and (accumulate != "f32" or groups is None):
+        raise ValueError("loop='elementwise' bounds need accumulate='f32' and groups=<the config's groups>")
     m, k = x.shape
     n, kb = scales.shape
     xd = torch.nn.functional.pad(x.double(), (0, kb * 32 - k))
@@ -753,7 +907,16 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
     # (the default kernel's per-product sums are in units of the scale).
     big_scale = torch.exp2((e - 127).clamp(min=0).double()).amax(dim=1)  # [N]
     under32 = (2 * kb + 96) * 2.0**-136 * big_scale[None, :].expand(m, n)
-    if accumulate == "f32":
+    if loop == "elementwise":
+        # Every product w' x is exact and every scale product exact (barring underflow); a term
+        # passes through 7 chain additions, ITERS accumulator additions, a tree over 4 * groups
+        # and S - 1 split additions (ITERS, S <= KB): depth <= 2 KB + 4 groups + 8.
+        d = 2 * kb + 4 * groups + 8
+        # Underflow: per word 8 products + 7 chain additions before the scale (x the scale where it
+        # exceeds 1) and 2 after; then the tree and the splits: <= 70 KB + 4 groups + 8 roundings.
+        under = (70 * kb + 4 * groups + 8) * 2.0**-136 * big_scale[None, :].expand(m, n)
+        bound = gamma(d, u32) * abs_sum + (1 + gamma(d, u32)) * under
+    elif accumulate == "f32":
         bound = gamma(32, u32) * abs_sum + g32 * (1 + gamma(32, u32)) * abs_sum + under32
     else:
         amax = xd.abs().reshape(m, kb, 32).amax(dim=2)
@@ -831,7 +994,7 @@ def fake_quant_triton(x: torch.Tensor, fmt: str, block_size: int = 32, scale_rou
 
 
 __all__ = [
-    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "GEMV_REDUCE", "gemv_error_bound", "default_gemv_config",
+    "GemvConfig", "GemmConfig", "GEMV_ACCUMULATE", "GEMV_REDUCE", "GEMV_LOOP", "gemv_error_bound", "default_gemv_config",
     "default_gemm_config", "mx_gemv", "mx_gemm", "dequant_fp4_bf16",
     "fake_quant_triton", "triton_available", "interpreter_enabled",
 ]

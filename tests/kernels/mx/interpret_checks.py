@@ -92,13 +92,13 @@ def check_nan_weight_block():
     print("nan block ok")
 
 
-def _check_within_bound(out, x, wq, bias, accumulate, what):
+def _check_within_bound(out, x, wq, bias, accumulate, what, loop="block_sums", groups=None):
     """Every finite output within gemv_error_bound of the float64 reference; NaN exactly where the
     reference is NaN. Returns the largest error over bound."""
     k = wq.shape[1]
     ref = _reference(x, wq, bias, None)
     w = naive.dequantize(wq.element_codes(), wq.scales, "fp4_e2m1", 32, k)
-    bound = gemv_error_bound(x, w, wq.scales, accumulate, bias, out.dtype)
+    bound = gemv_error_bound(x, w, wq.scales, accumulate, bias, out.dtype, loop, groups)
     nan = torch.isnan(ref)
     assert torch.equal(torch.isnan(out), nan), (what, torch.isnan(out).sum(), nan.sum())
     err = (out.double() - ref).abs()[~nan]
@@ -154,6 +154,86 @@ def check_gemv_f16x2_extreme_x():
         assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
         assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
     print(f"gemv f16x2 extreme x ok (largest error / bound {max(ratios):.3f})")
+
+
+def _extreme_x(m: int, k: int, x: torch.Tensor) -> torch.Tensor:
+    """Rows of x (m = 8): normal; x 1e30; x 1e-30; blocks alternating 1e30 / 1e-30; one 1e30 among
+    1e-30s inside each block; zero; a NaN; bf16's largest normal exponents next to its smallest."""
+    xf = x.float()
+    xf[1] *= 1e30
+    xf[2] *= 1e-30
+    blk = (torch.arange(k) // 32) % 2 == 0
+    xf[3] = torch.where(blk, xf[3] * 1e30, xf[3] * 1e-30)
+    xf[4] = xf[4] * 1e-30
+    xf[4, ::32] = 1e30
+    xf[5] = 0.0
+    xf[6, 77] = float("nan")
+    xf[7] = torch.where(blk, xf[7] * 2.0**100, xf[7] * 2.0**-120)
+    return xf.to(torch.bfloat16)
+
+
+def check_gemv_elementwise():
+    """loop="elementwise" against float64 within its bound: M = 1 and 3, with and without bias, K
+    ragged (80: not a multiple of 32; 77 and 203: not of 8, so x goes through the padded copy), 1 to 4
+    splits (ragged last), with and without prefetch, both reductions, fp32 and bf16 outputs; and the
+    same configs with loop="block_sums" agree to ~1e-7 (the same math, another summation order)."""
+    from dataclasses import replace
+
+    ratios = []
+    for m, n, k, cfg, b_ in [(1, 40, 96, GemvConfig(block_n=16, groups=2, split_k=1), False),
+                             (3, 40, 80, GemvConfig(block_n=16, groups=2, split_k=2), True),
+                             (1, 33, 224, GemvConfig(block_n=32, groups=2, split_k=3, prefetch=True), True),
+                             (3, 24, 1000, GemvConfig(block_n=32, groups=4, split_k=4, prefetch=True,
+                                                      reduce="in_kernel"), False),
+                             (3, 40, 77, GemvConfig(block_n=16, groups=1, split_k=3, prefetch=True), True),
+                             (1, 24, 203, GemvConfig(block_n=64, groups=8, split_k=1, num_warps=2), True)]:
+        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 13)
+        b = bias if b_ else None
+        ew = replace(cfg, loop="elementwise")
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, ew)
+        ratios.append(_check_within_bound(out, x, wq, b, "f32", (m, n, k, ew), "elementwise", cfg.groups))
+        old = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, old, cfg)
+        ref = _reference(x, wq, b, None)
+        assert _rel_err(out, ref) < 1e-6 and _rel_err(old, ref) < 1e-6, (m, n, k, _rel_err(out, ref))
+    # bf16 output: within 2^-8 relative (the interpreter truncates, which the bound does not cover).
+    x, wq, bias = _problem(3, 40, 80, seed=17)
+    out = torch.full((3, 40), float("nan"), dtype=torch.bfloat16)
+    mx_gemv(x, wq.codes, wq.scales, 80, bias, out, GemvConfig(block_n=16, groups=2, split_k=2, loop="elementwise"))
+    assert _rel_err(out, _reference(x, wq, bias, None)) < 2.0**-7
+    # A loop form that needs the fp32 accumulation refuses the packed one.
+    try:
+        mx_gemv(x, wq.codes, wq.scales, 80, None, torch.empty(3, 40),
+                GemvConfig(accumulate="f16x2", loop="elementwise"))
+        raise AssertionError("accumulate='f16x2' with loop='elementwise' was accepted")
+    except ValueError:
+        pass
+    print(f"gemv elementwise ok (largest error / bound {max(ratios):.2e})")
+
+
+def check_gemv_elementwise_extreme_x():
+    """loop="elementwise" with huge, tiny, mixed, zero and NaN rows of x (_extreme_x) and a NaN weight
+    block: within the bound, NaN exactly where the reference is NaN."""
+    m, n, k = 8, 40, 224
+    x, wq, bias = _problem(m, n, k, seed=11)
+    x = _extreme_x(m, k, x)
+    ratios = []
+    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3, loop="elementwise"), None),
+                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, loop="elementwise"), bias)):
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
+        ratios.append(_check_within_bound(out, x, wq, b, "f32", cfg, "elementwise", cfg.groups))
+        assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
+        assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
+    w = wq.dequantize(torch.float32)
+    w[3, 40] = float("nan")
+    wq = quantize_mx(w, "fp4_e2m1")
+    out = torch.zeros(m, n)
+    mx_gemv(x, wq.codes, wq.scales, k, None, out, GemvConfig(block_n=16, groups=2, split_k=2, loop="elementwise"))
+    assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
+    assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
+    print(f"gemv elementwise extreme x ok (largest error / bound {max(ratios):.2e})")
 
 
 def _rotated_split_order(shift: int):

@@ -4,6 +4,10 @@ Run by test_gemv_f16x2_sass.py in a subprocess without TRITON_INTERPRET (the int
 the kernels). It checks that the inline PTX of accumulate="f16x2" (fma.rn.f16x2, add.rn.f16x2,
 cvt.rn.f16x2.f32) passes ptxas, and prints instructions per weight value in the main loop:
     python -m tests.kernels.mx.sass_checks
+With the argument `loops` (test_gemv_elementwise_sass.py) it prints, for both f32 K loops
+(GemvConfig.loop) over BLOCK_N 32/64, GROUPS 4/8, 4/8 warps, the barriers and shared-memory
+instructions inside the loop, instructions per weight value, registers and spills:
+    python -m tests.kernels.mx.sass_checks loops
 With the argument `ordering` (test_gemv_in_kernel_ptx.py) it prints, for reduce="in_kernel", the
 PTX facts its memory ordering rests on (see _gemv_epilogue): partial stores, then bar.sync, then
 one atom.acq_rel.gpu, then the partial loads through L2 (.cg):
@@ -29,15 +33,18 @@ INT_ARGS = ("N", "K", "KB", "KB_PER_SPLIT", "stride_xm", "stride_qn", "stride_sn
             "stride_pm")
 
 
-def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = False):
+def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = False, loop: str = "block_sums"):
     """The split-K GEMV kernel compiled for sm_90 with the given constexprs (bf16 output)."""
-    fn = tm._mx_gemv_f16x2_kernel if accumulate == "f16x2" else tm._mx_gemv_kernel
+    if accumulate == "f16x2":
+        fn = tm._mx_gemv_f16x2_kernel
+    else:
+        fn = tm._mx_gemv_elem_kernel if loop == "elementwise" else tm._mx_gemv_kernel
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16" if bias else "*u8",
            "y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update({name: "i32" for name in INT_ARGS})
     runtime = list(sig)
     const = dict(const, HAS_BIAS=bias)
-    if accumulate == "f16x2":
+    if accumulate == "f16x2" or loop == "elementwise":
         const["ASM"] = True
     sig.update({name: "constexpr" for name in const})
     # The JIT's specialization marks 16-divisible pointers and sizes; without it every load is 1 byte.
@@ -46,10 +53,12 @@ def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = Fal
                           options={"num_warps": num_warps})
 
 
-def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: int = 4, prefetch: bool = True):
-    """SASS opcodes of the K loop of the split-K GEMV kernel compiled for sm_90, and its registers."""
+def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: int = 4, prefetch: bool = True,
+              loop: str = "block_sums", spills: bool = False):
+    """SASS opcodes of the K loop of the split-K GEMV kernel compiled for sm_90, and its registers;
+    with spills=True also the local-memory (spill) instructions of the whole kernel and its stack bytes."""
     const = dict(ITERS=4, SPLITS=4, REDUCE=1, BLOCK_N=block_n, GROUPS=groups, PREFETCH=prefetch)
-    kernel = _compile_gemv(accumulate, const, num_warps)
+    kernel = _compile_gemv(accumulate, const, num_warps, loop=loop)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
@@ -67,7 +76,36 @@ def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: in
     ops = [re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0] for a, ins in rows if lo <= a <= hi]
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     values = block_n * groups * 32 // (32 * num_warps)  # weight values per thread per iteration
+    if spills:
+        local = sum(bool(re.search(r"\b(LDL|STL)\b", ins)) for _, ins in rows)
+        stack = int(re.search(r"STACK:(\d+)", res).group(1))
+        return ops, values, regs, {"local_memory_instructions": local, "stack_bytes": stack}
     return ops, values, regs
+
+
+def block_sync_ops(ops) -> dict:
+    """Barriers and shared-memory instructions among SASS opcodes: BAR.*, STS/LDS (incl. .128),
+    STSM/LDSM (matrix shared stores/loads), ATOMS, shuffles are not shared memory and not counted."""
+    kinds = Counter(op.split(".")[0] for op in ops)
+    return {"bar": kinds["BAR"], "shared": sum(kinds[k] for k in ("STS", "LDS", "STSM", "LDSM", "ATOMS")),
+            "shfl": kinds["SHFL"]}
+
+
+LOOP_GRID = [(bn, g, w) for bn in (32, 64) for g in (4, 8) for w in (4, 8)]
+
+
+def loop_report() -> dict:
+    """Both f32 loops over BLOCK_N 32/64, GROUPS 4/8, 4/8 warps (prefetch on): per configuration the
+    loop's barriers, shared-memory ops, instructions per weight value, registers and spills."""
+    report = {}
+    for loop in ("block_sums", "elementwise"):
+        for bn, g, w in LOOP_GRID:
+            ops, values, regs, spill = gemv_loop("f32", block_n=bn, groups=g, num_warps=w, loop=loop, spills=True)
+            report[f"{loop}/bn{bn}/g{g}/w{w}"] = {
+                **block_sync_ops(ops), "ffma": sum(op.split(".")[0] == "FFMA" for op in ops),
+                "loop_instructions": len(ops), "values_per_thread": values,
+                "per_value": round(len(ops) / values, 2), "registers": regs, **spill}
+    return report
 
 
 def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
@@ -95,6 +133,9 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["loops"]:
+        print(json.dumps(loop_report()))
+        return 0
     if sys.argv[1:] == ["ordering"]:
         print(json.dumps({acc: in_kernel_ordering(acc) for acc in ("f32", "f16x2")}))
         return 0
