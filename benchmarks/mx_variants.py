@@ -44,19 +44,22 @@ from kernels.mx.triton_matmul import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> GemvConfig fields but split_k, plus per_sm: split_k is set for about per_sm programs per SM
 # (_splits_for). "default" is default_gemv_config (accumulate="f32", reduce="separate", ~14 programs
-# per SM: the dispatcher's GEMV). The f16x2 variants with reduce="separate" were timed on 2026-11-29
-# (no faster than the default, docs/log/mx.md); these try the single-launch split-K reduction.
+# per SM: the dispatcher's GEMV). The in-kernel reductions timed in session 3 (docs/log/mx.md: none
+# faster) keep their closest (7/SM) and the four not yet timed; the "ew_" variants are
+# loop="elementwise" (no barrier or shared memory in the K loop; 2026-11-29, session 4), with the
+# two-kernel reduction that is still the fastest.
 VARIANTS = {
     "default": None,
-    "inkernel_bn32_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
+    "ew_bn32_g8_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True, loop="elementwise"),
+    "ew_bn32_g8_w4_s7": dict(block_n=32, groups=8, num_warps=4, per_sm=7, prefetch=True, loop="elementwise"),
+    # Fewer registers per thread (64 instead of 89 at 4 warps): more warps resident per SM.
+    "ew_bn32_g8_w8_s14": dict(block_n=32, groups=8, num_warps=8, per_sm=14, prefetch=True, loop="elementwise"),
+    "ew_bn32_g4_w4_s14": dict(block_n=32, groups=4, num_warps=4, per_sm=14, prefetch=True, loop="elementwise"),
+    "ew_bn32_g8_w4_s14_noprefetch": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=False,
+                                         loop="elementwise"),
+    "ew_bn64_g8_w8_s14": dict(block_n=64, groups=8, num_warps=8, per_sm=14, prefetch=True, loop="elementwise"),
     "inkernel_bn32_w4_s7": dict(block_n=32, groups=8, num_warps=4, per_sm=7, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn32_w4_s21": dict(block_n=32, groups=8, num_warps=4, per_sm=21, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn32_w4_s28": dict(block_n=32, groups=8, num_warps=4, per_sm=28, prefetch=True, reduce="in_kernel"),
-    # 4 blocks per step: the experts (112 blocks of K) can split 28 ways instead of 14.
-    "inkernel_bn32_g4_w4_s28": dict(block_n=32, groups=4, num_warps=4, per_sm=28, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn16_w4_s14": dict(block_n=16, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
     "inkernel_bn16_w2_s14": dict(block_n=16, groups=8, num_warps=2, per_sm=14, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn64_w4_s14": dict(block_n=64, groups=8, num_warps=4, per_sm=14, prefetch=True, reduce="in_kernel"),
     "inkernel_bn64_w8_s14": dict(block_n=64, groups=8, num_warps=8, per_sm=14, prefetch=True, reduce="in_kernel"),
     "inkernel_f16x2_bn32_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True,
                                        accumulate="f16x2", reduce="in_kernel"),
@@ -117,7 +120,7 @@ def check_variant(name: str, shapes: dict, dev, sms: int, results: list) -> None
             ref = naive.mx_linear(x, wq.element_codes(), wq.scales, k)
             out = torch.full((m, n), float("nan"), device=dev, dtype=out_dtype)
             mx_gemv(x, wq.codes, wq.scales, k, None, out, cfg)
-            bound = gemv_error_bound(x, w, wq.scales, cfg.accumulate, None, out.dtype)
+            bound = gemv_error_bound(x, w, wq.scales, cfg.accumulate, None, out.dtype, cfg.loop, cfg.groups)
             nan_ref = torch.isnan(ref)
             err = (out.double() - ref).abs()
             ok_nan = bool(torch.equal(torch.isnan(out), nan_ref))

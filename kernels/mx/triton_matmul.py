@@ -29,6 +29,17 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   one fp16 -> fp32 conversion and one FFMA per value; "Numerics" below. On sm_90 (AOT-compiled, SASS
   counted; docs/log/mx.md) its loop takes 4.4 instructions per weight value at BLOCK_N = 32 and 3.9
   at BLOCK_N = 64, against 5.9 / 5.5 for the fp32 kernel.
+- _mx_gemv_elem_kernel (GemvConfig(loop="elementwise"); not a default): the fp32 GEMV without
+  cross-thread work in the K loop. _mx_gemv_kernel's per-block tl.sum and its broadcast of an x tile
+  [G, 32] over the rows make Triton convert layouts through shared memory every iteration (sm_90 SASS
+  at the default tile: 5 BAR.SYNC, STSM/STS/LDS in the loop; docs/log/mx.md). Here each thread
+  keeps, per weight word it loads, an fp32 accumulator in the words' own layout [rows, G, 4]: the
+  word's 8 products are summed in a chain, times the block scale, added to it; x is loaded per
+  thread, 16 bytes per word, by inline asm (a tl.load would get its own layout from the coalescing
+  pass and a conversion back), as is the scale byte; the tree over G * 4 and the rows' halves runs
+  once after the loop. The loop has no barrier and no shared-memory instruction (0 at BLOCK_N 32/64,
+  GROUPS 4/8, 4/8 warps; tests/kernels/mx/test_gemv_elementwise_sass.py) and 5.9 instructions per
+  weight value at the default tile (block_sums: 5.9), at 89 registers instead of 62.
 - _mx_gemm_kernel (GEMV_MAX_M < M <= GEMM_MAX_M): acc[BLOCK_N, BLOCK_M] = W_tile @ x_tile^T on
   the tensor cores ("swap AB": the decoded weight is the register operand, the small M is the
   dot's N), split-K as above.
@@ -55,6 +66,24 @@ NaN block scale (0xFF) makes its block NaN as in the default kernel. The interpr
 packed ops in float64 and rounds once: there the sum a*b + c is exact (w' is a multiple of 2^-15, x'
 of 2^-24, the partial sums are below 2^10: every value is a multiple of 2^-39 below 2^10), so the
 emulation is the hardware's fma.rn.
+
+Numerics of loop="elementwise" (accumulate="f32"). The decoded w' = value * 2^-14 and x (bf16) give
+exact fp32 products (2 + 8 significant bits) unless they underflow, and the block scale 2^(E - 127)
+multiplies exactly unless the result under- or overflows. Per weight word, t = the chain of its 8
+products (7 roundings); acc[r, g, i] += t * scale (1 rounding: the product is exact), ITERS times; after
+the loop a tree over the GROUPS * 4 accumulators of a row (any order, depth <= 4 GROUPS - 1), the exact
+2^14, then the S - 1 split additions (and the bias). So every product passes through at most
+7 + ITERS + 4 GROUPS + S <= 2 KB + 4 GROUPS + 8 = d roundings, each relative u = 2^-24 in the normal
+range, and
+    |y_n - y_exact_n| <= gamma_d * sum_k |W_nk x_k| + (1 + gamma_d) * U,
+with U the underflow term: every fp32 rounding below 2^-126 errs by at most 2^-150 in the
+accumulator's units (2^-136 in y's), the 15 roundings per word before the scale multiplied by the scale
+where it exceeds 1: U <= (70 KB + 4 GROUPS + 8) * 2^-136 * max(1, max_g 2^(E_ng - 127)).
+gemv_error_bound(..., loop="elementwise", groups=G) computes it; gamma_d is ~1e-5 at KB = 224, a true
+bound for any ITERS and S, not a tuned tolerance. NaN in x or a NaN scale (0xFF) propagates to the
+row's outputs as in block_sums (t * NaN). mx_gemv gives the kernel x as is when K % 8 == 0 and the
+rows are 16-byte aligned (the model's shapes), else a zero-padded copy, so that a 16-byte x load never
+crosses K.
 
 Under TRITON_INTERPRET=1 (the CPU tests) the dot runs in fp32: the interpreter multiplies bf16
 operands as raw uint16 integers. The decoded weights and the activations are exact in bf16, so
