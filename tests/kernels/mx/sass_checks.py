@@ -6,8 +6,9 @@ cvt.rn.f16x2.f32) passes ptxas, and prints instructions per weight value in the 
     python -m tests.kernels.mx.sass_checks
 With the argument `loops` (test_gemv_elementwise_sass.py) it prints, for both f32 K loops
 (GemvConfig.loop) over BLOCK_N 32/64, GROUPS 4/8, 4/8 warps, the barriers and shared-memory
-instructions inside the loop, instructions per weight value, registers and spills:
-    python -m tests.kernels.mx.sass_checks loops
+instructions inside the loop, instructions per weight value, registers and spills (block_sums at
+the default tile only, unless `all`):
+    python -m tests.kernels.mx.sass_checks loops [all]
 With the argument `ordering` (test_gemv_in_kernel_ptx.py) it prints, for reduce="in_kernel", the
 PTX facts its memory ordering rests on (see _gemv_epilogue): partial stores, then bar.sync, then
 one atom.acq_rel.gpu, then the partial loads through L2 (.cg):
@@ -94,12 +95,13 @@ def block_sync_ops(ops) -> dict:
 LOOP_GRID = [(bn, g, w) for bn in (32, 64) for g in (4, 8) for w in (4, 8)]
 
 
-def loop_report() -> dict:
-    """Both f32 loops over BLOCK_N 32/64, GROUPS 4/8, 4/8 warps (prefetch on): per configuration the
-    loop's barriers, shared-memory ops, instructions per weight value, registers and spills."""
+def loop_report(full: bool = False) -> dict:
+    """The elementwise f32 loop over BLOCK_N 32/64, GROUPS 4/8, 4/8 warps (prefetch on), and the
+    block_sums loop at the default tile (all 8 tiles with full=True): per configuration the loop's
+    barriers, shared-memory ops, instructions per weight value, registers and spills."""
     report = {}
     for loop in ("block_sums", "elementwise"):
-        for bn, g, w in LOOP_GRID:
+        for bn, g, w in LOOP_GRID if full or loop == "elementwise" else [(32, 8, 4)]:
             ops, values, regs, spill = gemv_loop("f32", block_n=bn, groups=g, num_warps=w, loop=loop, spills=True)
             report[f"{loop}/bn{bn}/g{g}/w{w}"] = {
                 **block_sync_ops(ops), "ffma": sum(op.split(".")[0] == "FFMA" for op in ops),
@@ -133,8 +135,8 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["loops"]:
-        print(json.dumps(loop_report()))
+    if sys.argv[1:2] == ["loops"]:
+        print(json.dumps(loop_report(full=sys.argv[2:] == ["all"])))
         return 0
     if sys.argv[1:] == ["ordering"]:
         print(json.dumps({acc: in_kernel_ordering(acc) for acc in ("f32", "f16x2")}))
