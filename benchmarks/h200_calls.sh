@@ -4,7 +4,7 @@
 #     bash benchmarks/h200_calls.sh kernels   # KDA GPU tests, training step (small), KDA variant sweep
 #     bash benchmarks/h200_calls.sh fla       # KDA vs fla-core 0.6.0 vs SDPA, 4 shapes + decode (carry .whl)
 #     bash benchmarks/h200_calls.sh mx        # MXFP4 GEMV variants vs bf16
-#     bash benchmarks/h200_calls.sh final     # GEMV split-K variants, training step (grouped MoE, compiled glue)
+#     bash benchmarks/h200_calls.sh step      # the small profile's training step, then its profile
 # Results land in $OUT as JSON (and logs); the kda_variants JSON of an earlier call in the same warm
 # machine is kept in /tmp so later calls run the fastest correct variant ("best:").
 set -u
@@ -41,18 +41,12 @@ mx)
     timeout 580 python3 benchmarks/mx_variants.py --budget 540 --out "$OUT/mx_variants_h200.json"
     elapsed "mx_variants exit $?"
     ;;
-final)
-    # Session 3's last call: the single-launch split-K GEMV variants, then the training step with
-    # grouped expert GEMMs (the CUDA default now), then the same with the glue compiled.
-    timeout 170 python3 benchmarks/mx_variants.py --budget 160 --out "$OUT/mx_variants_h200.json" \
-        --variants default,inkernel_bn32_w4_s14,inkernel_bn32_w4_s7,inkernel_bn32_w4_s21,inkernel_bn32_w4_s28,inkernel_bn32_g4_w4_s28,inkernel_bn16_w4_s14,inkernel_bn64_w4_s14
-    elapsed "mx_variants exit $?"
-    timeout 110 python3 benchmarks/train_step.py --reps 3 --out "$OUT/train_step_small_h200.json"
+step)
+    timeout 150 python3 benchmarks/train_step.py --reps 3 --out "$OUT/train_step_small_h200.json"
     elapsed "train_step exit $?"
-    left=$((295 - (SECONDS - T0)))
-    [ $left -gt 40 ] && timeout $left python3 benchmarks/train_step.py --reps 3 --compile-glue \
-        --out "$OUT/train_step_small_compiled_h200.json"
-    elapsed "train_step --compile-glue exit $?"
+    timeout $((580 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+        --tokens 65536 --out "$OUT/profile_step_small_h200.json"
+    elapsed "profile_step exit $?"
     ;;
 *) echo "unknown call $1"; exit 2 ;;
 esac
