@@ -115,9 +115,11 @@ def compile_glue() -> None:
     import k3model.common
     import k3model.moe
 
-    k3model.common.RMSNorm.forward = torch.compile(k3model.common.RMSNorm.forward)
-    k3model.attn_res.AttnRes.forward = torch.compile(k3model.attn_res.AttnRes.forward)
-    k3model.moe.situ_glu = torch.compile(k3model.moe.situ_glu, dynamic=True)  # rows per expert vary
+    # dynamic=True: RMSNorm alone sees widths 1024 / 512 / 128 at several lengths, and static shapes
+    # hit Dynamo's recompile limit (8) on the H200 run of 2026-11-29 (docs/log/pretrain.md).
+    k3model.common.RMSNorm.forward = torch.compile(k3model.common.RMSNorm.forward, dynamic=True)
+    k3model.attn_res.AttnRes.forward = torch.compile(k3model.attn_res.AttnRes.forward, dynamic=True)
+    k3model.moe.situ_glu = torch.compile(k3model.moe.situ_glu, dynamic=True)
 
 
 def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
