@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.train_step import k3_train_step
 from k3model.config import get_profile
 from k3model.model import K3Model
 
@@ -36,13 +37,7 @@ def main() -> None:
     ids = torch.randint(0, cfg.vocab_size, (max(args.tokens // args.seq_len, 1), args.seq_len), device=device)
 
     def step():
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model.compute_loss(ids)["loss/total"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        for moe in model.moe_layers():
-            moe.update_bias()
+        k3_train_step(model, opt, ids, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"))
 
     def sync():
         if device == "cuda":

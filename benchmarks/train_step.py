@@ -107,6 +107,18 @@ def matmul_ceiling_tflops(device: str) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
 
 
+def k3_train_step(model: K3Model, opt: torch.optim.Optimizer, ids: torch.Tensor, autocast) -> None:
+    """One K3 training step as the pretraining loop takes it: loss under `autocast()`, backward, the
+    optimizer step, then each MoE layer's balancing-bias update."""
+    with autocast():
+        loss = model.compute_loss(ids)["loss/total"]
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    for layer in model.moe_layers():
+        layer.update_bias()
+
+
 def compile_glue() -> None:
     """torch.compile the K3 model's elementwise glue in place — RMSNorm, AttnRes's depth mixing and
     SiTU-GLU — to measure how much of the step is unfused elementwise work (an experiment: the
@@ -162,17 +174,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
 
-        def k3_step():
-            with dtype_ctx():
-                loss = model.compute_loss(ids)["loss/total"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            for moe in model.moe_layers():
-                moe.update_bias()
-
         try:
-            dt = time_steps(k3_step, warmup, reps, device)
+            dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
             row["k3_tokens_per_s"] = B * T / dt
             row["k3_step_s"] = dt
             row["k3_flops_per_token"] = model_flops_per_token(profile, T)
