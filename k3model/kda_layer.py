@@ -92,8 +92,8 @@ class KDALayer(nn.Module):
             o_BTHK = o_BHK.unsqueeze(1)
         else:
             if x_BTD.is_cuda and torch.is_autocast_enabled("cuda"):
-                # The chunk kernels take the autocast dtype (bf16) as fla's do, and their fp32-input
-                # launch shapes are slower; gates, state and accumulators stay fp32.
+                # The chunk kernels take the autocast dtype (bf16), as fla's callers pass it; fp32
+                # inputs would double their tiles. Gates, state and accumulators stay fp32.
                 low = torch.get_autocast_dtype("cuda")
                 q_BTHK, k_BTHK, v_BTHK, beta_BTH = (t.to(low) for t in (q_BTHK, k_BTHK, v_BTHK, beta_BTH))
             o_BTHK, recurrent = chunk_kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,

@@ -841,8 +841,9 @@ class TileConfig:
     bwd_key_slice: int = 32
     # 8 warps with 32-wide value blocks miscompiles (out-of-bounds shared read, H200, Triton 3.6)
     bwd_block_v: int = 64
-    # The doubling inverse's products: "tf32x3" (about fp32) or "tf32" (one pass, a third of the
-    # tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger).
+    # The inverse's products (either inverse): "tf32x3" (about fp32) or "tf32" (one pass, a third of
+    # the tensor-core work; T is stored in the input dtype afterwards, whose rounding is larger). tf32
+    # is safe for the substitution in every regime (tests/kernels/kda/test_inverse_precision.py).
     inverse_precision: str = "tf32"
     # "substitution" (default): forward substitution in the 16-blocks and a block merge, as fla's
     # solve_tril; or "doubling", (I − A)(I + A²)⋯(I + A³²) in the fused prep kernel — the
