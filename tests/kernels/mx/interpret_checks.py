@@ -134,17 +134,7 @@ def check_gemv_f16x2_extreme_x():
     inside each block; zero; a NaN; bf16's largest normal exponents next to its smallest."""
     m, n, k = 8, 40, 224
     x, wq, bias = _problem(m, n, k, seed=11)
-    xf = x.float()
-    xf[1] *= 1e30
-    xf[2] *= 1e-30
-    blk = (torch.arange(k) // 32) % 2 == 0
-    xf[3] = torch.where(blk, xf[3] * 1e30, xf[3] * 1e-30)
-    xf[4] = xf[4] * 1e-30
-    xf[4, ::32] = 1e30
-    xf[5] = 0.0
-    xf[6, 77] = float("nan")
-    xf[7] = torch.where(blk, xf[7] * 2.0**100, xf[7] * 2.0**-120)
-    x = xf.to(torch.bfloat16)
+    x = _extreme_x(m, k, x)
     ratios = []
     for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3, accumulate="f16x2"), None),
                    (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, accumulate="f16x2"), bias)):
