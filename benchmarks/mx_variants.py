@@ -42,29 +42,28 @@ from kernels.mx.triton_matmul import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# name -> GemvConfig fields but split_k, plus per_sm: split_k is set for about per_sm programs per SM
-# (_splits_for). "default" is default_gemv_config (accumulate="f32", reduce="separate", ~14 programs
-# per SM: the dispatcher's GEMV). The in-kernel reductions timed in session 3 (docs/log/mx.md: none
-# faster) keep their closest (7/SM) and the four not yet timed; the "ew_" variants are
-# loop="elementwise" (no barrier or shared memory in the K loop; 2026-11-29, session 4), with the
-# two-kernel reduction that is still the fastest.
+# name -> GemvConfig fields, with split_k given or set from per_sm (about per_sm programs per SM,
+# _splits_for); accumulate and loop default to "f16x2" and "elementwise". "default" is
+# default_gemv_config (the dispatcher's GEMV). Variants timed earlier and slower than the default
+# (f16x2 block sums, in-kernel split-K, the fp32 elementwise loop) are in docs/log/mx.md and
+# benchmarks/results/mx_variants_*_h200.json.
 VARIANTS = {
     "default": None,
-    "ew_bn32_g8_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True, loop="elementwise"),
-    "ew_bn32_g8_w4_s7": dict(block_n=32, groups=8, num_warps=4, per_sm=7, prefetch=True, loop="elementwise"),
-    # Fewer registers per thread (64 instead of 89 at 4 warps): more warps resident per SM.
-    "ew_bn32_g8_w8_s14": dict(block_n=32, groups=8, num_warps=8, per_sm=14, prefetch=True, loop="elementwise"),
-    "ew_bn32_g4_w4_s14": dict(block_n=32, groups=4, num_warps=4, per_sm=14, prefetch=True, loop="elementwise"),
-    "ew_bn32_g8_w4_s14_noprefetch": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=False,
-                                         loop="elementwise"),
-    "ew_bn64_g8_w8_s14": dict(block_n=64, groups=8, num_warps=8, per_sm=14, prefetch=True, loop="elementwise"),
-    "inkernel_bn32_w4_s7": dict(block_n=32, groups=8, num_warps=4, per_sm=7, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn16_w2_s14": dict(block_n=16, groups=8, num_warps=2, per_sm=14, prefetch=True, reduce="in_kernel"),
-    "inkernel_bn64_w8_s14": dict(block_n=64, groups=8, num_warps=8, per_sm=14, prefetch=True, reduce="in_kernel"),
-    "inkernel_f16x2_bn32_w4_s14": dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True,
-                                       accumulate="f16x2", reduce="in_kernel"),
-    "inkernel_f16x2_bn64_w4_s14": dict(block_n=64, groups=8, num_warps=4, per_sm=14, prefetch=True,
-                                       accumulate="f16x2", reduce="in_kernel"),
+    # accumulate="f16x2" with loop="elementwise" (_mx_gemv_elem_f16x2_kernel, 2026-11-29 session 4):
+    # threads along GROUPS = 32 blocks, rows inside the threads, x' made once per thread per step for
+    # all its rows; sm_90 SASS 3.4-4.1 instructions per weight value, no barrier (the default: 5.9).
+    # "split_k" fixes the splits (1: the whole K in one program, one launch); "per_sm" sets them.
+    "lx_bn32_w4_s1": dict(block_n=32, groups=32, num_warps=4, split_k=1),
+    "lx_bn32_w4_s2": dict(block_n=32, groups=32, num_warps=4, split_k=2),
+    "lx_bn32_w4_s2_inkernel": dict(block_n=32, groups=32, num_warps=4, split_k=2, reduce="in_kernel"),
+    "lx_bn32_w4_sm7": dict(block_n=32, groups=32, num_warps=4, per_sm=7),
+    "lx_bn16_w4_s1": dict(block_n=16, groups=32, num_warps=4, split_k=1),
+    "lx_bn16_w4_s2": dict(block_n=16, groups=32, num_warps=4, split_k=2),
+    "lx_bn16_w4_s1_prefetch": dict(block_n=16, groups=32, num_warps=4, split_k=1, prefetch=True),
+    "lx_bn16_w2_s1": dict(block_n=16, groups=32, num_warps=2, split_k=1),
+    "lx_bn32_g16_w4_s1": dict(block_n=32, groups=16, num_warps=4, split_k=1),
+    "lx_bn64_w8_s2": dict(block_n=64, groups=32, num_warps=8, split_k=2),
+    "lx_bn64_w8_sm7": dict(block_n=64, groups=32, num_warps=8, per_sm=7),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
@@ -82,8 +81,13 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     spec = VARIANTS[name]
     if spec is None:
         return default_gemv_config(n, k, dev)
-    fields = {key: v for key, v in spec.items() if key != "per_sm"}
-    split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms)
+    fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
+    fields.setdefault("accumulate", "f16x2")
+    fields.setdefault("loop", "elementwise")
+    if "split_k" in spec:
+        split = spec["split_k"]
+    else:
+        split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms)
     return GemvConfig(split_k=split, **fields)
 
 

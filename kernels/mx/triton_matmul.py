@@ -459,6 +459,121 @@ if triton is not None:
         return (part * xfac[None, :]) * _e8m0_to_f32(e.to(tl.int32))
 
     @triton.jit
+    def _gemv_load_lanes(q_rows, s_rows, n_ok, kb, g_ok, KB, GROUPS: tl.constexpr, ASM: tl.constexpr):
+        """_gemv_load for _mx_gemv_elem_f16x2_kernel: the words are loaded as one row-contiguous
+        [R, GROUPS * 4] tile (q_rows [R, 1]), so that Triton's coalescing gives each thread the 16 bytes
+        of one block and puts the threads along the blocks, the rows inside the threads; the scale
+        bytes are loaded in that layout by _ld_scale."""
+        kw = tl.min(kb, axis=0) * 4 + tl.arange(0, GROUPS * 4)
+        words = tl.load(q_rows + kw[None, :], mask=n_ok[:, None] & (kw < KB * 4)[None, :], other=0)
+        words = tl.reshape(words, [words.shape[0], GROUPS, 4])
+        e = _ld_scale(s_rows + kb[None, :], n_ok[:, None] & g_ok[None, :], ASM)
+        return words, e
+
+    @triton.jit
+    def _x_word_f32(x_row, kb, g_ok, K, I: tl.constexpr, ASM: tl.constexpr):
+        """The 8 x values of word I of the blocks kb (elements 32 kb + 8 I + j) as float32 [G] tensors."""
+        k0 = kb * 32 + I * 8
+        t0, t1, t2, t3 = _ld_x_word(x_row + k0, g_ok & (k0 < K), ASM)
+        return (_bf16_lo(t0), _bf16_hi(t0), _bf16_lo(t1), _bf16_hi(t1),
+                _bf16_lo(t2), _bf16_hi(t2), _bf16_lo(t3), _bf16_hi(t3))
+
+    @triton.jit
+    def _absmax8(v0, v1, v2, v3, v4, v5, v6, v7):
+        return tl.maximum(tl.maximum(tl.maximum(tl.abs(v0), tl.abs(v1)), tl.maximum(tl.abs(v2), tl.abs(v3))),
+                          tl.maximum(tl.maximum(tl.abs(v4), tl.abs(v5)), tl.maximum(tl.abs(v6), tl.abs(v7))))
+
+    @triton.jit
+    def _x_word_pairs(v0, v1, v2, v3, v4, v5, v6, v7, f, ASM: tl.constexpr):
+        """x' = x * f of one word as the fp16 pairs of the code pairs (0, 4), (1, 5), (2, 6), (3, 7)."""
+        return (_cvt_f16x2(v0 * f, v4 * f, ASM), _cvt_f16x2(v1 * f, v5 * f, ASM),
+                _cvt_f16x2(v2 * f, v6 * f, ASM), _cvt_f16x2(v3 * f, v7 * f, ASM))
+
+    @triton.jit
+    def _join4(a, b, c, d):
+        """Four [G] tensors -> [G, 4] with column i the i-th (held by one thread)."""
+        return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), [a.shape[0], 4])
+
+    @triton.jit
+    def _gemv_x_pairs_in_thread(x_row, kb, g_ok, K, ASM: tl.constexpr):
+        """_gemv_x_pairs for _mx_gemv_elem_f16x2_kernel: the same x' pairs [G, 4] and xfac [G], made
+        by each thread from the x of the blocks it holds (four 16-byte loads per block, _ld_x_word),
+        with elementwise operations only, so nothing is exchanged between threads. p is clamped to
+        [-113, 127] instead of [-126, 127] so that 2^(14 - p) is one fp32 multiply (a block whose
+        largest |x| is below 2^-113 gets max |x'| < 2^14; gemv_error_bound uses the same clamp)."""
+        a0, a1, a2, a3, a4, a5, a6, a7 = _x_word_f32(x_row, kb, g_ok, K, 0, ASM)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _x_word_f32(x_row, kb, g_ok, K, 1, ASM)
+        c0, c1, c2, c3, c4, c5, c6, c7 = _x_word_f32(x_row, kb, g_ok, K, 2, ASM)
+        d0, d1, d2, d3, d4, d5, d6, d7 = _x_word_f32(x_row, kb, g_ok, K, 3, ASM)
+        # tl.maximum need not propagate NaN; a NaN x is carried by x' itself whatever p is.
+        amax = tl.maximum(tl.maximum(_absmax8(a0, a1, a2, a3, a4, a5, a6, a7), _absmax8(b0, b1, b2, b3, b4, b5, b6, b7)),
+                          tl.maximum(_absmax8(c0, c1, c2, c3, c4, c5, c6, c7), _absmax8(d0, d1, d2, d3, d4, d5, d6, d7)))
+        p = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -113), 127)
+        f = _pow2(14 - p)
+        a04, a15, a26, a37 = _x_word_pairs(a0, a1, a2, a3, a4, a5, a6, a7, f, ASM)
+        b04, b15, b26, b37 = _x_word_pairs(b0, b1, b2, b3, b4, b5, b6, b7, f, ASM)
+        c04, c15, c26, c37 = _x_word_pairs(c0, c1, c2, c3, c4, c5, c6, c7, f, ASM)
+        d04, d15, d26, d37 = _x_word_pairs(d0, d1, d2, d3, d4, d5, d6, d7, f, ASM)
+        return (_join4(a04, b04, c04, d04), _join4(a15, b15, c15, d15), _join4(a26, b26, c26, d26),
+                _join4(a37, b37, c37, d37), _pow2_wide(p - 14))
+
+    @triton.jit
+    def _mx_gemv_elem_f16x2_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+        N, K, KB, KB_PER_SPLIT,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
+        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
+        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    ):
+        """_mx_gemv_f16x2_kernel without exchanges between threads in the K loop (loop="elementwise"):
+        the threads lie along the blocks and hold rows, each makes the x' of its own blocks once per
+        step for all its rows (_gemv_x_pairs_in_thread), and the block sums are those of
+        _gemv_block_sums_f16x2 (the same numerics)."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_s = tl.program_id(2)
+        HALF: tl.constexpr = BLOCK_N // 2
+        offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
+        offs_b = offs_a + HALF
+        a_ok = offs_a < N
+        b_ok = offs_b < N
+        g = tl.arange(0, GROUPS)
+        kb_lo = pid_s * KB_PER_SPLIT
+
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        qa = q_ptr + offs_a.to(tl.int64)[:, None] * stride_qn
+        qb = q_ptr + offs_b.to(tl.int64)[:, None] * stride_qn
+        sa = s_ptr + offs_a.to(tl.int64)[:, None] * stride_sn
+        sb = s_ptr + offs_b.to(tl.int64)[:, None] * stride_sn
+        acc_a = tl.zeros([HALF, GROUPS], dtype=tl.float32)
+        acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
+        if PREFETCH:
+            kb = kb_lo + g
+            wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb, kb < KB, KB, GROUPS, ASM)
+            wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb, kb < KB, KB, GROUPS, ASM)
+        for it in range(0, ITERS):
+            kb = kb_lo + it * GROUPS + g
+            g_ok = kb < KB
+            x0, x1, x2, x3, xfac = _gemv_x_pairs_in_thread(x_row, kb, g_ok, K, ASM)
+            if PREFETCH:
+                kn = kb + GROUPS
+                n_ok = (kn < KB) & (it + 1 < ITERS)
+                wa_n, ea_n = _gemv_load_lanes(qa, sa, a_ok, kn, n_ok, KB, GROUPS, ASM)
+                wb_n, eb_n = _gemv_load_lanes(qb, sb, b_ok, kn, n_ok, KB, GROUPS, ASM)
+                acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
+                acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
+                wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
+            else:
+                wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb, g_ok, KB, GROUPS, ASM)
+                wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb, g_ok, KB, GROUPS, ASM)
+                acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
+                acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
+        ya = tl.sum(acc_a, axis=1) * 16384.0
+        yb = tl.sum(acc_b, axis=1) * 16384.0
+        _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+                       stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
+
+    @triton.jit
     def _mx_gemv_f16x2_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
         N, K, KB, KB_PER_SPLIT,
@@ -871,9 +986,6 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     if cfg.loop not in GEMV_LOOP:
         raise ValueError(f"GemvConfig.loop={cfg.loop!r}: use one of {GEMV_LOOP}")
     elementwise = cfg.loop == "elementwise"
-    if elementwise and cfg.accumulate != "f32":
-        raise ValueError(f"GemvConfig(loop='elementwise') is an fp32 loop: set accumulate='f32' "
-                         f"(got {cfg.accumulate!r}) or loop='block_sums'")
     if elementwise:
         x = _x_for_word_loads(x)
     m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
@@ -889,7 +1001,9 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
             x.stride(0), words.stride(0), scales.stride(0), out.stride(0), partial.stride(0), partial.stride(-2))
     meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
-    if cfg.accumulate == "f16x2":
+    if cfg.accumulate == "f16x2" and elementwise:
+        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+    elif cfg.accumulate == "f16x2":
         _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     elif elementwise:
         _mx_gemv_elem_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
@@ -912,8 +1026,8 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
         raise ValueError(f"accumulate={accumulate!r}: use one of {GEMV_ACCUMULATE}")
     if loop not in GEMV_LOOP:
         raise ValueError(f"loop={loop!r}: use one of {GEMV_LOOP}")
-    if loop == "elementwise" and (accumulate != "f32" or groups is None):
-        raise ValueError("loop='elementwise' bounds need accumulate='f32' and groups=<the config's groups>")
+    if loop == "elementwise" and accumulate == "f32" and groups is None:
+        raise ValueError("loop='elementwise' bounds with accumulate='f32' need groups=<the config's groups>")
     m, k = x.shape
     n, kb = scales.shape
     xd = torch.nn.functional.pad(x.double(), (0, kb * 32 - k))
@@ -936,7 +1050,7 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
     # (the default kernel's per-product sums are in units of the scale).
     big_scale = torch.exp2((e - 127).clamp(min=0).double()).amax(dim=1)  # [N]
     under32 = (2 * kb + 96) * 2.0**-136 * big_scale[None, :].expand(m, n)
-    if loop == "elementwise":
+    if loop == "elementwise" and accumulate == "f32":
         # Every product w' x is exact and every scale product exact (barring underflow); a term
         # passes through 7 chain additions, ITERS accumulator additions, a tree over 4 * groups
         # and S - 1 split additions (ITERS, S <= KB): depth <= 2 KB + 4 groups + 8.
@@ -949,7 +1063,9 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
         bound = gamma(32, u32) * abs_sum + g32 * (1 + gamma(32, u32)) * abs_sum + under32
     else:
         amax = xd.abs().reshape(m, kb, 32).amax(dim=2)
-        p = torch.floor(torch.log2(amax.clamp(min=2.0**-126))).clamp(-126, 127)
+        # _gemv_x_pairs_in_thread (loop="elementwise") clamps p at -113, _gemv_x_pairs at -126.
+        p_min = -113 if loop == "elementwise" else -126
+        p = torch.floor(torch.log2(amax.clamp(min=2.0**-126))).clamp(p_min, 127)
         block = torch.exp2(p)[:, None, :] * torch.exp2((e - 127).double())[None, :, :]  # [M, N, KB]
         under16 = 40 * 2.0**-25 * block.sum(dim=2)
         g6 = gamma(6, u16)

@@ -192,13 +192,6 @@ def check_gemv_elementwise():
     out = torch.full((3, 40), float("nan"), dtype=torch.bfloat16)
     mx_gemv(x, wq.codes, wq.scales, 80, bias, out, GemvConfig(block_n=16, groups=2, split_k=2, loop="elementwise"))
     assert _rel_err(out, _reference(x, wq, bias, None)) < 2.0**-7
-    # A loop form that needs the fp32 accumulation refuses the packed one.
-    try:
-        mx_gemv(x, wq.codes, wq.scales, 80, None, torch.empty(3, 40),
-                GemvConfig(accumulate="f16x2", loop="elementwise"))
-        raise AssertionError("accumulate='f16x2' with loop='elementwise' was accepted")
-    except ValueError:
-        pass
     print(f"gemv elementwise ok (largest error / bound {max(ratios):.2e})")
 
 
@@ -224,6 +217,50 @@ def check_gemv_elementwise_extreme_x():
     assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
     assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
     print(f"gemv elementwise extreme x ok (largest error / bound {max(ratios):.2e})")
+
+
+def check_gemv_elementwise_f16x2():
+    """accumulate="f16x2" with loop="elementwise" (_mx_gemv_elem_f16x2_kernel) within the f16x2 bound:
+    M = 1, 2, 3, 8, odd N, K ragged (80, 77 and 203 through the padded x copy, 1000), 1 to 4 splits
+    (ragged last), prefetch, both reductions, bias; the extreme rows of _extreme_x (huge, tiny, mixed,
+    zero, NaN) and a NaN weight block; its error is the packed path's (> 1e-5, the fp32 kernels' < 1e-6)."""
+    from dataclasses import replace
+
+    ratios = []
+    for m, n, k, cfg, b_ in [(1, 40, 96, GemvConfig(block_n=16, groups=2, split_k=1), False),
+                             (2, 33, 80, GemvConfig(block_n=32, groups=2, split_k=2), True),
+                             (8, 40, 224, GemvConfig(block_n=32, groups=2, split_k=3, prefetch=True), False),
+                             (3, 24, 1000, GemvConfig(block_n=32, groups=4, split_k=4, prefetch=True,
+                                                      reduce="in_kernel"), True),
+                             (3, 40, 77, GemvConfig(block_n=16, groups=1, split_k=3, prefetch=True), True),
+                             (1, 24, 203, GemvConfig(block_n=64, groups=8, split_k=1, num_warps=2), True)]:
+        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 19)
+        b = bias if b_ else None
+        ew = replace(cfg, accumulate="f16x2", loop="elementwise")
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, ew)
+        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", (m, n, k, ew), "elementwise"))
+        assert _rel_err(out, _reference(x, wq, b, None)) > 1e-5, (m, n, k)
+    m, n, k = 8, 40, 224
+    x, wq, bias = _problem(m, n, k, seed=11)
+    x = _extreme_x(m, k, x)
+    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3), None),
+                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True), bias)):
+        ew = replace(cfg, accumulate="f16x2", loop="elementwise")
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, ew)
+        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", ew, "elementwise"))
+        assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
+        assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
+    w = wq.dequantize(torch.float32)
+    w[3, 40] = float("nan")
+    wq = quantize_mx(w, "fp4_e2m1")
+    out = torch.zeros(m, n)
+    mx_gemv(x, wq.codes, wq.scales, k, None, out,
+            GemvConfig(block_n=16, groups=2, split_k=2, accumulate="f16x2", loop="elementwise"))
+    assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
+    assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
+    print(f"gemv elementwise f16x2 ok (largest error / bound {max(ratios):.3f})")
 
 
 def _rotated_split_order(shift: int):

@@ -37,7 +37,7 @@ INT_ARGS = ("N", "K", "KB", "KB_PER_SPLIT", "stride_xm", "stride_qn", "stride_sn
 def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = False, loop: str = "block_sums"):
     """The split-K GEMV kernel compiled for sm_90 with the given constexprs (bf16 output)."""
     if accumulate == "f16x2":
-        fn = tm._mx_gemv_f16x2_kernel
+        fn = tm._mx_gemv_elem_f16x2_kernel if loop == "elementwise" else tm._mx_gemv_f16x2_kernel
     else:
         fn = tm._mx_gemv_elem_kernel if loop == "elementwise" else tm._mx_gemv_kernel
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16" if bias else "*u8",
