@@ -43,9 +43,12 @@ from kernels.mx.triton_matmul import (
 SHAPES = {"dense_7168": (7168, 7168), "expert_gate_up": (3584, 3072), "expert_down": (3072, 3584)}  # (K, N)
 MS = (1, 8, 16, 4096)
 
-# (block_n, groups, num_warps, programs per SM (0 = no split), prefetch) for M = 1.
-GEMV_SWEEP = [(32, 8, 4, 7, False), (32, 8, 4, 7, True), (32, 4, 4, 7, True), (32, 8, 4, 8, False),
-              (32, 8, 4, 8, True), (32, 4, 4, 7, False), (32, 8, 4, 14, True), (32, 8, 4, 0, False)]
+# GemvConfig fields plus per_sm (programs per SM, 0 = no split) for M = 1: the default's two tiles
+# and session 3's default (fp32 block sums), for comparison (docs/log/mx.md).
+GEMV_SWEEP = [dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True, accumulate="f16x2", loop="elementwise"),
+              dict(block_n=16, groups=32, num_warps=4, per_sm=7, prefetch=True, accumulate="f16x2", loop="elementwise"),
+              dict(block_n=32, groups=32, num_warps=4, per_sm=7, accumulate="f16x2", loop="elementwise"),
+              dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True)]
 # (block_m, block_n, groups, num_warps, num_stages, programs per SM) for M = 8, 16.
 GEMM_SMALL_SWEEP = [(16, 128, 2, 4, 3, 4), (16, 128, 4, 4, 3, 4), (16, 64, 4, 4, 3, 4)]
 # The fused kernel at M = 4096, for comparison with the default (Triton dequant + cuBLAS).
@@ -54,9 +57,10 @@ GEMM_LARGE_SWEEP = [(128, 128, 2, 8, 3)]
 
 def sweep_configs(m: int, k: int, n: int, sms: int, dev):
     if m == 1:
-        for bn, g, w, per_sm, pf in GEMV_SWEEP:
-            split = _splits_for(-(-n // bn), k, g, per_sm, sms) if per_sm else 1
-            yield "gemv", GemvConfig(bn, g, split, w, pf)
+        for spec in GEMV_SWEEP:
+            fields = {key: v for key, v in spec.items() if key != "per_sm"}
+            split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms) if spec["per_sm"] else 1
+            yield "gemv", GemvConfig(split_k=split, **fields)
     elif m <= 16:
         for bm, bn, g, w, st, per_sm in GEMM_SMALL_SWEEP:
             yield "gemm", GemmConfig(bm, bn, g, _splits_for(-(-n // bn), k, g, per_sm, sms), w, st)

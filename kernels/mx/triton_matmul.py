@@ -92,6 +92,7 @@ only the accumulation order differs from the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -896,11 +897,17 @@ def _splits_for(n_tiles: int, k: int, groups: int, per_sm: int, sms: int) -> int
 
 
 def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
-    """The fastest M = 1 config on the H200 for all three benchmark shapes (2026-11-29, third run in
-    docs/log/mx.md): 32 rows x 8 blocks per step, register prefetch, ~14 programs per SM."""
-    cfg = GemvConfig(block_n=32, groups=8, num_warps=4, prefetch=True)
-    split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 14, _sm_count(device))
-    return GemvConfig(cfg.block_n, cfg.groups, split, cfg.num_warps, cfg.prefetch)
+    """The fastest M = 1 config measured on the H200 (2026-11-29, session 4, docs/log/mx.md): packed-fp16
+    block sums with the threads along 32 blocks of K (loop="elementwise"), register prefetch, about 7
+    programs per SM, the two-kernel split-K reduction (the in-kernel one was no faster for the dense
+    shape and needs launches not to overlap). 64 rows per program over 8 warps for large weights
+    (7168^2: 12.5 us, 2.66x bf16), 16 rows over 4 warps for the expert-sized ones (more programs)."""
+    if n * k >= 1 << 25:
+        cfg = GemvConfig(block_n=64, groups=32, num_warps=8, prefetch=True, accumulate="f16x2", loop="elementwise")
+    else:
+        cfg = GemvConfig(block_n=16, groups=32, num_warps=4, prefetch=True, accumulate="f16x2", loop="elementwise")
+    split = _splits_for(-(-n // cfg.block_n), k, cfg.groups, 7, _sm_count(device))
+    return dataclasses.replace(cfg, split_k=split)
 
 
 def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
