@@ -460,12 +460,12 @@ if triton is not None:
         return (part * xfac[None, :]) * _e8m0_to_f32(e.to(tl.int32))
 
     @triton.jit
-    def _gemv_load_lanes(q_rows, s_rows, n_ok, kb, g_ok, KB, GROUPS: tl.constexpr, ASM: tl.constexpr):
-        """_gemv_load for _mx_gemv_elem_f16x2_kernel: the words are loaded as one row-contiguous
-        [R, GROUPS * 4] tile (q_rows [R, 1]), so that Triton's coalescing gives each thread the 16 bytes
-        of one block and puts the threads along the blocks, the rows inside the threads; the scale
-        bytes are loaded in that layout by _ld_scale."""
-        kw = tl.min(kb, axis=0) * 4 + tl.arange(0, GROUPS * 4)
+    def _gemv_load_lanes(q_rows, s_rows, n_ok, kb0, kb, g_ok, KB, GROUPS: tl.constexpr, ASM: tl.constexpr):
+        """_gemv_load for _mx_gemv_elem_f16x2_kernel (kb = kb0 + arange(GROUPS)): the words are loaded
+        as one row-contiguous [R, GROUPS * 4] tile (q_rows [R, 1]), so that Triton's coalescing gives
+        each thread the 16 bytes of one block and puts the threads along the blocks, the rows inside
+        the threads; the scale bytes are loaded in that layout by _ld_scale."""
+        kw = kb0 * 4 + tl.arange(0, GROUPS * 4)
         words = tl.load(q_rows + kw[None, :], mask=n_ok[:, None] & (kw < KB * 4)[None, :], other=0)
         words = tl.reshape(words, [words.shape[0], GROUPS, 4])
         e = _ld_scale(s_rows + kb[None, :], n_ok[:, None] & g_ok[None, :], ASM)
@@ -550,23 +550,24 @@ if triton is not None:
         acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
         if PREFETCH:
             kb = kb_lo + g
-            wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb, kb < KB, KB, GROUPS, ASM)
-            wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb, kb < KB, KB, GROUPS, ASM)
+            wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb_lo, kb, kb < KB, KB, GROUPS, ASM)
+            wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb_lo, kb, kb < KB, KB, GROUPS, ASM)
         for it in range(0, ITERS):
-            kb = kb_lo + it * GROUPS + g
+            kb0 = kb_lo + it * GROUPS
+            kb = kb0 + g
             g_ok = kb < KB
             x0, x1, x2, x3, xfac = _gemv_x_pairs_in_thread(x_row, kb, g_ok, K, ASM)
             if PREFETCH:
                 kn = kb + GROUPS
                 n_ok = (kn < KB) & (it + 1 < ITERS)
-                wa_n, ea_n = _gemv_load_lanes(qa, sa, a_ok, kn, n_ok, KB, GROUPS, ASM)
-                wb_n, eb_n = _gemv_load_lanes(qb, sb, b_ok, kn, n_ok, KB, GROUPS, ASM)
+                wa_n, ea_n = _gemv_load_lanes(qa, sa, a_ok, kb0 + GROUPS, kn, n_ok, KB, GROUPS, ASM)
+                wb_n, eb_n = _gemv_load_lanes(qb, sb, b_ok, kb0 + GROUPS, kn, n_ok, KB, GROUPS, ASM)
                 acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
                 acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
                 wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
             else:
-                wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb, g_ok, KB, GROUPS, ASM)
-                wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb, g_ok, KB, GROUPS, ASM)
+                wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb0, kb, g_ok, KB, GROUPS, ASM)
+                wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb0, kb, g_ok, KB, GROUPS, ASM)
                 acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
                 acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
         ya = tl.sum(acc_a, axis=1) * 16384.0
