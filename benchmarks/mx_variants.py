@@ -53,17 +53,16 @@ VARIANTS = {
     # threads along GROUPS = 32 blocks, rows inside the threads, x' made once per thread per step for
     # all its rows; sm_90 SASS 3.4-4.1 instructions per weight value, no barrier (the default: 5.9).
     # "split_k" fixes the splits (1: the whole K in one program, one launch); "per_sm" sets them.
+    "default_nopdl": dict(from_default=True, pdl=False),
     "lx_bn32_w4_sm7": dict(block_n=32, groups=32, num_warps=4, per_sm=7),
-    "lx_bn16_w4_sm7_prefetch": dict(block_n=16, groups=32, num_warps=4, per_sm=7, prefetch=True),
-    # The whole K of a row tile in one or two steps, threads and warps along the blocks, one launch.
-    "lx_bn8_g256_w8_s1": dict(block_n=8, groups=256, num_warps=8, split_k=1),
-    "lx_bn16_g256_w8_s1": dict(block_n=16, groups=256, num_warps=8, split_k=1),
-    "lx_bn8_g128_w4_s1": dict(block_n=8, groups=128, num_warps=4, split_k=1),
+    "lx_bn32_w4_sm14": dict(block_n=32, groups=32, num_warps=4, per_sm=14),
+    "lx_bn64_w8_sm4_prefetch": dict(block_n=64, groups=32, num_warps=8, per_sm=4, prefetch=True),
+    "lx_bn64_w8_sm14_prefetch": dict(block_n=64, groups=32, num_warps=8, per_sm=14, prefetch=True),
+    "lx_bn64_w8_sm7_prefetch_nopdl": dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True, pdl=False),
     "lx_bn8_g128_w4_s1_prefetch": dict(block_n=8, groups=128, num_warps=4, split_k=1, prefetch=True),
     "lx_bn16_g128_w4_s1": dict(block_n=16, groups=128, num_warps=4, split_k=1),
-    "lx_bn8_g64_w2_s1_prefetch": dict(block_n=8, groups=64, num_warps=2, split_k=1, prefetch=True),
-    "lx_bn8_g256_w8_s2": dict(block_n=8, groups=256, num_warps=8, split_k=2),
-    "lx_bn4_g256_w8_s1": dict(block_n=4, groups=256, num_warps=8, split_k=1),
+    "lx_bn16_g128_w4_s2": dict(block_n=16, groups=128, num_warps=4, split_k=2),
+    "lx_bn16_g256_w8_s1": dict(block_n=16, groups=256, num_warps=8, split_k=1),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
@@ -81,6 +80,9 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     spec = VARIANTS[name]
     if spec is None:
         return default_gemv_config(n, k, dev)
+    if spec.get("from_default"):
+        return dataclasses.replace(default_gemv_config(n, k, dev),
+                                   **{key: v for key, v in spec.items() if key != "from_default"})
     fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
     fields.setdefault("accumulate", "f16x2")
     fields.setdefault("loop", "elementwise")
@@ -157,19 +159,28 @@ def time_variant(name: str, dev, sms: int, l2: int, emit) -> None:
     for shape, (k, n) in SHAPES.items():
         _, wq0 = _make_problem(1, k, n, dev, seed=k + n)
         mx_bytes_w = n * k // 2 + n * k // 32
-        mx_ws = [wq0] + [dataclasses.replace(wq0, codes=wq0.codes.clone(), scales=wq0.scales.clone())
-                         for _ in range(_copies(mx_bytes_w, l2) - 1)]
+        # Copy i has every block scale times 2^(i % 4): the same work, but outputs that differ from
+        # call to call, so a call that read another call's split-K partials would show (below).
+        mx_ws = [wq0] + [dataclasses.replace(wq0, codes=wq0.codes.clone(), scales=wq0.scales + i % 4)
+                         for i in range(1, _copies(mx_bytes_w, l2))]
         w_bf16 = wq0.dequantize(torch.bfloat16)
         bf_ws = [w_bf16] + [w_bf16.clone() for _ in range(_copies(2 * n * k, l2) - 1)]
         cfg = variant_config(name, k, n, dev, sms)
+        plain = dataclasses.replace(cfg, pdl=False, reduce="separate")
         for m in TIME_MS:
             x, _ = _make_problem(m, k, 32, dev, seed=m + k + n)
             outs = [torch.empty(m, n, device=dev, dtype=torch.bfloat16) for _ in mx_ws]
             t_bf = time_calls([lambda w=w: torch.matmul(x, w.t()) for w in bf_ws])
             t_mx = time_calls([lambda w=w, o=o: mx_gemv(x, w.codes, w.scales, k, None, o, cfg)
                                for w, o in zip(mx_ws, outs)])
+            # Every output of the graph replays has the bits of an eager call without programmatic
+            # dependent launch or in-kernel reduction (each call's reduction read its own partials).
+            replayed_ok = all(_same_bits(o, mx_gemv(x, w.codes, w.scales, k, None, torch.empty_like(o), plain))
+                              for w, o in zip(mx_ws, outs))
+            if not replayed_ok:
+                raise AssertionError(f"{name} {shape} M={m}: graph-replayed outputs differ from eager calls")
             io = m * k * 2 + m * n * 2
-            emit({"shape": shape, "K": k, "N": n, "M": m, "config": dataclasses.asdict(cfg),
+            emit({"replayed_outputs_match_eager": replayed_ok, "shape": shape, "K": k, "N": n, "M": m, "config": dataclasses.asdict(cfg),
                   "splits": _split_plan(-(-k // 32), cfg.groups, cfg.split_k)[1],
                   "us": round(t_mx * 1e3, 2), "bf16_us": round(t_bf * 1e3, 2),
                   "speedup_vs_bf16": round(t_bf / t_mx, 3),
