@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from benchmarks.mx import _copies, _make_problem, env_info, time_calls
+from benchmarks.mx import SHAPES, _copies, _make_problem, env_info, time_calls
 from kernels.mx.triton_matmul import (
     _reduce_splits, _sm_count, _split_plan, default_gemv_config, interpreter_enabled, mx_gemv,
 )
@@ -136,6 +136,16 @@ def main(argv=None) -> int:
         wl = [w.codes.view(torch.int32).reshape(-1) for w in wqs]
         record(f"stream programs={c[0]} block={c[1]} warps={c[2]}",
                time_calls([lambda w=w: stream_read(w, sink, *c) for w in wl]), codes.numel())
+    # The floors for the expert-sized weights (benchmarks/mx.py SHAPES): a streaming read of their
+    # codes at the best stream configs above, and a launch that reads almost nothing.
+    for shape, (ks, ns) in (() if args.smoke else SHAPES.items()):
+        ws = [torch.randint(-2**31, 2**31 - 1, (ns * ks // 8,), device=dev, dtype=torch.int32)
+              for _ in range(_copies(ns * ks // 2, l2))]
+        for c in ((sms * 4, 4096, 8), (sms * 8, 4096, 8), (sms * 2, 2048, 4)):
+            record(f"stream {shape} programs={c[0]} block={c[1]} warps={c[2]}",
+                   time_calls([lambda w=w: stream_read(w, sink, *c) for w in ws]), ns * ks // 2)
+    tiny = torch.zeros(8, device=dev, dtype=torch.int32)
+    record("launch floor (one program, 8 words)", time_calls([lambda: stream_read(tiny, sink, 1, 64, 2)] * 8), 32)
     for name, nn in (("bf16 matmul M=1 same bytes (N=1904)", 1904 if not args.smoke else 64), ("bf16 matmul M=1 7168^2", n)):
         wb = [torch.randn(nn, k, device=dev, dtype=torch.bfloat16) for _ in range(_copies(nn * k * 2, l2))]
         record(name, time_calls([lambda w=w: torch.matmul(x, w.t()) for w in wb]), nn * k * 2)

@@ -104,7 +104,6 @@ from .formats import SCALE_ROUNDINGS, get_format
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # the library must import with torch alone (DESIGN.md §7)
     triton = None
     tl = None
@@ -526,16 +525,11 @@ if triton is not None:
         stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
         ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
-        PDL: tl.constexpr = False,
     ):
         """_mx_gemv_f16x2_kernel without exchanges between threads in the K loop (loop="elementwise"):
         the threads lie along the blocks and hold rows, each makes the x' of its own blocks once per
         step for all its rows (_gemv_x_pairs_in_thread), and the block sums are those of
         _gemv_block_sums_f16x2 (the same numerics)."""
-        if PDL:
-            # The split-K reduction is launched as a programmatic dependent (GemvConfig.pdl): let it
-            # be scheduled now; it waits for this whole grid before it reads (gdc_wait).
-            gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
@@ -822,13 +816,7 @@ if triton is not None:
 
     @triton.jit
     def _splitk_reduce_kernel(p_ptr, bias_ptr, y_ptr, N, stride_ps, stride_pm, stride_ym,
-                              S: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                              PDL: tl.constexpr = False):
-        """y = sum over s of p[s] (+ bias). PDL: launched as a programmatic dependent of the GEMV
-        (GemvConfig.pdl), so it waits here (griddepcontrol.wait: the GEMV grid has completed and
-        its writes are visible) before reading the partials."""
-        if PDL:
-            gdc_wait()
+                              S: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         m = tl.program_id(1).to(tl.int64)
         n_ok = offs_n < N
@@ -864,10 +852,6 @@ class GemvConfig:
     # in the weight words' own layout, loads x per thread, and reduces once after the loop (no
     # barrier or shared memory in the loop; module docstring, "Numerics of loop").
     loop: str = "block_sums"
-    # reduce="separate" on Hopper or later: launch the reduction kernel with programmatic dependent
-    # launch, so that its launch overlaps the GEMV's last programs (the GEMV signals early with
-    # griddepcontrol.launch_dependents; the reduction waits for the GEMV grid before reading).
-    pdl: bool = True
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
@@ -917,7 +901,7 @@ def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
     """The fastest M = 1 config measured on the H200 (2026-11-29, session 4, docs/log/mx.md): packed-fp16
     block sums with the threads along 32 blocks of K (loop="elementwise"), register prefetch, about 7
     programs per SM, the two-kernel split-K reduction (the in-kernel one was no faster for the dense
-    shape and needs launches not to overlap), launched as a programmatic dependent (pdl). Large
+    shape and needs launches not to overlap). Large
     weights: 64 rows per program over 8 warps, 32 blocks per step (7168^2: 12.5-13.5 us, 2.5-2.7x
     bf16). Expert-sized ones: 16 rows over 4 warps, 128 blocks per step, which is the whole K of the
     k3 experts, so one program per row tile and no reduction (3584 -> 3072: 5.3 us, 2.0x)."""
@@ -944,20 +928,13 @@ def _dot_dtype():
     return tl.float32 if interpreter_enabled() else tl.bfloat16
 
 
-def _pdl_available(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA on Hopper or later, not the interpreter."""
-    return (device.type == "cuda" and not interpreter_enabled()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, pdl: bool = False) -> None:
+def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     s, m, n = partial.shape
     block = 256
-    extra = dict(PDL=True, launch_pdl=True) if pdl else {}
     _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
         partial, bias if bias is not None else partial, out, n,
         partial.stride(0), partial.stride(1), out.stride(0),
-        S=s, HAS_BIAS=bias is not None, BLOCK_N=block, **extra,
+        S=s, HAS_BIAS=bias is not None, BLOCK_N=block,
     )
 
 
@@ -1034,9 +1011,8 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
             x.stride(0), words.stride(0), scales.stride(0), out.stride(0), partial.stride(0), partial.stride(-2))
     meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
-    pdl = cfg.pdl and reduce == 1 and _pdl_available(x.device)
     if cfg.accumulate == "f16x2" and elementwise:
-        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled(), PDL=pdl)
+        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     elif cfg.accumulate == "f16x2":
         _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     elif elementwise:
@@ -1044,7 +1020,7 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     else:
         _mx_gemv_kernel[grid](*args, **meta)
     if reduce == 1:
-        _reduce_splits(partial, bias, out, pdl)
+        _reduce_splits(partial, bias, out)
     return out
 
 
