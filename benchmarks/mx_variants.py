@@ -53,10 +53,15 @@ VARIANTS = {
     # threads along GROUPS = 32 blocks, rows inside the threads, x' made once per thread per step for
     # all its rows; sm_90 SASS 3.4-4.1 instructions per weight value, no barrier (the default: 5.9).
     # "split_k" fixes the splits (1: the whole K in one program, one launch); "per_sm" sets them.
-    "lx_bn32_w4_sm7": dict(block_n=32, groups=32, num_warps=4, per_sm=7),
-    "lx_bn64_w8_sm14_prefetch": dict(block_n=64, groups=32, num_warps=8, per_sm=14, prefetch=True),
-    "lx_bn8_g128_w4_s1_prefetch": dict(block_n=8, groups=128, num_warps=4, split_k=1, prefetch=True),
-    "lx_bn16_g128_w4_s2": dict(block_n=16, groups=128, num_warps=4, split_k=2),
+    "lx_bn64_w8_sm7_prefetch": dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True),
+    "lx_bn128_w8_sm7": dict(block_n=128, groups=32, num_warps=8, per_sm=7),
+    "lx_bn128_w8_sm14": dict(block_n=128, groups=32, num_warps=8, per_sm=14),
+    # Expert-sized weights: more, smaller programs over the whole K (one launch).
+    "lx_bn8_g128_w4_s1": dict(block_n=8, groups=128, num_warps=4, split_k=1),
+    "lx_bn8_g128_w8_s1": dict(block_n=8, groups=128, num_warps=8, split_k=1),
+    "lx_bn4_g128_w4_s1": dict(block_n=4, groups=128, num_warps=4, split_k=1),
+    "lx_bn16_g128_w8_s1": dict(block_n=16, groups=128, num_warps=8, split_k=1),
+    "lx_bn8_g64_w4_s2": dict(block_n=8, groups=64, num_warps=4, split_k=2),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
