@@ -70,9 +70,8 @@ VARIANTS = {
     "subst_w8": {"prep_pairs_warps": 8, "prep_solve_warps": 8},
     "subst_combined_mixed": {"inverse_precision": "tf32", "prep_pairs_warps": 8, "prep_solve_warps": 4,
                              "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
-    # Session 3's sweep timed _prep_pairs_kernel at 0.87 ms with 4 warps ("default" then) and 1.29 ms
-    # with 8 (subst_combined_mixed, the default now): the default with the faster pairs launch. Each
-    # of its kernels ran in exactly this launch shape in a variant that passed on the H200.
+    # The default with the pairs kernel at 4 warps; measured in session 4 (fwd 2.19 vs 2.61 ms), it
+    # is the default now, and subst_combined_mixed keeps the 8-warp launch for comparison.
     "subst_combined_pairs4": {"prep_pairs_warps": 4},
     # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
     "bwd_split_w4_bks16": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4,

@@ -826,10 +826,11 @@ def _bwd_pairs_kernel(
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """Launch shapes and kernel variants (benchmarks/kda.py and benchmarks/kda_variants.py sweep
-    them). The defaults are the fastest correct variant of the H200 sweep of 2026-11-29 (session 3,
-    `subst_combined_mixed`: split prep with the substitution inverse in one tf32 pass, split backward;
-    8.35 ms forward+backward at (8, 4096, 16, 128) against 10.78 ms for `FUSED_DOUBLING`;
-    benchmarks/results/kda_variants_h200.json, docs/log/kda.md)."""
+    them). The defaults are the fastest correct variant of the H200 sweeps of 2026-11-29: split prep
+    with the substitution inverse in one tf32 pass (the pairs kernel at 4 warps, session 4's
+    `subst_combined_pairs4`: forward 2.19 vs 2.61 ms with 8), split backward; 7.92 ms forward+backward
+    at (8, 4096, 16, 128) against 10.78 ms for `FUSED_DOUBLING` (benchmarks/results/
+    kda_variants_pairs4_h200.json, kda_variants_h200.json, docs/log/kda.md)."""
 
     # 4 warps miscompiles the fused prep kernel (H200, Triton 3.6); the split kernels are separate.
     prep_warps: int = 8
@@ -855,7 +856,7 @@ class TileConfig:
     # Prep as two kernels, fewer live registers each: G, QG, KG, γ, A_qk and β ⊙ A_kk (to fp32
     # scratch), then the inverse, W and U.
     prep_split: bool = True
-    prep_pairs_warps: int = 8
+    prep_pairs_warps: int = 4
     # With the doubling inverse, a 4-warp solve kernel gave dh0 74 % off on the H200 (Triton 3.6; the
     # session-3 sweep); the substitution solve at 4 warps passes every GPU test.
     prep_solve_warps: int = 4
