@@ -13,6 +13,9 @@ With the argument `ordering` (test_gemv_in_kernel_ptx.py) it prints, for reduce=
 PTX facts its memory ordering rests on (see _gemv_epilogue): partial stores, then bar.sync, then
 one atom.acq_rel.gpu, then the partial loads through L2 (.cg):
     python -m tests.kernels.mx.sass_checks ordering
+With the argument `default` (test_gemv_elementwise_sass.py) it prints the same facts for the K loops
+of default_gemv_config's two tiles (packed fp16, loop="elementwise"):
+    python -m tests.kernels.mx.sass_checks default
 """
 
 import json
@@ -23,6 +26,7 @@ import sys
 import tempfile
 from collections import Counter
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -110,6 +114,25 @@ def loop_report(full: bool = False) -> dict:
     return report
 
 
+def default_report() -> dict:
+    """The K loops of default_gemv_config's two tiles (7168^2 and a k3 expert's 3584 -> 3072): the
+    packed-fp16 elementwise kernel; barriers, shared-memory ops, packed FMAs, instructions per weight
+    value, registers and spills."""
+    report = {}
+    for n, k in ((7168, 7168), (3072, 3584)):
+        cfg = tm.default_gemv_config(n, k, torch.device("cpu"))
+        ops, values, regs, spill = gemv_loop(cfg.accumulate, block_n=cfg.block_n, groups=cfg.groups,
+                                             num_warps=cfg.num_warps, prefetch=cfg.prefetch, loop=cfg.loop,
+                                             spills=True)
+        report[f"{n}x{k}"] = {
+            "config": {"accumulate": cfg.accumulate, "loop": cfg.loop, "block_n": cfg.block_n,
+                       "groups": cfg.groups, "num_warps": cfg.num_warps, "prefetch": cfg.prefetch},
+            **block_sync_ops(ops), "hfma2": sum(op.split(".")[0] == "HFMA2" for op in ops),
+            "loop_instructions": len(ops), "values_per_thread": values,
+            "per_value": round(len(ops) / values, 2), "registers": regs, **spill}
+    return report
+
+
 def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
     """PTX facts of reduce="in_kernel" (REDUCE = 2) at the default tile, with a bias."""
     const = dict(ITERS=4, SPLITS=splits, REDUCE=2, BLOCK_N=32, GROUPS=8, PREFETCH=True)
@@ -137,6 +160,9 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
 def main() -> int:
     if sys.argv[1:2] == ["loops"]:
         print(json.dumps(loop_report(full=sys.argv[2:] == ["all"])))
+        return 0
+    if sys.argv[1:] == ["default"]:
+        print(json.dumps(default_report()))
         return 0
     if sys.argv[1:] == ["ordering"]:
         print(json.dumps({acc: in_kernel_ordering(acc) for acc in ("f32", "f16x2")}))
