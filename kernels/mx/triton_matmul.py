@@ -16,15 +16,22 @@ code per operation (docs/log/mx.md). The 2^14 is applied once per output. The E8
 from its bits: fp32 bits E << 23 is 2^(E-127); E = 0 and 0xFF get mantissa 0x400000 (2^-127, NaN).
 
 Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
-- _mx_gemv_kernel (decode, M <= GEMV_MAX_M): CUDA cores; one program per (BLOCK_N rows of W, row
-  of x, K split); each 32-block's dot product is summed before its scale is applied; two row
+- _mx_gemv_elem_f16x2_kernel (decode, M <= GEMV_MAX_M; the default, default_gemv_config;
+  GemvConfig(accumulate="f16x2", loop="elementwise")): the packed-fp16 block sums of
+  _mx_gemv_f16x2_kernel (same numerics, "Numerics" below) with the threads along the 32-blocks of K
+  and the rows inside each thread: each thread loads the x of its blocks and makes their fp16 pairs
+  once per step for all its rows, and nothing crosses threads in the K loop (sm_90: 3.1-3.5
+  instructions per weight value, no barrier; 7168^2 at M = 1 in 12.5-13.5 us on the H200, 2.5-2.7x
+  bf16). Split-K and the reductions as below.
+- _mx_gemv_kernel (GemvConfig(accumulate="f32"), the default until 2026-11-29): CUDA cores; one
+  program per (BLOCK_N rows of W, row of x, K split); each 32-block's dot product is summed before its scale is applied; two row
   halves share each converted x value; the next step's weights are loaded before this step's
   arithmetic; split-K fills the SMs (a 1 x 7168 x 7168 product runs as ~1600 programs) and
   _splitk_reduce_kernel sums the fp32 partials [S, M, N] in a fixed order (deterministic, unlike
   atomics). With GemvConfig(reduce="in_kernel") there is no second launch: each program writes its
   partial and bumps a per-(tile, row) counter (atomic, acq_rel), and the program that arrives last
   sums the partials in the same fixed order and writes the output (_gemv_epilogue; same bits).
-- _mx_gemv_f16x2_kernel (GemvConfig(accumulate="f16x2"); not a default): the GEMV with each
+- _mx_gemv_f16x2_kernel (GemvConfig(accumulate="f16x2", loop="block_sums")): the GEMV with each
   32-block's products accumulated in packed fp16 (fma.rn.f16x2 on the decoded code pairs) instead of
   one fp16 -> fp32 conversion and one FFMA per value; "Numerics" below. On sm_90 (AOT-compiled, SASS
   counted; docs/log/mx.md) its loop takes 4.4 instructions per weight value at BLOCK_N = 32 and 3.9
@@ -839,18 +846,20 @@ class GemvConfig:
     split_k: int = 4      # programs along K (rounded so each holds a multiple of `groups` blocks)
     num_warps: int = 4
     prefetch: bool = False
-    # "f32": each product converted to fp32 and FFMA'd (the default); "f16x2": packed fp16 FMAs
-    # within each 32-block (module docstring, "Numerics"), for the instruction count.
+    # "f32": each product converted to fp32 and FFMA'd; "f16x2": packed fp16 FMAs within each
+    # 32-block (module docstring, "Numerics"), for the instruction count (default_gemv_config's).
     accumulate: str = "f32"
     # With more than one split: "separate" sums the fp32 partials in a second kernel
     # (_splitk_reduce_kernel); "in_kernel" has the last split program of each tile sum them
     # (_gemv_epilogue; one launch, same bits, counters from _split_counters).
     reduce: str = "separate"
-    # The K loop of accumulate="f32": "block_sums" (_mx_gemv_kernel) sums each 32-block across
+    # The K loop. accumulate="f32": "block_sums" (_mx_gemv_kernel) sums each 32-block across
     # threads every iteration (Triton converts layouts through shared memory: 4 bar.sync per
     # iteration on sm_90); "elementwise" (_mx_gemv_elem_kernel) keeps a per-word fp32 accumulator
     # in the weight words' own layout, loads x per thread, and reduces once after the loop (no
     # barrier or shared memory in the loop; module docstring, "Numerics of loop").
+    # accumulate="f16x2": "block_sums" is _mx_gemv_f16x2_kernel, "elementwise" is
+    # _mx_gemv_elem_f16x2_kernel (threads along the blocks, x' made per thread; the default).
     loop: str = "block_sums"
 
 
