@@ -16,6 +16,8 @@ one atom.acq_rel.gpu, then the partial loads through L2 (.cg):
 With the argument `default` (test_gemv_elementwise_sass.py) it prints the same facts for the K loops
 of default_gemv_config's two tiles (packed fp16, loop="elementwise"):
     python -m tests.kernels.mx.sass_checks default
+With `placement`: where the default kernel for a k3 expert weight issues its loads (docs/log/mx.md):
+    python -m tests.kernels.mx.sass_checks placement
 """
 
 import json
@@ -133,6 +135,28 @@ def default_report() -> dict:
     return report
 
 
+def load_placement(n: int = 3072, k: int = 3584) -> dict:
+    """Where default_gemv_config's kernel for an [n, k] weight issues its loads, in its sm_90 SASS
+    (one K step, no split): instruction positions of the weight loads (LDG.E.128), the x loads
+    (LDG.E.128.CONSTANT), the first and last packed FMA, and the kernel's length."""
+    cfg = tm.default_gemv_config(n, k, torch.device("cpu"))
+    const = dict(ITERS=1, SPLITS=1, REDUCE=0, BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch)
+    kernel = _compile_gemv(cfg.accumulate, const, cfg.num_warps, loop=cfg.loop)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]
+           for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass)]
+    fma = [i for i, op in enumerate(ops) if op == "HFMA2"]
+    return {"config": f"{cfg.block_n} rows x {cfg.groups} blocks, {cfg.num_warps} warps",
+            "instructions": len(ops), "weight_loads": [i for i, op in enumerate(ops) if op == "LDG.E.128"],
+            "x_loads": [i for i, op in enumerate(ops) if op == "LDG.E.128.CONSTANT"],
+            "first_packed_fma": fma[0] if fma else None, "last_packed_fma": fma[-1] if fma else None}
+
+
 def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
     """PTX facts of reduce="in_kernel" (REDUCE = 2) at the default tile, with a bias."""
     const = dict(ITERS=4, SPLITS=splits, REDUCE=2, BLOCK_N=32, GROUPS=8, PREFETCH=True)
@@ -160,6 +184,9 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
 def main() -> int:
     if sys.argv[1:2] == ["loops"]:
         print(json.dumps(loop_report(full=sys.argv[2:] == ["all"])))
+        return 0
+    if sys.argv[1:] == ["placement"]:
+        print(json.dumps(load_placement()))
         return 0
     if sys.argv[1:] == ["default"]:
         print(json.dumps(default_report()))
