@@ -234,7 +234,13 @@ def check_gemv_elementwise_f16x2():
                              (3, 24, 1000, GemvConfig(block_n=32, groups=4, split_k=4, prefetch=True,
                                                       reduce="in_kernel"), True),
                              (3, 40, 77, GemvConfig(block_n=16, groups=1, split_k=3, prefetch=True), True),
-                             (1, 24, 203, GemvConfig(block_n=64, groups=8, split_k=1, num_warps=2), True)]:
+                             (1, 24, 203, GemvConfig(block_n=64, groups=8, split_k=1, num_warps=2), True),
+                             # default_gemv_config's two tiles at small ragged shapes: 64 rows x 32
+                             # blocks over 8 warps with prefetch (3 splits of 32 blocks, the last
+                             # ragged), and 16 rows x 128 blocks over 4 warps (the whole K, masked).
+                             (2, 70, 2100, GemvConfig(block_n=64, groups=32, split_k=3, num_warps=8,
+                                                      prefetch=True), True),
+                             (4, 37, 1000, GemvConfig(block_n=16, groups=128, split_k=1), False)]:
         x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 19)
         b = bias if b_ else None
         ew = replace(cfg, accumulate="f16x2", loop="elementwise")
