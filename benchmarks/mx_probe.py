@@ -5,30 +5,31 @@
         python3 benchmarks/mx_probe.py --ncu          # one launch of each kernel, for the profiler
     TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/mx_probe.py --smoke --out /tmp/p.json  (CPU)
 
-The GEMV (kernels.mx, dense 7168 x 7168, 27.3 MB of codes and scales) reached 57-59 % of the copy
-bandwidth and 2.0x bf16 (docs/log/mx.md); neither fewer instructions (f16x2), nor one launch instead
-of two (in-kernel split-K), nor a loop without barriers (loop="elementwise") made it faster. This
-script measures, timed the way benchmarks/mx.py times (CUDA-graph replay over enough weight copies
+Written when the GEMV (kernels.mx, dense 7168 x 7168, 27.3 MB of codes and scales) was stuck at
+57-59 % of the copy bandwidth and 2.0x bf16, and neither fewer instructions (f16x2), one launch
+instead of two (in-kernel split-K) nor a loop without barriers made it faster; its ncu run showed an
+issue-bound kernel, which led to today's default (docs/log/mx.md, session 4). It measures, timed the way benchmarks/mx.py times (CUDA-graph replay over enough weight copies
 that every call reads from HBM):
 - stream: a plain Triton read of the same bytes (int32 words summed), one program per SM times a
   few, 16 bytes per thread per load: how fast 27.3 MB can be read at all by one kernel;
 - bf16 torch.matmul at M = 1 on a weight of the same byte count (K = 7168, N = 1904) and on 7168^2:
   what cuBLAS's GEMV reaches on that many bytes;
-- the GEMV's two kernels separately (the split-K kernel alone, then the reduction alone).
+- the default GEMV (both kernels), and the split-K reduction kernel alone;
+- the same streaming read on the expert shapes' codes, and a launch that reads 32 bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
+import numpy as np
 import torch
 
 from benchmarks.mx import SHAPES, _copies, _make_problem, env_info, time_calls
 from kernels.mx.triton_matmul import (
-    _reduce_splits, _sm_count, _split_plan, default_gemv_config, interpreter_enabled, mx_gemv,
+    _reduce_splits, _sm_count, _split_plan, default_gemv_config, mx_gemv,
 )
 
 try:
@@ -125,7 +126,6 @@ def main(argv=None) -> int:
     partials = [torch.empty((splits, 1, n), device=dev, dtype=torch.float32) for _ in wqs]
     record("gemv reduce kernel alone", time_calls([lambda p=p, o=o: _reduce_splits(p, None, o)
                                                    for p, o in zip(partials, outs)]), splits * n * 4 + n * 2)
-    import numpy as np
     want = np.bitwise_xor.reduce(words.cpu().numpy())
     for c in stream_cfgs:  # the probe must really read every word once
         sink.zero_()
