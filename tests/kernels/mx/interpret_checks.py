@@ -133,18 +133,37 @@ def check_gemv_f16x2():
 def check_gemv_f16x2_extreme_x():
     """Rows of x: normal; x 1e30; x 1e-30; blocks alternating 1e30 / 1e-30; one 1e30 among 1e-30s
     inside each block; zero; a NaN; bf16's largest normal exponents next to its smallest."""
+    worst = _check_extreme_rows([(GemvConfig(block_n=16, groups=2, split_k=3, accumulate="f16x2"), False),
+                                 (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, accumulate="f16x2"), True)],
+                                None, "f16x2")
+    print(f"gemv f16x2 extreme x ok (largest error / bound {worst:.3f})")
+
+
+def _check_extreme_rows(configs, nan_block_cfg, accumulate, loop="block_sums") -> float:
+    """The rows of _extreme_x (8 x 224, N = 40) through each (config, with bias): within the bound,
+    row 6 (a NaN) all NaN and no other row NaN, row 5 (zero) exactly the bias; then, with
+    nan_block_cfg, a NaN weight block makes its column NaN and nothing outside it and row 6.
+    Returns the largest error / bound."""
     m, n, k = 8, 40, 224
     x, wq, bias = _problem(m, n, k, seed=11)
     x = _extreme_x(m, k, x)
     ratios = []
-    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3, accumulate="f16x2"), None),
-                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, accumulate="f16x2"), bias)):
+    for cfg, with_bias in configs:
+        b = bias if with_bias else None
         out = torch.full((m, n), float("nan"))
         mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
-        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", cfg))
+        ratios.append(_check_within_bound(out, x, wq, b, accumulate, cfg, loop, cfg.groups))
         assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
         assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
-    print(f"gemv f16x2 extreme x ok (largest error / bound {max(ratios):.3f})")
+    if nan_block_cfg is not None:
+        w = wq.dequantize(torch.float32)
+        w[3, 40] = float("nan")
+        wq = quantize_mx(w, "fp4_e2m1")
+        out = torch.zeros(m, n)
+        mx_gemv(x, wq.codes, wq.scales, k, None, out, nan_block_cfg)
+        assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
+        assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
+    return max(ratios)
 
 
 def _extreme_x(m: int, k: int, x: torch.Tensor) -> torch.Tensor:
@@ -199,25 +218,10 @@ def check_gemv_elementwise():
 def check_gemv_elementwise_extreme_x():
     """loop="elementwise" with huge, tiny, mixed, zero and NaN rows of x (_extreme_x) and a NaN weight
     block: within the bound, NaN exactly where the reference is NaN."""
-    m, n, k = 8, 40, 224
-    x, wq, bias = _problem(m, n, k, seed=11)
-    x = _extreme_x(m, k, x)
-    ratios = []
-    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3, loop="elementwise"), None),
-                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, loop="elementwise"), bias)):
-        out = torch.full((m, n), float("nan"))
-        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
-        ratios.append(_check_within_bound(out, x, wq, b, "f32", cfg, "elementwise", cfg.groups))
-        assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
-        assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
-    w = wq.dequantize(torch.float32)
-    w[3, 40] = float("nan")
-    wq = quantize_mx(w, "fp4_e2m1")
-    out = torch.zeros(m, n)
-    mx_gemv(x, wq.codes, wq.scales, k, None, out, GemvConfig(block_n=16, groups=2, split_k=2, loop="elementwise"))
-    assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
-    assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
-    print(f"gemv elementwise extreme x ok (largest error / bound {max(ratios):.2e})")
+    worst = _check_extreme_rows([(GemvConfig(block_n=16, groups=2, split_k=3, loop="elementwise"), False),
+                                 (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, loop="elementwise"), True)],
+                                GemvConfig(block_n=16, groups=2, split_k=2, loop="elementwise"), "f32", "elementwise")
+    print(f"gemv elementwise extreme x ok (largest error / bound {worst:.2e})")
 
 
 def check_gemv_elementwise_f16x2():
@@ -248,25 +252,10 @@ def check_gemv_elementwise_f16x2():
         mx_gemv(x, wq.codes, wq.scales, k, b, out, ew)
         ratios.append(_check_within_bound(out, x, wq, b, "f16x2", (m, n, k, ew), "elementwise"))
         assert _rel_err(out, _reference(x, wq, b, None)) > 1e-5, (m, n, k)
-    m, n, k = 8, 40, 224
-    x, wq, bias = _problem(m, n, k, seed=11)
-    x = _extreme_x(m, k, x)
-    for cfg, b in ((GemvConfig(block_n=16, groups=2, split_k=3), None),
-                   (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True), bias)):
-        ew = replace(cfg, accumulate="f16x2", loop="elementwise")
-        out = torch.full((m, n), float("nan"))
-        mx_gemv(x, wq.codes, wq.scales, k, b, out, ew)
-        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", ew, "elementwise"))
-        assert torch.isnan(out[6]).all() and not torch.isnan(out[torch.arange(m) != 6]).any()
-        assert torch.equal(out[5], torch.zeros(n) if b is None else b.float())
-    w = wq.dequantize(torch.float32)
-    w[3, 40] = float("nan")
-    wq = quantize_mx(w, "fp4_e2m1")
-    out = torch.zeros(m, n)
-    mx_gemv(x, wq.codes, wq.scales, k, None, out,
-            GemvConfig(block_n=16, groups=2, split_k=2, accumulate="f16x2", loop="elementwise"))
-    assert torch.isnan(out[:, 3]).all() and torch.isnan(out[6]).all()
-    assert torch.isfinite(out[torch.arange(m) != 6][:, torch.arange(n) != 3]).all()
+    packed = dict(accumulate="f16x2", loop="elementwise")
+    ratios.append(_check_extreme_rows([(GemvConfig(block_n=16, groups=2, split_k=3, **packed), False),
+                                       (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, **packed), True)],
+                                      GemvConfig(block_n=16, groups=2, split_k=2, **packed), "f16x2", "elementwise"))
     print(f"gemv elementwise f16x2 ok (largest error / bound {max(ratios):.3f})")
 
 

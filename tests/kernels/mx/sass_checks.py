@@ -60,20 +60,22 @@ def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = Fal
                           options={"num_warps": num_warps})
 
 
+def _sass_and_resources(kernel) -> tuple[str, str]:
+    """cuobjdump's SASS listing and resource usage (registers, stack) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return tuple(subprocess.run([os.path.join(BIN, "cuobjdump"), flag, path], capture_output=True, text=True,
+                                    check=True).stdout for flag in ("-sass", "-res-usage"))
+
+
 def gemv_loop(accumulate: str, block_n: int = 32, groups: int = 8, num_warps: int = 4, prefetch: bool = True,
               loop: str = "block_sums", spills: bool = False):
     """SASS opcodes of the K loop of the split-K GEMV kernel compiled for sm_90, and its registers;
     with spills=True also the local-memory (spill) instructions of the whole kernel and its stack bytes."""
     const = dict(ITERS=4, SPLITS=4, REDUCE=1, BLOCK_N=block_n, GROUPS=groups, PREFETCH=prefetch)
-    kernel = _compile_gemv(accumulate, const, num_warps, loop=loop)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True, text=True,
-                             check=True).stdout
+    sass, res = _sass_and_resources(_compile_gemv(accumulate, const, num_warps, loop=loop))
     rows = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass)]
     # The K loop is the one backward branch.
     back = [(int(m.group(1), 16), a) for a, ins in rows if (m := re.search(r"BRA (0x[0-9a-f]+)", ins))
@@ -141,13 +143,7 @@ def load_placement(n: int = 3072, k: int = 3584) -> dict:
     (LDG.E.128.CONSTANT), the first and last packed FMA, and the kernel's length."""
     cfg = tm.default_gemv_config(n, k, torch.device("cpu"))
     const = dict(ITERS=1, SPLITS=1, REDUCE=0, BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch)
-    kernel = _compile_gemv(cfg.accumulate, const, cfg.num_warps, loop=cfg.loop)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True,
-                              check=True).stdout
+    sass, _ = _sass_and_resources(_compile_gemv(cfg.accumulate, const, cfg.num_warps, loop=cfg.loop))
     ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]
            for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass)]
     fma = [i for i, op in enumerate(ops) if op == "HFMA2"]
