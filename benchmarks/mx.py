@@ -43,10 +43,11 @@ from kernels.mx.triton_matmul import (
 SHAPES = {"dense_7168": (7168, 7168), "expert_gate_up": (3584, 3072), "expert_down": (3072, 3584)}  # (K, N)
 MS = (1, 8, 16, 4096)
 
-# GemvConfig fields plus per_sm (programs per SM, 0 = no split) for M = 1: the default's two tiles
-# and session 3's default (fp32 block sums), for comparison (docs/log/mx.md).
+# GemvConfig fields plus per_sm (programs per SM, 0 = no split) for M = 1: default_gemv_config's two
+# tiles on every shape, a 32-row packed tile, and session 3's default (fp32 block sums), for
+# comparison (docs/log/mx.md).
 GEMV_SWEEP = [dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True, accumulate="f16x2", loop="elementwise"),
-              dict(block_n=16, groups=32, num_warps=4, per_sm=7, prefetch=True, accumulate="f16x2", loop="elementwise"),
+              dict(block_n=16, groups=128, num_warps=4, per_sm=7, accumulate="f16x2", loop="elementwise"),
               dict(block_n=32, groups=32, num_warps=4, per_sm=7, accumulate="f16x2", loop="elementwise"),
               dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True)]
 # (block_m, block_n, groups, num_warps, num_stages, programs per SM) for M = 8, 16.

@@ -79,9 +79,6 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     spec = VARIANTS[name]
     if spec is None:
         return default_gemv_config(n, k, dev)
-    if spec.get("from_default"):
-        return dataclasses.replace(default_gemv_config(n, k, dev),
-                                   **{key: v for key, v in spec.items() if key != "from_default"})
     fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
     fields.setdefault("accumulate", "f16x2")
     fields.setdefault("loop", "elementwise")
