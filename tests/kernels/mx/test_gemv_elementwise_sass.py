@@ -4,28 +4,16 @@ loop="block_sums" has bar.sync and STS/LDS round trips at the default tile; no s
 instructions per weight value than block_sums at the default tile. Read from the SASS of the Triton
 wheel's ptxas/cuobjdump (sass_checks.py loops). Timing is benchmarks/mx_variants.py's, on the GPU."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+from tests.kernels.mx.sass_report import NO_TOOLS, TOOLS, sass_report  # noqa: E402
 
 
-@pytest.mark.skipif(not ((BIN / "ptxas").exists() and (BIN / "cuobjdump").exists()),
-                    reason="the Triton wheel's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+@pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
 def test_elementwise_gemv_loop_has_no_barrier_or_shared_memory():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.mx.sass_checks", "loops"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = sass_report("loops")
     for key, r in report.items():
         assert r["local_memory_instructions"] == 0 and r["stack_bytes"] == 0, (key, r)  # no spills
         if key.startswith("elementwise/"):
@@ -38,18 +26,13 @@ def test_elementwise_gemv_loop_has_no_barrier_or_shared_memory():
     assert new["per_value"] <= old["per_value"], (old, new)
 
 
-@pytest.mark.skipif(not ((BIN / "ptxas").exists() and (BIN / "cuobjdump").exists()),
-                    reason="the Triton wheel's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+@pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
 def test_default_gemv_loop_is_packed_and_exchange_free():
     """default_gemv_config's K loops (packed-fp16 block sums, threads along the blocks): no barrier,
     no shared memory, no spill; at least one packed FMA per two weight values (the products are really
     packed); and at most 4.2 instructions per weight value, against 5.9 for session 3's default
     (sm_90 SASS counts in docs/log/mx.md: 3.5 and 3.1)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.mx.sass_checks", "default"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = sass_report("default")
     assert len(report) == 2, report
     for key, r in report.items():
         assert r["config"]["accumulate"] == "f16x2" and r["config"]["loop"] == "elementwise", (key, r)

@@ -4,27 +4,16 @@ CTA barrier, then one acq_rel atomic at GPU scope, then a barrier (the broadcast
 before the last program's partial loads, which read through L2 (.cg). Whether the reduction is also
 fast is for benchmarks/mx_variants.py on the H200."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-triton = pytest.importorskip("triton")
+pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[3]
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+from tests.kernels.mx.sass_report import NO_TOOLS, TOOLS, sass_report  # noqa: E402
 
 
-@pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="the Triton wheel's NVIDIA backend (ptxas) is not installed")
+@pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
 def test_in_kernel_reduce_orders_partials_before_the_counter():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tests.kernels.mx.sass_checks", "ordering"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = sass_report("ordering")
     for acc in ("f32", "f16x2"):
         r = report[acc]
         assert r["atomics"] == ["global.gpu.acq_rel.add.u32"], r
