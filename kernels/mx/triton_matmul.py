@@ -111,6 +111,7 @@ from .formats import SCALE_ROUNDINGS, get_format
 try:
     import triton
     import triton.language as tl
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # the library must import with torch alone (DESIGN.md §7)
     triton = None
     tl = None
@@ -467,13 +468,15 @@ if triton is not None:
         return (part * xfac[None, :]) * _e8m0_to_f32(e.to(tl.int32))
 
     @triton.jit
-    def _gemv_load_lanes(q_rows, s_rows, n_ok, kb0, kb, g_ok, KB, GROUPS: tl.constexpr, ASM: tl.constexpr):
-        """_gemv_load for _mx_gemv_elem_f16x2_kernel (kb = kb0 + arange(GROUPS)): the words are loaded
+    def _gemv_load_lanes(q_rows, s_rows, n_ok, kb0, kb, g_ok, step_ok, KB, GROUPS: tl.constexpr,
+                         ASM: tl.constexpr):
+        """_gemv_load for _mx_gemv_elem_f16x2_kernel (kb = kb0 + arange(GROUPS); g_ok the blocks to
+        load, step_ok False for a prefetch past the program's last step): the words are loaded
         as one row-contiguous [R, GROUPS * 4] tile (q_rows [R, 1]), so that Triton's coalescing gives
         each thread the 16 bytes of one block and puts the threads along the blocks, the rows inside
         the threads; the scale bytes are loaded in that layout by _ld_scale."""
         kw = kb0 * 4 + tl.arange(0, GROUPS * 4)
-        words = tl.load(q_rows + kw[None, :], mask=n_ok[:, None] & (kw < KB * 4)[None, :], other=0)
+        words = tl.load(q_rows + kw[None, :], mask=n_ok[:, None] & ((kw < KB * 4) & step_ok)[None, :], other=0)
         words = tl.reshape(words, [words.shape[0], GROUPS, 4])
         e = _ld_scale(s_rows + kb[None, :], n_ok[:, None] & g_ok[None, :], ASM)
         return words, e
@@ -526,21 +529,62 @@ if triton is not None:
                 _join4(a37, b37, c37, d37), _pow2_wide(p - 14))
 
     @triton.jit
+    def _prefetch_l2_rows(q_ptr, row0, N, KB, kb_lo, KB_PER_SPLIT, stride_qn, BLOCK_N: tl.constexpr,
+                          WHOLE_ROWS: tl.constexpr, ASM: tl.constexpr):
+        """Ask L2 for this program's weights, the words of blocks [kb_lo, kb_lo + KB_PER_SPLIT) ∩
+        [0, KB) of rows [row0, min(row0 + BLOCK_N, N)), by sm_90 bulk prefetches
+        (cp.async.bulk.prefetch.L2): one request from thread 0 when the program covers whole rows
+        (WHOLE_ROWS: the rows are contiguous, stride_qn words each), else one per row from threads
+        0 .. BLOCK_N - 1. A hint without a register result: the requests leave at once, wherever ptxas
+        places the loads that consume the words. No-op in the interpreter."""
+        if ASM:
+            one = tl.zeros([1], dtype=tl.int32)
+            start = q_ptr + row0.to(tl.int64) * stride_qn + kb_lo * 4 + one
+            nrows = tl.minimum(BLOCK_N, N - row0) + one
+            if WHOLE_ROWS:
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                    "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+                    "=r,l,r", [start, nrows * (stride_qn * 4)], dtype=tl.int32, is_pure=False, pack=1)
+            else:
+                nbytes = (tl.minimum(KB_PER_SPLIT, KB - kb_lo) * 16) + one
+                tl.inline_asm_elementwise(
+                    "{ .reg .pred p; .reg .b32 t; .reg .b64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $3; "
+                    "mul.wide.u32 o, t, $2; add.s64 a, $1, o; "
+                    "@p cp.async.bulk.prefetch.L2.global [a], $4; mov.b32 $0, 0; }",
+                    "=r,l,r,r,r", [start, stride_qn * 4 + one, nrows, nbytes],
+                    dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
     def _mx_gemv_elem_f16x2_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
         N, K, KB, KB_PER_SPLIT,
         stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
         ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+        L2_PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
     ):
         """_mx_gemv_f16x2_kernel without exchanges between threads in the K loop (loop="elementwise"):
         the threads lie along the blocks and hold rows, each makes the x' of its own blocks once per
         step for all its rows (_gemv_x_pairs_in_thread), and the block sums are those of
-        _gemv_block_sums_f16x2 (the same numerics)."""
+        _gemv_block_sums_f16x2 (the same numerics).
+
+        L2_PREFETCH (GemvConfig.l2_prefetch): first ask L2 for this program's weight rows in one bulk
+        request. PDL (GemvConfig.pdl; launched as a programmatic dependent): after that request, let
+        the next kernel be scheduled (its own weight requests can then overlap this kernel), and wait
+        for the previous grid to complete before anything else is read or written (x may be its
+        output, y its input)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
         HALF: tl.constexpr = BLOCK_N // 2
+        if L2_PREFETCH:
+            if pid_m == 0:
+                _prefetch_l2_rows(q_ptr, pid_n * BLOCK_N, N, KB, pid_s * KB_PER_SPLIT, KB_PER_SPLIT, stride_qn,
+                                  BLOCK_N, SPLITS == 1, ASM)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
         offs_b = offs_a + HALF
         a_ok = offs_a < N
@@ -557,8 +601,8 @@ if triton is not None:
         acc_b = tl.zeros([HALF, GROUPS], dtype=tl.float32)
         if PREFETCH:
             kb = kb_lo + g
-            wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb_lo, kb, kb < KB, KB, GROUPS, ASM)
-            wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb_lo, kb, kb < KB, KB, GROUPS, ASM)
+            wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb_lo, kb, kb < KB, True, KB, GROUPS, ASM)
+            wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb_lo, kb, kb < KB, True, KB, GROUPS, ASM)
         for it in range(0, ITERS):
             kb0 = kb_lo + it * GROUPS
             kb = kb0 + g
@@ -567,14 +611,14 @@ if triton is not None:
             if PREFETCH:
                 kn = kb + GROUPS
                 n_ok = (kn < KB) & (it + 1 < ITERS)
-                wa_n, ea_n = _gemv_load_lanes(qa, sa, a_ok, kb0 + GROUPS, kn, n_ok, KB, GROUPS, ASM)
-                wb_n, eb_n = _gemv_load_lanes(qb, sb, b_ok, kb0 + GROUPS, kn, n_ok, KB, GROUPS, ASM)
+                wa_n, ea_n = _gemv_load_lanes(qa, sa, a_ok, kb0 + GROUPS, kn, n_ok, it + 1 < ITERS, KB, GROUPS, ASM)
+                wb_n, eb_n = _gemv_load_lanes(qb, sb, b_ok, kb0 + GROUPS, kn, n_ok, it + 1 < ITERS, KB, GROUPS, ASM)
                 acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
                 acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
                 wa, ea, wb, eb = wa_n, ea_n, wb_n, eb_n
             else:
-                wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb0, kb, g_ok, KB, GROUPS, ASM)
-                wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb0, kb, g_ok, KB, GROUPS, ASM)
+                wa, ea = _gemv_load_lanes(qa, sa, a_ok, kb0, kb, g_ok, True, KB, GROUPS, ASM)
+                wb, eb = _gemv_load_lanes(qb, sb, b_ok, kb0, kb, g_ok, True, KB, GROUPS, ASM)
                 acc_a += _gemv_block_sums_f16x2(wa, ea, x0, x1, x2, x3, xfac, ASM)
                 acc_b += _gemv_block_sums_f16x2(wb, eb, x0, x1, x2, x3, xfac, ASM)
         ya = tl.sum(acc_a, axis=1) * 16384.0
@@ -861,6 +905,12 @@ class GemvConfig:
     # accumulate="f16x2": "block_sums" is _mx_gemv_f16x2_kernel, "elementwise" is
     # _mx_gemv_elem_f16x2_kernel (threads along the blocks, x' made per thread; the default).
     loop: str = "block_sums"
+    # accumulate="f16x2", loop="elementwise" only. l2_prefetch: each program first asks L2 for its
+    # weight rows (one bulk prefetch per row, _prefetch_l2_rows). pdl: launched as a programmatic
+    # dependent (Hopper): the weight prefetch may overlap the previous kernel, which the program waits
+    # for (griddepcontrol.wait) before it reads x or writes y. Ignored in the interpreter.
+    l2_prefetch: bool = False
+    pdl: bool = False
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
@@ -935,6 +985,12 @@ def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmCon
 def _dot_dtype():
     # The interpreter computes bf16 dots on the raw uint16 bits; fp32 operands are exact there.
     return tl.float32 if interpreter_enabled() else tl.bfloat16
+
+
+def _pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA on Hopper or later, not the interpreter."""
+    return (device.type == "cuda" and not interpreter_enabled()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -1021,7 +1077,10 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if cfg.accumulate == "f16x2" and elementwise:
-        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+        pdl = cfg.pdl and _pdl_available(x.device)
+        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled(),
+                                         L2_PREFETCH=cfg.l2_prefetch and not interpreter_enabled(), PDL=pdl,
+                                         **({"launch_pdl": True} if pdl else {}))
     elif cfg.accumulate == "f16x2":
         _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
     elif elementwise:
