@@ -21,7 +21,6 @@ that every call reads from HBM):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -74,8 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu", action="store_true", help="one launch of each kernel between profiler start/stop")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpreter")
     ap.add_argument("--shape", default="dense_7168", choices=list(SHAPES),
-                    help="with --ncu: the weight shape (benchmarks/mx.py SHAPES); the default GEMV is also "
-                         "launched with l2_prefetch=True")
+                    help="with --ncu: the weight shape (benchmarks/mx.py SHAPES)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     k = n = 256 if args.smoke else K
@@ -102,12 +100,8 @@ def main(argv=None) -> int:
         wb = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         torch.matmul(x, wb.t())
         torch.cuda.synchronize()
-        pf = dataclasses.replace(cfg, l2_prefetch=True)
-        mx_gemv(x, codes, scales, k, None, out, pf)
-        torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         mx_gemv(x, codes, scales, k, None, out, cfg)
-        mx_gemv(x, codes, scales, k, None, out, pf)
         for c in stream_cfgs[2:4]:
             stream_read(words, sink, *c)
         torch.matmul(x, wb.t())

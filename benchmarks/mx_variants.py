@@ -62,11 +62,6 @@ VARIANTS = {
     "lx_bn4_g128_w4_s1": dict(block_n=4, groups=128, num_warps=4, split_k=1),
     "lx_bn16_g128_w8_s1": dict(block_n=16, groups=128, num_warps=8, split_k=1),
     "lx_bn8_g64_w4_s2": dict(block_n=8, groups=64, num_warps=4, split_k=2),
-    # base="default": default_gemv_config with these fields replaced (session 5): each program first
-    # asks L2 for its weight rows (bulk prefetch), and/or is launched as a programmatic dependent.
-    "default_l2pf": dict(base="default", l2_prefetch=True),
-    "default_pdl": dict(base="default", pdl=True),
-    "default_l2pf_pdl": dict(base="default", l2_prefetch=True, pdl=True),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
@@ -84,8 +79,6 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     spec = VARIANTS[name]
     if spec is None:
         return default_gemv_config(n, k, dev)
-    if spec.get("base") == "default":
-        return dataclasses.replace(default_gemv_config(n, k, dev), **{f: v for f, v in spec.items() if f != "base"})
     fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
     fields.setdefault("accumulate", "f16x2")
     fields.setdefault("loop", "elementwise")
@@ -191,47 +184,6 @@ def time_variant(name: str, dev, sms: int, l2: int, emit) -> None:
                   "weight_copies": len(mx_ws), "bf16_weight_copies": len(bf_ws)})
 
 
-def time_expert_chain(name: str, dev, sms: int, l2: int, emit) -> None:
-    """One token through many k3 experts at M = 1, each call's input the previous call's output: gate/up
-    (3584 -> 3072) and down (3072 -> 3584) alternate, a fresh weight copy per call (from HBM), bf16
-    torch.mm on the same chain beside it. Unlike independent calls, a kernel here cannot start its
-    work before the previous one has finished, which is what a programmatic dependent launch must
-    respect (GemvConfig.pdl: the weights may be prefetched early, x is read after the wait). The
-    graph-replayed chain's last output must equal an eager run's bit for bit."""
-    (k1, n1), (k2, n2) = SHAPES["expert_gate_up"], SHAPES["expert_down"]
-    assert n1 == k2 and n2 == k1
-    pairs = _copies(n1 * k1 // 2 + n1 * k1 // 32, l2) // 2 + 1
-    ws = [(_make_problem(1, k1, n1, dev, seed=2 * i)[1], _make_problem(1, k2, n2, dev, seed=2 * i + 1)[1])
-          for i in range(pairs)]
-    cfg1, cfg2 = variant_config(name, k1, n1, dev, sms), variant_config(name, k2, n2, dev, sms)
-    x0, _ = _make_problem(1, k1, 32, dev, seed=7)
-    bufs = [x0] + [torch.empty(1, n1 if i % 2 == 0 else n2, device=dev, dtype=torch.bfloat16)
-                   for i in range(2 * pairs)]
-
-    def call(i: int, cfgs=(cfg1, cfg2)):
-        w = ws[i // 2][i % 2]
-        kk = k1 if i % 2 == 0 else k2
-        return lambda: mx_gemv(bufs[i], w.codes, w.scales, kk, None, bufs[i + 1], cfgs[i % 2])
-
-    fns = [call(i) for i in range(2 * pairs)]
-    t_mx = time_calls(fns)
-    replayed = bufs[-1].clone()
-    plain = tuple(dataclasses.replace(c, pdl=False) for c in (cfg1, cfg2))
-    for i in range(2 * pairs):
-        call(i, plain)()
-    same = _same_bits(replayed, bufs[-1]) and bool(torch.isfinite(replayed.float()).all())
-    if not same:
-        raise AssertionError(f"{name} expert chain: graph-replayed output differs from an eager chain (or is not finite)")
-    wb = [(a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16)) for a, b in ws]
-    bb = [bufs[0]] + [torch.empty_like(b) for b in bufs[1:]]
-    t_bf = time_calls([lambda i=i: torch.mm(bb[i], wb[i // 2][i % 2].t(), out=bb[i + 1]) for i in range(2 * pairs)])
-    emit({"shape": "expert_chain", "M": 1, "K": f"{k1}/{k2}", "N": f"{n1}/{n2}", "calls": 2 * pairs,
-          "config": [dataclasses.asdict(cfg1), dataclasses.asdict(cfg2)], "replayed_chain_matches_eager": same,
-          "us": round(t_mx * 1e3, 2), "bf16_us": round(t_bf * 1e3, 2), "speedup_vs_bf16": round(t_bf / t_mx, 3),
-          "bytes": (n1 * k1 // 2 + n1 * k1 // 32 + 2 * (k1 + n1)),
-          "bf16_bytes": 2 * n1 * k1 + 2 * (k1 + n1)})
-
-
 def run_child(name: str, out_path: str, quick: bool) -> int:
     """One variant, in its own process: checks, then (unless quick) timings; rewrites out_path as it goes."""
     res = {"variant": name, "status": "running", "checks": [], "rows": []}
@@ -258,7 +210,6 @@ def run_child(name: str, out_path: str, quick: bool) -> int:
                     res["rows"].append(row)
                     dump()
                 time_variant(name, dev, sms, l2, emit)
-                time_expert_chain(name, dev, sms, l2, emit)
         res["status"] = "ok"
     except Exception:
         res["status"] = "failed"

@@ -111,7 +111,6 @@ from .formats import SCALE_ROUNDINGS, get_format
 try:
     import triton
     import triton.language as tl
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # the library must import with torch alone (DESIGN.md §7)
     triton = None
     tl = None
@@ -529,62 +528,29 @@ if triton is not None:
                 _join4(a37, b37, c37, d37), _pow2_wide(p - 14))
 
     @triton.jit
-    def _prefetch_l2_rows(q_ptr, row0, N, KB, kb_lo, KB_PER_SPLIT, stride_qn, BLOCK_N: tl.constexpr,
-                          WHOLE_ROWS: tl.constexpr, ASM: tl.constexpr):
-        """Ask L2 for this program's weights, the words of blocks [kb_lo, kb_lo + KB_PER_SPLIT) ∩
-        [0, KB) of rows [row0, min(row0 + BLOCK_N, N)), by sm_90 bulk prefetches
-        (cp.async.bulk.prefetch.L2): one request from thread 0 when the program covers whole rows
-        (WHOLE_ROWS: the rows are contiguous, stride_qn words each), else one per row from threads
-        0 .. BLOCK_N - 1. A hint without a register result: the requests leave at once, wherever ptxas
-        places the loads that consume the words. No-op in the interpreter."""
-        if ASM:
-            one = tl.zeros([1], dtype=tl.int32)
-            start = q_ptr + row0.to(tl.int64) * stride_qn + kb_lo * 4 + one
-            nrows = tl.minimum(BLOCK_N, N - row0) + one
-            if WHOLE_ROWS:
-                tl.inline_asm_elementwise(
-                    "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-                    "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-                    "=r,l,r", [start, nrows * (stride_qn * 4)], dtype=tl.int32, is_pure=False, pack=1)
-            else:
-                nbytes = (tl.minimum(KB_PER_SPLIT, KB - kb_lo) * 16) + one
-                tl.inline_asm_elementwise(
-                    "{ .reg .pred p; .reg .b32 t; .reg .b64 a, o; mov.u32 t, %tid.x; setp.lt.u32 p, t, $3; "
-                    "mul.wide.u32 o, t, $2; add.s64 a, $1, o; "
-                    "@p cp.async.bulk.prefetch.L2.global [a], $4; mov.b32 $0, 0; }",
-                    "=r,l,r,r,r", [start, stride_qn * 4 + one, nrows, nbytes],
-                    dtype=tl.int32, is_pure=False, pack=1)
-
-    @triton.jit
     def _mx_gemv_elem_f16x2_kernel(
-        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr, ids_ptr,
         N, K, KB, KB_PER_SPLIT,
-        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
+        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm, stride_qe, stride_se,
         ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
-        L2_PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+        GROUPED: tl.constexpr = False,
     ):
         """_mx_gemv_f16x2_kernel without exchanges between threads in the K loop (loop="elementwise"):
         the threads lie along the blocks and hold rows, each makes the x' of its own blocks once per
         step for all its rows (_gemv_x_pairs_in_thread), and the block sums are those of
         _gemv_block_sums_f16x2 (the same numerics).
 
-        L2_PREFETCH (GemvConfig.l2_prefetch): first ask L2 for this program's weight rows in one bulk
-        request. PDL (GemvConfig.pdl; launched as a programmatic dependent): after that request, let
-        the next kernel be scheduled (its own weight requests can then overlap this kernel), and wait
-        for the previous grid to complete before anything else is read or written (x may be its
-        output, y its input)."""
+        GROUPED (mx_gemv_grouped): row m of x and y goes with its own weight, number ids[m] of a stack
+        of weights [E, N, K] (codes and scales strided by stride_qe / stride_se along E)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_s = tl.program_id(2)
         HALF: tl.constexpr = BLOCK_N // 2
-        if L2_PREFETCH:
-            if pid_m == 0:
-                _prefetch_l2_rows(q_ptr, pid_n * BLOCK_N, N, KB, pid_s * KB_PER_SPLIT, KB_PER_SPLIT, stride_qn,
-                                  BLOCK_N, SPLITS == 1, ASM)
-        if PDL:
-            gdc_launch_dependents()
-            gdc_wait()
+        if GROUPED:
+            expert = tl.load(ids_ptr + pid_m).to(tl.int64)
+            q_ptr += expert * stride_qe
+            s_ptr += expert * stride_se
         offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
         offs_b = offs_a + HALF
         a_ok = offs_a < N
@@ -905,12 +871,6 @@ class GemvConfig:
     # accumulate="f16x2": "block_sums" is _mx_gemv_f16x2_kernel, "elementwise" is
     # _mx_gemv_elem_f16x2_kernel (threads along the blocks, x' made per thread; the default).
     loop: str = "block_sums"
-    # accumulate="f16x2", loop="elementwise" only. l2_prefetch: each program first asks L2 for its
-    # weight rows (one bulk prefetch per row, _prefetch_l2_rows). pdl: launched as a programmatic
-    # dependent (Hopper): the weight prefetch may overlap the previous kernel, which the program waits
-    # for (griddepcontrol.wait) before it reads x or writes y. Ignored in the interpreter.
-    l2_prefetch: bool = False
-    pdl: bool = False
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
@@ -987,12 +947,6 @@ def _dot_dtype():
     return tl.float32 if interpreter_enabled() else tl.bfloat16
 
 
-def _pdl_available(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA on Hopper or later, not the interpreter."""
-    return (device.type == "cuda" and not interpreter_enabled()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
 def _reduce_splits(partial: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     s, m, n = partial.shape
     block = 256
@@ -1031,8 +985,9 @@ def _check_operands(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
 
 
 def _words(codes: torch.Tensor) -> torch.Tensor:
-    """Packed fp4 codes [N, Kp/2] bytes -> int32 words [N, Kp/8] (Kp is a multiple of 32)."""
-    assert codes.shape[1] % 4 == 0 and codes.stride(1) == 1 and codes.stride(0) % 4 == 0
+    """Packed fp4 codes [..., N, Kp/2] bytes -> int32 words [..., N, Kp/8] (Kp is a multiple of 32)."""
+    assert codes.shape[-1] % 4 == 0 and codes.stride(-1) == 1
+    assert all(st % 4 == 0 for st in codes.stride()[:-1])
     return codes.view(torch.int32)
 
 
@@ -1049,21 +1004,60 @@ def _x_for_word_loads(x: torch.Tensor) -> torch.Tensor:
     return xp[:, :k]
 
 
-def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
-            out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
-    """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
-    _require_triton()
-    _check_operands(x, codes, scales, k, out)
+def _check_gemv_config(cfg: GemvConfig) -> None:
     if cfg.accumulate not in GEMV_ACCUMULATE:
         raise ValueError(f"GemvConfig.accumulate={cfg.accumulate!r}: use one of {GEMV_ACCUMULATE}")
     if cfg.reduce not in GEMV_REDUCE:
         raise ValueError(f"GemvConfig.reduce={cfg.reduce!r}: use one of {GEMV_REDUCE}")
     if cfg.loop not in GEMV_LOOP:
         raise ValueError(f"GemvConfig.loop={cfg.loop!r}: use one of {GEMV_LOOP}")
+
+
+def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
+            out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """out[M, N] = x[M, K] (bf16) @ W^T for MXFP4 W given as packed codes [N, Kp/2] and scales [N, Kp/32]."""
+    _require_triton()
+    _check_operands(x, codes, scales, k, out)
+    _check_gemv_config(cfg)
+    return _launch_gemv(x, codes, scales, k, bias, out, cfg)
+
+
+def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, k: int,
+                    out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+    """out[j] = x[j] @ W[ids[j]]^T for a stack of MXFP4 weights (codes [E, N, Kp/2], scales [E, N, Kp/32]),
+    in one launch: the decode step of a mixture of experts, where one token's rows go through its
+    routed experts (x [G, K] bf16, one row per routed expert, or a stride-0 expand of one row; ids [G]
+    int32 in [0, E); out [G, N]). Only the default GEMV kernel (accumulate="f16x2",
+    loop="elementwise") runs grouped. The ids are not range-checked on the device (an id outside
+    [0, E) reads out of bounds): mx_gemv_grouped checks them on the host only when they are on the CPU."""
+    _require_triton()
+    if codes.dim() != 3 or scales.dim() != 3 or codes.shape[:2] != scales.shape[:2]:
+        raise ValueError(f"grouped weights: codes [E, N, Kp/2] and scales [E, N, Kp/32] with the same E, N; "
+                         f"got {tuple(codes.shape)} and {tuple(scales.shape)}")
+    if ids.dim() != 1 or ids.shape[0] != x.shape[0] or ids.dtype != torch.int32 or ids.device != x.device:
+        raise ValueError(f"ids: int32 [G] on x's device with G = x.shape[0] = {x.shape[0]}; "
+                         f"got {ids.dtype} {tuple(ids.shape)} on {ids.device}")
+    if ids.device.type == "cpu" and ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < codes.shape[0]):
+        raise ValueError(f"ids must lie in [0, {codes.shape[0]})")
+    if (cfg.accumulate, cfg.loop) != ("f16x2", "elementwise"):
+        raise ValueError("mx_gemv_grouped runs the default GEMV kernel only: GemvConfig(accumulate='f16x2', "
+                         f"loop='elementwise'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")
+    if x.stride(0) == 0:  # one row for every expert: the kernel reads row 0 G times
+        _check_operands(x[:1], codes[0], scales[0], k, out[:1])
+    else:
+        _check_operands(x, codes[0], scales[0], k, out)
+    _check_gemv_config(cfg)
+    return _launch_gemv(x, codes, scales, k, None, out, cfg, ids)
+
+
+def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The GEMV launch(es) behind mx_gemv and mx_gemv_grouped (ids: one weight of the stack per row)."""
     elementwise = cfg.loop == "elementwise"
-    if elementwise:
+    if elementwise and x.stride(0) == 0 and x.shape[0] > 1:  # one row read by every program row
+        x = _x_for_word_loads(x[:1]).expand(x.shape[0], -1)
+    elif elementwise:
         x = _x_for_word_loads(x)
-    m, n, kb = x.shape[0], codes.shape[0], scales.shape[1]
+    m, n, kb = x.shape[0], codes.shape[-2], scales.shape[-1]
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), m, splits)
     # 0: one split writes out; 1: partials, then _reduce_splits; 2: partials, the last program sums.
@@ -1071,22 +1065,21 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
     partial = torch.empty((splits, m, n), device=x.device, dtype=torch.float32) if splits > 1 else out
     counters = _split_counters(x.device, grid[0] * m) if reduce == 2 else partial
     words = _words(codes)
-    args = (x, words, scales, bias if bias is not None else scales, out, partial, counters,
-            n, k, kb, per,
-            x.stride(0), words.stride(0), scales.stride(0), out.stride(0), partial.stride(0), partial.stride(-2))
+    ptrs = (x, words, scales, bias if bias is not None else scales, out, partial, counters)
+    sizes = (n, k, kb, per, x.stride(0), words.stride(-2), scales.stride(-2), out.stride(0), partial.stride(0),
+             partial.stride(-2))
     meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
     if cfg.accumulate == "f16x2" and elementwise:
-        pdl = cfg.pdl and _pdl_available(x.device)
-        _mx_gemv_elem_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled(),
-                                         L2_PREFETCH=cfg.l2_prefetch and not interpreter_enabled(), PDL=pdl,
-                                         **({"launch_pdl": True} if pdl else {}))
+        grouped = (ids, words.stride(0), scales.stride(0)) if ids is not None else (scales, 0, 0)
+        _mx_gemv_elem_f16x2_kernel[grid](*ptrs, grouped[0], *sizes, *grouped[1:], **meta,
+                                         ASM=not interpreter_enabled(), GROUPED=ids is not None)
     elif cfg.accumulate == "f16x2":
-        _mx_gemv_f16x2_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+        _mx_gemv_f16x2_kernel[grid](*ptrs, *sizes, **meta, ASM=not interpreter_enabled())
     elif elementwise:
-        _mx_gemv_elem_kernel[grid](*args, **meta, ASM=not interpreter_enabled())
+        _mx_gemv_elem_kernel[grid](*ptrs, *sizes, **meta, ASM=not interpreter_enabled())
     else:
-        _mx_gemv_kernel[grid](*args, **meta)
+        _mx_gemv_kernel[grid](*ptrs, *sizes, **meta)
     if reduce == 1:
         _reduce_splits(partial, bias, out)
     return out

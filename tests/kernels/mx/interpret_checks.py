@@ -259,6 +259,43 @@ def check_gemv_elementwise_f16x2():
     print(f"gemv elementwise f16x2 ok (largest error / bound {max(ratios):.3f})")
 
 
+def check_gemv_grouped():
+    """mx_gemv_grouped: each row j of x through the weight ids[j] of a stack, equal bit for bit to
+    mx_gemv of that row and weight alone (the same kernel, the same sums), for distinct rows and a
+    stride-0 row (one token to every expert), repeated ids, ragged N and K, one and three splits;
+    bad ids, shapes and configs raise ValueError."""
+    from dataclasses import replace
+
+    from kernels.mx.triton_matmul import mx_gemv_grouped
+
+    packed = dict(accumulate="f16x2", loop="elementwise")
+    for n, k, cfg in [(40, 224, GemvConfig(block_n=16, groups=8, split_k=1, **packed)),
+                      (37, 1000, GemvConfig(block_n=16, groups=4, split_k=3, prefetch=True, **packed))]:
+        experts = [_problem(1, n, k, seed=n + k + e)[1] for e in range(5)]
+        codes = torch.stack([w.codes for w in experts])
+        scales = torch.stack([w.scales for w in experts])
+        ids = torch.tensor([3, 0, 3, 4], dtype=torch.int32)
+        xs = _problem(4, n, k, seed=k)[0]
+        for x in (xs, xs[:1].expand(4, -1)):
+            out = torch.full((4, n), float("nan"))
+            mx_gemv_grouped(x, codes, scales, ids, k, out, cfg)
+            for j, e in enumerate(ids.tolist()):
+                alone = torch.full((1, n), float("nan"))
+                mx_gemv(x[j:j + 1].contiguous(), codes[e], scales[e], k, None, alone, cfg)
+                assert torch.equal(out[j:j + 1], alone), (n, k, j, e)
+            _check_within_bound(out[1:2], x[1:2].contiguous(), experts[0], None, "f16x2", (n, k, cfg), "elementwise")
+    out = torch.empty((4, n))
+    for bad_ids, bad_cfg, bad_codes in [(torch.tensor([0, 1, 5, 2], dtype=torch.int32), cfg, codes),
+                                        (ids.long(), cfg, codes), (ids[:3], cfg, codes),
+                                        (ids, replace(cfg, accumulate="f32"), codes), (ids, cfg, codes[0])]:
+        try:
+            mx_gemv_grouped(xs, bad_codes, scales, bad_ids, k, out, bad_cfg)
+        except ValueError:
+            continue
+        raise AssertionError(f"no ValueError for ids {bad_ids}, {bad_cfg}, codes {tuple(bad_codes.shape)}")
+    print("gemv grouped ok")
+
+
 def _rotated_split_order(shift: int):
     """Patches the interpreter to run the split programs (grid axis 2) in the order shift, shift + 1,
     ... (mod S), so that split (shift - 1) mod S arrives last; returns the undo function. The

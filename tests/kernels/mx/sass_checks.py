@@ -48,7 +48,10 @@ def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = Fal
         fn = tm._mx_gemv_elem_kernel if loop == "elementwise" else tm._mx_gemv_kernel
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16" if bias else "*u8",
            "y_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32"}
-    sig.update({name: "i32" for name in INT_ARGS})
+    grouped = fn is tm._mx_gemv_elem_f16x2_kernel  # its mx_gemv_grouped arguments (GROUPED=False here)
+    if grouped:
+        sig["ids_ptr"] = "*u8"
+    sig.update({name: "i32" for name in INT_ARGS + (("stride_qe", "stride_se") if grouped else ())})
     runtime = list(sig)
     const = dict(const, HAS_BIAS=bias)
     if accumulate == "f16x2" or loop == "elementwise":
