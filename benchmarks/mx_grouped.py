@@ -37,8 +37,11 @@ from kernels.mx import naive, quantize_mx, unpack_fp4
 from kernels.mx.triton_matmul import GemvConfig, default_gemv_config, gemv_error_bound, mx_gemv, mx_gemv_grouped
 
 SETS = 4  # disjoint sets of top_k experts, used in turn: a call never finds its weights in L2
-# (block_n, num_warps) of the grouped sweep; all take the whole K of an expert in one step (groups 128).
-TILES = [(16, 4), (8, 4), (32, 4), (32, 8), (64, 8)]
+# (block_n, groups, num_warps, prefetch) of the grouped sweep, one program per row tile (no split):
+# the whole K in one step (groups 128: 3584 -> 112 of 128 lanes busy, 3072 -> 96), or steps of 16 / 32
+# blocks, which divide both experts' K (112 = 7 x 16, 96 = 3 x 32), so every lane works.
+TILES = [(16, 128, 4, False), (32, 128, 8, False), (128, 16, 4, False), (128, 16, 4, True), (64, 32, 4, False),
+         (64, 32, 4, True), (64, 16, 4, False), (32, 32, 4, False), (128, 32, 8, False)]
 
 
 def _stack(e: int, n: int, k: int, dev, seed: int):
@@ -55,10 +58,11 @@ def _stack(e: int, n: int, k: int, dev, seed: int):
 def _configs(n: int, k: int, dev, smoke: bool) -> dict:
     default = default_gemv_config(n, k, dev)
     configs = {"default": default}
-    for bn, w in TILES if not smoke else TILES[:2]:
-        cfg = GemvConfig(block_n=bn, groups=128, split_k=1, num_warps=w, accumulate="f16x2", loop="elementwise")
+    for bn, groups, w, pf in TILES if not smoke else [(16, 2, 4, False), (32, 1, 4, True)]:
+        cfg = GemvConfig(block_n=bn, groups=groups, split_k=1, num_warps=w, prefetch=pf, accumulate="f16x2",
+                         loop="elementwise")
         if cfg != default:
-            configs[f"bn{bn}_w{w}"] = cfg
+            configs[f"bn{bn}_g{groups}_w{w}" + ("_prefetch" if pf else "")] = cfg
     return configs
 
 
