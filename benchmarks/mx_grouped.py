@@ -34,7 +34,9 @@ import torch
 from benchmarks.mx import SHAPES, TIMING_NOTE, env_info, measure_ceilings, time_calls
 from k3model.config import get_profile
 from kernels.mx import naive, quantize_mx, unpack_fp4
-from kernels.mx.triton_matmul import GemvConfig, default_gemv_config, gemv_error_bound, mx_gemv, mx_gemv_grouped
+from kernels.mx.triton_matmul import (
+    GemvConfig, default_gemv_config, default_grouped_gemv_config, gemv_error_bound, mx_gemv, mx_gemv_grouped,
+)
 
 SETS = 4  # disjoint sets of top_k experts, used in turn: a call never finds its weights in L2
 # (block_n, groups, num_warps, prefetch) of the grouped sweep, one program per row tile (no split):
@@ -55,13 +57,14 @@ def _stack(e: int, n: int, k: int, dev, seed: int):
     return torch.stack(codes), torch.stack(scales)
 
 
-def _configs(n: int, k: int, dev, smoke: bool) -> dict:
-    default = default_gemv_config(n, k, dev)
-    configs = {"default": default}
+def _configs(n: int, k: int, rows: int, dev, smoke: bool) -> dict:
+    """default_grouped_gemv_config's, default_gemv_config's (the one-expert default), and TILES."""
+    default = default_grouped_gemv_config(n, k, rows, dev)
+    configs = {"default": default, "single_default": default_gemv_config(n, k, dev)}
     for bn, groups, w, pf in TILES if not smoke else [(16, 2, 4, False), (32, 1, 4, True)]:
         cfg = GemvConfig(block_n=bn, groups=groups, split_k=1, num_warps=w, prefetch=pf, accumulate="f16x2",
                          loop="elementwise")
-        if cfg != default:
+        if cfg not in configs.values():
             configs[f"bn{bn}_g{groups}_w{w}" + ("_prefetch" if pf else "")] = cfg
     return configs
 
@@ -90,7 +93,7 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
 
     outs = [torch.empty(top_k, n, device=dev, dtype=torch.bfloat16) for _ in range(SETS)]
     t_cfg = {}
-    for label, cfg in _configs(n, k, dev, smoke).items():
+    for label, cfg in _configs(n, k, top_k, dev, smoke).items():
         out = torch.full((top_k, n), float("nan"), device=dev, dtype=torch.bfloat16)
         mx_gemv_grouped(x, codes, scales, ids[0], k, out, cfg)
         ratio = ((out.double() - ref).abs() / bound).max().item()
@@ -100,7 +103,7 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
         t_cfg[label] = t
         emit({**base, "variant": f"mx_grouped_{label}", "config": dataclasses.asdict(cfg), "us": round(t * 1e3, 2),
               "bytes": mx_bytes, "max_err_over_bound": round(ratio, 4)})
-    default = _configs(n, k, dev, smoke)["default"]
+    default = default_gemv_config(n, k, dev)  # what mx_linear runs for one expert
     ids_host = ids.tolist()
     singles = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for _ in range(top_k)]
 

@@ -932,6 +932,27 @@ def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
     return dataclasses.replace(cfg, split_k=split)
 
 
+def default_grouped_gemv_config(n: int, k: int, rows: int, device: torch.device) -> GemvConfig:
+    """The config for mx_gemv_grouped over `rows` (weight, x row) pairs of [n, k] weights, measured on
+    the H200 for a k3 decode token's 16 routed experts (2026-11-29, session 5, docs/log/mx.md;
+    benchmarks/mx_grouped.py): steps of 16 blocks when they divide K's blocks (3584 -> 7 steps,
+    3072 -> 6), so no lane idles (the whole-K tile of default_gemv_config leaves 12-25 % of the lanes
+    without a block at these K), 16 or 8 rows per thread (128 or 64 rows per program over 4 warps),
+    whichever spreads the programs more evenly over the SMs (ties: 128, less x' work per row);
+    no split (rows x row tiles programs already fill the GPU). Otherwise default_gemv_config's."""
+    kb = -(-k // 32)
+    if kb % 16:
+        return default_gemv_config(n, k, device)
+    sms = _sm_count(device)
+
+    def imbalance(block_n: int) -> float:  # busiest SM's programs over the mean
+        programs = -(-n // block_n) * rows
+        return -(-programs // sms) / (programs / sms)
+
+    block_n = min((128, 64), key=lambda b: (round(imbalance(b), 3), -b))
+    return GemvConfig(block_n=block_n, groups=16, split_k=1, num_warps=4, accumulate="f16x2", loop="elementwise")
+
+
 def default_gemm_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig:
     if m <= 16:
         cfg = GemmConfig(block_m=16, block_n=128, groups=2, num_warps=4, num_stages=3)
@@ -1023,13 +1044,14 @@ def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, 
 
 
 def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, k: int,
-                    out: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
+                    out: torch.Tensor, cfg: GemvConfig | None = None) -> torch.Tensor:
     """out[j] = x[j] @ W[ids[j]]^T for a stack of MXFP4 weights (codes [E, N, Kp/2], scales [E, N, Kp/32]),
     in one launch: the decode step of a mixture of experts, where one token's rows go through its
     routed experts (x [G, K] bf16, one row per routed expert, or a stride-0 expand of one row; ids [G]
     int32 in [0, E); out [G, N]). Only the default GEMV kernel (accumulate="f16x2",
-    loop="elementwise") runs grouped. The ids are not range-checked on the device (an id outside
-    [0, E) reads out of bounds): mx_gemv_grouped checks them on the host only when they are on the CPU."""
+    loop="elementwise") runs grouped; cfg None is default_grouped_gemv_config's. The ids are not
+    range-checked on the device (an id outside [0, E) reads out of bounds): mx_gemv_grouped checks
+    them on the host only when they are on the CPU."""
     _require_triton()
     if codes.dim() != 3 or scales.dim() != 3 or codes.shape[:2] != scales.shape[:2]:
         raise ValueError(f"grouped weights: codes [E, N, Kp/2] and scales [E, N, Kp/32] with the same E, N; "
@@ -1039,6 +1061,8 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
                          f"got {ids.dtype} {tuple(ids.shape)} on {ids.device}")
     if ids.device.type == "cpu" and ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < codes.shape[0]):
         raise ValueError(f"ids must lie in [0, {codes.shape[0]})")
+    if cfg is None:
+        cfg = default_grouped_gemv_config(codes.shape[1], k, x.shape[0], x.device)
     if (cfg.accumulate, cfg.loop) != ("f16x2", "elementwise"):
         raise ValueError("mx_gemv_grouped runs the default GEMV kernel only: GemvConfig(accumulate='f16x2', "
                          f"loop='elementwise'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")

@@ -269,8 +269,10 @@ def check_gemv_grouped():
     from kernels.mx.triton_matmul import mx_gemv_grouped
 
     packed = dict(accumulate="f16x2", loop="elementwise")
+    # None: default_grouped_gemv_config (K = 1000: 32 blocks, 2 steps of 16, 64 or 128 rows per program)
     for n, k, cfg in [(40, 224, GemvConfig(block_n=16, groups=8, split_k=1, **packed)),
-                      (37, 1000, GemvConfig(block_n=16, groups=4, split_k=3, prefetch=True, **packed))]:
+                      (37, 1000, GemvConfig(block_n=16, groups=4, split_k=3, prefetch=True, **packed)),
+                      (70, 1000, None)]:
         experts = [_problem(1, n, k, seed=n + k + e)[1] for e in range(5)]
         codes = torch.stack([w.codes for w in experts])
         scales = torch.stack([w.scales for w in experts])
@@ -281,9 +283,11 @@ def check_gemv_grouped():
             mx_gemv_grouped(x, codes, scales, ids, k, out, cfg)
             for j, e in enumerate(ids.tolist()):
                 alone = torch.full((1, n), float("nan"))
-                mx_gemv(x[j:j + 1].contiguous(), codes[e], scales[e], k, None, alone, cfg)
+                mx_gemv(x[j:j + 1].contiguous(), codes[e], scales[e], k, None, alone,
+                        cfg or tm.default_grouped_gemv_config(n, k, 4, x.device))
                 assert torch.equal(out[j:j + 1], alone), (n, k, j, e)
             _check_within_bound(out[1:2], x[1:2].contiguous(), experts[0], None, "f16x2", (n, k, cfg), "elementwise")
+    cfg = GemvConfig(block_n=16, groups=4, split_k=1, **packed)
     out = torch.empty((4, n))
     for bad_ids, bad_cfg, bad_codes in [(torch.tensor([0, 1, 5, 2], dtype=torch.int32), cfg, codes),
                                         (ids.long(), cfg, codes), (ids[:3], cfg, codes),
