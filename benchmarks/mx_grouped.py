@@ -8,7 +8,7 @@ The k3 preset routes every token to top_k = 16 of its 896 experts (k3model.confi
 per routed expert. kernels.mx.triton_matmul.mx_gemv_grouped runs them in one launch (the default
 GEMV kernel, one weight of a stack per row of x). Per expert shape (gate/up 3584 -> 3072, whose 16
 rows are the same token; down 3072 -> 3584, one row per expert), timed like benchmarks/mx.py
-(time_calls: CUDA-graph replay; four disjoint sets of 16 experts out of a stack of 64, so every
+(time_calls: CUDA-graph replay, median of REPS; eight disjoint sets of 16 experts out of a stack of 128, so every
 call reads its 16 experts' weights from HBM):
 - mx grouped: mx_gemv_grouped, the default config and a few tiles;
 - mx per expert: 16 mx_gemv launches (one per expert, what a model without grouping runs);
@@ -38,7 +38,8 @@ from kernels.mx.triton_matmul import (
     GemvConfig, default_gemv_config, default_grouped_gemv_config, gemv_error_bound, mx_gemv, mx_gemv_grouped,
 )
 
-SETS = 4  # disjoint sets of top_k experts, used in turn: a call never finds its weights in L2
+SETS = 8  # disjoint sets of top_k experts, used in turn: a call never finds its weights in L2
+REPS = 30  # graph replays per timing (median)
 # (block_n, groups, num_warps, prefetch) of the grouped sweep, one program per row tile (no split):
 # the whole K in one step (groups 128: 3584 -> 112 of 128 lanes busy, 3072 -> 96), or steps of 16 / 32
 # blocks, which divide both experts' K (112 = 7 x 16, 96 = 3 x 32), so every lane works.
@@ -99,7 +100,8 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
         ratio = ((out.double() - ref).abs() / bound).max().item()
         if not ratio <= 1.0:
             raise AssertionError(f"{name} grouped {label} {cfg}: error / bound {ratio}")
-        t = time_calls([lambda s=s: mx_gemv_grouped(x, codes, scales, ids[s], k, outs[s], cfg) for s in range(SETS)])
+        t = time_calls([lambda s=s: mx_gemv_grouped(x, codes, scales, ids[s], k, outs[s], cfg) for s in range(SETS)],
+                       reps=REPS)
         t_cfg[label] = t
         emit({**base, "variant": f"mx_grouped_{label}", "config": dataclasses.asdict(cfg), "us": round(t * 1e3, 2),
               "bytes": mx_bytes, "max_err_over_bound": round(ratio, 4)})
@@ -111,7 +113,7 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
         for j, ex in enumerate(ids_host[s]):
             mx_gemv(x[j:j + 1], codes[ex], scales[ex], k, None, singles[j], default)
 
-    t_loop = time_calls([lambda s=s: per_expert(s) for s in range(SETS)])
+    t_loop = time_calls([lambda s=s: per_expert(s) for s in range(SETS)], reps=REPS)
     emit({**base, "variant": "mx_per_expert_launches", "config": dataclasses.asdict(default),
           "us": round(t_loop * 1e3, 2), "bytes": mx_bytes})
 
@@ -123,10 +125,10 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
     rel = ((yb.double() - ref).norm() / ref.norm()).item()
     if not rel < 1e-2:
         raise AssertionError(f"{name} bf16 bmm relative error {rel}")
-    t_bmm = time_calls([lambda s=s: torch.bmm(xb, wb[s].transpose(1, 2)) for s in range(SETS)])
+    t_bmm = time_calls([lambda s=s: torch.bmm(xb, wb[s].transpose(1, 2)) for s in range(SETS)], reps=REPS)
     emit({**base, "variant": "bf16_bmm", "us": round(t_bmm * 1e3, 2), "bytes": bf_bytes, "rel_err": rel})
     t_bf_loop = time_calls([lambda s=s: [torch.matmul(x[j:j + 1], wb[s][j].t()) for j in range(top_k)]
-                            for s in range(SETS)])
+                            for s in range(SETS)], reps=REPS)
     emit({**base, "variant": "bf16_per_expert_launches", "us": round(t_bf_loop * 1e3, 2), "bytes": bf_bytes})
     best = min(t_cfg, key=t_cfg.get)
     emit({**base, "variant": "summary", "bf16_bmm_us": round(t_bmm * 1e3, 2),
@@ -142,11 +144,34 @@ def _dequantize(codes: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tens
     return naive.dequantize(unpack_fp4(codes), scales, "fp4_e2m1", 32, k)
 
 
+def profile_launches(shapes: dict, top_k: int, dev) -> int:
+    """One default grouped launch per shape (compiled first), bracketed for the profiler."""
+    launches = []
+    for name, (k, n) in shapes.items():
+        codes, scales = _stack(top_k, n, k, dev, seed=k + n)
+        ids = torch.arange(top_k, device=dev, dtype=torch.int32)
+        x = torch.randn(top_k, k, device=dev).to(torch.bfloat16)
+        out = torch.empty(top_k, n, device=dev, dtype=torch.bfloat16)
+        launches.append(lambda x=x, c=codes, s=scales, i=ids, k=k, o=out: mx_gemv_grouped(x, c, s, i, k, o))
+        launches[-1]()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print("ncu launches done")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
+    ap.add_argument("--ncu", action="store_true",
+                    help="one grouped launch per expert shape (default config) between cudaProfilerStart/Stop, "
+                         "for `ncu --profile-from-start off`; no timing")
     args = ap.parse_args(argv)
     top_k = get_profile("k3").model.top_k
     shapes = {name: SHAPES[name] for name in ("expert_gate_up", "expert_down")}
@@ -160,6 +185,8 @@ def main(argv=None) -> int:
     else:
         dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.ncu:
+        return profile_launches(shapes, top_k, dev)
     report = {"env": env_info(args.commit), "method": TIMING_NOTE + " Here one call = one token through its "
               f"top_k experts; {SETS} disjoint expert sets in turn.", "top_k": top_k, "rows": [], "status": "running"}
 
