@@ -166,7 +166,7 @@ def profile_launches(shapes: dict, top_k: int, dev) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the JSON report (required unless --ncu)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1")
     ap.add_argument("--ncu", action="store_true",
@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.ncu:
         return profile_launches(shapes, top_k, dev)
+    if not args.out:
+        raise SystemExit("--out is required (unless --ncu)")
     report = {"env": env_info(args.commit), "method": TIMING_NOTE + " Here one call = one token through its "
               f"top_k experts; {SETS} disjoint expert sets in turn.", "top_k": top_k, "rows": [], "status": "running"}
 
