@@ -8,8 +8,8 @@ The k3 preset routes every token to top_k = 16 of its 896 experts (k3model.confi
 per routed expert. kernels.mx.triton_matmul.mx_gemv_grouped runs them in one launch (the default
 GEMV kernel, one weight of a stack per row of x). Per expert shape (gate/up 3584 -> 3072, whose 16
 rows are the same token; down 3072 -> 3584, one row per expert), timed like benchmarks/mx.py
-(time_calls: CUDA-graph replay, median of REPS; eight disjoint sets of 16 experts out of a stack of 128, so every
-call reads its 16 experts' weights from HBM):
+(time_calls: CUDA-graph replay, median of REPS; eight disjoint sets of 16 experts out of a stack of
+128, so every call reads its 16 experts' weights from HBM):
 - mx grouped: mx_gemv_grouped, the default config and a few tiles;
 - mx per expert: 16 mx_gemv launches (one per expert, what a model without grouping runs);
 - bf16 bmm: torch.bmm over the 16 experts' bf16 weights stored contiguously [16, N, K] (the

@@ -12,7 +12,8 @@ exactly value(c) * 2^-14 (E2M1's subnormal 0.5 lands on fp16's subnormal 2^-15).
 placed per 32-bit operation: for the low nibbles a of a word, ((a << 9) | (a << 12)) & 0x8E008E00
 is an fp16 pair holding codes 0 and 4 (inside the mask the two shifts never overlap), and so on.
 On sm_90 this is about 5.7 instructions per weight value in the GEMV loop, down from 9.6 with one
-code per operation (docs/log/mx.md). The 2^14 is applied once per output. The E8M0 scale is built
+code per operation (docs/log/mx.md); the packed-fp16 kernels run it as inline PTX whose lop3
+fuses each or-and pair (_e2m1_word_pairs). The 2^14 is applied once per output. The E8M0 scale is built
 from its bits: fp32 bits E << 23 is 2^(E-127); E = 0 and 0xFF get mantissa 0x400000 (2^-127, NaN).
 
 Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
@@ -22,7 +23,9 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   and the rows inside each thread: each thread loads the x of its blocks and makes their fp16 pairs
   once per step for all its rows, and nothing crosses threads in the K loop (sm_90: 3.1-3.5
   instructions per weight value, no barrier; 7168^2 at M = 1 in 12.5-13.5 us on the H200, 2.5-2.7x
-  bf16). Split-K and the reductions as below.
+  bf16). Split-K and the reductions as below. With GROUPED (mx_gemv_grouped) each row of x has its
+  own weight from a stack, the decode step of a mixture of experts in one launch (a k3 token's 16
+  routed experts: 2.7-2.8x bf16 torch.bmm, default_grouped_gemv_config; benchmarks/mx_grouped.py).
 - _mx_gemv_kernel (GemvConfig(accumulate="f32"), the default until 2026-11-29): CUDA cores; one
   program per (BLOCK_N rows of W, row of x, K split); each 32-block's dot product is summed before its scale is applied; two row
   halves share each converted x value; the next step's weights are loaded before this step's
