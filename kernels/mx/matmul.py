@@ -1,4 +1,5 @@
-"""mx_linear: y = x @ W^T (+ bias) with W stored as MXFP4 (the quantized-inference op).
+"""mx_linear: y = x @ W^T (+ bias) with W stored as MXFP4 (the quantized-inference op);
+mx_linear_experts: the same for a stack of expert weights, each row of x through its own expert.
 
     W  : MXTensor, fp4_e2m1, [N, K], blocks of 32 along K (kernels.mx.quantize_mx(w, "fp4_e2m1"))
     x  : [..., K] in bf16 / fp16 / fp32; rounded to bf16 (a no-op for bf16 input), then with
@@ -14,10 +15,16 @@ Paths (the dispatcher logs the one it takes; matmul_path() says which it would t
                              bf16 GEMM beats the fused kernel (benchmarks/results/mx_h200.json)
     "torch_dequant"          dequantize W with torch ops, then torch.matmul (fp32 on the CPU);
                              the CPU without TRITON_INTERPRET=1, or CUDA without Triton
+mx_linear_experts (a mixture of experts at decode: one token's rows through its routed experts):
+    "triton_gemv_grouped"    CUDA (or TRITON_INTERPRET=1), M <= EXPERTS_MAX_M rows: one launch of the
+                             GEMV kernel for all rows (triton_matmul.mx_gemv_grouped)
+    "torch_dequant"          otherwise: the used experts dequantized, one batched matmul
 This is an inference op: for QAT use fake_quant_mx on the weight and torch's linear.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -25,12 +32,14 @@ from .formats import FP4_E2M1, FP8_E4M3
 from .quant import MXTensor, SUPPORTED_DTYPES, fake_quant_mx, log_path_once
 from .triton_matmul import (
     default_gemm_config, default_gemv_config, dequant_fp4_bf16, interpreter_enabled, mx_gemm, mx_gemv,
-    triton_available,
+    mx_gemv_grouped, triton_available,
 )
 
 PATHS = ("triton_gemv", "triton_gemm", "triton_dequant_cublas", "torch_dequant")
 GEMV_MAX_M = 4
 GEMM_MAX_M = 64
+EXPERTS_PATHS = ("triton_gemv_grouped", "torch_dequant")
+EXPERTS_MAX_M = 64  # rows of one grouped launch (a token's routed experts; more rows: the torch path)
 
 
 def _check(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None, act_fmt: str | None) -> None:
@@ -121,3 +130,52 @@ def mx_linear(x: torch.Tensor, weight: MXTensor, bias: torch.Tensor | None = Non
     else:
         mx_gemm(xa, weight.codes, weight.scales, k, bias, out, default_gemm_config(xa.shape[0], n, k, x.device))
     return out.reshape(*lead, n)
+
+
+def mx_linear_experts(x: torch.Tensor, weight: MXTensor, ids: torch.Tensor, *, path: str | None = None) -> torch.Tensor:
+    """y[j] = x'[j] @ dequantize(weight[ids[j]])^T for a stack of MXFP4 expert weights [E, N, K].
+
+    x [G, K] (bf16 / fp16 / fp32; a stride-0 expand of one row is read once per row), ids [G] integer
+    expert numbers in [0, E); y [G, N] in x.dtype. x' is x rounded to bf16. path as in mx_linear,
+    from EXPERTS_PATHS (module docstring)."""
+    if not isinstance(weight, MXTensor) or weight.fmt != FP4_E2M1.name or len(weight.shape) != 3:
+        raise ValueError("mx_linear_experts needs weight = quantize_mx(w, 'fp4_e2m1') of a stack w [E, N, K]")
+    e, n, k = weight.shape
+    if weight.block_size != 32:
+        raise ValueError(f"mx_linear_experts needs block_size=32, got {weight.block_size}")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [G, K={k}], got {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES or x.device != weight.device:
+        raise ValueError(f"x must be in {SUPPORTED_DTYPES} on the weight's device {weight.device}, "
+                         f"got {x.dtype} on {x.device}")
+    if ids.dim() != 1 or ids.shape[0] != x.shape[0] or ids.dtype.is_floating_point or ids.is_complex():
+        raise ValueError(f"ids must be integer [G={x.shape[0]}], got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < e):
+        raise ValueError(f"ids must lie in [0, {e})")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise ValueError("mx_linear_experts has no backward: run it under torch.no_grad()")
+    runnable = (x.is_cuda or interpreter_enabled()) and triton_available()
+    auto = "triton_gemv_grouped" if runnable and x.shape[0] <= EXPERTS_MAX_M else "torch_dequant"
+    chosen = path or auto
+    if chosen not in EXPERTS_PATHS:
+        raise ValueError(f"path must be None or one of {EXPERTS_PATHS}, got {path!r}")
+    if chosen == "triton_gemv_grouped" and not runnable:
+        raise ValueError("path='triton_gemv_grouped' needs Triton and a CUDA tensor (or TRITON_INTERPRET=1 on the CPU)")
+    if path:
+        reason = "forced by the caller"
+    elif runnable and chosen == "torch_dequant":
+        reason = f"{x.shape[0]} rows > EXPERTS_MAX_M={EXPERTS_MAX_M}"
+    else:
+        reason = _path_reason(x, chosen)
+    log_path_once("mx_linear_experts", chosen, reason)
+    xa = x.to(torch.bfloat16) if x.dtype != torch.bfloat16 else x
+    if chosen == "torch_dequant":
+        used, slot = torch.unique(ids.long(), return_inverse=True)
+        w = dataclasses.replace(weight, codes=weight.codes[used], scales=weight.scales[used],
+                                shape=(len(used), n, k)).dequantize(torch.float32)
+        y = torch.bmm(xa.float().unsqueeze(1), w[slot].transpose(1, 2)).squeeze(1)
+        return y.to(x.dtype)
+    if xa.stride(-1) != 1:
+        xa = xa.contiguous()
+    out = torch.empty((x.shape[0], n), device=x.device, dtype=x.dtype)
+    return mx_gemv_grouped(xa, weight.codes, weight.scales, ids.to(torch.int32), k, out)

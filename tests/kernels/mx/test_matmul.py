@@ -68,3 +68,43 @@ def test_bad_input_raises_a_value_error(case, match):
         x = torch.ones(3, 96, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
         mx_linear(x, wq, **kwargs)
+
+
+def test_experts_torch_path_equals_mx_linear_per_row():
+    """mx_linear_experts on the CPU: row j through expert ids[j] of a stack, as mx_linear on that
+    expert alone (repeated and unused experts, K padded in storage, a stride-0 x)."""
+    from kernels.mx import mx_linear_experts
+
+    stack = quantize_mx(torch.randn(5, 24, 80, generator=torch.Generator().manual_seed(3)), "fp4_e2m1")
+    one = [quantize_mx(w, "fp4_e2m1") for w in torch.randn(5, 24, 80, generator=torch.Generator().manual_seed(3))]
+    ids = torch.tensor([4, 1, 4, 0])
+    for x in (torch.randn(4, 80), torch.randn(1, 80).expand(4, 80)):
+        with torch.no_grad():
+            y = mx_linear_experts(x, stack, ids)
+            want = torch.cat([mx_linear(x[j:j + 1], one[e]) for j, e in enumerate(ids.tolist())])
+        assert y.shape == (4, 24) and torch.allclose(y, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("two_d", "stack"), ("bad_id", r"\[0, 5\)"), ("float_ids", "integer"), ("short_ids", "integer"),
+    ("wrong_k", "x must be"), ("bad_path", "path"), ("forced_triton", "TRITON_INTERPRET"),
+])
+def test_experts_bad_input_raises_a_value_error(case, match):
+    from kernels.mx import mx_linear_experts
+
+    stack = quantize_mx(torch.randn(5, 24, 96), "fp4_e2m1")
+    x, ids, kwargs = torch.randn(3, 96), torch.tensor([0, 1, 2]), {}
+    if case == "two_d":
+        stack = _weight()
+    elif case == "bad_id":
+        ids = torch.tensor([0, 5, 1])
+    elif case == "float_ids":
+        ids = ids.float()
+    elif case == "short_ids":
+        ids = ids[:2]
+    elif case == "wrong_k":
+        x = torch.randn(3, 64)
+    elif case in ("bad_path", "forced_triton"):
+        kwargs["path"] = "nope" if case == "bad_path" else "triton_gemv_grouped"
+    with torch.no_grad(), pytest.raises(ValueError, match=match):
+        mx_linear_experts(x, stack, ids, **kwargs)
