@@ -62,6 +62,12 @@ VARIANTS = {
     "lx_bn4_g128_w4_s1": dict(block_n=4, groups=128, num_warps=4, split_k=1),
     "lx_bn16_g128_w8_s1": dict(block_n=16, groups=128, num_warps=8, split_k=1),
     "lx_bn8_g64_w4_s2": dict(block_n=8, groups=64, num_warps=4, split_k=2),
+    # Session 5: the default with the one-launch reduction, and the grouped GEMV's 16-block steps
+    # (16 / 8 rows per thread over 4 warps) on the dense weight.
+    "lx_bn64_w8_sm7_prefetch_inkernel": dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True,
+                                             reduce="in_kernel"),
+    "lx_bn128_g16_w4_sm4": dict(block_n=128, groups=16, num_warps=4, per_sm=4),
+    "lx_bn64_g16_w4_sm7": dict(block_n=64, groups=16, num_warps=4, per_sm=7),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
