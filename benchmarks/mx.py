@@ -381,14 +381,22 @@ def main(argv=None) -> int:
             wq = _make_problem(1, *list(SHAPES.values())[0], dev, seed=2)[1]
             report["repeat_first_shape_M1_hot_us"] = [round(time_calls([lambda: mx_linear(x, wq)] * 20) * 1e3, 2)
                                                       for _ in range(3)]
-        report["status"] = "ok"
+        error = None
     except Exception:
-        report["status"] = "failed"
-        report["error"] = traceback.format_exc()[-3000:]
+        error = traceback.format_exc()
+    return close_report(report, t_start, dump, error)
+
+
+def close_report(report: dict, t_start: float, dump, error: str | None) -> int:
+    """Record how a benchmark run ended (status "ok", or "failed" with the traceback's tail) and its
+    seconds since t_start, write the report (dump()), and return the process exit code."""
+    report["status"] = "ok" if error is None else "failed"
+    if error is not None:
+        report["error"] = error[-3000:]
         print(report["error"], flush=True)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     dump()
-    return 0 if report["status"] == "ok" else 1
+    return 0 if error is None else 1
 
 
 TIMING_NOTE = ("CUDA-graph replay, median of 10 replays, per call; one call per weight copy, with enough copies "

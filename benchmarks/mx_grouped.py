@@ -31,7 +31,7 @@ import traceback
 
 import torch
 
-from benchmarks.mx import SHAPES, TIMING_NOTE, env_info, measure_ceilings, time_calls
+from benchmarks.mx import SHAPES, TIMING_NOTE, close_report, env_info, measure_ceilings, time_calls
 from k3model.config import get_profile
 from kernels.mx import naive, quantize_mx, unpack_fp4
 from kernels.mx.triton_matmul import (
@@ -214,14 +214,10 @@ def main(argv=None) -> int:
                 copy_gbs = report["ceilings"]["copy_GBps"]
             for name, (k, n) in shapes.items():
                 run_shape(name, k, n, top_k, dev, args.smoke, emit)
-        report["status"] = "ok"
+        error = None
     except Exception:
-        report["status"] = "failed"
-        report["error"] = traceback.format_exc()[-3000:]
-        print(report["error"], flush=True)
-    report["seconds"] = round(time.perf_counter() - t0, 1)
-    dump()
-    return 0 if report["status"] == "ok" else 1
+        error = traceback.format_exc()
+    return close_report(report, t0, dump, error)
 
 
 if __name__ == "__main__":
