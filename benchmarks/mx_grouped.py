@@ -77,7 +77,10 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
     g = torch.Generator(device=dev).manual_seed(k)
     token = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
     # gate/up: the token itself goes to every expert; down: each expert its own hidden row.
-    x = token.expand(top_k, k) if name == "expert_gate_up" else torch.randn(top_k, k, device=dev, generator=g).to(torch.bfloat16)
+    if name == "expert_gate_up":
+        x = token.expand(top_k, k)
+    else:
+        x = torch.randn(top_k, k, device=dev, generator=g).to(torch.bfloat16)
     io_bytes = (k if x.stride(0) == 0 else top_k * k) * 2 + top_k * n * 2
     mx_bytes = top_k * (n * k // 2 + n * k // 32) + io_bytes
     bf_bytes = top_k * 2 * n * k + io_bytes
