@@ -18,7 +18,7 @@ Paths (the dispatcher logs the one it takes; matmul_path() says which it would t
 mx_linear_experts (a mixture of experts at decode: one token's rows through its routed experts):
     "triton_gemv_grouped"    CUDA (or TRITON_INTERPRET=1), M <= EXPERTS_MAX_M rows: one launch of the
                              GEMV kernel for all rows (triton_matmul.mx_gemv_grouped)
-    "torch_dequant"          otherwise: the used experts dequantized, one batched matmul
+    "torch_dequant"          otherwise: each used expert dequantized in turn, one matmul per expert
 This is an inference op: for QAT use fake_quant_mx on the weight and torch's linear.
 """
 
@@ -169,11 +169,12 @@ def mx_linear_experts(x: torch.Tensor, weight: MXTensor, ids: torch.Tensor, *, p
         reason = _path_reason(x, chosen)
     log_path_once("mx_linear_experts", chosen, reason)
     xa = x.to(torch.bfloat16) if x.dtype != torch.bfloat16 else x
-    if chosen == "torch_dequant":
-        used, slot = torch.unique(ids.long(), return_inverse=True)
-        w = dataclasses.replace(weight, codes=weight.codes[used], scales=weight.scales[used],
-                                shape=(len(used), n, k)).dequantize(torch.float32)
-        y = torch.bmm(xa.float().unsqueeze(1), w[slot].transpose(1, 2)).squeeze(1)
+    if chosen == "torch_dequant":  # one expert's weight in fp32 at a time, for the rows that use it
+        y = torch.empty((x.shape[0], n), device=x.device, dtype=torch.float32)
+        for e in torch.unique(ids).tolist():
+            rows = (ids == e).nonzero().squeeze(1)
+            w = dataclasses.replace(weight, codes=weight.codes[e], scales=weight.scales[e], shape=(n, k))
+            y[rows] = xa[rows].float() @ w.dequantize(torch.float32).T
         return y.to(x.dtype)
     if xa.stride(-1) != 1:
         xa = xa.contiguous()
