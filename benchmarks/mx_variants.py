@@ -71,6 +71,11 @@ VARIANTS = {
     # 16 rows per thread over 4 warps (sm_90: 2.89 instructions per value, the default's 3.23).
     "lx_bn64_g32_w4_sm7": dict(block_n=64, groups=32, num_warps=4, per_sm=7),
     "lx_bn64_g32_w4_sm14": dict(block_n=64, groups=32, num_warps=4, per_sm=14),
+    # loop="words" (prepared in session 5, not yet timed): one thread per weight word, 4x the warps
+    # of the whole-K expert tile for latency-bound launches (docs/gpu_runbook.md).
+    "words_bn16_g128_w16_s1": dict(block_n=16, groups=128, num_warps=16, split_k=1, loop="words"),
+    "words_bn16_g64_w8_s1": dict(block_n=16, groups=64, num_warps=8, split_k=1, loop="words"),
+    "words_bn8_g128_w16_s1": dict(block_n=8, groups=128, num_warps=16, split_k=1, loop="words"),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)

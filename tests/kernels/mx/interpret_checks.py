@@ -259,6 +259,27 @@ def check_gemv_elementwise_f16x2():
     print(f"gemv elementwise f16x2 ok (largest error / bound {max(ratios):.3f})")
 
 
+def check_gemv_words():
+    """loop="words" (one thread per weight word) within its f16x2 bound: M = 1 to 3, K ragged (203
+    through the padded x copy, 1000), 1 and 3 splits, both reductions, bias; the extreme rows of
+    _extreme_x and a NaN weight block."""
+    ratios = []
+    words = dict(accumulate="f16x2", loop="words")
+    for m, n, k, cfg, b_ in [(1, 40, 224, GemvConfig(block_n=16, groups=2, split_k=1, num_warps=1, **words), False),
+                             (3, 37, 1000, GemvConfig(block_n=16, groups=4, split_k=3, **words), True),
+                             (2, 24, 203, GemvConfig(block_n=8, groups=8, split_k=1, reduce="in_kernel", **words),
+                              True)]:
+        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 29)
+        b = bias if b_ else None
+        out = torch.full((m, n), float("nan"))
+        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
+        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", (m, n, k, cfg), "words", cfg.groups))
+    ratios.append(_check_extreme_rows([(GemvConfig(block_n=16, groups=2, split_k=3, **words), False),
+                                       (GemvConfig(block_n=32, groups=4, split_k=1, **words), True)],
+                                      GemvConfig(block_n=16, groups=2, split_k=2, **words), "f16x2", "words"))
+    print(f"gemv words ok (largest error / bound {max(ratios):.3f})")
+
+
 def check_gemv_grouped():
     """mx_gemv_grouped: each row j of x through the weight ids[j] of a stack, equal bit for bit to
     mx_gemv of that row and weight alone (the same kernel, the same sums), for distinct rows and a

@@ -40,3 +40,17 @@ def test_default_gemv_loop_is_packed_and_exchange_free():
         assert r["local_memory_instructions"] == 0 and r["stack_bytes"] == 0, (key, r)
         assert r["hfma2"] >= r["values_per_thread"] // 2, (key, r)
         assert r["per_value"] <= 4.2, (key, r)
+
+
+@pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
+def test_words_gemv_holds_one_word_per_lane():
+    """GemvConfig(loop="words") at 16 rows x 128 blocks over 16 warps: every blocked layout of its
+    TTGIR has one element per thread along 32 lanes (the word tile [rows, words] with the words along
+    the lanes), which the block-max butterfly shuffles (xor 1, 2) rely on; 16 rows x 4 packed FMAs
+    per thread, no spill."""
+    r = sass_report("words")
+    assert r["layouts"], r
+    for layout in r["layouts"]:
+        assert "sizePerThread = [1, 1]" in layout or "sizePerThread = [1]," in layout, r
+        assert "threadsPerWarp = [1, 32]" in layout or "threadsPerWarp = [32]" in layout, r
+    assert r["hfma2"] >= 16 * 4 and r["spills"] == 0, r

@@ -80,3 +80,22 @@ def test_grouped_gemv_equals_one_launch_per_expert(n, k, shared_x):
         w = naive.dequantize(unpack_fp4(codes[e]), scales[e], "fp4_e2m1", 32, k)
         bound = tm.gemv_error_bound(x[j:j + 1], w, scales[e], "f16x2", None, out.dtype, "elementwise", cfg.groups)
         assert bool(((out[j:j + 1].double() - x[j:j + 1].double() @ w.T).abs() <= bound).all()), (j, e)
+
+
+@pytest.mark.parametrize("block_n,groups,warps", [(16, 128, 16), (16, 64, 8), (8, 128, 16)])
+def test_words_gemv_within_its_bound(block_n, groups, warps):
+    """GemvConfig(loop="words") (prepared in session 5, untimed): its block max by lane shuffles is
+    right only if lane l holds word l; x rows whose blocks differ by 2^20 in scale make a wrong max
+    overflow fp16 or lose the small blocks, beyond the bound."""
+    n, k = 3072, 3584
+    (wq,), _, _ = _stack(1, n, k, seed=7)
+    w = naive.dequantize(unpack_fp4(wq.codes), wq.scales, "fp4_e2m1", 32, k)
+    x = torch.randn(3, k, device="cuda")
+    x[1] *= torch.exp2(torch.randint(-10, 10, (k // 32,), device="cuda").float()).repeat_interleave(32)
+    x = x.to(torch.bfloat16)
+    cfg = tm.GemvConfig(block_n=block_n, groups=groups, split_k=1, num_warps=warps, accumulate="f16x2", loop="words")
+    out = torch.full((3, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tm.mx_gemv(x, wq.codes, wq.scales, k, None, out, cfg)
+    bound = tm.gemv_error_bound(x, w, wq.scales, "f16x2", None, out.dtype, "words", groups)
+    err = (out.double() - x.double() @ w.T).abs()
+    assert bool((err <= bound).all()), (err / bound).max().item()
