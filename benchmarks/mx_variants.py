@@ -71,11 +71,25 @@ VARIANTS = {
     # 16 rows per thread over 4 warps (sm_90: 2.89 instructions per value, the default's 3.23).
     "lx_bn64_g32_w4_sm7": dict(block_n=64, groups=32, num_warps=4, per_sm=7),
     "lx_bn64_g32_w4_sm14": dict(block_n=64, groups=32, num_warps=4, per_sm=14),
-    # loop="words" (prepared in session 5, not yet timed): one thread per weight word, 4x the warps
-    # of the whole-K expert tile for latency-bound launches (docs/gpu_runbook.md).
-    "words_bn16_g128_w16_s1": dict(block_n=16, groups=128, num_warps=16, split_k=1, loop="words"),
-    "words_bn16_g64_w8_s1": dict(block_n=16, groups=64, num_warps=8, split_k=1, loop="words"),
-    "words_bn8_g128_w16_s1": dict(block_n=8, groups=128, num_warps=16, split_k=1, loop="words"),
+    # loop="rows" (session 6): the whole K per program ("groups": "k", the power of two >= K / 32),
+    # a loop over the program's rows rows_per_step at a time, software-pipelined num_stages deep
+    # (cp.async of the weights into shared memory ahead of the arithmetic).
+    "rows_bn16_r4_s4_w4": dict(block_n=16, groups="k", rows_per_step=4, num_stages=4, num_warps=4, split_k=1,
+                               loop="rows"),
+    "rows_bn16_r2_s8_w4": dict(block_n=16, groups="k", rows_per_step=2, num_stages=8, num_warps=4, split_k=1,
+                               loop="rows"),
+    "rows_bn8_r4_s2_w4": dict(block_n=8, groups="k", rows_per_step=4, num_stages=2, num_warps=4, split_k=1,
+                              loop="rows"),
+    "rows_bn8_r2_s4_w4": dict(block_n=8, groups="k", rows_per_step=2, num_stages=4, num_warps=4, split_k=1,
+                              loop="rows"),
+    "rows_bn32_r4_s8_w4": dict(block_n=32, groups="k", rows_per_step=4, num_stages=8, num_warps=4, split_k=1,
+                               loop="rows"),
+    "rows_bn32_r8_s4_w4": dict(block_n=32, groups="k", rows_per_step=8, num_stages=4, num_warps=4, split_k=1,
+                               loop="rows"),
+    "rows_bn16_r4_s4_w8": dict(block_n=16, groups="k", rows_per_step=4, num_stages=4, num_warps=8, split_k=1,
+                               loop="rows"),
+    "rows_bn4_r4_s1_w4": dict(block_n=4, groups="k", rows_per_step=4, num_stages=1, num_warps=4, split_k=1,
+                              loop="rows"),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
@@ -94,12 +108,14 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     if spec is None:
         return default_gemv_config(n, k, dev)
     fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
+    if fields.get("groups") == "k":  # the whole K in one step
+        fields["groups"] = 1 << (-(-k // 32) - 1).bit_length()
     fields.setdefault("accumulate", "f16x2")
     fields.setdefault("loop", "elementwise")
     if "split_k" in spec:
         split = spec["split_k"]
     else:
-        split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms)
+        split = _splits_for(-(-n // spec["block_n"]), k, fields["groups"], spec["per_sm"], sms)
     return GemvConfig(split_k=split, **fields)
 
 

@@ -26,8 +26,11 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   bf16). Split-K and the reductions as below. With GROUPED (mx_gemv_grouped) each row of x has its
   own weight from a stack, the decode step of a mixture of experts in one launch (a k3 token's 16
   routed experts: 2.7-2.8x bf16 torch.bmm, default_grouped_gemv_config; benchmarks/mx_grouped.py).
-- _mx_gemv_words_kernel (GemvConfig(accumulate="f16x2", loop="words"); prepared, not yet timed):
-  one thread per weight word instead of per block, 4x the threads, for latency-bound launches.
+- _mx_gemv_rows_kernel (GemvConfig(accumulate="f16x2", loop="rows")): the same block sums with the
+  whole K in one program and a loop over the program's rows, ROWS_PER_STEP at a time, that Triton
+  software-pipelines (tl.range(num_stages=...): cp.async of every step's weights into shared memory
+  before the first step's arithmetic). For latency-bound launches (one k3 expert at M = 1), where
+  the elementwise kernel's register loads end up issued one by one between the arithmetic.
 - _mx_gemv_kernel (GemvConfig(accumulate="f32"), the default until 2026-11-29): CUDA cores; one
   program per (BLOCK_N rows of W, row of x, K split); each 32-block's dot product is summed before its scale is applied; two row
   halves share each converted x value; the next step's weights are loaded before this step's
@@ -611,109 +614,45 @@ if triton is not None:
                        stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
 
     @triton.jit
-    def _ld_word(ptr, ok, ASM: tl.constexpr):
-        """The int32 at ptr (0 where not ok), in ptr's layout, one 4-byte load per element (inline asm:
-        Triton's coalescing pass would widen a tl.load to 16 bytes per thread, i.e. give one thread
-        the four words of a block). ld.global.nc: the weights are read-only during the kernel."""
-        if ASM:
-            return tl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }",
-                "=r,l,r", [ptr, ok.to(tl.int32)], dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.load(ptr, mask=ok, other=0)
-
-    @triton.jit
-    def _shfl_xor(v, LANE_MASK: tl.constexpr):
-        """v of lane (this lane xor LANE_MASK), LANE_MASK 1 or 2 (shfl.sync.bfly, all 32 lanes)."""
-        if LANE_MASK == 1:
-            return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 1, 0x1f, -1;", "=r,r", [v],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        else:
-            return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, 2, 0x1f, -1;", "=r,r", [v],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-
-    @triton.jit
-    def _max_over_block_lanes(v, ASM: tl.constexpr):
-        """v [W] >= 0 (W = 4 x blocks, word w of the step in lane w mod 32, _mx_gemv_words_kernel's
-        layout) -> the max over the four words of each 32-block, in each of its four lanes. ASM: two
-        butterfly shuffles (xor 1, 2) on the bits (non-negative floats order as their int32 bits; a
-        NaN wins, which leaves its block NaN either way); else a reshape, max and broadcast."""
-        if ASM:
-            b = v.to(tl.int32, bitcast=True)
-            b = tl.maximum(b, _shfl_xor(b, 1))
-            b = tl.maximum(b, _shfl_xor(b, 2))
-            return b.to(tl.float32, bitcast=True)
-        else:
-            blocks: tl.constexpr = v.shape[0] // 4
-            m = tl.max(tl.reshape(v, [blocks, 4]), axis=1)
-            return tl.reshape(tl.broadcast_to(m[:, None], [blocks, 4]), [v.shape[0]])
-
-    @triton.jit
-    def _mx_gemv_words_kernel(
-        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
-        N, K, KB, KB_PER_SPLIT,
-        stride_xm, stride_qn, stride_sn, stride_ym, stride_ps, stride_pm,
-        ITERS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLITS: tl.constexpr, REDUCE: tl.constexpr,
-        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, ASM: tl.constexpr,
+    def _mx_gemv_rows_kernel(
+        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, ids_ptr,
+        N, K, KB, stride_xm, stride_qn, stride_sn, stride_ym, stride_qe, stride_se,
+        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ROWS_PER_STEP: tl.constexpr,
+        STAGES: tl.constexpr, ASM: tl.constexpr, GROUPED: tl.constexpr = False,
     ):
-        """loop="words" (accumulate="f16x2"; prepared 2026-11-29, session 5, not yet timed): one thread
-        per weight word (8 codes) instead of per 32-block, the rows inside the thread, so 4x the
-        threads of _mx_gemv_elem_f16x2_kernel for the same tile, for latency-bound launches (one
-        k3 expert at M = 1; docs/gpu_runbook.md). Each thread loads its word of every row (4 bytes),
-        the 8 x values of the word (16 bytes), takes its block's exponent p from the max over the
-        block's four lanes (_max_over_block_lanes), chains the word's 4 packed FMAs (fma.rn.f16x2) and
-        scales the fp16 pair sum into an fp32 accumulator per (row, word): the numerics of
-        "Numerics of accumulate=f16x2" without the fp16 tree over a block's words (fewer roundings),
-        with more fp32 terms (gemv_error_bound(..., loop="words", groups=...)). The steps hold
-        GROUPS blocks = 4 GROUPS words; the tile [BLOCK_N, 4 GROUPS] takes Triton's default layout,
-        one word per lane (the words' loads are inline asm so that no pass widens them)."""
+        """loop="rows": one program per BLOCK_N rows of W and row of x, over the whole K (GROUPS >= KB
+        blocks, the lanes along the blocks as in _mx_gemv_elem_f16x2_kernel). The x' pairs are made
+        once; then a loop over the rows, ROWS_PER_STEP at a time, each step summed across the lanes
+        and written out. The loop is software-pipelined over STAGES steps (Triton's cp.async into
+        shared memory, STAGES - 1 steps ahead), so with STAGES = BLOCK_N / ROWS_PER_STEP every weight
+        byte of the program is requested before the first block sum. Numerics: those of
+        _mx_gemv_elem_f16x2_kernel with one step (the same block sums, one sum over the lanes)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-        pid_s = tl.program_id(2)
-        HALF: tl.constexpr = BLOCK_N // 2
-        offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)
-        offs_b = offs_a + HALF
-        a_ok = offs_a < N
-        b_ok = offs_b < N
-        w = tl.arange(0, GROUPS * 4)
-        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        qa = q_ptr + offs_a.to(tl.int64)[:, None] * stride_qn
-        qb = q_ptr + offs_b.to(tl.int64)[:, None] * stride_qn
-        sa = s_ptr + offs_a.to(tl.int64)[:, None] * stride_sn
-        sb = s_ptr + offs_b.to(tl.int64)[:, None] * stride_sn
-        acc_a = tl.zeros([HALF, GROUPS * 4], dtype=tl.float32)
-        acc_b = tl.zeros([HALF, GROUPS * 4], dtype=tl.float32)
-        for it in range(0, ITERS):
-            kw = (pid_s * KB_PER_SPLIT + it * GROUPS) * 4 + w
-            w_ok = kw < KB * 4
-            t0, t1, t2, t3 = _ld_x_word(x_row + kw * 8, w_ok & (kw * 8 < K), ASM)
-            v0, v1, v2, v3 = _bf16_lo(t0), _bf16_hi(t0), _bf16_lo(t1), _bf16_hi(t1)
-            v4, v5, v6, v7 = _bf16_lo(t2), _bf16_hi(t2), _bf16_lo(t3), _bf16_hi(t3)
-            amax = _max_over_block_lanes(_absmax8(v0, v1, v2, v3, v4, v5, v6, v7), ASM)
-            p = tl.minimum(tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -113), 127)
-            x04, x15, x26, x37 = _x_word_pairs(v0, v1, v2, v3, v4, v5, v6, v7, _pow2(14 - p), ASM)
-            xfac = _pow2_wide(p - 14)
-            for half in tl.static_range(2):
-                if half == 0:
-                    words = _ld_word(qa + kw[None, :], a_ok[:, None] & w_ok[None, :], ASM)
-                    e = _ld_scale(sa + (kw // 4)[None, :], a_ok[:, None] & w_ok[None, :], ASM)
-                else:
-                    words = _ld_word(qb + kw[None, :], b_ok[:, None] & w_ok[None, :], ASM)
-                    e = _ld_scale(sb + (kw // 4)[None, :], b_ok[:, None] & w_ok[None, :], ASM)
-                p04, p15, p26, p37 = _e2m1_word_pairs(words, ASM)
-                h = _fma_f16x2(p04, x04[None, :], tl.zeros_like(words), ASM)
-                h = _fma_f16x2(p15, x15[None, :], h, ASM)
-                h = _fma_f16x2(p26, x26[None, :], h, ASM)
-                h = _fma_f16x2(p37, x37[None, :], h, ASM)
-                part = (_f16_lo(h).to(tl.float32) + _f16_hi(h).to(tl.float32)) * xfac[None, :]
-                if half == 0:
-                    acc_a += part * _e8m0_to_f32(e)
-                else:
-                    acc_b += part * _e8m0_to_f32(e)
-        ya = tl.sum(acc_a, axis=1) * 16384.0
-        yb = tl.sum(acc_b, axis=1) * 16384.0
-        _gemv_epilogue(ya, yb, offs_a, offs_b, a_ok, b_ok, pid_n, pid_m, pid_s, bias_ptr, y_ptr, p_ptr, cnt_ptr,
-                       stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
+        if GROUPED:
+            expert = tl.load(ids_ptr + pid_m).to(tl.int64)
+            q_ptr += expert * stride_qe
+            s_ptr += expert * stride_se
+        kb = tl.arange(0, GROUPS)
+        g_ok = kb < KB
+        kw = tl.arange(0, GROUPS * 4)
+        w_ok = kw < KB * 4
+        x0, x1, x2, x3, xfac = _gemv_x_pairs_in_thread(x_ptr + pid_m.to(tl.int64) * stride_xm, kb, g_ok, K, ASM)
+        y_row = y_ptr + pid_m.to(tl.int64) * stride_ym
+        r = tl.arange(0, ROWS_PER_STEP)
+        for i in tl.range(0, BLOCK_N // ROWS_PER_STEP, num_stages=STAGES):
+            rows = pid_n * BLOCK_N + i * ROWS_PER_STEP + r
+            r_ok = rows < N
+            words = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qn + kw[None, :],
+                            mask=r_ok[:, None] & w_ok[None, :], other=0)
+            e = tl.load(s_ptr + rows.to(tl.int64)[:, None] * stride_sn + kb[None, :],
+                        mask=r_ok[:, None] & g_ok[None, :], other=127)
+            part = _gemv_block_sums_f16x2(tl.reshape(words, [ROWS_PER_STEP, GROUPS, 4]), e, x0, x1, x2, x3, xfac,
+                                          ASM)
+            y = tl.sum(part, axis=1) * 16384.0
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
+            tl.store(y_row + rows, y.to(y_ptr.dtype.element_ty), mask=r_ok)
 
     @triton.jit
     def _mx_gemv_f16x2_kernel(
@@ -993,13 +932,16 @@ class GemvConfig:
     # barrier or shared memory in the loop; module docstring, "Numerics of loop").
     # accumulate="f16x2": "block_sums" is _mx_gemv_f16x2_kernel, "elementwise" is
     # _mx_gemv_elem_f16x2_kernel (threads along the blocks, x' made per thread; the default);
-    # "words" (f16x2 only) is _mx_gemv_words_kernel (one thread per weight word; not yet timed).
+    # "rows" (f16x2 only) is _mx_gemv_rows_kernel: the whole K per program (groups >= K / 32, one
+    # split), a software-pipelined loop over its rows, rows_per_step at a time, num_stages deep.
     loop: str = "block_sums"
+    rows_per_step: int = 4
+    num_stages: int = 4
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
 GEMV_REDUCE = ("separate", "in_kernel")
-GEMV_LOOP = ("block_sums", "elementwise", "words")
+GEMV_LOOP = ("block_sums", "elementwise", "rows")
 
 
 @dataclass(frozen=True)
@@ -1156,8 +1098,10 @@ def _check_gemv_config(cfg: GemvConfig) -> None:
         raise ValueError(f"GemvConfig.reduce={cfg.reduce!r}: use one of {GEMV_REDUCE}")
     if cfg.loop not in GEMV_LOOP:
         raise ValueError(f"GemvConfig.loop={cfg.loop!r}: use one of {GEMV_LOOP}")
-    if cfg.loop == "words" and (cfg.accumulate != "f16x2" or cfg.prefetch):
-        raise ValueError("GemvConfig(loop='words') needs accumulate='f16x2' and prefetch=False")
+    if cfg.loop == "rows" and (cfg.accumulate != "f16x2" or cfg.prefetch or cfg.block_n % cfg.rows_per_step
+                               or cfg.num_stages < 1):
+        raise ValueError("GemvConfig(loop='rows') needs accumulate='f16x2', prefetch=False, block_n a multiple of "
+                         f"rows_per_step and num_stages >= 1; got {cfg}")
 
 
 def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
@@ -1174,8 +1118,8 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
     """out[j] = x[j] @ W[ids[j]]^T for a stack of MXFP4 weights (codes [E, N, Kp/2], scales [E, N, Kp/32]),
     in one launch: the decode step of a mixture of experts, where one token's rows go through its
     routed experts (x [G, K] bf16, one row per routed expert, or a stride-0 expand of one row; ids [G]
-    int32 in [0, E); out [G, N]). Only the default GEMV kernel (accumulate="f16x2",
-    loop="elementwise") runs grouped; cfg None is default_grouped_gemv_config's. The ids are not
+    int32 in [0, E); out [G, N]). Only the packed-fp16 kernels (accumulate="f16x2",
+    loop="elementwise" or "rows") run grouped; cfg None is default_grouped_gemv_config's. The ids are not
     range-checked on the device (an id outside [0, E) reads out of bounds): mx_gemv_grouped checks
     them on the host only when they are on the CPU."""
     _require_triton()
@@ -1189,9 +1133,9 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
         raise ValueError(f"ids must lie in [0, {codes.shape[0]})")
     if cfg is None:
         cfg = default_grouped_gemv_config(codes.shape[1], k, x.shape[0], x.device)
-    if (cfg.accumulate, cfg.loop) != ("f16x2", "elementwise"):
-        raise ValueError("mx_gemv_grouped runs the default GEMV kernel only: GemvConfig(accumulate='f16x2', "
-                         f"loop='elementwise'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")
+    if cfg.accumulate != "f16x2" or cfg.loop not in ("elementwise", "rows"):
+        raise ValueError("mx_gemv_grouped runs the packed-fp16 GEMV kernels only: GemvConfig(accumulate='f16x2', "
+                         f"loop='elementwise' or 'rows'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")
     if x.stride(0) == 0:  # one row for every expert: the kernel reads row 0 G times
         _check_operands(x[:1], codes[0], scales[0], k, out[:1])
     else:
@@ -1202,12 +1146,14 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
 
 def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Tensor | None = None) -> torch.Tensor:
     """The GEMV launch(es) behind mx_gemv and mx_gemv_grouped (ids: one weight of the stack per row)."""
-    elementwise = cfg.loop in ("elementwise", "words")  # x read 16 bytes at a time
+    elementwise = cfg.loop in ("elementwise", "rows")  # x read 16 bytes at a time
     if elementwise and x.stride(0) == 0 and x.shape[0] > 1:  # one row read by every program row
         x = _x_for_word_loads(x[:1]).expand(x.shape[0], -1)
     elif elementwise:
         x = _x_for_word_loads(x)
     m, n, kb = x.shape[0], codes.shape[-2], scales.shape[-1]
+    if cfg.loop == "rows":
+        return _launch_gemv_rows(x, codes, scales, k, bias, out, cfg, ids)
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), m, splits)
     # 0: one split writes out; 1: partials, then _reduce_splits; 2: partials, the last program sums.
@@ -1220,9 +1166,7 @@ def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Ten
              partial.stride(-2))
     meta = dict(ITERS=per // cfg.groups, HAS_BIAS=bias is not None, SPLITS=splits, REDUCE=reduce,
                 BLOCK_N=cfg.block_n, GROUPS=cfg.groups, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
-    if cfg.loop == "words":
-        _mx_gemv_words_kernel[grid](*ptrs, *sizes, **meta, ASM=not interpreter_enabled())
-    elif cfg.accumulate == "f16x2" and elementwise:
+    if cfg.accumulate == "f16x2" and elementwise:
         grouped = (ids, words.stride(0), scales.stride(0)) if ids is not None else (scales, 0, 0)
         _mx_gemv_elem_f16x2_kernel[grid](*ptrs, grouped[0], *sizes, *grouped[1:], **meta,
                                          ASM=not interpreter_enabled(), GROUPED=ids is not None)
@@ -1234,6 +1178,22 @@ def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Ten
         _mx_gemv_kernel[grid](*ptrs, *sizes, **meta)
     if reduce == 1:
         _reduce_splits(partial, bias, out)
+    return out
+
+
+def _launch_gemv_rows(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Tensor | None) -> torch.Tensor:
+    """loop="rows": one launch of _mx_gemv_rows_kernel (x already laid out for 16-byte loads)."""
+    m, n, kb = x.shape[0], codes.shape[-2], scales.shape[-1]
+    if cfg.groups < kb:
+        raise ValueError(f"GemvConfig(loop='rows') holds the whole K in one program: groups={cfg.groups} must be "
+                         f">= K / 32 = {kb} blocks")
+    words = _words(codes)
+    grouped = (ids, words.stride(0), scales.stride(0)) if ids is not None else (scales, 0, 0)
+    _mx_gemv_rows_kernel[(triton.cdiv(n, cfg.block_n), m)](
+        x, words, scales, bias if bias is not None else scales, out, grouped[0],
+        n, k, kb, x.stride(0), words.stride(-2), scales.stride(-2), out.stride(0), *grouped[1:],
+        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUPS=cfg.groups, ROWS_PER_STEP=cfg.rows_per_step,
+        STAGES=cfg.num_stages, ASM=not interpreter_enabled(), GROUPED=ids is not None, num_warps=cfg.num_warps)
     return out
 
 
@@ -1249,7 +1209,7 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
         raise ValueError(f"accumulate={accumulate!r}: use one of {GEMV_ACCUMULATE}")
     if loop not in GEMV_LOOP:
         raise ValueError(f"loop={loop!r}: use one of {GEMV_LOOP}")
-    if ((loop == "elementwise" and accumulate == "f32") or loop == "words") and groups is None:
+    if loop == "elementwise" and accumulate == "f32" and groups is None:
         raise ValueError(f"loop={loop!r} bounds with accumulate={accumulate!r} need groups=<the config's groups>")
     m, k = x.shape
     n, kb = scales.shape
@@ -1267,16 +1227,12 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
     # Every block's fp32 terms: the half-sum, the scale products, ITERS + GROUPS + splits additions,
     # the bias, at most KB + 64 roundings for any config.
     g32 = gamma(kb + 64, u32)
-    if loop == "words":  # a term per word: ITERS additions, a tree over 4 * groups lanes, the splits
-        g32 = gamma(kb + 4 * groups + 64, u32)
     e = scales.long()
     # fp32 underflow: each of the <= 2 * KB + 64 roundings below 2^-126 in the accumulator's units
     # (y * 2^-14) errs by at most 2^-150, i.e. 2^-136 in y's, times the block scale where that exceeds 1
     # (the default kernel's per-product sums are in units of the scale).
     big_scale = torch.exp2((e - 127).clamp(min=0).double()).amax(dim=1)  # [N]
     under32 = (2 * kb + 96) * 2.0**-136 * big_scale[None, :].expand(m, n)
-    if loop == "words":  # each word's sum, its two scale products and accumulations: 4x the terms
-        under32 = (8 * kb + 4 * groups + 96) * 2.0**-136 * big_scale[None, :].expand(m, n)
     if loop == "elementwise" and accumulate == "f32":
         # Every product w' x is exact and every scale product exact (barring underflow); a term
         # passes through 7 chain additions, ITERS accumulator additions, a tree over 4 * groups
@@ -1291,7 +1247,7 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
     else:
         amax = xd.abs().reshape(m, kb, 32).amax(dim=2)
         # _gemv_x_pairs_in_thread (loop="elementwise") clamps p at -113, _gemv_x_pairs at -126.
-        p_min = -113 if loop in ("elementwise", "words") else -126
+        p_min = -113 if loop in ("elementwise", "rows") else -126
         p = torch.floor(torch.log2(amax.clamp(min=2.0**-126))).clamp(p_min, 127)
         block = torch.exp2(p)[:, None, :] * torch.exp2((e - 127).double())[None, :, :]  # [M, N, KB]
         under16 = 40 * 2.0**-25 * block.sum(dim=2)

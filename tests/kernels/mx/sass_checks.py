@@ -18,8 +18,8 @@ of default_gemv_config's two tiles (packed fp16, loop="elementwise"):
     python -m tests.kernels.mx.sass_checks default
 With `placement`: where the default kernel for a k3 expert weight issues its loads (docs/log/mx.md):
     python -m tests.kernels.mx.sass_checks placement
-With `words`: loop="words"'s layouts (one weight word per lane), shuffles and registers:
-    python -m tests.kernels.mx.sass_checks words
+With `rows`: where loop="rows" (one k3 expert's tile) issues its weight copies to shared memory:
+    python -m tests.kernels.mx.sass_checks rows
 """
 
 import json
@@ -44,9 +44,7 @@ INT_ARGS = ("N", "K", "KB", "KB_PER_SPLIT", "stride_xm", "stride_qn", "stride_sn
 
 def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = False, loop: str = "block_sums"):
     """The split-K GEMV kernel compiled for sm_90 with the given constexprs (bf16 output)."""
-    if loop == "words":
-        fn = tm._mx_gemv_words_kernel
-    elif accumulate == "f16x2":
+    if accumulate == "f16x2":
         fn = tm._mx_gemv_elem_f16x2_kernel if loop == "elementwise" else tm._mx_gemv_f16x2_kernel
     else:
         fn = tm._mx_gemv_elem_kernel if loop == "elementwise" else tm._mx_gemv_kernel
@@ -58,7 +56,7 @@ def _compile_gemv(accumulate: str, const: dict, num_warps: int, bias: bool = Fal
     sig.update({name: "i32" for name in INT_ARGS + (("stride_qe", "stride_se") if grouped else ())})
     runtime = list(sig)
     const = dict(const, HAS_BIAS=bias)
-    if accumulate == "f16x2" or loop in ("elementwise", "words"):
+    if accumulate == "f16x2" or loop == "elementwise":
         const["ASM"] = True
     sig.update({name: "constexpr" for name in const})
     # The JIT's specialization marks 16-divisible pointers and sizes; without it every load is 1 byte.
@@ -184,25 +182,38 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
     }
 
 
-def words_layout(block_n: int = 16, groups: int = 128, num_warps: int = 16) -> dict:
-    """loop="words" (_mx_gemv_words_kernel) for sm_90: the blocked layouts of its TTGIR (the word tile
-    must hold one word per lane, lane = word mod 32, which its block-max shuffles assume), the SASS
-    shuffles and packed FMAs, registers and spills."""
-    const = dict(ITERS=1, SPLITS=1, REDUCE=0, BLOCK_N=block_n, GROUPS=groups, PREFETCH=False)
-    kernel = _compile_gemv("f16x2", const, num_warps, loop="words")
+def rows_placement(block_n: int = 16, groups: int = 128, rows_per_step: int = 4, stages: int = 4,
+                   num_warps: int = 4) -> dict:
+    """loop="rows" (_mx_gemv_rows_kernel, one k3 expert's tile) for sm_90: positions of its weight
+    copies to shared memory (LDGSTS.E.BYPASS.128, Triton's software pipeline) and of its first
+    packed FMA, the cp.async waits (DEPBAR), registers and spills."""
+    fn = tm._mx_gemv_rows_kernel
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*u8", "y_ptr": "*bf16", "ids_ptr": "*u8"}
+    sig.update({name: "i32" for name in ("N", "K", "KB", "stride_xm", "stride_qn", "stride_sn", "stride_ym",
+                                         "stride_qe", "stride_se")})
+    runtime = list(sig)
+    const = dict(HAS_BIAS=False, BLOCK_N=block_n, GROUPS=groups, ROWS_PER_STEP=rows_per_step, STAGES=stages,
+                 ASM=True)
+    sig.update({name: "constexpr" for name in const})
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in runtime}
+    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps})
     sass, res = _sass_and_resources(kernel)
     ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]
            for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass)]
-    layouts = sorted(set(re.findall(r"#ttg\.blocked<\{([^}]*)\}>", kernel.asm["ttgir"])))
-    regs = int(re.search(r"REG:(\d+)", res).group(1))
-    return {"layouts": layouts, "hfma2": sum(op.startswith("HFMA2") for op in ops),
-            "shfl": sum(op.startswith("SHFL") for op in ops), "instructions": len(ops), "registers": regs,
+    fma = [i for i, op in enumerate(ops) if op == "HFMA2"]
+    return {"config": dict(block_n=block_n, groups=groups, rows_per_step=rows_per_step, stages=stages,
+                           num_warps=num_warps),
+            "instructions": len(ops), "weight_copies": [i for i, op in enumerate(ops) if op == "LDGSTS.E.BYPASS.128"],
+            "first_packed_fma": fma[0] if fma else None, "packed_fmas": len(fma),
+            "waits": sum(op.startswith("DEPBAR") for op in ops),
+            "registers": int(re.search(r"REG:(\d+)", res).group(1)),
             "spills": sum(op.startswith(("LDL", "STL")) for op in ops)}
 
 
 def main() -> int:
-    if sys.argv[1:] == ["words"]:
-        print(json.dumps(words_layout()))
+    if sys.argv[1:] == ["rows"]:
+        print(json.dumps(rows_placement()))
         return 0
     if sys.argv[1:2] == ["loops"]:
         print(json.dumps(loop_report(full=sys.argv[2:] == ["all"])))

@@ -43,14 +43,14 @@ def test_default_gemv_loop_is_packed_and_exchange_free():
 
 
 @pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
-def test_words_gemv_holds_one_word_per_lane():
-    """GemvConfig(loop="words") at 16 rows x 128 blocks over 16 warps: every blocked layout of its
-    TTGIR has one element per thread along 32 lanes (the word tile [rows, words] with the words along
-    the lanes), which the block-max butterfly shuffles (xor 1, 2) rely on; 16 rows x 4 packed FMAs
-    per thread, no spill."""
-    r = sass_report("words")
-    assert r["layouts"], r
-    for layout in r["layouts"]:
-        assert "sizePerThread = [1, 1]" in layout or "sizePerThread = [1]," in layout, r
-        assert "threadsPerWarp = [1, 32]" in layout or "threadsPerWarp = [32]" in layout, r
-    assert r["hfma2"] >= 16 * 4 and r["spills"] == 0, r
+def test_rows_gemv_requests_its_weights_before_the_arithmetic():
+    """GemvConfig(loop="rows") at one k3 expert's tile (16 rows x 128 blocks, 4 rows per step, 4
+    stages, 4 warps): the software pipeline's prologue copies the first 3 steps' weights to shared
+    memory (one 16-byte LDGSTS per row per thread) before the first packed FMA, and the loop the
+    last step's; where the elementwise kernel's register loads sit between its FMAs (docs/log/mx.md,
+    `sass_checks placement`). 4 rows x 4 words x 4 packed FMAs per step per thread, no spill."""
+    r = sass_report("rows")
+    copies, first = r["weight_copies"], r["first_packed_fma"]
+    assert len(copies) == 16 and r["spills"] == 0, r
+    assert sum(c < first for c in copies) == 12, r
+    assert r["packed_fmas"] >= 4 * 4 * 4 // 2 and r["waits"] >= 1, r
