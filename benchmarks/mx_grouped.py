@@ -45,8 +45,6 @@ REPS = 30  # graph replays per timing (median)
 # blocks, which divide both experts' K (112 = 7 x 16, 96 = 3 x 32), so every lane works.
 TILES = [(16, 128, 4, False), (32, 128, 8, False), (128, 16, 4, False), (128, 16, 4, True), (64, 32, 4, False),
          (64, 32, 4, True), (64, 16, 4, False), (32, 32, 4, False), (128, 32, 8, False)]
-# loop="rows" (the whole K per program, pipelined over the rows): (block_n, rows_per_step, num_stages, warps).
-ROWS_TILES = [(16, 4, 4, 4), (32, 4, 8, 4), (64, 8, 8, 4)]
 
 
 def _stack(e: int, n: int, k: int, dev, seed: int):
@@ -61,7 +59,7 @@ def _stack(e: int, n: int, k: int, dev, seed: int):
 
 
 def _configs(n: int, k: int, rows: int, dev, smoke: bool) -> dict:
-    """default_grouped_gemv_config's, default_gemv_config's (the one-expert default), TILES and ROWS_TILES."""
+    """default_grouped_gemv_config's, default_gemv_config's (the one-expert default), and TILES."""
     default = default_grouped_gemv_config(n, k, rows, dev)
     configs = {"default": default, "single_default": default_gemv_config(n, k, dev)}
     for bn, groups, w, pf in TILES if not smoke else [(16, 2, 4, False), (32, 1, 4, True)]:
@@ -69,11 +67,6 @@ def _configs(n: int, k: int, rows: int, dev, smoke: bool) -> dict:
                          loop="elementwise")
         if cfg not in configs.values():
             configs[f"bn{bn}_g{groups}_w{w}" + ("_prefetch" if pf else "")] = cfg
-    whole_k = 1 << (-(-k // 32) - 1).bit_length()
-    for bn, rps, stages, w in ROWS_TILES if not smoke else [(8, 4, 2, 4)]:
-        configs[f"rows_bn{bn}_r{rps}_s{stages}_w{w}"] = GemvConfig(
-            block_n=bn, groups=whole_k, split_k=1, num_warps=w, accumulate="f16x2", loop="rows", rows_per_step=rps,
-            num_stages=stages)
     return configs
 
 

@@ -45,7 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name -> GemvConfig fields, with split_k given or set from per_sm (about per_sm programs per SM,
 # _splits_for); accumulate and loop default to "f16x2" and "elementwise". "default" is
 # default_gemv_config (the dispatcher's GEMV). Variants timed earlier and slower than the default
-# (f16x2 block sums, in-kernel split-K, the fp32 elementwise loop) are in docs/log/mx.md and
+# (f16x2 block sums, in-kernel split-K, the fp32 elementwise loop, one thread per weight word, a
+# Triton-pipelined loop over the rows) are in docs/log/mx.md and
 # benchmarks/results/mx_variants_*_h200.json.
 VARIANTS = {
     "default": None,
@@ -71,25 +72,6 @@ VARIANTS = {
     # 16 rows per thread over 4 warps (sm_90: 2.89 instructions per value, the default's 3.23).
     "lx_bn64_g32_w4_sm7": dict(block_n=64, groups=32, num_warps=4, per_sm=7),
     "lx_bn64_g32_w4_sm14": dict(block_n=64, groups=32, num_warps=4, per_sm=14),
-    # loop="rows" (session 6): the whole K per program ("groups": "k", the power of two >= K / 32),
-    # a loop over the program's rows rows_per_step at a time, software-pipelined num_stages deep
-    # (cp.async of the weights into shared memory ahead of the arithmetic).
-    "rows_bn16_r4_s4_w4": dict(block_n=16, groups="k", rows_per_step=4, num_stages=4, num_warps=4, split_k=1,
-                               loop="rows"),
-    "rows_bn16_r2_s8_w4": dict(block_n=16, groups="k", rows_per_step=2, num_stages=8, num_warps=4, split_k=1,
-                               loop="rows"),
-    "rows_bn8_r4_s2_w4": dict(block_n=8, groups="k", rows_per_step=4, num_stages=2, num_warps=4, split_k=1,
-                              loop="rows"),
-    "rows_bn8_r2_s4_w4": dict(block_n=8, groups="k", rows_per_step=2, num_stages=4, num_warps=4, split_k=1,
-                              loop="rows"),
-    "rows_bn32_r4_s8_w4": dict(block_n=32, groups="k", rows_per_step=4, num_stages=8, num_warps=4, split_k=1,
-                               loop="rows"),
-    "rows_bn32_r8_s4_w4": dict(block_n=32, groups="k", rows_per_step=8, num_stages=4, num_warps=4, split_k=1,
-                               loop="rows"),
-    "rows_bn16_r4_s4_w8": dict(block_n=16, groups="k", rows_per_step=4, num_stages=4, num_warps=8, split_k=1,
-                               loop="rows"),
-    "rows_bn4_r4_s1_w4": dict(block_n=4, groups="k", rows_per_step=4, num_stages=1, num_warps=4, split_k=1,
-                              loop="rows"),
 }
 TIME_MS = (1, 8, 16)
 CHECK_MS = (1, 8)
@@ -108,14 +90,12 @@ def variant_config(name: str, k: int, n: int, dev: torch.device, sms: int) -> Ge
     if spec is None:
         return default_gemv_config(n, k, dev)
     fields = {key: v for key, v in spec.items() if key not in ("per_sm", "split_k")}
-    if fields.get("groups") == "k":  # the whole K in one step
-        fields["groups"] = 1 << (-(-k // 32) - 1).bit_length()
     fields.setdefault("accumulate", "f16x2")
     fields.setdefault("loop", "elementwise")
     if "split_k" in spec:
         split = spec["split_k"]
     else:
-        split = _splits_for(-(-n // spec["block_n"]), k, fields["groups"], spec["per_sm"], sms)
+        split = _splits_for(-(-n // spec["block_n"]), k, spec["groups"], spec["per_sm"], sms)
     return GemvConfig(split_k=split, **fields)
 
 

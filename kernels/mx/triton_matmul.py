@@ -26,11 +26,6 @@ Kernels (benchmarks/mx.py measures them; docs/log/mx.md has the figures):
   bf16). Split-K and the reductions as below. With GROUPED (mx_gemv_grouped) each row of x has its
   own weight from a stack, the decode step of a mixture of experts in one launch (a k3 token's 16
   routed experts: 2.7-2.8x bf16 torch.bmm, default_grouped_gemv_config; benchmarks/mx_grouped.py).
-- _mx_gemv_rows_kernel (GemvConfig(accumulate="f16x2", loop="rows")): the same block sums with the
-  whole K in one program and a loop over the program's rows, ROWS_PER_STEP at a time, that Triton
-  software-pipelines (tl.range(num_stages=...): cp.async of every step's weights into shared memory
-  before the first step's arithmetic). For latency-bound launches (one k3 expert at M = 1), where
-  the elementwise kernel's register loads end up issued one by one between the arithmetic.
 - _mx_gemv_kernel (GemvConfig(accumulate="f32"), the default until 2026-11-29): CUDA cores; one
   program per (BLOCK_N rows of W, row of x, K split); each 32-block's dot product is summed before its scale is applied; two row
   halves share each converted x value; the next step's weights are loaded before this step's
@@ -614,47 +609,6 @@ if triton is not None:
                        stride_ym, stride_ps, stride_pm, HAS_BIAS, SPLITS, REDUCE)
 
     @triton.jit
-    def _mx_gemv_rows_kernel(
-        x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, ids_ptr,
-        N, K, KB, stride_xm, stride_qn, stride_sn, stride_ym, stride_qe, stride_se,
-        HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ROWS_PER_STEP: tl.constexpr,
-        STAGES: tl.constexpr, ASM: tl.constexpr, GROUPED: tl.constexpr = False,
-    ):
-        """loop="rows": one program per BLOCK_N rows of W and row of x, over the whole K (GROUPS >= KB
-        blocks, the lanes along the blocks as in _mx_gemv_elem_f16x2_kernel). The x' pairs are made
-        once; then a loop over the rows, ROWS_PER_STEP at a time, each step summed across the lanes
-        and written out. The loop is software-pipelined over STAGES steps (Triton's cp.async into
-        shared memory, STAGES - 1 steps ahead), so with STAGES = BLOCK_N / ROWS_PER_STEP every weight
-        byte of the program is requested before the first block sum. Numerics: those of
-        _mx_gemv_elem_f16x2_kernel with one step (the same block sums, one sum over the lanes)."""
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        if GROUPED:
-            expert = tl.load(ids_ptr + pid_m).to(tl.int64)
-            q_ptr += expert * stride_qe
-            s_ptr += expert * stride_se
-        kb = tl.arange(0, GROUPS)
-        g_ok = kb < KB
-        kw = tl.arange(0, GROUPS * 4)
-        w_ok = kw < KB * 4
-        x0, x1, x2, x3, xfac = _gemv_x_pairs_in_thread(x_ptr + pid_m.to(tl.int64) * stride_xm, kb, g_ok, K, ASM)
-        y_row = y_ptr + pid_m.to(tl.int64) * stride_ym
-        r = tl.arange(0, ROWS_PER_STEP)
-        for i in tl.range(0, BLOCK_N // ROWS_PER_STEP, num_stages=STAGES):
-            rows = pid_n * BLOCK_N + i * ROWS_PER_STEP + r
-            r_ok = rows < N
-            words = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qn + kw[None, :],
-                            mask=r_ok[:, None] & w_ok[None, :], other=0)
-            e = tl.load(s_ptr + rows.to(tl.int64)[:, None] * stride_sn + kb[None, :],
-                        mask=r_ok[:, None] & g_ok[None, :], other=127)
-            part = _gemv_block_sums_f16x2(tl.reshape(words, [ROWS_PER_STEP, GROUPS, 4]), e, x0, x1, x2, x3, xfac,
-                                          ASM)
-            y = tl.sum(part, axis=1) * 16384.0
-            if HAS_BIAS:
-                y += tl.load(bias_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
-            tl.store(y_row + rows, y.to(y_ptr.dtype.element_ty), mask=r_ok)
-
-    @triton.jit
     def _mx_gemv_f16x2_kernel(
         x_ptr, q_ptr, s_ptr, bias_ptr, y_ptr, p_ptr, cnt_ptr,
         N, K, KB, KB_PER_SPLIT,
@@ -932,16 +886,12 @@ class GemvConfig:
     # barrier or shared memory in the loop; module docstring, "Numerics of loop").
     # accumulate="f16x2": "block_sums" is _mx_gemv_f16x2_kernel, "elementwise" is
     # _mx_gemv_elem_f16x2_kernel (threads along the blocks, x' made per thread; the default);
-    # "rows" (f16x2 only) is _mx_gemv_rows_kernel: the whole K per program (groups >= K / 32, one
-    # split), a software-pipelined loop over its rows, rows_per_step at a time, num_stages deep.
     loop: str = "block_sums"
-    rows_per_step: int = 4
-    num_stages: int = 4
 
 
 GEMV_ACCUMULATE = ("f32", "f16x2")
 GEMV_REDUCE = ("separate", "in_kernel")
-GEMV_LOOP = ("block_sums", "elementwise", "rows")
+GEMV_LOOP = ("block_sums", "elementwise")
 
 
 @dataclass(frozen=True)
@@ -1098,10 +1048,6 @@ def _check_gemv_config(cfg: GemvConfig) -> None:
         raise ValueError(f"GemvConfig.reduce={cfg.reduce!r}: use one of {GEMV_REDUCE}")
     if cfg.loop not in GEMV_LOOP:
         raise ValueError(f"GemvConfig.loop={cfg.loop!r}: use one of {GEMV_LOOP}")
-    if cfg.loop == "rows" and (cfg.accumulate != "f16x2" or cfg.prefetch or cfg.block_n % cfg.rows_per_step
-                               or cfg.num_stages < 1):
-        raise ValueError("GemvConfig(loop='rows') needs accumulate='f16x2', prefetch=False, block_n a multiple of "
-                         f"rows_per_step and num_stages >= 1; got {cfg}")
 
 
 def mx_gemv(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int, bias: torch.Tensor | None,
@@ -1118,8 +1064,8 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
     """out[j] = x[j] @ W[ids[j]]^T for a stack of MXFP4 weights (codes [E, N, Kp/2], scales [E, N, Kp/32]),
     in one launch: the decode step of a mixture of experts, where one token's rows go through its
     routed experts (x [G, K] bf16, one row per routed expert, or a stride-0 expand of one row; ids [G]
-    int32 in [0, E); out [G, N]). Only the packed-fp16 kernels (accumulate="f16x2",
-    loop="elementwise" or "rows") run grouped; cfg None is default_grouped_gemv_config's. The ids are not
+    int32 in [0, E); out [G, N]). Only the default GEMV kernel (accumulate="f16x2",
+    loop="elementwise") runs grouped; cfg None is default_grouped_gemv_config's. The ids are not
     range-checked on the device (an id outside [0, E) reads out of bounds): mx_gemv_grouped checks
     them on the host only when they are on the CPU."""
     _require_triton()
@@ -1133,9 +1079,9 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
         raise ValueError(f"ids must lie in [0, {codes.shape[0]})")
     if cfg is None:
         cfg = default_grouped_gemv_config(codes.shape[1], k, x.shape[0], x.device)
-    if cfg.accumulate != "f16x2" or cfg.loop not in ("elementwise", "rows"):
-        raise ValueError("mx_gemv_grouped runs the packed-fp16 GEMV kernels only: GemvConfig(accumulate='f16x2', "
-                         f"loop='elementwise' or 'rows'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")
+    if (cfg.accumulate, cfg.loop) != ("f16x2", "elementwise"):
+        raise ValueError("mx_gemv_grouped runs the default GEMV kernel only: GemvConfig(accumulate='f16x2', "
+                         f"loop='elementwise'), got accumulate={cfg.accumulate!r}, loop={cfg.loop!r}")
     if x.stride(0) == 0:  # one row for every expert: the kernel reads row 0 G times
         _check_operands(x[:1], codes[0], scales[0], k, out[:1])
     else:
@@ -1146,14 +1092,12 @@ def mx_gemv_grouped(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
 
 def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Tensor | None = None) -> torch.Tensor:
     """The GEMV launch(es) behind mx_gemv and mx_gemv_grouped (ids: one weight of the stack per row)."""
-    elementwise = cfg.loop in ("elementwise", "rows")  # x read 16 bytes at a time
+    elementwise = cfg.loop == "elementwise"  # x read 16 bytes at a time
     if elementwise and x.stride(0) == 0 and x.shape[0] > 1:  # one row read by every program row
         x = _x_for_word_loads(x[:1]).expand(x.shape[0], -1)
     elif elementwise:
         x = _x_for_word_loads(x)
     m, n, kb = x.shape[0], codes.shape[-2], scales.shape[-1]
-    if cfg.loop == "rows":
-        return _launch_gemv_rows(x, codes, scales, k, bias, out, cfg, ids)
     per, splits = _split_plan(kb, cfg.groups, cfg.split_k)
     grid = (triton.cdiv(n, cfg.block_n), m, splits)
     # 0: one split writes out; 1: partials, then _reduce_splits; 2: partials, the last program sums.
@@ -1178,22 +1122,6 @@ def _launch_gemv(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Ten
         _mx_gemv_kernel[grid](*ptrs, *sizes, **meta)
     if reduce == 1:
         _reduce_splits(partial, bias, out)
-    return out
-
-
-def _launch_gemv_rows(x, codes, scales, k, bias, out, cfg: GemvConfig, ids: torch.Tensor | None) -> torch.Tensor:
-    """loop="rows": one launch of _mx_gemv_rows_kernel (x already laid out for 16-byte loads)."""
-    m, n, kb = x.shape[0], codes.shape[-2], scales.shape[-1]
-    if cfg.groups < kb:
-        raise ValueError(f"GemvConfig(loop='rows') holds the whole K in one program: groups={cfg.groups} must be "
-                         f">= K / 32 = {kb} blocks")
-    words = _words(codes)
-    grouped = (ids, words.stride(0), scales.stride(0)) if ids is not None else (scales, 0, 0)
-    _mx_gemv_rows_kernel[(triton.cdiv(n, cfg.block_n), m)](
-        x, words, scales, bias if bias is not None else scales, out, grouped[0],
-        n, k, kb, x.stride(0), words.stride(-2), scales.stride(-2), out.stride(0), *grouped[1:],
-        HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n, GROUPS=cfg.groups, ROWS_PER_STEP=cfg.rows_per_step,
-        STAGES=cfg.num_stages, ASM=not interpreter_enabled(), GROUPED=ids is not None, num_warps=cfg.num_warps)
     return out
 
 
@@ -1247,7 +1175,7 @@ def gemv_error_bound(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor, acc
     else:
         amax = xd.abs().reshape(m, kb, 32).amax(dim=2)
         # _gemv_x_pairs_in_thread (loop="elementwise") clamps p at -113, _gemv_x_pairs at -126.
-        p_min = -113 if loop in ("elementwise", "rows") else -126
+        p_min = -113 if loop == "elementwise" else -126
         p = torch.floor(torch.log2(amax.clamp(min=2.0**-126))).clamp(p_min, 127)
         block = torch.exp2(p)[:, None, :] * torch.exp2((e - 127).double())[None, :, :]  # [M, N, KB]
         under16 = 40 * 2.0**-25 * block.sum(dim=2)

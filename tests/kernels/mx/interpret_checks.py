@@ -19,7 +19,7 @@ from kernels.mx import triton_matmul as tm  # noqa: E402
 from kernels.mx.quant import fake_quant_torch  # noqa: E402
 from kernels.mx.triton_matmul import (  # noqa: E402
     GemmConfig, GemvConfig, default_gemv_config, dequant_fp4_bf16, fake_quant_triton, gemv_error_bound, mx_gemm,
-    mx_gemv, mx_gemv_grouped,
+    mx_gemv,
 )
 
 
@@ -257,49 +257,6 @@ def check_gemv_elementwise_f16x2():
                                        (GemvConfig(block_n=32, groups=4, split_k=1, prefetch=True, **packed), True)],
                                       GemvConfig(block_n=16, groups=2, split_k=2, **packed), "f16x2", "elementwise"))
     print(f"gemv elementwise f16x2 ok (largest error / bound {max(ratios):.3f})")
-
-
-def check_gemv_rows():
-    """loop="rows" (the whole K per program, a pipelined loop over the rows) within its f16x2 bound:
-    M = 1 to 3, K ragged (203 through the padded x copy, 1000), rows ragged at the last step, 1 and
-    several steps and stages, bias; the extreme rows of _extreme_x and a NaN weight block; grouped
-    (mx_gemv_grouped) bit-equal to one launch per row."""
-    ratios = []
-    rows = dict(accumulate="f16x2", loop="rows", split_k=1)
-    for m, n, k, cfg, b_ in [(1, 40, 224, GemvConfig(block_n=16, groups=8, num_warps=1, rows_per_step=4, **rows), False),
-                             (3, 37, 1000, GemvConfig(block_n=16, groups=32, rows_per_step=2, num_stages=8, **rows),
-                              True),
-                             (2, 24, 203, GemvConfig(block_n=8, groups=8, rows_per_step=8, num_stages=1, **rows),
-                              True)]:
-        x, wq, bias = _problem(m, n, k, seed=m * 100 + n + 29)
-        b = bias if b_ else None
-        out = torch.full((m, n), float("nan"))
-        mx_gemv(x, wq.codes, wq.scales, k, b, out, cfg)
-        ratios.append(_check_within_bound(out, x, wq, b, "f16x2", (m, n, k, cfg), "rows", cfg.groups))
-    ratios.append(_check_extreme_rows([(GemvConfig(block_n=16, groups=8, rows_per_step=4, **rows), False),
-                                       (GemvConfig(block_n=32, groups=8, rows_per_step=8, num_stages=2, **rows), True)],
-                                      GemvConfig(block_n=16, groups=8, rows_per_step=2, **rows), "f16x2", "rows"))
-    x, wq, _ = _problem(1, 16, 320, seed=3)
-    try:
-        mx_gemv(x, wq.codes, wq.scales, 320, None, torch.zeros(1, 16), GemvConfig(block_n=16, groups=8, **rows))
-    except ValueError as err:
-        assert "groups=8 must be >= K / 32 = 10" in str(err), err
-    else:
-        raise AssertionError("loop='rows' with groups < K / 32 did not raise")
-    n, k = 24, 224
-    x, _, _ = _problem(3, n, k, seed=41)
-    stack = [_problem(1, n, k, seed=50 + e)[1] for e in range(4)]
-    codes = torch.stack([w.codes for w in stack])
-    scales = torch.stack([w.scales for w in stack])
-    ids = torch.tensor([2, 0, 2], dtype=torch.int32)
-    cfg = GemvConfig(block_n=8, groups=8, rows_per_step=4, **rows)
-    out = torch.full((3, n), float("nan"))
-    mx_gemv_grouped(x, codes, scales, ids, k, out, cfg)
-    for j, e in enumerate(ids.tolist()):
-        alone = torch.full((1, n), float("nan"))
-        mx_gemv(x[j:j + 1].contiguous(), codes[e], scales[e], k, None, alone, cfg)
-        assert torch.equal(out[j:j + 1], alone), (j, e)
-    print(f"gemv rows ok (largest error / bound {max(ratios):.3f})")
 
 
 def check_gemv_grouped():

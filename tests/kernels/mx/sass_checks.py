@@ -18,8 +18,6 @@ of default_gemv_config's two tiles (packed fp16, loop="elementwise"):
     python -m tests.kernels.mx.sass_checks default
 With `placement`: where the default kernel for a k3 expert weight issues its loads (docs/log/mx.md):
     python -m tests.kernels.mx.sass_checks placement
-With `rows`: where loop="rows" (one k3 expert's tile) issues its weight copies to shared memory:
-    python -m tests.kernels.mx.sass_checks rows
 """
 
 import json
@@ -182,39 +180,7 @@ def in_kernel_ordering(accumulate: str, splits: int = 7) -> dict:
     }
 
 
-def rows_placement(block_n: int = 16, groups: int = 128, rows_per_step: int = 4, stages: int = 4,
-                   num_warps: int = 4) -> dict:
-    """loop="rows" (_mx_gemv_rows_kernel, one k3 expert's tile) for sm_90: positions of its weight
-    copies to shared memory (LDGSTS.E.BYPASS.128, Triton's software pipeline) and of its first
-    packed FMA, the cp.async waits (DEPBAR), registers and spills."""
-    fn = tm._mx_gemv_rows_kernel
-    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*u8", "y_ptr": "*bf16", "ids_ptr": "*u8"}
-    sig.update({name: "i32" for name in ("N", "K", "KB", "stride_xm", "stride_qn", "stride_sn", "stride_ym",
-                                         "stride_qe", "stride_se")})
-    runtime = list(sig)
-    const = dict(HAS_BIAS=False, BLOCK_N=block_n, GROUPS=groups, ROWS_PER_STEP=rows_per_step, STAGES=stages,
-                 ASM=True)
-    sig.update({name: "constexpr" for name in const})
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in runtime}
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps})
-    sass, res = _sass_and_resources(kernel)
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]
-           for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", sass)]
-    fma = [i for i, op in enumerate(ops) if op == "HFMA2"]
-    return {"config": dict(block_n=block_n, groups=groups, rows_per_step=rows_per_step, stages=stages,
-                           num_warps=num_warps),
-            "instructions": len(ops), "weight_copies": [i for i, op in enumerate(ops) if op == "LDGSTS.E.BYPASS.128"],
-            "first_packed_fma": fma[0] if fma else None, "packed_fmas": len(fma),
-            "waits": sum(op.startswith("DEPBAR") for op in ops),
-            "registers": int(re.search(r"REG:(\d+)", res).group(1)),
-            "spills": sum(op.startswith(("LDL", "STL")) for op in ops)}
-
-
 def main() -> int:
-    if sys.argv[1:] == ["rows"]:
-        print(json.dumps(rows_placement()))
-        return 0
     if sys.argv[1:2] == ["loops"]:
         print(json.dumps(loop_report(full=sys.argv[2:] == ["all"])))
         return 0

@@ -41,16 +41,3 @@ def test_default_gemv_loop_is_packed_and_exchange_free():
         assert r["hfma2"] >= r["values_per_thread"] // 2, (key, r)
         assert r["per_value"] <= 4.2, (key, r)
 
-
-@pytest.mark.skipif(not TOOLS, reason=NO_TOOLS)
-def test_rows_gemv_requests_its_weights_before_the_arithmetic():
-    """GemvConfig(loop="rows") at one k3 expert's tile (16 rows x 128 blocks, 4 rows per step, 4
-    stages, 4 warps): the software pipeline's prologue copies the first 3 steps' weights to shared
-    memory (one 16-byte LDGSTS per row per thread) before the first packed FMA, and the loop the
-    last step's; where the elementwise kernel's register loads sit between its FMAs (docs/log/mx.md,
-    `sass_checks placement`). 4 rows x 4 words x 4 packed FMAs per step per thread, no spill."""
-    r = sass_report("rows")
-    copies, first = r["weight_copies"], r["first_packed_fma"]
-    assert len(copies) == 16 and r["spills"] == 0, r
-    assert sum(c < first for c in copies) == 12, r
-    assert r["packed_fmas"] >= 4 * 4 * 4 // 2 and r["waits"] >= 1, r

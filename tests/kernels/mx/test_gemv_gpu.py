@@ -81,31 +81,3 @@ def test_grouped_gemv_equals_one_launch_per_expert(n, k, shared_x):
         bound = tm.gemv_error_bound(x[j:j + 1], w, scales[e], "f16x2", None, out.dtype, "elementwise", cfg.groups)
         assert bool(((out[j:j + 1].double() - x[j:j + 1].double() @ w.T).abs() <= bound).all()), (j, e)
 
-
-@pytest.mark.parametrize("block_n,rows_per_step,stages,warps", [(16, 4, 4, 4), (16, 2, 8, 4), (8, 4, 2, 4),
-                                                                 (32, 4, 8, 4)])
-def test_rows_gemv_within_its_bound_and_grouped_bits(block_n, rows_per_step, stages, warps):
-    """GemvConfig(loop="rows") on the H200 (Triton's cp.async pipeline, not the interpreter's): one k3
-    expert at M = 3 (x rows whose blocks differ by up to 2^20 in scale) within the f16x2 bound; the
-    same config grouped over 16 experts gives each row the bits of its own launch."""
-    n, k = 3072, 3584
-    stack, codes, scales = _stack(4, n, k, seed=7)
-    wq = stack[0]
-    w = naive.dequantize(unpack_fp4(wq.codes), wq.scales, "fp4_e2m1", 32, k)
-    x = torch.randn(3, k, device="cuda")
-    x[1] *= torch.exp2(torch.randint(-10, 10, (k // 32,), device="cuda").float()).repeat_interleave(32)
-    x = x.to(torch.bfloat16)
-    cfg = tm.GemvConfig(block_n=block_n, groups=128, split_k=1, num_warps=warps, accumulate="f16x2", loop="rows",
-                        rows_per_step=rows_per_step, num_stages=stages)
-    out = torch.full((3, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    tm.mx_gemv(x, wq.codes, wq.scales, k, None, out, cfg)
-    bound = tm.gemv_error_bound(x, w, wq.scales, "f16x2", None, out.dtype, "rows", cfg.groups)
-    err = (out.double() - x.double() @ w.T).abs()
-    assert bool((err <= bound).all()), (err / bound).max().item()
-    ids = torch.tensor([3, 0, 2], device="cuda", dtype=torch.int32)
-    grouped = torch.full((3, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    tm.mx_gemv_grouped(x, codes, scales, ids, k, grouped, cfg)
-    for j, e in enumerate(ids.tolist()):
-        alone = torch.full((1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        tm.mx_gemv(x[j:j + 1].contiguous(), codes[e], scales[e], k, None, alone, cfg)
-        assert torch.equal(grouped[j:j + 1], alone), (j, e)
