@@ -189,14 +189,7 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     one = tl.full([1], 1, dtype=tl.int1)
     zc = tl.zeros([1], dtype=tl.int32)
 
-    # ---- G = chunk-local cumsum in log2 units, kept for the rest and for the backward -------
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
-        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
-    # The anchors are single rows of G, read back from memory: make the stores visible first.
-    tl.debug_barrier()
+    _chunk_log_decay(g, Gs, t0, T, sk, K, BKS)
 
     # ---- A_qk, A_kk over three anchored regions; QG, KG, γ ----------------------------------
     acc_qk = tl.zeros([64, 64], dtype=tl.float32)
@@ -204,13 +197,8 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
-        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
-        p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
-        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-        _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
-        _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
-        tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
+        p0, p16, p32, p48, _ = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
+        qF, kF, GF = _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 0, SHIFT, CLAMP)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 1, 0.0, 0.0)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0)
@@ -218,6 +206,136 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     acc_qk = tl.where(c64[:, None] >= c64[None, :], acc_qk * scale, 0.0)
     _store_rows(Aqk, acc_qk, t0, T, H * 64, c64, all64, 64)
     return tl.where(c64[:, None] > c64[None, :], acc_kk * bF, 0.0), bF
+
+
+@triton.jit
+def _chunk_log_decay(g, Gs, t0, T, sk, K: tl.constexpr, BKS: tl.constexpr):
+    """G = the chunk-local cumsum of g in log2 units, stored to Gs (the rest of the prep and the
+    backward read it), and made visible to the whole CTA (the anchors are rows read back)."""
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
+        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k):
+    """One key slice of the chunk: stores QG = scale · q ⊙ 2^G, KG = k ⊙ 2^{G_C − G} and γ = 2^{G_C};
+    returns q, k (fp32) and G, each [64, BKS]."""
+    GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+    GC = tl.load(Gs + tl.minimum(t0 + 63, T - 1) * sk + o_k, mask=m_k, other=0.0)
+    kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+    qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+    _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
+    _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
+    tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
+    return qF, kF, GF
+
+
+@triton.jit
+def _row_halves(x):
+    """[2R, C] -> its rows [0, R) and [R, 2R), each [R, C]."""
+    return tl.split(tl.permute(tl.reshape(x, [2, x.shape[0] // 2, x.shape[1]]), (1, 2, 0)))
+
+
+@triton.jit
+def _even_odd_blocks(x):
+    """[64, C] -> its 16-row blocks (0, 2) and (1, 3), each [2, 16, C]."""
+    return tl.split(tl.permute(tl.reshape(x, [2, 2, 16, x.shape[1]]), (0, 2, 3, 1)))
+
+
+@triton.jit
+def _anchored_dots(q_r, k_r, G_r, k_c, G_c, anc, shift: tl.constexpr, clamp: tl.constexpr,
+                   BATCHED: tl.constexpr):
+    """(Q Kᵀ, K Kᵀ) between the rows (q_r, k_r, G_r) and the columns (k_c, G_c) of one pair region,
+    the decay 2^{G_r − G_c} factored through the anchor: 2^{G_r − anc + shift} · 2^{anc − shift − G_c}
+    (both exponents clamped at `clamp`). BATCHED: [NB, R, C] tiles, one product per block."""
+    rf = tl.exp2(tl.minimum(G_r - anc + shift, clamp))
+    kc = k_c * tl.exp2(tl.minimum(anc - shift - G_c, clamp))
+    if BATCHED:
+        kcT = tl.permute(kc, (0, 2, 1))
+    else:
+        kcT = tl.trans(kc)
+    return tl.dot(q_r * rf, kcT), tl.dot(k_r * rf, kcT)
+
+
+@triton.jit
+def _prep_pairs_blocks(q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, t0, T,
+                       H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
+                       SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+    """_prep_pairs for the split prep, each region's products on its own blocks only: the diagonal
+    16-blocks as a batch of four [16, 16] products, blocks (1, 0) and (3, 2) as a batch of two, and
+    rows 32–63 × columns 0–31 as one [32, 32] product (10 of the 16 blocks, where _prep_pairs forms
+    three full [64, 64] products and masks them). Stores G, QG, KG, γ, A_qk and β ⊙ A_kk (fp32, to
+    Akk), the upper blocks as zeros. Pointers are already offset to (batch, head)."""
+    sk = H * K
+    sa = H * 64
+    _chunk_log_decay(g, Gs, t0, T, sk, K, BKS)
+    o2 = tl.arange(0, 2)
+    o4 = tl.arange(0, 4)
+    o16 = tl.arange(0, 16)
+    o32 = tl.arange(0, 32)
+    diag_qk = tl.zeros([4, 16, 16], dtype=tl.float32)
+    diag_kk = tl.zeros([4, 16, 16], dtype=tl.float32)
+    odd_qk = tl.zeros([2, 16, 16], dtype=tl.float32)
+    odd_kk = tl.zeros([2, 16, 16], dtype=tl.float32)
+    low_qk = tl.zeros([32, 32], dtype=tl.float32)
+    low_kk = tl.zeros([32, 32], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        qF, kF, GF = _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k)
+        # Diagonal blocks, anchored at each block's first row.
+        anc4 = tl.load(Gs + tl.minimum(t0 + 16 * o4, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
+                       other=0.0)
+        k4 = tl.reshape(kF, [4, 16, BKS])
+        G4 = tl.reshape(GF, [4, 16, BKS])
+        d_qk, d_kk = _anchored_dots(tl.reshape(qF, [4, 16, BKS]), k4, G4, k4, G4, anc4[:, None, :], SHIFT, CLAMP,
+                                    True)
+        diag_qk += d_qk
+        diag_kk += d_kk
+        # Blocks (1, 0) and (3, 2), anchored at rows 16 and 48.
+        anc2 = tl.load(Gs + tl.minimum(t0 + 16 + 32 * o2, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
+                       other=0.0)
+        _, q_odd = _even_odd_blocks(qF)
+        k_even, k_odd = _even_odd_blocks(kF)
+        G_even, G_odd = _even_odd_blocks(GF)
+        d_qk, d_kk = _anchored_dots(q_odd, k_odd, G_odd, k_even, G_even, anc2[:, None, :], 0.0, 0.0, True)
+        odd_qk += d_qk
+        odd_kk += d_kk
+        # Rows 32–63 × columns 0–31, anchored at row 32.
+        p32 = tl.load(Gs + tl.minimum(t0 + 32, T - 1) * sk + o_k, mask=m_k, other=0.0)
+        _, q_low = _row_halves(qF)
+        k_top, k_low = _row_halves(kF)
+        G_top, G_low = _row_halves(GF)
+        d_qk, d_kk = _anchored_dots(q_low, k_low, G_low, k_top, G_top, p32[None, :], 0.0, 0.0, False)
+        low_qk += d_qk
+        low_kk += d_kk
+    # A_qk (× scale, j ≤ r) and β ⊙ A_kk (j < r), block by block; the upper blocks are zero.
+    r4 = t0 + 16 * o4[:, None, None] + o16[None, :, None]
+    c4 = 16 * o4[:, None, None] + o16[None, None, :]
+    b4 = tl.load(beta + r4 * H, mask=r4 < T, other=0.0).to(tl.float32)
+    on_or_below = o16[None, :, None] >= o16[None, None, :]
+    below = o16[None, :, None] > o16[None, None, :]
+    tl.store(Aqk + r4 * sa + c4, tl.where(on_or_below, diag_qk * scale, 0.0).to(Aqk.dtype.element_ty), mask=r4 < T)
+    tl.store(Akk + r4 * sa + c4, tl.where(below, diag_kk * b4, 0.0), mask=r4 < T)
+    r2 = t0 + 16 + 32 * o2[:, None, None] + o16[None, :, None]
+    c2 = 32 * o2[:, None, None] + o16[None, None, :]
+    b2 = tl.load(beta + r2 * H, mask=r2 < T, other=0.0).to(tl.float32)
+    tl.store(Aqk + r2 * sa + c2, (odd_qk * scale).to(Aqk.dtype.element_ty), mask=r2 < T)
+    tl.store(Akk + r2 * sa + c2, odd_kk * b2, mask=r2 < T)
+    r32 = t0 + 32 + o32[:, None]
+    b32 = tl.load(beta + r32 * H, mask=r32 < T, other=0.0).to(tl.float32)
+    tl.store(Aqk + r32 * sa + o32[None, :], (low_qk * scale).to(Aqk.dtype.element_ty), mask=r32 < T)
+    tl.store(Akk + r32 * sa + o32[None, :], low_kk * b32, mask=r32 < T)
+    c64 = tl.arange(0, 64)
+    r64 = t0 + c64[:, None]
+    upper = (r64 < T) & (c64[None, :] // 16 > c64[:, None] // 16)
+    zero = tl.zeros([64, 64], dtype=tl.float32)
+    tl.store(Aqk + r64 * sa + c64[None, :], zero.to(Aqk.dtype.element_ty), mask=upper)
+    tl.store(Akk + r64 * sa + c64[None, :], zero, mask=upper)
 
 
 @triton.jit
@@ -375,7 +493,7 @@ def _prep_pairs_kernel(
     H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
     SHIFT: tl.constexpr, CLAMP: tl.constexpr,
 ):
-    """Split prep, part 1: `_prep_pairs`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
+    """Split prep, part 1: `_prep_pairs_blocks`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -393,9 +511,7 @@ def _prep_pairs_kernel(
     QG += bt * K
     KG += bt * K
     GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
-    c64 = tl.arange(0, 64)
-    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
-    _store_rows(Akk, A, t0, T, H * 64, c64, c64 < 64, 64)
+    _prep_pairs_blocks(q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
 
 
 @triton.jit
