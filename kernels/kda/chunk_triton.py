@@ -235,15 +235,9 @@ def _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k):
 
 
 @triton.jit
-def _row_halves(x):
-    """[2R, C] -> its rows [0, R) and [R, 2R), each [R, C]."""
-    return tl.split(tl.permute(tl.reshape(x, [2, x.shape[0] // 2, x.shape[1]]), (1, 2, 0)))
-
-
-@triton.jit
-def _even_odd_blocks(x):
-    """[64, C] -> its 16-row blocks (0, 2) and (1, 3), each [2, 16, C]."""
-    return tl.split(tl.permute(tl.reshape(x, [2, 2, 16, x.shape[1]]), (0, 2, 3, 1)))
+def _rows3(ptr, rows, T, sk, o_k, m_k):
+    """ptr's rows `rows` (any shape [..., R, 1]) at columns o_k, as fp32; zeros past T."""
+    return tl.load(ptr + rows * sk + o_k, mask=(rows < T) & m_k, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -283,50 +277,55 @@ def _prep_pairs_blocks(q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, t0, T,
     odd_kk = tl.zeros([2, 16, 16], dtype=tl.float32)
     low_qk = tl.zeros([32, 32], dtype=tl.float32)
     low_kk = tl.zeros([32, 32], dtype=tl.float32)
+    r4 = t0 + 16 * o4[:, None, None] + o16[None, :, None]  # the chunk's rows as 4 blocks of 16
+    r2 = t0 + 16 + 32 * o2[:, None, None] + o16[None, :, None]  # blocks 1 and 3
+    r32 = t0 + 32 + o32[:, None]  # rows 32–63
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
-        qF, kF, GF = _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k)
+        # The region operands are loaded in their own shapes (reshaping registers cost more).
+        q4 = _rows3(q, r4, T, sk, o_k, m_k)
+        k4 = _rows3(k, r4, T, sk, o_k, m_k)
+        G4 = _rows3(Gs, r4, T, sk, o_k, m_k)
+        GC = tl.load(Gs + tl.minimum(t0 + 63, T - 1) * sk + o_k, mask=m_k, other=0.0)
+        p_qk = r4 * sk + o_k[None, None, :]
+        m_qk = (r4 < T) & m_k[None, None, :]
+        tl.store(KG + p_qk, (k4 * tl.exp2(GC[None, None, :] - G4)).to(KG.dtype.element_ty), mask=m_qk)
+        tl.store(QG + p_qk, (q4 * tl.exp2(G4) * scale).to(QG.dtype.element_ty), mask=m_qk)
+        tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
         # Diagonal blocks, anchored at each block's first row.
         anc4 = tl.load(Gs + tl.minimum(t0 + 16 * o4, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
                        other=0.0)
-        k4 = tl.reshape(kF, [4, 16, BKS])
-        G4 = tl.reshape(GF, [4, 16, BKS])
-        d_qk, d_kk = _anchored_dots(tl.reshape(qF, [4, 16, BKS]), k4, G4, k4, G4, anc4[:, None, :], SHIFT, CLAMP,
-                                    True)
+        d_qk, d_kk = _anchored_dots(q4, k4, G4, k4, G4, anc4[:, None, :], SHIFT, CLAMP, True)
         diag_qk += d_qk
         diag_kk += d_kk
         # Blocks (1, 0) and (3, 2), anchored at rows 16 and 48.
         anc2 = tl.load(Gs + tl.minimum(t0 + 16 + 32 * o2, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
                        other=0.0)
-        _, q_odd = _even_odd_blocks(qF)
-        k_even, k_odd = _even_odd_blocks(kF)
-        G_even, G_odd = _even_odd_blocks(GF)
-        d_qk, d_kk = _anchored_dots(q_odd, k_odd, G_odd, k_even, G_even, anc2[:, None, :], 0.0, 0.0, True)
+        G_odd = _rows3(Gs, r2, T, sk, o_k, m_k)
+        d_qk, d_kk = _anchored_dots(_rows3(q, r2, T, sk, o_k, m_k), _rows3(k, r2, T, sk, o_k, m_k), G_odd,
+                                    _rows3(k, r2 - 16, T, sk, o_k, m_k), _rows3(Gs, r2 - 16, T, sk, o_k, m_k),
+                                    anc2[:, None, :], 0.0, 0.0, True)
         odd_qk += d_qk
         odd_kk += d_kk
         # Rows 32–63 × columns 0–31, anchored at row 32.
         p32 = tl.load(Gs + tl.minimum(t0 + 32, T - 1) * sk + o_k, mask=m_k, other=0.0)
-        _, q_low = _row_halves(qF)
-        k_top, k_low = _row_halves(kF)
-        G_top, G_low = _row_halves(GF)
-        d_qk, d_kk = _anchored_dots(q_low, k_low, G_low, k_top, G_top, p32[None, :], 0.0, 0.0, False)
+        d_qk, d_kk = _anchored_dots(_rows3(q, r32, T, sk, o_k, m_k), _rows3(k, r32, T, sk, o_k, m_k),
+                                    _rows3(Gs, r32, T, sk, o_k, m_k), _rows3(k, r32 - 32, T, sk, o_k, m_k),
+                                    _rows3(Gs, r32 - 32, T, sk, o_k, m_k), p32[None, :], 0.0, 0.0, False)
         low_qk += d_qk
         low_kk += d_kk
     # A_qk (× scale, j ≤ r) and β ⊙ A_kk (j < r), block by block; the upper blocks are zero.
-    r4 = t0 + 16 * o4[:, None, None] + o16[None, :, None]
     c4 = 16 * o4[:, None, None] + o16[None, None, :]
     b4 = tl.load(beta + r4 * H, mask=r4 < T, other=0.0).to(tl.float32)
     on_or_below = o16[None, :, None] >= o16[None, None, :]
     below = o16[None, :, None] > o16[None, None, :]
     tl.store(Aqk + r4 * sa + c4, tl.where(on_or_below, diag_qk * scale, 0.0).to(Aqk.dtype.element_ty), mask=r4 < T)
     tl.store(Akk + r4 * sa + c4, tl.where(below, diag_kk * b4, 0.0), mask=r4 < T)
-    r2 = t0 + 16 + 32 * o2[:, None, None] + o16[None, :, None]
     c2 = 32 * o2[:, None, None] + o16[None, None, :]
     b2 = tl.load(beta + r2 * H, mask=r2 < T, other=0.0).to(tl.float32)
     tl.store(Aqk + r2 * sa + c2, (odd_qk * scale).to(Aqk.dtype.element_ty), mask=r2 < T)
     tl.store(Akk + r2 * sa + c2, odd_kk * b2, mask=r2 < T)
-    r32 = t0 + 32 + o32[:, None]
     b32 = tl.load(beta + r32 * H, mask=r32 < T, other=0.0).to(tl.float32)
     tl.store(Aqk + r32 * sa + o32[None, :], (low_qk * scale).to(Aqk.dtype.element_ty), mask=r32 < T)
     tl.store(Akk + r32 * sa + o32[None, :], low_kk * b32, mask=r32 < T)
