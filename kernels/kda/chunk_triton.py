@@ -189,7 +189,14 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     one = tl.full([1], 1, dtype=tl.int1)
     zc = tl.zeros([1], dtype=tl.int32)
 
-    _chunk_log_decay(g, Gs, t0, T, sk, K, BKS)
+    # ---- G = chunk-local cumsum in log2 units, kept for the rest and for the backward -------
+    for i_k in range(tl.cdiv(K, BKS)):
+        o_k = i_k * BKS + tl.arange(0, BKS)
+        m_k = o_k < K
+        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
+        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
+    # The anchors are single rows of G, read back from memory: make the stores visible first.
+    tl.debug_barrier()
 
     # ---- A_qk, A_kk over three anchored regions; QG, KG, γ ----------------------------------
     acc_qk = tl.zeros([64, 64], dtype=tl.float32)
@@ -197,8 +204,13 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     for i_k in range(tl.cdiv(K, BKS)):
         o_k = i_k * BKS + tl.arange(0, BKS)
         m_k = o_k < K
-        p0, p16, p32, p48, _ = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
-        qF, kF, GF = _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k)
+        GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
+        p0, p16, p32, p48, GC = _anchor_rows(Gs, t0, T, sk, o_k, m_k)
+        kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
+        _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
+        _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
+        tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 0, SHIFT, CLAMP)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 1, 0.0, 0.0)
         acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0)
@@ -206,135 +218,6 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
     acc_qk = tl.where(c64[:, None] >= c64[None, :], acc_qk * scale, 0.0)
     _store_rows(Aqk, acc_qk, t0, T, H * 64, c64, all64, 64)
     return tl.where(c64[:, None] > c64[None, :], acc_kk * bF, 0.0), bF
-
-
-@triton.jit
-def _chunk_log_decay(g, Gs, t0, T, sk, K: tl.constexpr, BKS: tl.constexpr):
-    """G = the chunk-local cumsum of g in log2 units, stored to Gs (the rest of the prep and the
-    backward read it), and made visible to the whole CTA (the anchors are rows read back)."""
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        GF = tl.cumsum(_load_rows(g, t0, T, sk, o_k, m_k, 64).to(tl.float32) * 1.4426950408889634, 0)
-        _store_rows(Gs, GF, t0, T, sk, o_k, m_k, 64)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _gated_slice(q, k, Gs, QG, KG, GAM, scale, t0, T, sk, o_k, m_k):
-    """One key slice of the chunk: stores QG = scale · q ⊙ 2^G, KG = k ⊙ 2^{G_C − G} and γ = 2^{G_C};
-    returns q, k (fp32) and G, each [64, BKS]."""
-    GF = _load_rows(Gs, t0, T, sk, o_k, m_k, 64)
-    GC = tl.load(Gs + tl.minimum(t0 + 63, T - 1) * sk + o_k, mask=m_k, other=0.0)
-    kF = _load_rows(k, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-    qF = _load_rows(q, t0, T, sk, o_k, m_k, 64).to(tl.float32)
-    _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
-    _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
-    tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
-    return qF, kF, GF
-
-
-@triton.jit
-def _rows3(ptr, rows, T, sk, o_k, m_k):
-    """ptr's rows `rows` (any shape [..., R, 1]) at columns o_k, as fp32; zeros past T."""
-    return tl.load(ptr + rows * sk + o_k, mask=(rows < T) & m_k, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _anchored_dots(q_r, k_r, G_r, k_c, G_c, anc, shift: tl.constexpr, clamp: tl.constexpr,
-                   BATCHED: tl.constexpr):
-    """(Q Kᵀ, K Kᵀ) between the rows (q_r, k_r, G_r) and the columns (k_c, G_c) of one pair region,
-    the decay 2^{G_r − G_c} factored through the anchor: 2^{G_r − anc + shift} · 2^{anc − shift − G_c}
-    (both exponents clamped at `clamp`). BATCHED: [NB, R, C] tiles, one product per block."""
-    rf = tl.exp2(tl.minimum(G_r - anc + shift, clamp))
-    kc = k_c * tl.exp2(tl.minimum(anc - shift - G_c, clamp))
-    if BATCHED:
-        kcT = tl.permute(kc, (0, 2, 1))
-    else:
-        kcT = tl.trans(kc)
-    return tl.dot(q_r * rf, kcT), tl.dot(k_r * rf, kcT)
-
-
-@triton.jit
-def _prep_pairs_blocks(q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, t0, T,
-                       H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
-                       SHIFT: tl.constexpr, CLAMP: tl.constexpr):
-    """_prep_pairs for the split prep, each region's products on its own blocks only: the diagonal
-    16-blocks as a batch of four [16, 16] products, blocks (1, 0) and (3, 2) as a batch of two, and
-    rows 32–63 × columns 0–31 as one [32, 32] product (10 of the 16 blocks, where _prep_pairs forms
-    three full [64, 64] products and masks them). Stores G, QG, KG, γ, A_qk and β ⊙ A_kk (fp32, to
-    Akk), the upper blocks as zeros. Pointers are already offset to (batch, head)."""
-    sk = H * K
-    sa = H * 64
-    _chunk_log_decay(g, Gs, t0, T, sk, K, BKS)
-    o2 = tl.arange(0, 2)
-    o4 = tl.arange(0, 4)
-    o16 = tl.arange(0, 16)
-    o32 = tl.arange(0, 32)
-    diag_qk = tl.zeros([4, 16, 16], dtype=tl.float32)
-    diag_kk = tl.zeros([4, 16, 16], dtype=tl.float32)
-    odd_qk = tl.zeros([2, 16, 16], dtype=tl.float32)
-    odd_kk = tl.zeros([2, 16, 16], dtype=tl.float32)
-    low_qk = tl.zeros([32, 32], dtype=tl.float32)
-    low_kk = tl.zeros([32, 32], dtype=tl.float32)
-    r4 = t0 + 16 * o4[:, None, None] + o16[None, :, None]  # the chunk's rows as 4 blocks of 16
-    r2 = t0 + 16 + 32 * o2[:, None, None] + o16[None, :, None]  # blocks 1 and 3
-    r32 = t0 + 32 + o32[:, None]  # rows 32–63
-    for i_k in range(tl.cdiv(K, BKS)):
-        o_k = i_k * BKS + tl.arange(0, BKS)
-        m_k = o_k < K
-        # The region operands are loaded in their own shapes (reshaping registers cost more).
-        q4 = _rows3(q, r4, T, sk, o_k, m_k)
-        k4 = _rows3(k, r4, T, sk, o_k, m_k)
-        G4 = _rows3(Gs, r4, T, sk, o_k, m_k)
-        GC = tl.load(Gs + tl.minimum(t0 + 63, T - 1) * sk + o_k, mask=m_k, other=0.0)
-        p_qk = r4 * sk + o_k[None, None, :]
-        m_qk = (r4 < T) & m_k[None, None, :]
-        tl.store(KG + p_qk, (k4 * tl.exp2(GC[None, None, :] - G4)).to(KG.dtype.element_ty), mask=m_qk)
-        tl.store(QG + p_qk, (q4 * tl.exp2(G4) * scale).to(QG.dtype.element_ty), mask=m_qk)
-        tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
-        # Diagonal blocks, anchored at each block's first row.
-        anc4 = tl.load(Gs + tl.minimum(t0 + 16 * o4, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
-                       other=0.0)
-        d_qk, d_kk = _anchored_dots(q4, k4, G4, k4, G4, anc4[:, None, :], SHIFT, CLAMP, True)
-        diag_qk += d_qk
-        diag_kk += d_kk
-        # Blocks (1, 0) and (3, 2), anchored at rows 16 and 48.
-        anc2 = tl.load(Gs + tl.minimum(t0 + 16 + 32 * o2, T - 1)[:, None] * sk + o_k[None, :], mask=m_k[None, :],
-                       other=0.0)
-        G_odd = _rows3(Gs, r2, T, sk, o_k, m_k)
-        d_qk, d_kk = _anchored_dots(_rows3(q, r2, T, sk, o_k, m_k), _rows3(k, r2, T, sk, o_k, m_k), G_odd,
-                                    _rows3(k, r2 - 16, T, sk, o_k, m_k), _rows3(Gs, r2 - 16, T, sk, o_k, m_k),
-                                    anc2[:, None, :], 0.0, 0.0, True)
-        odd_qk += d_qk
-        odd_kk += d_kk
-        # Rows 32–63 × columns 0–31, anchored at row 32.
-        p32 = tl.load(Gs + tl.minimum(t0 + 32, T - 1) * sk + o_k, mask=m_k, other=0.0)
-        d_qk, d_kk = _anchored_dots(_rows3(q, r32, T, sk, o_k, m_k), _rows3(k, r32, T, sk, o_k, m_k),
-                                    _rows3(Gs, r32, T, sk, o_k, m_k), _rows3(k, r32 - 32, T, sk, o_k, m_k),
-                                    _rows3(Gs, r32 - 32, T, sk, o_k, m_k), p32[None, :], 0.0, 0.0, False)
-        low_qk += d_qk
-        low_kk += d_kk
-    # A_qk (× scale, j ≤ r) and β ⊙ A_kk (j < r), block by block; the upper blocks are zero.
-    c4 = 16 * o4[:, None, None] + o16[None, None, :]
-    b4 = tl.load(beta + r4 * H, mask=r4 < T, other=0.0).to(tl.float32)
-    on_or_below = o16[None, :, None] >= o16[None, None, :]
-    below = o16[None, :, None] > o16[None, None, :]
-    tl.store(Aqk + r4 * sa + c4, tl.where(on_or_below, diag_qk * scale, 0.0).to(Aqk.dtype.element_ty), mask=r4 < T)
-    tl.store(Akk + r4 * sa + c4, tl.where(below, diag_kk * b4, 0.0), mask=r4 < T)
-    c2 = 32 * o2[:, None, None] + o16[None, None, :]
-    b2 = tl.load(beta + r2 * H, mask=r2 < T, other=0.0).to(tl.float32)
-    tl.store(Aqk + r2 * sa + c2, (odd_qk * scale).to(Aqk.dtype.element_ty), mask=r2 < T)
-    tl.store(Akk + r2 * sa + c2, odd_kk * b2, mask=r2 < T)
-    b32 = tl.load(beta + r32 * H, mask=r32 < T, other=0.0).to(tl.float32)
-    tl.store(Aqk + r32 * sa + o32[None, :], (low_qk * scale).to(Aqk.dtype.element_ty), mask=r32 < T)
-    tl.store(Akk + r32 * sa + o32[None, :], low_kk * b32, mask=r32 < T)
-    c64 = tl.arange(0, 64)
-    r64 = t0 + c64[:, None]
-    upper = (r64 < T) & (c64[None, :] // 16 > c64[:, None] // 16)
-    zero = tl.zeros([64, 64], dtype=tl.float32)
-    tl.store(Aqk + r64 * sa + c64[None, :], zero.to(Aqk.dtype.element_ty), mask=upper)
-    tl.store(Akk + r64 * sa + c64[None, :], zero, mask=upper)
 
 
 @triton.jit
@@ -492,7 +375,7 @@ def _prep_pairs_kernel(
     H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
     SHIFT: tl.constexpr, CLAMP: tl.constexpr,
 ):
-    """Split prep, part 1: `_prep_pairs_blocks`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
+    """Split prep, part 1: `_prep_pairs`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -510,7 +393,9 @@ def _prep_pairs_kernel(
     QG += bt * K
     KG += bt * K
     GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
-    _prep_pairs_blocks(q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
+    c64 = tl.arange(0, 64)
+    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
+    _store_rows(Akk, A, t0, T, H * 64, c64, c64 < 64, 64)
 
 
 @triton.jit
