@@ -2,7 +2,9 @@
 # The H200 calls of one device session, each a whole check-and-benchmark inside the 10-minute limit
 # of one `run` (docs/gpu_runbook.md). Usage on the device machine, from the repository root:
 #     bash benchmarks/h200_calls.sh kernels   # KDA GPU tests, training step (small), KDA variant sweep
-#     bash benchmarks/h200_calls.sh fla       # KDA vs fla-core 0.6.0 vs SDPA, 4 shapes + decode (carry .whl)
+#     bash benchmarks/h200_calls.sh fla [SHAPES]  # KDA vs fla-core 0.6.0 vs SDPA + decode (carry .whl);
+#                                                # SHAPES: kda.py --shapes, e.g. 0,1,2 then 3 (the four
+#                                                # shapes took 480-580 s, too near one call's 600 s)
 #     bash benchmarks/h200_calls.sh mx        # MXFP4 GEMV variants vs bf16
 #     bash benchmarks/h200_calls.sh step      # the small profile's training step, then its profile
 # Results land in $OUT as JSON (and logs); the kda_variants JSON of an earlier call in the same warm
@@ -34,7 +36,7 @@ fla)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PYTHONPATH
-    timeout 580 python3 benchmarks/kda.py --tiles "$(best_tiles)" --out "$OUT/kda_h200.json"
+    timeout 580 python3 benchmarks/kda.py --tiles "$(best_tiles)" --shapes "${2:-all}" --out "$OUT/kda_h200.json"
     elapsed "kda.py exit $?"
     ;;
 mx)

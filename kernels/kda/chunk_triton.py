@@ -548,8 +548,17 @@ def _bwd_state_kernel(
 
 
 @triton.jit
+def _pair_operand(x, PAIR_BF16: tl.constexpr):
+    """x as a product operand of _pair_region: bf16 when PAIR_BF16, else fp32 (tf32 products)."""
+    if PAIR_BF16:
+        return x.to(tl.bfloat16)
+    else:
+        return x
+
+
+@triton.jit
 def _pair_region(dq, dk, dG, db, dAs, qF, kF, bF, GF, p0, p16, p32, p48, scale, REGION: tl.constexpr,
-                 shift: tl.constexpr, clamp: tl.constexpr):
+                 shift: tl.constexpr, clamp: tl.constexpr, PAIR_BF16: tl.constexpr):
     """Adds the gradients of the pairwise products A_qk, A_kk restricted to one anchored region.
 
     dAs holds this chunk's dA_kk (columns 0–63) and dA_qk (columns 64–127), each row-major [64, 64].
@@ -557,6 +566,7 @@ def _pair_region(dq, dk, dG, db, dAs, qF, kF, bF, GF, p0, p16, p32, p48, scale, 
     2^{anc_j − shift − G_j}, anc the region's anchor row for each position. Row side:
     R[r] = Σ_j P[r, j] k_j 2^{G_r − G_j} for P = dA_qk and P = dA_kk; column side:
     C[j] = Σ_r (dA_qk[r, j] scale q_r + β_r dA_kk[r, j] k_r) 2^{G_r − G_j}.
+    PAIR_BF16: the four products take bf16 operands (fp32 accumulation) instead of tf32 ones.
     """
     c64 = tl.arange(0, 64)
     anc = _anchor(p0, p16, p32, p48, REGION)
@@ -565,12 +575,13 @@ def _pair_region(dq, dk, dG, db, dAs, qF, kF, bF, GF, p0, p16, p32, p48, scale, 
     Y = kF * cf
     p_rc = dAs + c64[:, None] * 128 + c64[None, :]
     Mreg = _region_mask(REGION)
-    Pq = tl.load(p_rc + 64, mask=Mreg, other=0.0)
-    Pk = tl.load(p_rc, mask=Mreg, other=0.0)
-    Rq = tl.dot(Pq, Y) * rf
-    Rk = tl.dot(Pk, Y) * rf
-    C = tl.dot(tl.trans(Pq), (qF * scale) * rf)
-    C = (tl.dot(tl.trans(Pk), (kF * bF) * rf, C)) * cf
+    Pq = _pair_operand(tl.load(p_rc + 64, mask=Mreg, other=0.0), PAIR_BF16)
+    Pk = _pair_operand(tl.load(p_rc, mask=Mreg, other=0.0), PAIR_BF16)
+    Yo = _pair_operand(Y, PAIR_BF16)
+    Rq = tl.dot(Pq, Yo) * rf
+    Rk = tl.dot(Pk, Yo) * rf
+    C = tl.dot(tl.trans(Pq), _pair_operand((qF * scale) * rf, PAIR_BF16))
+    C = (tl.dot(tl.trans(Pk), _pair_operand((kF * bF) * rf, PAIR_BF16), C)) * cf
     dq += Rq * scale
     dk += bF * Rk + C
     dG += (qF * scale) * Rq + (kF * bF) * Rk - kF * C
@@ -633,7 +644,8 @@ def _bwd_value_products(TmT, hs, dhs, vnew, dvnew, do, t0, T, o_k, m_k,
 
 @triton.jit
 def _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T, o_k, m_k,
-                   H: tl.constexpr, K: tl.constexpr, SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+                   H: tl.constexpr, K: tl.constexpr, SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+                   PAIR_BF16: tl.constexpr):
     """dq, dk, dg of one key slice (stored) from its value-width products and the chunk's dA;
     returns db with this slice's share of dβ added."""
     sk = H * K
@@ -653,11 +665,11 @@ def _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale
 
     # ---- pairwise terms: three anchored regions partition the lower triangle -----------------
     b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                        p0, p16, p32, p48, scale, 0, SHIFT, CLAMP)
+                                        p0, p16, p32, p48, scale, 0, SHIFT, CLAMP, PAIR_BF16)
     b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                        p0, p16, p32, p48, scale, 1, 0.0, 0.0)
+                                        p0, p16, p32, p48, scale, 1, 0.0, 0.0, PAIR_BF16)
     b_dq, b_dk, b_dG, db = _pair_region(b_dq, b_dk, b_dG, db, dAs, qF, kF, bF, GF,
-                                        p0, p16, p32, p48, scale, 2, 0.0, 0.0)
+                                        p0, p16, p32, p48, scale, 2, 0.0, 0.0, PAIR_BF16)
 
     # G_C enters through γ and KG: its gradient lands on the last row, then dg = reverse cumsum.
     b_dG += tl.where(c64[:, None] == 63, dGC[None, :], 0.0)
@@ -674,7 +686,7 @@ def _bwd_chunk_kernel(
     scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BKS: tl.constexpr, BV: tl.constexpr,
-    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr, PAIR_BF16: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -719,7 +731,7 @@ def _bwd_chunk_kernel(
         dqg, dkg, dXh, dgam = _bwd_value_products(TmT, hs, dhs, vnew, dvnew, do, t0, T, o_k, m_k,
                                                   H, V, BKS, BV)
         db = _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T,
-                            o_k, m_k, H, K, SHIFT, CLAMP)
+                            o_k, m_k, H, K, SHIFT, CLAMP, PAIR_BF16)
     _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
 
 
@@ -784,7 +796,7 @@ def _bwd_pairs_kernel(
     dq, dk, dg, dbeta,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
-    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr, PAIR_BF16: tl.constexpr,
 ):
     """Split backward, part 2: the QG / KG / γ terms and the three anchored pair regions from
     part 1's scratch; writes dq, dk, dg and dβ."""
@@ -823,7 +835,7 @@ def _bwd_pairs_kernel(
         dXh = _load_rows(dXH, t0, T, sk, o_k, m_k, 64)
         dgam = tl.load(dGAM + o_k, mask=m_k, other=0.0)
         db = _bwd_key_slice(q, k, Gs, dq, dk, dg, dAs, bF, dqg, dkg, dXh, dgam, db, scale, t0, T,
-                            o_k, m_k, H, K, SHIFT, CLAMP)
+                            o_k, m_k, H, K, SHIFT, CLAMP, PAIR_BF16)
     _store_rows(dbeta, db, t0, T, H, zero_c, one, 64)
 
 
@@ -839,7 +851,9 @@ class TileConfig:
     with the substitution inverse in one tf32 pass (the pairs kernel at 4 warps, session 4's
     `subst_combined_pairs4`: forward 2.19 vs 2.61 ms with 8), split backward; 7.92 ms forward+backward
     at (8, 4096, 16, 128) against 10.78 ms for `FUSED_DOUBLING` (benchmarks/results/
-    kda_variants_pairs4_h200.json, kda_variants_h200.json, docs/log/kda.md)."""
+    kda_variants_pairs4_h200.json, kda_variants_h200.json, docs/log/kda.md). With the diagonal
+    substitutions in one loop (session 6): forward 1.89 ms, forward+backward 7.65 ms
+    (kda_variants_diag4_h200.json)."""
 
     # 4 warps miscompiles the fused prep kernel (H200, Triton 3.6); the split kernels are separate.
     prep_warps: int = 8
@@ -874,10 +888,15 @@ class TileConfig:
     bwd_split: bool = True
     bwd_values_warps: int = 4
     bwd_pairs_warps: int = 8
+    # The backward's pair-region products (_pair_region): "fp32" operands (tf32 tensor-core
+    # products, Triton's default) or "bf16" operands with fp32 accumulation (session 6; untimed).
+    bwd_pair_dtype: str = "fp32"
 
     def __post_init__(self):
         if self.inverse_precision not in ("tf32x3", "tf32"):
             raise ValueError(f"inverse_precision must be 'tf32x3' or 'tf32', got {self.inverse_precision!r}")
+        if self.bwd_pair_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"bwd_pair_dtype must be 'fp32' or 'bf16', got {self.bwd_pair_dtype!r}")
         if self.inverse not in ("doubling", "substitution"):
             raise ValueError(f"inverse must be 'doubling' or 'substitution', got {self.inverse!r}")
         if self.inverse == "substitution" and not self.prep_split:
@@ -1048,7 +1067,8 @@ def kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale
     _bwd_chunk_kernel[(NT, B * H)](
         q, k, v, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, dAs, dq, dk, dv, dg, dbeta, scale, T,
         H=H, K=K, V=V, BKS=_pow2_tile(K, _TILES.bwd_key_slice), BV=_pow2_tile(V, _TILES.bwd_block_v),
-        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, num_warps=_TILES.bwd_warps, num_stages=1,
+        SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP, PAIR_BF16=_TILES.bwd_pair_dtype == "bf16", num_warps=_TILES.bwd_warps,
+        num_stages=1,
     )
     return dq, dk, dv, dg, dbeta
 
@@ -1085,7 +1105,7 @@ def kda_chunk_backward_pairs(q, k, g, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB, sc
     _bwd_pairs_kernel[(NT, B * H)](
         q, k, Gs, beta, dAs, dQG, dKG, dXH, dGAM, DB, dq, dk, dg, dbeta, scale, T,
         H=H, K=K, BKS=_pow2_tile(K, _TILES.bwd_key_slice), SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP,
-        num_warps=_TILES.bwd_pairs_warps, num_stages=1,
+        PAIR_BF16=_TILES.bwd_pair_dtype == "bf16", num_warps=_TILES.bwd_pairs_warps, num_stages=1,
     )
     return dq, dk, dg, dbeta
 
