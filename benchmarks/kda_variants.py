@@ -73,8 +73,10 @@ VARIANTS = {
     # The default with the pairs kernel at 4 warps; measured in session 4 (fwd 2.19 vs 2.61 ms), it
     # is the default now, and subst_combined_mixed keeps the 8-warp launch for comparison.
     "subst_combined_pairs4": {"prep_pairs_warps": 4},
-    # The backward's pair-region products with bf16 operands (session 6, untimed).
+    # The pair-region products with bf16 operands (session 6, untimed): backward, prep, both.
     "bwd_pairs_bf16": {"bwd_pair_dtype": "bf16"},
+    "prep_pairs_bf16": {"prep_pair_dtype": "bf16"},
+    "pairs_bf16": {"prep_pair_dtype": "bf16", "bwd_pair_dtype": "bf16"},
     # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
     "bwd_split_w4_bks16": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4,
                            "bwd_key_slice": 16},

@@ -144,15 +144,26 @@ def _region_mask(REGION: tl.constexpr):
 
 
 @triton.jit
+def _pair_operand(x, PAIR_BF16: tl.constexpr):
+    """x as an operand of the pair-region products (_region_products, _pair_region): bf16 when PAIR_BF16, else fp32 (tf32 products)."""
+    if PAIR_BF16:
+        return x.to(tl.bfloat16)
+    else:
+        return x
+
+
+@triton.jit
 def _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, REGION: tl.constexpr,
-                     shift: tl.constexpr, clamp: tl.constexpr):
-    """Adds (Q Kᵀ, K Kᵀ) with decay 2^{G_r − G_j} inside one pair region (module docstring)."""
+                     shift: tl.constexpr, clamp: tl.constexpr, PAIR_BF16: tl.constexpr):
+    """Adds (Q Kᵀ, K Kᵀ) with decay 2^{G_r − G_j} inside one pair region (module docstring);
+    PAIR_BF16: bf16 operands (fp32 accumulation) instead of fp32 (tf32) ones."""
     anc = _anchor(p0, p16, p32, p48, REGION)
     rf = tl.exp2(tl.minimum(GF - anc + shift, clamp))
     kc = tl.trans(kF * tl.exp2(tl.minimum(anc - shift - GF, clamp)))
     M = _region_mask(REGION)
-    acc_qk += tl.where(M, tl.dot(qF * rf, kc), 0.0)
-    acc_kk += tl.where(M, tl.dot(kF * rf, kc), 0.0)
+    kc = _pair_operand(kc, PAIR_BF16)
+    acc_qk += tl.where(M, tl.dot(_pair_operand(qF * rf, PAIR_BF16), kc), 0.0)
+    acc_kk += tl.where(M, tl.dot(_pair_operand(kF * rf, PAIR_BF16), kc), 0.0)
     return acc_qk, acc_kk
 
 
@@ -180,7 +191,7 @@ def _inv_unit_lower64(A, PREC: tl.constexpr):
 @triton.jit
 def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
                 H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
-                SHIFT: tl.constexpr, CLAMP: tl.constexpr):
+                SHIFT: tl.constexpr, CLAMP: tl.constexpr, PAIR_BF16: tl.constexpr = False):
     """One chunk's G, QG, KG, γ and A_qk (stored); returns β ⊙ A_kk, strictly lower [64, 64] fp32,
     and β [64, 1] fp32. Pointers are already offset to (batch, head)."""
     sk = H * K
@@ -211,9 +222,9 @@ def _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T,
         _store_rows(KG, kF * tl.exp2(GC[None, :] - GF), t0, T, sk, o_k, m_k, 64)
         _store_rows(QG, qF * tl.exp2(GF) * scale, t0, T, sk, o_k, m_k, 64)
         tl.store(GAM + o_k, tl.exp2(GC), mask=m_k)
-        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 0, SHIFT, CLAMP)
-        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 1, 0.0, 0.0)
-        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0)
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 0, SHIFT, CLAMP, PAIR_BF16)
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 1, 0.0, 0.0, PAIR_BF16)
+        acc_qk, acc_kk = _region_products(acc_qk, acc_kk, qF, kF, GF, p0, p16, p32, p48, 2, 0.0, 0.0, PAIR_BF16)
     bF = _load_rows(beta, t0, T, H, zc, one, 64).to(tl.float32)  # [64, 1]
     acc_qk = tl.where(c64[:, None] >= c64[None, :], acc_qk * scale, 0.0)
     _store_rows(Aqk, acc_qk, t0, T, H * 64, c64, all64, 64)
@@ -373,7 +384,7 @@ def _prep_pairs_kernel(
     Gs, Akk, Aqk, QG, KG, GAM,
     scale, T,
     H: tl.constexpr, K: tl.constexpr, BKS: tl.constexpr,
-    SHIFT: tl.constexpr, CLAMP: tl.constexpr,
+    SHIFT: tl.constexpr, CLAMP: tl.constexpr, PAIR_BF16: tl.constexpr,
 ):
     """Split prep, part 1: `_prep_pairs`, with β ⊙ A_kk going to fp32 scratch `Akk` [B, T, H, 64]."""
     i_t = tl.program_id(0)
@@ -394,7 +405,7 @@ def _prep_pairs_kernel(
     KG += bt * K
     GAM += ((i_b * NT + i_t) * H + i_h).to(tl.int64) * K
     c64 = tl.arange(0, 64)
-    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP)
+    A, bF = _prep_pairs(q, k, g, beta, Gs, Aqk, QG, KG, GAM, scale, t0, T, H, K, BKS, SHIFT, CLAMP, PAIR_BF16)
     _store_rows(Akk, A, t0, T, H * 64, c64, c64 < 64, 64)
 
 
@@ -545,15 +556,6 @@ def _bwd_state_kernel(
         dS = dS * gam[:, None] + tl.dot(b_qgT, b_do.to(b_qgT.dtype)) - tl.dot(b_wT, dvnc)
     if USE_DH0:
         tl.store(dh0 + i_bh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], dS, mask=m_kv)
-
-
-@triton.jit
-def _pair_operand(x, PAIR_BF16: tl.constexpr):
-    """x as a product operand of _pair_region: bf16 when PAIR_BF16, else fp32 (tf32 products)."""
-    if PAIR_BF16:
-        return x.to(tl.bfloat16)
-    else:
-        return x
 
 
 @triton.jit
@@ -888,15 +890,18 @@ class TileConfig:
     bwd_split: bool = True
     bwd_values_warps: int = 4
     bwd_pairs_warps: int = 8
-    # The backward's pair-region products (_pair_region): "fp32" operands (tf32 tensor-core
-    # products, Triton's default) or "bf16" operands with fp32 accumulation (session 6; untimed).
+    # The pair-region products of the split prep (_region_products: A_qk, A_kk) and of the backward
+    # (_pair_region): "fp32" operands (tf32 tensor-core products, Triton's default) or "bf16"
+    # operands with fp32 accumulation (session 6; untimed).
+    prep_pair_dtype: str = "fp32"
     bwd_pair_dtype: str = "fp32"
 
     def __post_init__(self):
         if self.inverse_precision not in ("tf32x3", "tf32"):
             raise ValueError(f"inverse_precision must be 'tf32x3' or 'tf32', got {self.inverse_precision!r}")
-        if self.bwd_pair_dtype not in ("fp32", "bf16"):
-            raise ValueError(f"bwd_pair_dtype must be 'fp32' or 'bf16', got {self.bwd_pair_dtype!r}")
+        for name in ("prep_pair_dtype", "bwd_pair_dtype"):
+            if getattr(self, name) not in ("fp32", "bf16"):
+                raise ValueError(f"{name} must be 'fp32' or 'bf16', got {getattr(self, name)!r}")
         if self.inverse not in ("doubling", "substitution"):
             raise ValueError(f"inverse must be 'doubling' or 'substitution', got {self.inverse!r}")
         if self.inverse == "substitution" and not self.prep_split:
@@ -989,7 +994,7 @@ def kda_prepare_pairs(q, k, g, beta, scale):
     _prep_pairs_kernel[(NT, B * H)](
         q, k, g, beta, Gs, Akk, Aqk, QG, KG, GAM, scale, T,
         H=H, K=K, BKS=_pow2_tile(K, _TILES.prep_key_slice), SHIFT=DIAG_SHIFT, CLAMP=EXP2_CLAMP,
-        num_warps=_TILES.prep_pairs_warps, num_stages=1,
+        PAIR_BF16=_TILES.prep_pair_dtype == "bf16", num_warps=_TILES.prep_pairs_warps, num_stages=1,
     )
     return Gs, Akk, Aqk, QG, KG, GAM
 

@@ -36,10 +36,13 @@ EXPECTED = {
     "all": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32},
     "split_bks16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **X3},
     "substitution_fused_bwd": {**SPLIT_PREP, "_bwd_chunk_kernel": 1, **X3},
-    "bwd_pairs_bf16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32, "PAIR_BF16": 1},
+    "bwd_pairs_bf16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32,
+                       "PAIR_BF16 _bwd_pairs_kernel": 1},
+    "pairs_bf16": {**SPLIT_PREP, "_bwd_values_kernel": 1, "_bwd_pairs_kernel": 1, **TF32,
+                   "PAIR_BF16 _prep_pairs_kernel": 1, "PAIR_BF16 _bwd_pairs_kernel": 1},
 }
 # Variants whose arithmetic differs from the default's by design (checked against the reference only).
-INEXACT = {"bwd_pairs_bf16"}
+INEXACT = {"bwd_pairs_bf16", "pairs_bf16"}
 CASES = {"fp32_h0": True, "fp32_no_h0": False, "bf16_h0": True}
 
 
@@ -90,18 +93,22 @@ def test_variant_matches_reference(results, variant):
         assert not bad, f"{variant}/{case} over tolerance vs the fp32 reference: {bad}"
 
 
-def test_bf16_pair_products_stay_within_fla_tolerances(results):
-    """TileConfig(bwd_pair_dtype="bf16"): the forward and dv (no pair-region product) equal the
-    default's; dq, dk, dg, dβ differ from it (the bf16 operands took effect) and stay within fla's
-    tolerances of the fp32 reference, for fp32 and bf16 inputs."""
+@pytest.mark.parametrize("variant", sorted(INEXACT))
+def test_bf16_pair_products_stay_within_fla_tolerances(results, variant):
+    """TileConfig(bwd_pair_dtype="bf16") and with prep_pair_dtype="bf16" too: the gradients through
+    the pair regions (dq, dk, dg) differ from the default's (the bf16 operands took effect) and every
+    output stays within fla's tolerances of the fp32 reference, for fp32 and bf16 inputs. With the
+    backward alone in bf16 the forward and dv (no pair-region product) equal the default's; with the
+    prep too, the forward changes."""
     for case, with_h0 in CASES.items():
-        r = results[("bwd_pairs_bf16", case)]
-        assert r["finite"] and r["launches"] == EXPECTED["bwd_pairs_bf16"], r
-        assert all(r["vs_default"][n] == 0.0 for n in ("o", "ht", "dv")), r["vs_default"]
+        r = results[(variant, case)]
+        assert r["finite"] and r["launches"] == EXPECTED[variant], r
+        forward_same = all(r["vs_default"][n] == 0.0 for n in ("o", "ht", "dv"))
+        assert forward_same == (variant == "bwd_pairs_bf16"), r["vs_default"]
         assert all(r["vs_default"][n] > 0.0 for n in ("dq", "dk", "dg")), r["vs_default"]
         names = NAMES + (["dh0"] if with_h0 else [])
         bad = {n: r["vs_reference"][n] for n in names if not r["vs_reference"][n] <= FLA_TOL[n]}
-        assert not bad, f"bwd_pairs_bf16/{case} over fla's tolerance vs the fp32 reference: {bad}"
+        assert not bad, f"{variant}/{case} over fla's tolerance vs the fp32 reference: {bad}"
 
 
 def test_default_launches_the_split_prep_with_the_substitution_inverse(results):

@@ -35,8 +35,9 @@ VARIANTS = {
     "split_bks16": dataclasses.replace(_FD, prep_split=True, bwd_split=True, prep_key_slice=16, bwd_key_slice=16),
     # The substitution inverse with the fused backward chunk kernel and the tf32x3 products.
     "substitution_fused_bwd": ct.TileConfig(bwd_split=False, inverse_precision="tf32x3"),
-    # The default with bf16 operands in the backward's pair-region products (not equal to the default).
+    # The default with bf16 operands in the pair-region products (not equal to the default).
     "bwd_pairs_bf16": ct.TileConfig(bwd_pair_dtype="bf16"),
+    "pairs_bf16": ct.TileConfig(prep_pair_dtype="bf16", bwd_pair_dtype="bf16"),
 }
 # Positive keys (as L2Norm(SiLU(·)) gives) with weak gates, logsigmoid(N(0, 1) + 5): the doubling
 # inverse loses all accuracy here (docs/log/kda.md); the default (substitution) must not.
@@ -64,7 +65,7 @@ class _Counted:
             if "INV_PREC" in kwargs:
                 self.counts["INV_PREC=" + kwargs["INV_PREC"]] = 1
             if kwargs.get("PAIR_BF16"):
-                self.counts["PAIR_BF16"] = 1
+                self.counts["PAIR_BF16 " + self.fn.__name__] = 1
             return self.fn[grid](*args, **kwargs)
 
         return launch
