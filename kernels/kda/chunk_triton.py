@@ -145,7 +145,8 @@ def _region_mask(REGION: tl.constexpr):
 
 @triton.jit
 def _pair_operand(x, PAIR_BF16: tl.constexpr):
-    """x as an operand of the pair-region products (_region_products, _pair_region): bf16 when PAIR_BF16, else fp32 (tf32 products)."""
+    """x as an operand of the pair-region products (_region_products, _pair_region): bf16 when
+    PAIR_BF16, else fp32 (tf32 products)."""
     if PAIR_BF16:
         return x.to(tl.bfloat16)
     else:
@@ -902,6 +903,8 @@ class TileConfig:
         for name in ("prep_pair_dtype", "bwd_pair_dtype"):
             if getattr(self, name) not in ("fp32", "bf16"):
                 raise ValueError(f"{name} must be 'fp32' or 'bf16', got {getattr(self, name)!r}")
+        if self.prep_pair_dtype == "bf16" and not self.prep_split:
+            raise ValueError("prep_pair_dtype='bf16' is a switch of the split prep: set prep_split=True")
         if self.inverse not in ("doubling", "substitution"):
             raise ValueError(f"inverse must be 'doubling' or 'substitution', got {self.inverse!r}")
         if self.inverse == "substitution" and not self.prep_split:

@@ -123,3 +123,7 @@ def test_tile_config_rejects_unknown_precision_and_warps():
         TileConfig(inverse_precision="ieee3")
     with pytest.raises(ValueError, match="warp counts"):
         TileConfig(bwd_pairs_warps=3)
+    with pytest.raises(ValueError, match="bwd_pair_dtype"):
+        TileConfig(bwd_pair_dtype="fp16")
+    with pytest.raises(ValueError, match="split prep"):  # the fused prep has no bf16 switch
+        TileConfig(prep_split=False, inverse="doubling", prep_pair_dtype="bf16")
