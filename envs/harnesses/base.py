@@ -12,14 +12,22 @@ each parameter carries) and the syntax; `encode` / `decode` do the generic mappi
 few tools whose arguments are not a plain rename (Kimi's nested `edit`, Codex's `apply_patch`, ...).
 
 `parse` must never raise: whatever the text, the result is a list of calls (possibly empty) whose
-errors become error observations. Limits keep hostile input cheap: at most MAX_TEXT_CHARS characters
-are considered, at most MAX_CALLS calls per turn, and JSON scanning gives up after a fixed number of
-candidate objects.
+errors become error observations (`Harness.parse` wraps each harness's `parse_calls` and turns any
+exception into one error call). Parsing is linear in the text: tagged syntaxes are cut with
+`tagged_blocks`, which looks for the closing tag once per opening tag and stops at the first opening
+tag that has none (a regex `<a>(.*?)</a>` rescans to the end for every unclosed `<a>`, so 10^4
+unclosed tags cost 10^9 steps); JSON scanning (`iter_json_objects`) charges every failed decode the
+characters it read and stops when the charges reach a few times the text length. Limits keep hostile
+input cheap: at most MAX_TEXT_CHARS characters are considered, at most MAX_CALLS calls per turn.
+Integer arguments are ASCII digits only (`str.isdigit` accepts '²', which `int` refuses) and lie in
+[-MAX_INT, MAX_INT] (a timeout of 10**400 would overflow `float`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import Any
@@ -32,6 +40,12 @@ from envs.sandbox import WORKDIR, ReadResult
 MAX_TEXT_CHARS = 200_000
 MAX_CALLS = 32
 MAX_JSON_CANDIDATES = 2000
+# Failed JSON decodes may read at most this many times the text's length in total (see iter_json_objects).
+JSON_SCAN_FACTOR = 8
+MAX_INT = 2**31 - 1
+_INT_RE = re.compile(r"\s*-?[0-9]{1,10}\s*", re.ASCII)
+
+log = logging.getLogger(__name__)
 
 
 class CallError(Exception):
@@ -157,13 +171,15 @@ def coerce(value: Any, jtype: str, where: str) -> Any:
     if jtype == "integer":
         if isinstance(value, bool):
             raise CallError(f"{where} must be an integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 19:
-            return int(value.strip())
-        raise CallError(f"{where} must be an integer")
+        if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
+            value = int(value)
+        elif isinstance(value, str) and _INT_RE.fullmatch(value):
+            value = int(value)
+        if not isinstance(value, int):
+            raise CallError(f"{where} must be an integer (ASCII digits)")
+        if abs(value) > MAX_INT:
+            raise CallError(f"{where} must be between {-MAX_INT} and {MAX_INT}")
+        return value
     if jtype == "boolean":
         if isinstance(value, bool):
             return value
@@ -187,22 +203,53 @@ def coerce(value: Any, jtype: str, where: str) -> Any:
 
 
 def iter_json_objects(text: str):
-    """Yield every top-level JSON object embedded in free text, left to right."""
+    """Yield every top-level JSON object embedded in free text, left to right.
+
+    Each "{" is a candidate; a successful decode moves past the object. A failed decode is charged the
+    characters it read (up to the error position, or to the end of the text for an unterminated string
+    or a nesting/number error, whose position says nothing), and scanning stops once the charges pass
+    JSON_SCAN_FACTOR times the text's length: nested unclosed objects (`{"a":[{"a":[...`) would
+    otherwise make every level read the whole tail again."""
     decoder = json.JSONDecoder()
-    pos, tries = 0, 0
-    while tries < MAX_JSON_CANDIDATES:
+    pos, tries, charged = 0, 0, 0
+    budget = JSON_SCAN_FACTOR * len(text) + 10_000
+    while tries < MAX_JSON_CANDIDATES and charged <= budget:
         start = text.find("{", pos)
         if start < 0:
             return
         tries += 1
         try:
             obj, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as e:
+            far = e.msg.startswith("Unterminated string")
+            charged += (len(text) if far else e.pos) - start + 1
+            pos = start + 1
+            continue
         except (ValueError, RecursionError):
+            charged += len(text) - start + 1
             pos = start + 1
             continue
         if isinstance(obj, dict):
             yield obj
-        pos = end
+        pos = max(end, start + 1)
+
+
+def tagged_blocks(text: str, open_tag: str, close_tag: str, limit: int):
+    """(start, end) of the bodies between `open_tag` and the next `close_tag`, left to right, at most
+    `limit` + 1 of them; linear: each closing tag is looked for once, and an opening tag without one
+    ends the scan (no later opening tag can have one either)."""
+    pos, n = 0, 0
+    while n <= limit:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return
+        body = start + len(open_tag)
+        end = text.find(close_tag, body)
+        if end < 0:
+            return
+        yield body, end
+        n += 1
+        pos = end + len(close_tag)
 
 
 def numbered(lines: list[str], first: int, sep: str = "\t", width: int = 6) -> str:
@@ -329,9 +376,19 @@ class Harness(ABC):
     def render_calls(self, actions: list[Action], start_index: int = 0) -> str:
         """The text a policy in this style writes to make these calls."""
 
-    @abstractmethod
     def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
         """Every call in `text`; never raises. Calls without an id get call_id(start_index + i)."""
+        if (why := self.clip(text)) is not None:
+            return [Call("", "", None, why)]
+        try:
+            return self.parse_calls(text, toolset, start_index)
+        except Exception as e:  # noqa: BLE001 - policy text must never crash the env; the bug is logged
+            log.warning("envs: the %s parser raised %s on policy text", self.name, type(e).__name__, exc_info=True)
+            return [Call("", "", None, f"the calls could not be read ({type(e).__name__})")]
+
+    @abstractmethod
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
+        """`parse` for text already clipped to MAX_TEXT_CHARS; may raise only on a bug."""
 
     @abstractmethod
     def render_results(self, outcomes: list[Outcome]) -> str:

@@ -91,9 +91,7 @@ class ClaudeCode(Harness):
                               "name": name, "input": args}))
         return "\n".join(out)
 
-    def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
-        if (why := self.clip(text)) is not None:
-            return [Call("", "", None, why)]
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
         calls: list[Call] = []
         for obj in iter_json_objects(text):
             if obj.get("type", "tool_use") != "tool_use" or "name" not in obj:

@@ -218,9 +218,7 @@ class Codex(Harness):
                                   "arguments": dumps(args)}))
         return "\n".join(out)
 
-    def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
-        if (why := self.clip(text)) is not None:
-            return [Call("", "", None, why)]
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
         calls: list[Call] = []
         n_items = 0
         for obj in iter_json_objects(text):

@@ -20,14 +20,11 @@ a call early.
 from __future__ import annotations
 
 import json
-import re
 
 from envs.actions import Action
 from envs.harnesses.base import (
-    DESCRIBE, MAX_CALLS, Call, CallError, Harness, Outcome, ToolSet, dumps, numbered, tool_def,
+    DESCRIBE, MAX_CALLS, Call, CallError, Harness, Outcome, ToolSet, dumps, numbered, tagged_blocks, tool_def,
 )
-
-CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 class Hermes(Harness):
@@ -89,11 +86,9 @@ class Hermes(Harness):
             out.append(f"<tool_call>\n{body}\n</tool_call>")
         return "\n".join(out)
 
-    def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
-        if (why := self.clip(text)) is not None:
-            return [Call("", "", None, why)]
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
         calls: list[Call] = []
-        for m in CALL_RE.finditer(text):
+        for start, end in tagged_blocks(text, "<tool_call>", "</tool_call>", MAX_CALLS):
             if len(calls) == MAX_CALLS:
                 calls.append(Call("", "", None, f"at most {MAX_CALLS} tool calls per turn"))
                 break
@@ -101,7 +96,7 @@ class Hermes(Harness):
             name = "?"
             try:
                 try:
-                    obj = json.loads(m.group(1))
+                    obj = json.loads(text[start:end])
                 except (ValueError, RecursionError):
                     raise CallError("the <tool_call> body is not valid JSON") from None
                 if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

@@ -20,17 +20,14 @@ the special tokens cannot end a call early; the parser accepts both forms.
 from __future__ import annotations
 
 import json
-import re
 
 from envs.actions import Action
 from envs.harnesses.base import (
-    DESCRIBE, MAX_CALLS, Call, CallError, Harness, Outcome, ToolSet, dumps, tool_def,
+    DESCRIBE, MAX_CALLS, Call, CallError, Harness, Outcome, ToolSet, dumps, tagged_blocks, tool_def,
 )
 
 BEGIN, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
-CALL_RE = re.compile(
-    r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL
-)
+CALL_BEGIN, ARG_BEGIN = "<|tool_call_begin|>", "<|tool_call_argument_begin|>"
 
 
 def _camel(name: str) -> str:
@@ -125,19 +122,22 @@ class KimiCode(Harness):
                          f"{body}<|tool_call_end|>")
         return BEGIN + "".join(parts) + END
 
-    def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
-        if (why := self.clip(text)) is not None:
-            return [Call("", "", None, why)]
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
         calls: list[Call] = []
-        for m in CALL_RE.finditer(text):
+        # A call is BEGIN id ARG_BEGIN json END: cut at END (once per call), then split at the first
+        # ARG_BEGIN; a block without one is not a call (the regex this replaces skipped it too).
+        for start, end in tagged_blocks(text, CALL_BEGIN, "<|tool_call_end|>", 4 * MAX_CALLS):
+            head, sep, body = text[start:end].partition(ARG_BEGIN)
+            if not sep:
+                continue
             if len(calls) == MAX_CALLS:
                 calls.append(Call("", "", None, f"at most {MAX_CALLS} tool calls per turn"))
                 break
-            cid = m.group(1)
+            cid = head.strip()
             name = cid.removeprefix("functions.").rsplit(":", 1)[0].strip()
             try:
                 try:
-                    args = json.loads(m.group(2))
+                    args = json.loads(body)
                 except (ValueError, RecursionError):
                     raise CallError(f"{name}: the arguments are not valid JSON") from None
                 calls.append(Call(cid, name, self.decode(name, args, toolset)))

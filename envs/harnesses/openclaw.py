@@ -30,8 +30,32 @@ from envs.harnesses.base import (
     DESCRIBE, MAX_CALLS, Arg, Call, CallError, Harness, Outcome, ToolDef, ToolSet, coerce, tool_def,
 )
 
-INVOKE_RE = re.compile(r"<invoke\s+name=\"([^\"]*)\"\s*>(.*?)</invoke>", re.DOTALL)
-PARAM_RE = re.compile(r"<parameter\s+name=\"([^\"]*)\"\s*>(.*?)</parameter>", re.DOTALL)
+# The rest of an opening tag after "<invoke" / "<parameter": ` name="NAME">`, matched at one position
+# with a bounded name, so a hostile header costs at most a few hundred steps.
+HEADER_RE = re.compile(r"\s{1,64}name=\"([^\"]{0,256})\"\s{0,64}>")
+MAX_PARAMS = 64
+
+
+def _elements(text: str, tag: str, limit: int):
+    """(name, body) of every `<tag name="NAME">body</tag>`, left to right, in linear time: an opening
+    tag whose header does not match is skipped after a bounded look, the closing tag is looked for
+    once per matched header, and a header without a closing tag ends the scan."""
+    open_tag, close_tag = f"<{tag}", f"</{tag}>"
+    pos, n = 0, 0
+    while n <= limit:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            return
+        m = HEADER_RE.match(text, start + len(open_tag))
+        if m is None:
+            pos = start + 1
+            continue
+        end = text.find(close_tag, m.end())
+        if end < 0:
+            return
+        yield m.group(1), text[m.end():end]
+        n += 1
+        pos = end + len(close_tag)
 
 
 def _escape(value) -> str:
@@ -143,22 +167,21 @@ class OpenClaw(Harness):
         out.append("</function_calls>")
         return "\n".join(out)
 
-    def parse(self, text: str, toolset: ToolSet, start_index: int = 0) -> list[Call]:
-        if (why := self.clip(text)) is not None:
-            return [Call("", "", None, why)]
+    def parse_calls(self, text: str, toolset: ToolSet, start_index: int) -> list[Call]:
         calls: list[Call] = []
-        for m in INVOKE_RE.finditer(text):
+        for name, body in _elements(text, "invoke", 4 * MAX_CALLS):
             if len(calls) == MAX_CALLS:
                 calls.append(Call("", "", None, f"at most {MAX_CALLS} tool calls per turn"))
                 break
-            name = m.group(1)
             cid = self.call_id(start_index + len(calls), name)
             try:
                 args = {}
-                for p in PARAM_RE.finditer(m.group(2)):
-                    if p.group(1) in args:
-                        raise CallError(f"{name}: parameter {p.group(1)!r} is given twice")
-                    args[p.group(1)] = html.unescape(p.group(2))
+                for key, value in _elements(body, "parameter", MAX_PARAMS):
+                    if key in args:
+                        raise CallError(f"{name}: parameter {key!r} is given twice")
+                    if len(args) == MAX_PARAMS:
+                        raise CallError(f"{name}: more than {MAX_PARAMS} parameters")
+                    args[key] = html.unescape(value)
                 calls.append(Call(cid, name, self.decode(name, args, toolset)))
             except CallError as e:
                 calls.append(Call(cid, name, None, str(e)))

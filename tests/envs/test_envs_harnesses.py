@@ -1,6 +1,7 @@
 """Harnesses: render -> parse round trips, distinct styles, and hostile text that never raises."""
 
 import json
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,7 +10,9 @@ from hypothesis import strategies as st
 import envs
 from envs.actions import AppCall, Edit, Finish, Read, Run, Search, Write, from_dict, to_dict
 from envs.apps import app_tools
+from envs.adversarial import UNCLOSED_UNITS, bad_number_calls, hostile_texts, raw_call
 from envs.harnesses import HARNESSES, ToolSet, get_harness
+from envs.harnesses.base import MAX_INT
 from envs.harnesses.codex import parse_patch
 
 FULL = ToolSet(files=True, run=True, apps=("gmail", "notion", "slack", "canvas", "clock"))
@@ -180,3 +183,67 @@ def test_action_dicts_round_trip():
         assert json.loads(json.dumps(d)) == d and from_dict(d) == a
     with pytest.raises(ValueError):
         from_dict({"kind": "teleport"})
+
+
+# --- adversarial text: total and linear parsers ------------------------------------------------
+UNIT = st.sampled_from(UNCLOSED_UNITS)
+HOSTILE = st.lists(st.one_of(UNIT, NASTY, st.text(max_size=6), st.sampled_from(["²", "١", "1" * 30, "e400"])),
+                   max_size=40).map("".join)
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+@settings(max_examples=80, deadline=None)
+@given(text=HOSTILE, reps=st.integers(1, 200))
+def test_parse_is_total_on_adversarial_text(harness, text, reps):
+    h = get_harness(harness)
+    for t in (text, text * reps, h.render_calls([Read("a.py")]) + text * reps):
+        calls = h.parse(t, FULL)
+        assert len(calls) <= 33
+        assert all((c.action is None) != (c.error is None) for c in calls)
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_integers_are_ascii_and_capped(harness):
+    h = get_harness(harness)
+    for text in bad_number_calls(h):
+        for c in h.parse(text, FULL):
+            assert (c.action is None) != (c.error is None)
+            n = getattr(c.action, "offset", None) or getattr(c.action, "timeout", None)
+            assert n is None or (type(n) is int and 1 <= n <= MAX_INT), (text, c)
+    # Plain ASCII digits in a string still work, with spaces around them.
+    (c,) = h.parse(raw_call(h, *_read_with_offset(h, " 12 ")), FULL)
+    assert c.action == Read("a.py", 12)
+
+
+def _read_with_offset(h, value):
+    tool, args = h.encode(Read("a.py", 3))
+    return tool, {k: (value if v == 3 else v) for k, v in args.items()}
+
+
+def _plain_scan(text: str) -> int:
+    """One pass of Python over the text: the yardstick of a linear parse on this machine, now."""
+    n = 0
+    for ch in text:
+        n += ch == "<"
+    return n
+
+
+def _best_time(fn, repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_hostile_messages_parse_in_linear_time():
+    # The old regex parsers took 23-57 s on one of these (about 10^4 plain scans); a linear parser is
+    # about 0.1-10 scans. 150 scans is 0.5 s on an idle machine, and the ratio holds on a loaded one.
+    texts = hostile_texts(200_000)
+    for harness in HARNESSES:
+        h = get_harness(harness)
+        for label, text in texts.items():
+            scan = _best_time(lambda: _plain_scan(text))
+            took = _best_time(lambda: h.parse(text, FULL))
+            assert took < 150 * scan, (harness, label, took, scan)
