@@ -20,7 +20,16 @@ tokenizer to count exactly).
 Snapshots are a gzip'd tar of `episode.json` (task, app world, counters, trajectory so far, RNG
 state) and `workspace.tar` (envs/sandbox.py), written with fixed metadata, so equal states give equal
 bytes. Restoring rebuilds the sandbox directory from the bytes; the episode then continues exactly as
-if it had never been interrupted.
+if it had never been interrupted. A blob is checked before it is believed: at most
+`snapshot_limit()` bytes, compressed and decompressed (decompression stops there, so a gzip bomb costs
+that much and no more), exactly the two members, a workspace tar that passes the sandbox's checks,
+and a task equal to the one its family generates for its seed — the hidden tests and verifier spec
+are never taken from the blob. Anything else is a ValueError that says what was wrong.
+
+Nothing the policy does makes `step`, `snapshot`, `state_digest` or `close` raise: tool errors become
+error observations, an exception inside a verifier becomes a failed verification (flag
+`verifier_error`), and the sandbox directory is removed on `close` and on the next `reset` whatever the
+commands left in it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import logging
 import random
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,12 +51,13 @@ from envs.apps import ToolError, World
 from envs.harnesses.base import Call, Harness, Outcome
 from envs.jail import Limits
 from envs.sandbox import ReadResult, Sandbox, SandboxError
-from envs.tasks.base import Family, Final, Task
+from envs.tasks.base import Family, Final, Task, verdict
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "k3-envs-snapshot/1"
 TRAJECTORY_FORMAT = "k3-envs-trajectory/1"
+MAX_EPISODE_JSON_BYTES = 256 << 20
 TASK_ID_RE = re.compile(r"\(task id: ([A-Za-z0-9_.-]+)/(\d+)\)")
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -167,7 +178,11 @@ class Env:
         elif self._steps >= self.max_steps or self._tokens > self.max_tokens:
             self._truncated = True
         if self.done:
-            v = self.family.verify(task, Final(self._sandbox, self._world, self._answer, finished))
+            try:
+                v = self.family.verify(task, Final(self._sandbox, self._world, self._answer, finished))
+            except Exception as e:  # noqa: BLE001 - whatever the policy left must fail the task, not crash
+                log.warning("envs: the %s verifier raised %s", self.family.name, type(e).__name__, exc_info=True)
+                v = verdict({}, [], [f"verifier_error:{type(e).__name__}"], finished, {"verifier_error": str(e)[:500]})
             self._verdict = v.to_json()
             reward = v.reward if finished else 0.0
         record = {
@@ -239,11 +254,11 @@ class Env:
                 return Outcome(call, True, "Task finished.")
         except (SandboxError, ToolError) as e:
             return Outcome(call, False, str(e))
-        except (OSError, ValueError, TypeError, UnicodeError, RecursionError) as e:
+        except Exception as e:  # noqa: BLE001 - see below
             # Hostile input can still reach the OS layer (odd bytes in a path, a file replaced by a
             # directory mid-episode); it is the policy's error, shown to it, never a crash.
             log.info("envs: %s raised %s: %s", call.tool, type(e).__name__, e)
-            return Outcome(call, False, f"{type(e).__name__}: {e}")
+            return Outcome(call, False, f"{type(e).__name__}: {e}"[:2000])
         raise AssertionError(f"unhandled action {a!r}")
 
     def _cap(self, o: Outcome) -> Outcome:
@@ -299,23 +314,70 @@ class Env:
                 tar.addfile(info, io.BytesIO(data))
         return gzip.compress(buf.getvalue(), mtime=0)
 
+    def snapshot_limit(self) -> int:
+        """The largest snapshot (compressed or not) `restore` accepts: the workspace's disk limit plus
+        room for the episode record."""
+        return self.config.limits.disk_bytes + (1 << 20) * 4 + MAX_EPISODE_JSON_BYTES
+
     def restore(self, blob: bytes) -> str:
         """Continue the episode saved in `blob`; returns its last observation."""
-        try:
-            with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob)), mode="r") as tar:
-                state = json.loads(tar.extractfile("episode.json").read())
-                workspace = tar.extractfile("workspace.tar").read()
-        except (OSError, KeyError, tarfile.TarError, ValueError, AttributeError) as e:
-            raise ValueError(f"not an envs snapshot ({type(e).__name__}: {e})") from None
+        state, workspace = self._read_snapshot(blob)
         if state.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"snapshot format {state.get('format')!r}; this code reads {SNAPSHOT_FORMAT!r}")
-        if state["family"] != self.family.name or state["harness"] != self.harness.name:
+        if state.get("family") != self.family.name or state.get("harness") != self.harness.name:
             raise ValueError(
-                f"the snapshot is of {state['family']!r} in harness {state['harness']!r}; restore it into "
-                f"envs.make_env({state['family']!r}, harness={state['harness']!r})")
+                f"the snapshot is of {state.get('family')!r} in harness {state.get('harness')!r}; restore it into "
+                f"envs.make_env({state.get('family')!r}, harness={state.get('harness')!r})")
+        try:
+            task = Task.from_json(state["task"])
+            generated = self.family.generate(task.seed)
+        except Exception as e:  # noqa: BLE001 - any malformed task record is a bad blob
+            raise ValueError(f"the snapshot's task cannot be read ({type(e).__name__}: {e})") from None
+        if json.loads(json.dumps(generated.to_json())) != state["task"]:
+            # The hidden tests and the verifier's spec come from the generator, never from the blob.
+            raise ValueError(f"the snapshot's task differs from {self.family.name}'s task for seed {task.seed}; "
+                             "snapshots can only restore generated tasks")
+        try:
+            self._restore_state(state, workspace, generated)
+        except (KeyError, TypeError, ValueError, OSError) as e:
+            self.close()
+            self._task = None
+            raise ValueError(f"not a valid envs snapshot ({type(e).__name__}: {e})") from None
+        return self._last_observation
+
+    def _read_snapshot(self, blob: bytes) -> tuple[dict, bytes]:
+        """(episode state, workspace tar) of a blob, decompressing at most snapshot_limit() bytes."""
+        limit = self.snapshot_limit()
+        if not isinstance(blob, (bytes, bytearray)):
+            raise ValueError("a snapshot is bytes from env.snapshot()")
+        if len(blob) > limit:
+            raise ValueError(f"the snapshot is {len(blob)} bytes; the limit is {limit}")
+        try:
+            d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            raw = d.decompress(bytes(blob), limit + 1)
+            if len(raw) > limit or d.unconsumed_tail:
+                raise ValueError(f"the snapshot decompresses to more than {limit} bytes")
+            members = {}
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r") as tar:
+                for m in tar:
+                    if m.name not in ("episode.json", "workspace.tar") or not m.isfile() or m.name in members:
+                        raise ValueError(f"unexpected snapshot member {m.name[:100]!r}")
+                    members[m.name] = tar.extractfile(m).read()
+            if len(members) != 2:
+                raise ValueError("a snapshot holds episode.json and workspace.tar")
+            if len(members["episode.json"]) > MAX_EPISODE_JSON_BYTES:
+                raise ValueError("episode.json is too large")
+            state = json.loads(members["episode.json"])
+            if not isinstance(state, dict):
+                raise ValueError("episode.json is not an object")
+        except (OSError, EOFError, zlib.error, tarfile.TarError, ValueError, RecursionError, UnicodeError) as e:
+            raise ValueError(f"not an envs snapshot ({type(e).__name__}: {e})") from None
+        return state, members["workspace.tar"]
+
+    def _restore_state(self, state: dict, workspace: bytes, task: Task) -> None:
         self._new_sandbox()
         self._sandbox.unpack(workspace)
-        self._task = Task.from_json(state["task"])
+        self._task = task
         self._world = World.from_json(state["world"]) if state["world"] is not None else None
         self._steps, self._tokens, self._calls = state["steps"], state["tokens"], state["calls"]
         self._terminated, self._truncated = state["terminated"], state["truncated"]
@@ -327,7 +389,6 @@ class Env:
         self._last_observation = state["last_observation"]
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
-        return self._last_observation
 
     # --- records -----------------------------------------------------------------------------------
     def state_digest(self) -> str:

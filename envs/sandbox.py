@@ -2,46 +2,67 @@
 and byte snapshots that restore the tree exactly.
 
 Layout on disk: `<root>/workspace/` is what the agent sees (shown as /workspace by harnesses with
-absolute paths). Everything else the episode needs (app state, counters, the trajectory) is held by
-the environment and serialized next to the tree in a snapshot (env.py).
+absolute paths, and mounted at /workspace for its commands). Where we may mount (as root) the
+workspace is its own tmpfs of `Limits.disk_bytes` bytes and `Limits.max_files` inodes, owned by the
+jail's uid: the episode's disk use is bounded by the kernel, and no hard link can join it to a file
+outside. Everything else the episode needs (app state, counters, the trajectory) is held by the
+environment and serialized next to the tree in a snapshot (env.py).
 
-Commands see the workspace as /workspace, the name the harnesses show: in a command line, the text
-"/workspace" is replaced by the real directory before it runs, and the real directory is replaced
-by "/workspace" in the output. That keeps observations identical across runs and machines (the real
-directory is a fresh temporary one), which pause/resume equality needs.
+Commands (`run`, `search`) go through envs/jail.py: bubblewrap namespaces, uid 65534, a read-only
+minimal root, limits per process and per episode (see its docstring). The real directory never
+appears inside; it is also replaced by "/workspace" in the output, so observations are identical
+across runs and machines, which pause/resume equality needs.
 
 Confinement rules for the file tools (`resolve`): a path is relative, has no `..` component and no
 NUL, and no component of it may be a symlink — so a link planted with a shell command can neither be
-read through nor written through. Commands (`run`) go through envs/jail.py; they are limited but not
-chrooted (see its docstring).
+read through nor written through.
+
+Whatever a command left in the tree (FIFOs, sockets, trees 10^4 deep, names at the length limit,
+files that vanish), `manifest`, `digest`, `pack` and `close` do not raise: the walk is iterative,
+every entry is examined with lstat and opened with O_NOFOLLOW | O_NONBLOCK and checked to be a regular
+file before it is read, and entries that cannot be read (or lie deeper than MAX_DEPTH, or past
+MAX_ENTRIES) are recorded in the manifest as "special" / "unreadable" / "truncated" and left out of
+snapshots. `close` removes the directory even when Python's recursive rmtree cannot.
 
 Snapshots (`pack` / `unpack`) are an uncompressed tar with fixed metadata (sorted names, mtime 0,
 uid/gid 0), so the same tree always gives the same bytes. Symlinks are stored as links and re-created
-last on unpack, after every file has been written, so unpacking never follows one.
+last on unpack, after every file has been written, so unpacking never follows one. `unpack` checks
+the member count, names, types and total size before writing anything.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
 import hashlib
 import io
 import json
+import logging
 import os
+import re
 import shutil
 import stat
+import subprocess
 import tarfile
 import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.jail import CommandResult, Limits, run_argv, run_command
+from envs.jail import JAIL_GID, JAIL_UID, CommandResult, Jail, Limits
+
+log = logging.getLogger(__name__)
 
 WORKDIR = "/workspace"
 MAX_FILE_BYTES = 1 << 20
 MAX_READ_LINES = 2000
 MAX_LINE_CHARS = 2000
 MAX_SEARCH_HITS = 200
+MAX_DEPTH = 256  # deeper entries are not walked (recorded as "truncated")
+MAX_ENTRIES = 100_000  # entries walked per tree
+_SANDBOX_PREFIX = "k3-sandbox-"
 
 
 class SandboxError(Exception):
@@ -56,20 +77,86 @@ class ReadResult:
     is_dir: bool = False
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _mount_tmpfs(target: Path, limits: Limits) -> bool:
+    """Mount a size- and inode-limited tmpfs owned by the jail's uid at `target` (root only)."""
+    if os.geteuid() != 0:
+        return False
+    opts = f"size={limits.disk_bytes},nr_inodes={limits.max_files},mode=0755,uid={JAIL_UID},gid={JAIL_GID}"
+    ms_nosuid, ms_nodev = 2, 4
+    if _libc().mount(b"tmpfs", str(target).encode(), b"tmpfs", ms_nosuid | ms_nodev, opts.encode()) != 0:
+        log.warning("envs.sandbox: cannot mount a tmpfs workspace (%s); the disk limit is per file only",
+                    os.strerror(ctypes.get_errno()))
+        return False
+    return True
+
+
+def _unmount(target: str) -> None:
+    mnt_detach = 2
+    _libc().umount2(target.encode(), mnt_detach)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory tree whatever is in it: unmount a workspace tmpfs, then rmtree, then `rm -rf`
+    (GNU rm walks any depth; Python's rmtree recurses and fails past about a thousand levels)."""
+    ws = os.path.join(path, "workspace")
+    if os.path.ismount(ws):
+        _unmount(ws)
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True, timeout=120)
+
+
+@functools.lru_cache(maxsize=1)
+def _sweep_stale_sandboxes() -> None:
+    """Unmount and remove sandboxes whose process died without closing them (their tmpfs stays
+    mounted otherwise). The owner's pid is in the directory name."""
+    pat = re.compile(re.escape(tempfile.gettempdir()) + "/" + _SANDBOX_PREFIX + r"(\d+)-[^/]+")
+    try:
+        with open("/proc/self/mounts") as f:
+            roots = {m.group(0): int(m.group(1)) for line in f if (m := pat.search(line.split()[1]))}
+    except OSError:
+        return
+    for root, pid in roots.items():
+        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            remove_tree(root)
+
+
 class Sandbox:
     def __init__(self, root: Path | None = None, limits: Limits = Limits()):
+        _sweep_stale_sandboxes()
         if root is None:
-            root = Path(tempfile.mkdtemp(prefix="k3-sandbox-"))
-            self._finalizer = weakref.finalize(self, shutil.rmtree, str(root), True)
+            root = Path(tempfile.mkdtemp(prefix=f"{_SANDBOX_PREFIX}{os.getpid()}-"))
+            self._finalizer = weakref.finalize(self, remove_tree, str(root))
+            # Searchable, not listable: bwrap, as the jail's uid, must reach <root>/workspace.
+            os.chmod(root, 0o711)
         self.root = Path(root)
         self.workspace = self.root / "workspace"
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.limits = limits
+        self.own_filesystem = _mount_tmpfs(self.workspace, limits)
+        self._own(self.workspace)
+        self.jail = Jail(self.workspace, limits)
 
     def close(self) -> None:
+        jail = getattr(self, "jail", None)
+        if jail is not None:
+            jail.close()
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
+
+    def _own(self, path: Path) -> None:
+        """Hand a file or directory the host wrote to the jail's uid, so commands can change it."""
+        if os.geteuid() == 0:
+            os.lchown(path, JAIL_UID, JAIL_GID)
 
     # --- path confinement ----------------------------------------------------------------
     def resolve(self, path: str) -> Path:
@@ -109,11 +196,7 @@ class Sandbox:
         if p.is_dir():
             entries = sorted(e.name + ("/" if e.is_dir() and not e.is_symlink() else "") for e in p.iterdir())
             return ReadResult(entries, 1, len(entries), is_dir=True)
-        if not p.is_file():
-            raise SandboxError(f"{path!r} does not exist")
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise SandboxError(f"{path!r} is larger than {MAX_FILE_BYTES} bytes; use search instead")
-        text = p.read_bytes().decode("utf-8", errors="replace")
+        text = self._read_regular(p, path, "; use search instead")
         lines = text.split("\n")
         if text.endswith("\n"):
             lines.pop()
@@ -137,18 +220,27 @@ class Sandbox:
         if parent.exists() and not parent.is_dir():
             raise SandboxError(f"{self.display(parent)!r} is a file, not a directory")
         try:
+            missing = [d for d in [parent, *parent.parents] if not d.exists()]
             parent.mkdir(parents=True, exist_ok=True)
+            for d in missing:
+                self._own(d)
             # Unlink first: a hard link planted by a command must not let a write reach its other name.
             if p.exists() or p.is_symlink():
                 p.unlink()
-            p.write_bytes(data)
-        except (NotADirectoryError, FileExistsError) as e:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self._own(p)
+        except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
+            raise SandboxError(f"cannot write {path!r}: {e.strerror}") from None
+        except OSError as e:
+            # The workspace's disk or inode limit (ENOSPC), or a name too long for the file system.
             raise SandboxError(f"cannot write {path!r}: {e.strerror}") from None
         return len(data)
 
     def edit(self, path: str, old: str, new: str, replace_all: bool = False) -> int:
         p = self.resolve(path)
-        if not p.is_file():
+        if not p.is_file() or p.is_symlink():
             raise SandboxError(f"{path!r} does not exist")
         if not old:
             raise SandboxError("the text to replace must not be empty")
@@ -167,12 +259,17 @@ class Sandbox:
         return count
 
     def read_text(self, path: str) -> str:
-        p = self.resolve(path)
-        if not p.is_file():
-            raise SandboxError(f"{path!r} does not exist")
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise SandboxError(f"{path!r} is larger than {MAX_FILE_BYTES} bytes")
-        return p.read_bytes().decode("utf-8", errors="replace")
+        return self._read_regular(self.resolve(path), path)
+
+    @staticmethod
+    def _read_regular(p: Path, path: str, hint: str = "") -> str:
+        """The text of a regular file of at most MAX_FILE_BYTES; never blocks on a FIFO or device."""
+        data = _read_file(p, MAX_FILE_BYTES)
+        if data is None:
+            raise SandboxError(f"{path!r} does not exist or is not a regular file")
+        if len(data) > MAX_FILE_BYTES:
+            raise SandboxError(f"{path!r} is larger than {MAX_FILE_BYTES} bytes{hint}")
+        return data.decode("utf-8", errors="replace")
 
     def search(self, pattern: str, path: str = ".") -> list[str]:
         """`path:line:text` hits of an extended regex (grep -E), sorted by path and line."""
@@ -184,10 +281,9 @@ class Sandbox:
         rel = self.display(p)
         # GNU grep -E is automaton-based, so a hostile pattern cannot backtrack for minutes; it still
         # runs inside the jail with the wall-clock limit.
-        res = run_argv(
-            ["grep", "-rnIE", "--null", "-e", pattern, "--", rel],
-            self.workspace,
-            Limits(cpu_seconds=5, wall_seconds=10, output_chars=200_000),
+        res = self.jail.run_argv(
+            ["grep", "-rnIED", "skip", "--null", "-e", pattern, "--", rel],
+            dataclasses.replace(self.limits, cpu_seconds=5, wall_seconds=10, output_chars=200_000),
         )
         if res.exit_code == 1:
             return []
@@ -210,88 +306,201 @@ class Sandbox:
     def run(self, command: str, timeout: int | None = None) -> CommandResult:
         limits = self.limits
         if timeout is not None:
-            limits = Limits(
-                cpu_seconds=limits.cpu_seconds, memory_bytes=limits.memory_bytes,
-                wall_seconds=min(float(timeout), limits.wall_seconds),
-                file_size_bytes=limits.file_size_bytes, open_files=limits.open_files,
-                output_chars=limits.output_chars,
-            )
+            limits = dataclasses.replace(limits, wall_seconds=min(float(timeout), limits.wall_seconds))
+        result = self.jail.run_command(command, limits)
         real = str(self.workspace)
-        result = run_command(command.replace(WORKDIR, real), self.workspace, limits)
         output = result.output.replace(os.path.realpath(real), WORKDIR).replace(real, WORKDIR)
         return dataclasses.replace(result, output=output)
 
     # --- state -----------------------------------------------------------------------------
     def _walk(self):
-        """(relative posix path, absolute path) of every entry, sorted, without following links."""
-        for dirpath, dirnames, filenames in os.walk(self.workspace, followlinks=False):
-            dirnames.sort()
-            base = Path(dirpath)
-            for name in sorted(dirnames + filenames):
-                full = base / name
-                yield full.relative_to(self.workspace).as_posix(), full
+        """(relative posix path, absolute path, lstat result or None) of every entry, sorted, without
+        following links; iterative, depth- and count-limited, and silent about entries that vanish or
+        cannot be listed (they come back with st None)."""
+        stack = [("", str(self.workspace), 0)]
+        count = 0
+        while stack:
+            rel_dir, abs_dir, depth = stack.pop()
+            try:
+                with os.scandir(abs_dir) as it:
+                    names = sorted(e.name for e in it)
+            except OSError:
+                continue
+            subdirs = []
+            for name in names:
+                count += 1
+                if count > MAX_ENTRIES:
+                    yield f"{rel_dir}{name}", None, "truncated"
+                    return
+                rel, full = f"{rel_dir}{name}", os.path.join(abs_dir, name)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    yield rel, full, None
+                    continue
+                yield rel, full, st
+                if stat.S_ISDIR(st.st_mode):
+                    if depth + 1 >= MAX_DEPTH:
+                        yield f"{rel}/", None, "truncated"
+                    else:
+                        subdirs.append((f"{rel}/", full, depth + 1))
+            # Reversed onto the stack so the first subdirectory is walked next: sorted pre-order.
+            stack.extend(reversed(subdirs))
 
     def manifest(self) -> dict[str, dict]:
         """{path: {"type", "sha256"/"target", "mode"}} for the whole workspace."""
         out = {}
-        for rel, full in self._walk():
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = {"type": "symlink", "target": os.readlink(full)}
+        for rel, full, st in self._walk():
+            if isinstance(st, str):
+                out[rel] = {"type": st}
+            elif st is None:
+                out[rel] = {"type": "unreadable"}
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = {"type": "symlink", "target": _readlink(full)}
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = {"type": "dir", "mode": st.st_mode & 0o777}
             elif stat.S_ISREG(st.st_mode):
-                digest = hashlib.sha256(full.read_bytes()).hexdigest()
-                out[rel] = {"type": "file", "sha256": digest, "mode": st.st_mode & 0o777}
+                data = _read_file(full, self.limits.file_size_bytes)
+                out[rel] = ({"type": "unreadable"} if data is None else
+                            {"type": "file", "sha256": hashlib.sha256(data).hexdigest(), "mode": st.st_mode & 0o777})
+            else:
+                out[rel] = {"type": "special", "mode": stat.S_IFMT(st.st_mode)}
         return out
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.manifest(), sort_keys=True).encode()).hexdigest()
 
     def pack(self) -> bytes:
+        """The tree as a deterministic tar of its files, directories and symlinks (special files,
+        unreadable and truncated entries are left out; the manifest records them)."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for rel, full in self._walk():
-                st = os.lstat(full)
+            for rel, full, st in self._walk():
+                if st is None or isinstance(st, str):
+                    continue
                 info = tarfile.TarInfo(rel)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 info.mode = st.st_mode & 0o777
                 if stat.S_ISLNK(st.st_mode):
-                    info.type, info.linkname = tarfile.SYMTYPE, os.readlink(full)
-                    tar.addfile(info)
+                    target = _readlink(full)
+                    if target is not None:
+                        info.type, info.linkname = tarfile.SYMTYPE, target
+                        tar.addfile(info)
                 elif stat.S_ISDIR(st.st_mode):
                     info.type = tarfile.DIRTYPE
                     tar.addfile(info)
                 elif stat.S_ISREG(st.st_mode):
-                    data = full.read_bytes()
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                    data = _read_file(full, self.limits.file_size_bytes)
+                    if data is not None:
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
         return buf.getvalue()
 
+    def clear(self) -> None:
+        """Empty the workspace (it may be a mount point, so the directory itself stays)."""
+        for name in os.listdir(self.workspace):
+            full = self.workspace / name
+            if full.is_dir() and not full.is_symlink():
+                remove_tree(str(full))
+            else:
+                full.unlink()
+
     def unpack(self, blob: bytes) -> None:
-        """Replace the workspace with the tree in `blob` (from `pack`)."""
-        shutil.rmtree(self.workspace)
-        self.workspace.mkdir()
+        """Replace the workspace with the tree in `blob` (from `pack`); ValueError, before anything
+        is written, for a tar that `pack` could not have made or that exceeds the episode's limits."""
+        members = _checked_members(blob, self.limits)
+        self.clear()
         links = []
         dir_modes = []
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
-            for m in tar.getmembers():
-                parts = m.name.split("/")
-                if m.name.startswith("/") or ".." in parts or "" in parts:
-                    raise ValueError(f"snapshot member {m.name!r} is not a plain relative path")
-                dest = self.workspace.joinpath(*parts)
+            for m in members:
+                dest = self.workspace.joinpath(*m.name.split("/"))
                 if m.issym():
                     links.append((dest, m.linkname))
-                elif m.isdir():
-                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                for d in [dest.parent, *dest.parent.parents]:
+                    if d == self.workspace:
+                        break
+                    if not d.exists():
+                        d.mkdir()
+                        self._own(d)
+                if m.isdir():
+                    if not dest.exists():
+                        dest.mkdir()
+                        self._own(dest)
                     dir_modes.append((dest, m.mode))
-                elif m.isfile():
-                    dest.parent.mkdir(parents=True, exist_ok=True)
+                else:
                     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                     with os.fdopen(fd, "wb") as f:
                         f.write(tar.extractfile(m).read())
-                    os.chmod(dest, m.mode)
+                    os.chmod(dest, m.mode & 0o777)
+                    self._own(dest)
         for dest, target in links:
             os.symlink(target, dest)
+            self._own(dest)
         for dest, mode in dir_modes:
-            os.chmod(dest, mode)
+            os.chmod(dest, mode & 0o777)
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def _read_file(path, limit: int) -> bytes | None:
+    """Up to limit + 1 bytes of a regular file, opened without following a link or blocking on a
+    FIFO; None if it is not a regular file or cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _checked_members(blob: bytes, limits: Limits) -> list[tarfile.TarInfo]:
+    """The members of a workspace tar after checking what `pack` guarantees: plain relative names of
+    at most MAX_DEPTH parts under directory members, only files, directories and symlinks, each name
+    once, at most MAX_ENTRIES members and `limits.disk_bytes` bytes of content."""
+    members: list[tarfile.TarInfo] = []
+    seen: set[str] = set()
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+            for m in tar:
+                members.append(m)
+                if len(members) > MAX_ENTRIES:
+                    raise ValueError(f"more than {MAX_ENTRIES} members")
+                parts = m.name.split("/")
+                if m.name.startswith("/") or ".." in parts or "" in parts or "." in parts or "\x00" in m.name \
+                        or len(parts) > MAX_DEPTH or m.name in seen:
+                    raise ValueError(f"member {m.name[:100]!r} is not a plain relative path seen once")
+                if not (m.isfile() or m.isdir() or m.issym()):
+                    raise ValueError(f"member {m.name[:100]!r} is not a file, directory or symlink")
+                seen.add(m.name)
+                total += m.size if m.isfile() else 0
+                if total > limits.disk_bytes:
+                    raise ValueError(f"more than {limits.disk_bytes} bytes of files")
+    except (tarfile.TarError, OSError, EOFError, UnicodeError) as e:
+        raise ValueError(f"not a workspace tar ({type(e).__name__}: {e})") from None
+    dirs = {m.name for m in members if m.isdir()}
+    for m in members:
+        parent = m.name.rpartition("/")[0]
+        if parent and parent not in dirs:
+            raise ValueError(f"member {m.name[:100]!r} comes before (or without) its directory")
+    return members

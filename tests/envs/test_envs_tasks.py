@@ -156,15 +156,23 @@ def test_hidden_test_hash_is_checked():
     assert reward == 0.0 and "hidden_tests_hash_mismatch_before_run" in info["verifier"]["flags"]
 
 
-def test_rewriting_hidden_tests_is_caught():
+def test_rewriting_hidden_tests_is_impossible():
+    # The submission, run by the verifier, tries to replace the hidden tests with trivial ones; they
+    # are mounted read-only in the verifier's jail, so the real tests run and the wrong code fails.
     task = generate("write_function", 3)
-    snippet = get_family("write_function").solution(task)[0].content
+    name = task.spec["snippet"]
     cheat = ("import pathlib\n"
-             "for p in pathlib.Path(__file__).resolve().parent.parent.joinpath('hidden').glob('*.py'):\n"
-             "    p.write_text('def test_ok():\\n    pass\\n')\n\n" + snippet)
+             "for d in ('/verifier/hidden', pathlib.Path(__file__).resolve().parent.parent / 'hidden'):\n"
+             "    for p in pathlib.Path(d).glob('*.py'):\n"
+             "        try:\n"
+             "            p.write_text('def test_ok():\\n    pass\\n')\n"
+             "        except OSError:\n"
+             "            pass\n\n"
+             f"def {name}(*args, **kwargs):\n    return None\n")
     with envs.make_env("write_function") as env:
         _, reward, *_ , info = _play(env, [Write("solution.py", cheat), Finish()], task=task)
-    assert reward == 0.0 and "hack:hidden_tests_modified" in info["verifier"]["flags"]
+    assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0
+    assert "hack:hidden_tests_modified" not in info["verifier"]["flags"]
 
 
 @pytest.mark.parametrize("cheat", [
