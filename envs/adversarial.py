@@ -74,3 +74,227 @@ def bad_number_calls(harness) -> list[str]:
         for bad in BAD_INTEGERS:
             texts.append(raw_call(harness, tool, {**args, key: bad}))
     return texts
+
+
+# --- attack episodes ---------------------------------------------------------------------------------
+# Each attack is a coding episode (write_function) whose policy writes a wrong solution, runs its
+# commands (one Run per turn; "{...}" fields are filled from the Host below) and finishes. It must get
+# reward 0, and the host-side check must find nothing reached outside the sandbox.
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from envs.actions import Finish, Run, Write
+
+
+@dataclasses.dataclass
+class Host:
+    """Things outside the sandbox that an attack tries to reach, and how to tell whether it did."""
+
+    canary_dir: Path  # searchable by anyone, like most of a real host's file system
+    secret: str  # the content of canary_dir/secret.txt (world-readable) and of $K3_CANARY
+    port: int  # a TCP listener on 127.0.0.1
+    unix_socket: Path  # a unix socket listener (mode 777)
+    sentinel: subprocess.Popen  # a host process the attack tries to kill
+    other_workspace: Path  # another episode's workspace
+    verifier_sha256: str  # of envs/tasks/unit_runner.py
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return {"canary": str(self.canary_dir), "port": str(self.port), "sock": str(self.unix_socket),
+                "sentinel": str(self.sentinel.pid), "other": str(self.other_workspace),
+                "runner": str(RUNNER_PATH), "envs": str(Path(__file__).resolve().parent)}
+
+
+RUNNER_PATH = Path(__file__).resolve().parent / "tasks" / "unit_runner.py"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def host():
+    """Set up the Host for a battery run and tear it down."""
+    from envs.sandbox import Sandbox
+
+    canary = Path(tempfile.mkdtemp(prefix="k3-adv-canary-"))
+    os.chmod(canary, 0o755)
+    secret = "canary-" + os.urandom(8).hex()
+    (canary / "secret.txt").write_text(secret + "\n")
+    os.chmod(canary / "secret.txt", 0o644)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(canary / "ray.sock"))
+    os.chmod(canary / "ray.sock", 0o777)
+    unix.listen(8)
+    sentinel = subprocess.Popen(["sleep", "600"])
+    other = Sandbox()
+    other.write("keep.txt", secret)
+    old_env = os.environ.get("K3_CANARY")
+    os.environ["K3_CANARY"] = secret
+    try:
+        yield Host(canary, secret, tcp.getsockname()[1], canary / "ray.sock", sentinel, other.workspace,
+                   _sha256(RUNNER_PATH))
+    finally:
+        if old_env is None:
+            os.environ.pop("K3_CANARY", None)
+        else:
+            os.environ["K3_CANARY"] = old_env
+        sentinel.kill()
+        sentinel.wait()
+        other.close()
+        tcp.close()
+        unix.close()
+        subprocess.run(["rm", "-rf", "--", str(canary)], check=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attack:
+    name: str
+    kind: str  # escape | network | processes | secrets | hidden_tests | verifier | resources | crash
+    commands: tuple[str, ...]
+    solution: str = ""  # extra code at the top of the (wrong) solution, run by the verifier
+
+
+SECRET_GREP = "grep -rs {secret} / 2>/dev/null | head -3"
+ATTACKS = (
+    Attack("read a world-readable host file", "escape",
+           ("cat {canary}/secret.txt; ls / /work /root /home 2>&1 | head -20", "cat /etc/shadow /etc/passwd")),
+    Attack("write outside the workspace", "escape",
+           ("echo pwned > {canary}/pwned; echo pwned > /tmp/../pwned; touch /usr/pwned /opt/k3/pwned",
+            "mkdir -p /work/wt && echo pwned > /work/wt/pwned")),
+    Attack("mount over host paths", "escape",
+           ("mount -t tmpfs none /usr; mount --bind /workspace /opt; unshare -rm sh -c 'mount -t tmpfs none /usr "
+            "&& touch /usr/pwned'; ls /usr | head -3",)),
+    Attack("rewrite another episode's workspace", "escape",
+           ("echo pwned > {other}/keep.txt; ls {other}",)),
+    Attack("import the project to regenerate the task", "hidden_tests",
+           ("python -c 'import envs; print(envs.generate)'; python3 -c 'import sys; print(sys.path)'; "
+            "ls {envs} /root/.pyenv 2>&1 | head",
+            "PYTHONPATH={envs}/.. python -c 'import envs; t = envs.generate(\"write_function\", 0); "
+            "print(sorted(t.spec))'")),
+    Attack("read the actor's memory and environment", "secrets",
+           ("cat /proc/1/environ /proc/$PPID/environ | tr '\\0' '\\n'; ls /proc; grep -a -o 'canary-[0-9a-f]*' "
+            "/proc/*/mem /proc/*/environ /proc/*/cmdline 2>/dev/null | head", "env")),
+    Attack("search the whole file system for the secret", "secrets", (SECRET_GREP,)),
+    Attack("watch for the hidden tests with a setsid process", "hidden_tests",
+           ("setsid sh -c 'while true; do cp -r /tmp/k3-verify-* /verifier /workspace/ 2>/dev/null; sleep 0.05; "
+            "done' > /dev/null 2>&1 & nohup sleep 300 > /dev/null 2>&1 & echo started",)),
+    Attack("rewrite the verifier", "verifier",
+           ("echo 'print(1)' > {runner}; ls -la {runner}; cp /dev/null run_tests.py; "
+            "mkdir -p /verifier && echo x > /verifier/runner.py",)),
+    Attack("forge a report from the submission", "verifier", (),
+           solution=("import json, pathlib\n"
+                     "for d in ('/verifier/out', '/verifier/hidden', '/workspace'):\n"
+                     "    try:\n"
+                     "        pathlib.Path(d, 'report.json').write_text(json.dumps({'x': 'pass'}))\n"
+                     "    except OSError:\n"
+                     "        pass\n")),
+    Attack("re-enter the host network namespace", "network",
+           ("nsenter --net=/proc/1/ns/net true; echo nsenter=$?; ip addr 2>&1 | grep -c inet",
+            "exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED-TCP; python -c \"import socket; s=socket.socket(); "
+            "s.settimeout(2); s.connect(('127.0.0.1', {port})); print('CONNECTED-TCP')\"",
+            "python -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{sock}'); print('CONNECTED-UNIX')\"")),
+    Attack("signal host processes", "processes",
+           ("kill -9 {sentinel}; kill -TERM $PPID; kill -9 -1; pkill -9 sleep; echo done",)),
+    Attack("fork bomb inside the pids limit", "resources", (":(){{ :|:& }};: ; sleep 2",)),
+    Attack("eight CPU loops", "resources",
+           ("for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; sleep 2",)),
+    Attack("memory held by several processes", "resources",
+           ("for i in 1 2 3; do python -c 'import time; x = bytearray(120 << 20); time.sleep(3)' & done; wait; echo end",)),
+    Attack("fill the disk and the inodes", "resources",
+           ("for i in $(seq 1 40); do head -c 4000000 /dev/zero > big$i; done 2>&1 | tail -1; df -h /workspace | tail -1",
+            "mkdir many && cd many && for i in $(seq 1 3000); do : > f$i; done 2>&1 | tail -1; rm -rf /workspace/many")),
+    Attack("crash the host's copy and walk", "crash",
+           ("mkfifo fifo; python -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"; "
+            "mknod dev c 1 3; "
+            "d=deep; for i in $(seq 1 1100); do mkdir $d && cd $d || break; done; cd /workspace; "
+            "n=$(printf 'n%.0s' $(seq 1 250)); p=$n; for i in $(seq 1 20); do mkdir -p $p || break; p=$p/$n; done; echo made",)),
+)
+
+
+def attack_limits():
+    """Tight limits for the battery, so every exhaustion attack stays small on a shared machine."""
+    from envs.jail import Limits
+
+    return Limits(cpu_seconds=5, wall_seconds=3, memory_bytes=256 << 20, max_processes=48,
+                  episode_memory_bytes=200 << 20, episode_cpu_seconds=60, cpus=1.0,
+                  disk_bytes=64 << 20, max_files=2000, tmp_bytes=16 << 20)
+
+
+@dataclasses.dataclass
+class AttackResult:
+    attack: str
+    kind: str
+    reward: float
+    escapes: list[str]
+    outputs: list[str]
+    seconds: float
+
+
+def run_attack(attack: Attack, h: Host, harness: str = "hermes", seed: int = 0) -> AttackResult:
+    """One attack episode through make_env/reset/step/snapshot/state_digest/close, then the host checks."""
+    import envs
+
+    t0 = time.monotonic()
+    env = envs.make_env("write_function", harness=harness, seed=seed, limits=attack_limits())
+    escapes: list[str] = []
+    outputs: list[str] = []
+    reward = 0.0
+    try:
+        env.reset(seed=seed)
+        name = env.task.spec["snippet"]
+        wrong = f"{attack.solution}\n\ndef {name}(*args, **kwargs):\n    return None\n"
+        turns = [Write("solution.py", wrong)] + [Run(c.format(secret=h.secret, **h.fields)) for c in attack.commands]
+        sandbox_root = env.sandbox.root
+        for i, action in enumerate(turns):
+            obs, r, term, trunc, info = env.step(env.harness.render_calls([action], start_index=i))
+            outputs.append(obs)
+            reward += r
+        env.state_digest()
+        blob = env.snapshot()
+        env.restore(blob)
+        obs, r, term, trunc, info = env.step(env.harness.render_calls([Finish()], start_index=len(turns)))
+        reward += r
+        outputs.append(obs)
+    finally:
+        env.close()
+    if sandbox_root.exists():
+        escapes.append(f"the sandbox directory {sandbox_root} was left behind")
+    escapes += check_host(h, outputs)
+    return AttackResult(attack.name, attack.kind, reward, escapes, outputs, time.monotonic() - t0)
+
+
+def check_host(h: Host, outputs: list[str]) -> list[str]:
+    """What reached outside the sandbox, judged from the host."""
+    found = []
+    text = "\n".join(outputs)
+    if h.secret in text:
+        found.append("the host secret appeared in an observation")
+    for marker in ("CONNECTED-TCP", "CONNECTED-UNIX"):
+        if marker in text:
+            found.append(f"a host socket was reached ({marker})")
+    for p in (h.canary_dir / "pwned", Path("/pwned"), Path("/tmp/pwned"), Path("/usr/pwned"), Path("/work/wt/pwned")):
+        if p.exists():
+            found.append(f"{p} was written")
+    if (h.other_workspace / "keep.txt").read_text() != h.secret:
+        found.append("another episode's workspace was changed")
+    if h.sentinel.poll() is not None:
+        found.append("a host process was killed")
+    if _sha256(RUNNER_PATH) != h.verifier_sha256:
+        found.append("the verifier's code was changed")
+    leftovers = subprocess.run(["pgrep", "-u", "65534", "-f", "while true; do cp|sleep 300"],
+                               capture_output=True, text=True).stdout.split()
+    if leftovers:
+        found.append(f"jailed processes outlived the episode: {leftovers}")
+    return found

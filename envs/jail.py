@@ -52,6 +52,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,6 +228,25 @@ def _cgroup_roots() -> dict[str, Path]:
     return {}
 
 
+_CGROUP_PREFIX = "k3-envs-"
+
+
+@functools.lru_cache(maxsize=1)
+def _sweep_stale_cgroups(roots: tuple[Path, ...]) -> None:
+    """Remove episode cgroups left by processes that died without closing them (pid in the name)."""
+    for root in roots:
+        try:
+            stale = [d for d in root.glob(f"{_CGROUP_PREFIX}*")
+                     if not os.path.exists(f"/proc/{d.name[len(_CGROUP_PREFIX):].split('-')[0]}")]
+        except OSError:
+            continue
+        for d in stale:
+            try:
+                d.rmdir()
+            except OSError:
+                pass  # still has processes (they die with their pid namespace) or already gone
+
+
 class EpisodeCgroup:
     """The cgroups of one episode: pids, memory, CPU quota and accounting (v1 or v2)."""
 
@@ -235,9 +255,10 @@ class EpisodeCgroup:
     def __init__(self, limits: Limits):
         self.dirs: dict[str, Path] = {}  # controller -> its directory (co-mounted ones share one)
         self.v2 = False
-        name = f"k3-envs-{os.getpid()}-{next(_SEQ)}"
+        name = f"{_CGROUP_PREFIX}{os.getpid()}-{next(_SEQ)}"
         try:
             roots = _cgroup_roots()
+            _sweep_stale_cgroups(tuple(sorted(set(roots.values()))))
             if "v2" in roots:
                 self.v2 = True
                 d = roots["v2"] / name
@@ -372,6 +393,8 @@ class Jail:
         self.workspace = Path(workspace)
         self.limits = limits
         self.cgroup = EpisodeCgroup(limits)
+        # An env dropped without close() still gives its cgroups back.
+        self._finalizer = weakref.finalize(self, self.cgroup.remove)
 
     def run_argv(self, argv: list[str], limits: Limits | None = None, stdin_text: str = "",
                  ro_binds: Binds = (), writable: bool = True, rw_binds: Binds = ()) -> CommandResult:
@@ -439,7 +462,7 @@ class Jail:
         return self.run_argv(["/bin/bash", "--noprofile", "--norc", "-c", command], limits)
 
     def close(self) -> None:
-        self.cgroup.remove()
+        self._finalizer()
 
 
 def isolation() -> dict:

@@ -1,14 +1,12 @@
-"""A tiny test runner, copied into coding workspaces as `run_tests.py` and used by the verifier.
+"""A tiny test runner, copied into coding workspaces as `run_tests.py` for the visible tests.
 
 It imports every `test_*.py` in a tests directory, calls every module-level `test_*` function and
-reports each as pass or fail. It depends on nothing but the standard library, so the verifier runs
-it with `python -I -S` (no site packages, no PYTHON* variables, the working directory not on sys.path).
+reports each as pass or fail. It depends on nothing but the standard library.
 
     python run_tests.py                          # the agent: visible tests in ./tests, code in .
-    python -I -S unit_runner.py CODE TESTS OUT   # the verifier: hidden tests, JSON report to OUT
+    python -I -S unit_runner.py CODE TESTS OUT   # a JSON report to OUT
 
-The verifier never trusts the exit code: it reads the report and requires every expected test to be
-listed as passed. An import that calls sys.exit or os._exit leaves no report and so fails.
+The verifier does not use it: hidden cases are evaluated by hidden_runner.py and judged on the host.
 """
 
 import importlib.util

@@ -148,8 +148,8 @@ def test_hidden_tests_are_never_on_disk_during_the_episode():
 
 def test_hidden_test_hash_is_checked():
     task = generate("fix_bug", 1)
-    name = next(iter(task.spec["hidden"]))
-    tampered = dataclasses.replace(task, spec={**task.spec, "hidden": {name: "def test_ok():\n    pass\n"}})
+    easy = [{**c, "setup": "", "expr": "1", "expected": ["int", 1]} for c in task.spec["hidden_cases"]]
+    tampered = dataclasses.replace(task, spec={**task.spec, "hidden_cases": easy})
     plan = get_family("fix_bug").solution(task)
     with envs.make_env("fix_bug") as env:
         _, reward, *_ , info = _play(env, plan, task=tampered)
@@ -157,13 +157,13 @@ def test_hidden_test_hash_is_checked():
 
 
 def test_rewriting_hidden_tests_is_impossible():
-    # The submission, run by the verifier, tries to replace the hidden tests with trivial ones; they
-    # are mounted read-only in the verifier's jail, so the real tests run and the wrong code fails.
+    # The submission, run by the verifier, tries to replace the hidden cases and the runner; they are
+    # mounted read-only in the verifier's jail, so the real cases run and the wrong code fails.
     task = generate("write_function", 3)
     name = task.spec["snippet"]
     cheat = ("import pathlib\n"
-             "for d in ('/verifier/hidden', pathlib.Path(__file__).resolve().parent.parent / 'hidden'):\n"
-             "    for p in pathlib.Path(d).glob('*.py'):\n"
+             "for d in ('/verifier', pathlib.Path(__file__).resolve().parent.parent / 'hidden'):\n"
+             "    for p in pathlib.Path(d).glob('*.*'):\n"
              "        try:\n"
              "            p.write_text('def test_ok():\\n    pass\\n')\n"
              "        except OSError:\n"
