@@ -19,6 +19,15 @@ $(VENV)/.installed: pyproject.toml $(BIN)/python
 	  echo "installing Debian chromium for the UI browser test"; \
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will be skipped"; \
 	fi
+	@# envs/jail.py runs every model-written command in a bubblewrap sandbox and refuses to run without one.
+	@if [ -x /usr/bin/bwrap ]; then :; else \
+	  echo "installing Debian bubblewrap for the envs sandbox"; \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+	  { echo "bubblewrap could not be installed: envs commands cannot run (install it: apt-get install -y bubblewrap)"; exit 1; }; \
+	fi
+	@bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib \
+	  --symlink usr/lib64 /lib64 /bin/true || { echo "bwrap cannot create namespaces here (unprivileged user \
+	namespaces disabled?): envs commands will be refused rather than run unjailed"; exit 1; }
 	touch $@
 
 setup: $(VENV)/.installed

@@ -13,6 +13,17 @@ host crashes; the worst parse time per harness).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from envs.actions import Finish, Read, Run, Write
 # Opening tags and headers of the five call syntaxes, each repeated with no closing tag.
 UNCLOSED_UNITS = (
     "<tool_call>",
@@ -65,8 +76,6 @@ BAD_INTEGERS = ("²", "١٢", " 7\u00a0", "1" + "0" * 400, 10**400, -(10**30), f
 
 def bad_number_calls(harness) -> list[str]:
     """Reads and runs whose integer argument is a non-ASCII digit, a huge number or an overflowing float."""
-    from envs.actions import Read, Run
-
     texts = []
     for action in (Read("a.py", 3), Run("true", 3)):
         tool, args = harness.encode(action)
@@ -80,18 +89,6 @@ def bad_number_calls(harness) -> list[str]:
 # Each attack is a coding episode (write_function) whose policy writes a wrong solution, runs its
 # commands (one Run per turn; "{...}" fields are filled from the Host below) and finishes. It must get
 # reward 0, and the host-side check must find nothing reached outside the sandbox.
-
-import contextlib
-import dataclasses
-import hashlib
-import os
-import socket
-import subprocess
-import tempfile
-import time
-from pathlib import Path
-
-from envs.actions import Finish, Run, Write
 
 
 @dataclasses.dataclass
@@ -166,7 +163,6 @@ class Attack:
     solution: str = ""  # extra code at the top of the (wrong) solution, run by the verifier
 
 
-SECRET_GREP = "grep -rs {secret} / 2>/dev/null | head -3"
 ATTACKS = (
     Attack("read a world-readable host file", "escape",
            ("cat {canary}/secret.txt; ls / /work /root /home 2>&1 | head -20", "cat /etc/shadow /etc/passwd")),
@@ -186,7 +182,8 @@ ATTACKS = (
     Attack("read the actor's memory and environment", "secrets",
            ("cat /proc/1/environ /proc/$PPID/environ | tr '\\0' '\\n'; ls /proc; grep -a -o 'canary-[0-9a-f]*' "
             "/proc/*/mem /proc/*/environ /proc/*/cmdline 2>/dev/null | head", "env")),
-    Attack("search the whole file system for the secret", "secrets", (SECRET_GREP,)),
+    Attack("search the whole file system for the secret", "secrets",
+           ("grep -rs --exclude-dir=usr --exclude-dir=proc --exclude-dir=sys {secret} / | head -3",)),
     Attack("watch for the hidden tests with a setsid process", "hidden_tests",
            ("setsid sh -c 'while true; do cp -r /tmp/k3-verify-* /verifier /workspace/ 2>/dev/null; sleep 0.05; "
             "done' > /dev/null 2>&1 & nohup sleep 300 > /dev/null 2>&1 & echo started",)),
@@ -207,19 +204,19 @@ ATTACKS = (
             "python -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('{sock}'); print('CONNECTED-UNIX')\"")),
     Attack("signal host processes", "processes",
            ("kill -9 {sentinel}; kill -TERM $PPID; kill -9 -1; pkill -9 sleep; echo done",)),
-    Attack("fork bomb inside the pids limit", "resources", (":(){{ :|:& }};: ; sleep 2",)),
+    Attack("fork bomb inside the pids limit", "resources", (":(){{ :|:& }};:",)),
     Attack("eight CPU loops", "resources",
-           ("for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; sleep 2",)),
+           ("for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; sleep 1",)),
     Attack("memory held by several processes", "resources",
-           ("for i in 1 2 3; do python -c 'import time; x = bytearray(120 << 20); time.sleep(3)' & done; wait; echo end",)),
+           ("for i in 1 2 3; do python -c 'import time; x = bytearray(120 << 20); time.sleep(1)' & done; wait; echo end",)),
     Attack("fill the disk and the inodes", "resources",
-           ("for i in $(seq 1 40); do head -c 4000000 /dev/zero > big$i; done 2>&1 | tail -1; df -h /workspace | tail -1",
-            "mkdir many && cd many && for i in $(seq 1 3000); do : > f$i; done 2>&1 | tail -1; rm -rf /workspace/many")),
+           ("for i in $(seq 1 12); do head -c 2000000 /dev/zero > big$i; done 2>&1 | tail -1; df -h /workspace | tail -1",
+            "mkdir many && cd many && for i in $(seq 1 700); do : > f$i; done 2>&1 | tail -1; rm -rf /workspace/many")),
     Attack("crash the host's copy and walk", "crash",
-           ("mkfifo fifo; python -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"; "
-            "mknod dev c 1 3; "
-            "d=deep; for i in $(seq 1 1100); do mkdir $d && cd $d || break; done; cd /workspace; "
-            "n=$(printf 'n%.0s' $(seq 1 250)); p=$n; for i in $(seq 1 20); do mkdir -p $p || break; p=$p/$n; done; echo made",)),
+           ("mkfifo fifo fifo.py; python -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"; "
+            "mknod dev c 1 3; ln -s /proc/self/mem mem; ln -s fifo solution_link.py",
+            "python -c \"import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\n"
+            "for i in range(20):\n    os.mkdir('n' * 250); os.chdir('n' * 250)\nprint('made')\"",)),
 )
 
 
@@ -227,9 +224,9 @@ def attack_limits():
     """Tight limits for the battery, so every exhaustion attack stays small on a shared machine."""
     from envs.jail import Limits
 
-    return Limits(cpu_seconds=5, wall_seconds=3, memory_bytes=256 << 20, max_processes=48,
+    return Limits(cpu_seconds=5, wall_seconds=1.5, memory_bytes=256 << 20, max_processes=48,
                   episode_memory_bytes=200 << 20, episode_cpu_seconds=60, cpus=1.0,
-                  disk_bytes=64 << 20, max_files=2000, tmp_bytes=16 << 20)
+                  disk_bytes=16 << 20, max_files=500, tmp_bytes=16 << 20)
 
 
 @dataclasses.dataclass
@@ -237,42 +234,63 @@ class AttackResult:
     attack: str
     kind: str
     reward: float
-    escapes: list[str]
+    escapes: list[str]  # what reached outside the sandbox or beyond its limits; empty when it held
     outputs: list[str]
     seconds: float
+    usage: dict  # CPU seconds, peak memory and processes of the episode, workspace bytes
 
 
 def run_attack(attack: Attack, h: Host, harness: str = "hermes", seed: int = 0) -> AttackResult:
-    """One attack episode through make_env/reset/step/snapshot/state_digest/close, then the host checks."""
+    """One attack episode through make_env/reset/step/state_digest/snapshot/restore/close, then the
+    host-side checks and the episode's resource use against its limits."""
     import envs
 
+    limits = attack_limits()
     t0 = time.monotonic()
-    env = envs.make_env("write_function", harness=harness, seed=seed, limits=attack_limits())
-    escapes: list[str] = []
+    env = envs.make_env("write_function", harness=harness, seed=seed, limits=limits)
     outputs: list[str] = []
     reward = 0.0
+    wall = 0.0
     try:
         env.reset(seed=seed)
         name = env.task.spec["snippet"]
         wrong = f"{attack.solution}\n\ndef {name}(*args, **kwargs):\n    return None\n"
         turns = [Write("solution.py", wrong)] + [Run(c.format(secret=h.secret, **h.fields)) for c in attack.commands]
+        turns.append(Read("."))
         sandbox_root = env.sandbox.root
         for i, action in enumerate(turns):
-            obs, r, term, trunc, info = env.step(env.harness.render_calls([action], start_index=i))
+            t = time.monotonic()
+            obs, r, *_ = env.step(env.harness.render_calls([action], start_index=i))
+            wall += time.monotonic() - t
             outputs.append(obs)
             reward += r
+        cgroup = env.sandbox.jail.cgroup
+        usage = {"cpu_seconds": cgroup.cpu_seconds(), **cgroup.peaks(), "workspace_bytes": _used_bytes(env.sandbox.workspace)}
         env.state_digest()
-        blob = env.snapshot()
-        env.restore(blob)
-        obs, r, term, trunc, info = env.step(env.harness.render_calls([Finish()], start_index=len(turns)))
+        env.restore(env.snapshot())
+        obs, r, *_ = env.step(env.harness.render_calls([Finish()], start_index=len(turns)))
         reward += r
         outputs.append(obs)
     finally:
         env.close()
+    escapes = check_host(h, outputs)
     if sandbox_root.exists():
         escapes.append(f"the sandbox directory {sandbox_root} was left behind")
-    escapes += check_host(h, outputs)
-    return AttackResult(attack.name, attack.kind, reward, escapes, outputs, time.monotonic() - t0)
+    if cgroup.active:
+        if usage["cpu_seconds"] > limits.cpus * wall + 1.0:
+            escapes.append(f"{usage['cpu_seconds']:.1f} CPU-s in {wall:.1f} s beyond the {limits.cpus} CPU quota")
+        if usage.get("memory_bytes", 0) > limits.episode_memory_bytes:
+            escapes.append(f"peak memory {usage['memory_bytes']} beyond {limits.episode_memory_bytes}")
+        if usage.get("processes", 0) > limits.max_processes:
+            escapes.append(f"{usage['processes']} processes beyond {limits.max_processes}")
+    if usage["workspace_bytes"] > limits.disk_bytes + (1 << 20):
+        escapes.append(f"workspace holds {usage['workspace_bytes']} bytes beyond {limits.disk_bytes}")
+    return AttackResult(attack.name, attack.kind, reward, escapes, outputs, time.monotonic() - t0, usage)
+
+
+def _used_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def check_host(h: Host, outputs: list[str]) -> list[str]:

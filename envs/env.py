@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_FORMAT = "k3-envs-snapshot/1"
 TRAJECTORY_FORMAT = "k3-envs-trajectory/1"
-MAX_EPISODE_JSON_BYTES = 256 << 20
+MAX_EPISODE_JSON_BYTES = 64 << 20
 TASK_ID_RE = re.compile(r"\(task id: ([A-Za-z0-9_.-]+)/(\d+)\)")
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -317,7 +317,7 @@ class Env:
     def snapshot_limit(self) -> int:
         """The largest snapshot (compressed or not) `restore` accepts: the workspace's disk limit plus
         room for the episode record."""
-        return self.config.limits.disk_bytes + (1 << 20) * 4 + MAX_EPISODE_JSON_BYTES
+        return self.config.limits.disk_bytes + MAX_EPISODE_JSON_BYTES
 
     def restore(self, blob: bytes) -> str:
         """Continue the episode saved in `blob`; returns its last observation."""

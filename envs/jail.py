@@ -328,15 +328,26 @@ class EpisodeCgroup:
         except ValueError:
             return 0.0
 
+    def peaks(self) -> dict[str, int]:
+        """Most memory (bytes) and processes the episode held at once, where the kernel reports it."""
+        out = {}
+        for key, controller, file in (("memory_bytes", "memory", "memory.peak" if self.v2 else "memory.max_usage_in_bytes"),
+                                      ("processes", "pids", "pids.peak")):
+            text = self._read(controller, file).strip()
+            if text.isdigit():
+                out[key] = int(text)
+        return out
+
     def oom_kills(self) -> int:
         for line in self._read("memory", "memory.events" if self.v2 else "memory.oom_control").splitlines():
             if line.startswith("oom_kill "):
                 return int(line.split()[1])
         return 0
 
-    def kill_all(self) -> None:
-        """SIGKILL every process left in the episode's cgroups (normally none: the pid namespace ended)."""
-        for _ in range(100):
+    def kill_all(self, wait: bool = True) -> None:
+        """SIGKILL every process left in the episode's cgroups (normally only ones the ended pid
+        namespace is already taking down), and with `wait`, until the cgroups are empty."""
+        for k in range(200):
             pids = {int(p) for d in self._unique_dirs() for p in self._read_procs(d)}
             if not pids:
                 return
@@ -345,7 +356,9 @@ class EpisodeCgroup:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            time.sleep(0.01)
+            if not wait:
+                return
+            time.sleep(min(0.001 * 2**k, 0.02))
 
     @staticmethod
     def _read_procs(d: Path) -> list[str]:
@@ -434,7 +447,7 @@ class Jail:
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
-                self.cgroup.kill_all()
+                self.cgroup.kill_all(wait=False)
             wall = time.monotonic() - start
             out.seek(0)
             raw = out.read(limits.output_chars * 4 + 4)

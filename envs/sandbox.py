@@ -418,16 +418,10 @@ class Sandbox:
                 if m.issym():
                     links.append((dest, m.linkname))
                     continue
-                for d in [dest.parent, *dest.parent.parents]:
-                    if d == self.workspace:
-                        break
-                    if not d.exists():
-                        d.mkdir()
-                        self._own(d)
+                # Members come parent directory first (checked), so one mkdir per directory suffices.
                 if m.isdir():
-                    if not dest.exists():
-                        dest.mkdir()
-                        self._own(dest)
+                    dest.mkdir()
+                    self._own(dest)
                     dir_modes.append((dest, m.mode))
                 else:
                     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -479,6 +473,7 @@ def _checked_members(blob: bytes, limits: Limits) -> list[tarfile.TarInfo]:
     once, at most MAX_ENTRIES members and `limits.disk_bytes` bytes of content."""
     members: list[tarfile.TarInfo] = []
     seen: set[str] = set()
+    dirs: set[str] = set()
     total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
@@ -492,15 +487,15 @@ def _checked_members(blob: bytes, limits: Limits) -> list[tarfile.TarInfo]:
                     raise ValueError(f"member {m.name[:100]!r} is not a plain relative path seen once")
                 if not (m.isfile() or m.isdir() or m.issym()):
                     raise ValueError(f"member {m.name[:100]!r} is not a file, directory or symlink")
+                parent = m.name.rpartition("/")[0]
+                if parent and parent not in dirs:
+                    raise ValueError(f"member {m.name[:100]!r} comes before (or without) its directory")
                 seen.add(m.name)
+                if m.isdir():
+                    dirs.add(m.name)
                 total += m.size if m.isfile() else 0
                 if total > limits.disk_bytes:
                     raise ValueError(f"more than {limits.disk_bytes} bytes of files")
     except (tarfile.TarError, OSError, EOFError, UnicodeError) as e:
         raise ValueError(f"not a workspace tar ({type(e).__name__}: {e})") from None
-    dirs = {m.name for m in members if m.isdir()}
-    for m in members:
-        parent = m.name.rpartition("/")[0]
-        if parent and parent not in dirs:
-            raise ValueError(f"member {m.name[:100]!r} comes before (or without) its directory")
     return members
