@@ -42,6 +42,8 @@ commands never run unjailed.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -124,7 +126,7 @@ def _root_binds() -> list[str]:
 Binds = tuple[tuple[str, str], ...]  # (host path, path inside the jail)
 
 
-def bwrap_argv(limits: Limits, mounts: list[tuple[str, int, str]]) -> list[str]:
+def bwrap_argv(limits: Limits, mounts: list[tuple[str, int, str]], env: dict[str, str] | None = None) -> list[str]:
     """The setpriv + bwrap prefix of a command. `mounts` are (bwrap option, open O_PATH fd, path
     inside), e.g. ("--bind-fd", fd, "/workspace"): binding by descriptor means the unprivileged bwrap
     needs no search permission on the host path's parents, and the host path appears nowhere inside
@@ -144,7 +146,10 @@ def bwrap_argv(limits: Limits, mounts: list[tuple[str, int, str]]) -> list[str]:
         args += [option, str(fd), inside]
     args += ["--remount-ro", "/", "--chdir", WORKDIR, "--clearenv",
              "--setenv", "PATH", JAIL_PATH, "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp",
-             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--"]
+             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
+    for key, value in (env or {}).items():
+        args += ["--setenv", key, value]
+    args.append("--")
     if _as_root():
         # bwrap then runs unprivileged: the jail's processes are host uid 65534 with no capabilities.
         setpriv = shutil.which("setpriv")
@@ -420,11 +425,20 @@ class Jail:
             return CommandResult(1, f"the episode's CPU budget ({limits.episode_cpu_seconds:g} s) is spent",
                                  "episode_cpu_limit", 0.0)
         cpu = max(1, min(int(limits.cpu_seconds), int(cpu_left)))
+        with self.prepare(argv, dataclasses.replace(limits, cpu_seconds=cpu), ro_binds, rw_binds, writable) as (full, fds):
+            return self._run(full, limits, stdin_text, fds, start)
+
+    @contextlib.contextmanager
+    def prepare(self, argv: list[str], limits: Limits | None = None, ro_binds: Binds = (), rw_binds: Binds = (),
+                writable: bool = True, env: dict[str, str] | None = None):
+        """(full argv, descriptors to pass) that run argv in this jail, for callers that start the
+        process themselves (envs/kernelsuite/sandbox.py); the descriptors are closed on exit."""
+        limits = limits or self.limits
         mounts = _open_mounts(self.workspace, writable, ro_binds, rw_binds)
         try:
-            full = [*self.cgroup.join_prefix(), *_rlimit_argv(limits, cpu, nproc=not self.cgroup.active),
-                    *bwrap_argv(limits, mounts), *argv]
-            return self._run(full, limits, stdin_text, [fd for _, fd, _ in mounts], start)
+            full = [*self.cgroup.join_prefix(), *_rlimit_argv(limits, int(limits.cpu_seconds), nproc=not self.cgroup.active),
+                    *bwrap_argv(limits, mounts, env), *argv]
+            yield full, [fd for _, fd, _ in mounts]
         finally:
             for _, fd, _ in mounts:
                 os.close(fd)

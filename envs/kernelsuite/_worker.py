@@ -539,6 +539,10 @@ def _zygote_main(ctl_fd: int) -> None:
         import triton.testing  # noqa: F401
     sock = socket.socket(fileno=ctl_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Not dumpable: a child running a submission (same uid) cannot ptrace or read the zygote's memory.
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     sock.send(b"ready")
     while True:
         try:
@@ -562,11 +566,30 @@ def _zygote_main(ctl_fd: int) -> None:
                 os.close(fd)
             sock.send(str(pid).encode())
         elif words[0] == "wait":
-            _, status = os.waitpid(int(words[1]), 0)
+            # "wait PID [SECONDS]": reap the child, killing its process group after SECONDS. Done here,
+            # not by the parent, because in the jail PID is a pid of the jail's own namespace.
+            pid, limit = int(words[1]), float(words[2]) if len(words) > 2 else None
+            deadline = None if limit is None else time.monotonic() + limit
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG if deadline is not None else 0)
+                if done:
+                    break
+                if time.monotonic() >= deadline:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    deadline = None
+                    continue
+                time.sleep(0.01)
             sock.send(str(os.waitstatus_to_exitcode(status)).encode())
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--sys-path":
+        # In the bubblewrap jail (sandbox.py): python3 -I -S, with only torch's site-packages on the path.
+        sys.path.insert(0, sys.argv[2])
+        del sys.argv[1:3]
     if sys.argv[1] == "--session":
         _session_main(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "--zygote":

@@ -264,7 +264,7 @@ class _Run:
         preload = _triton_available() and (self.cfg.isolation == "zygote" or "triton" in self.source)
         return {"workdir": None, "env": {}, "num_threads": self.cfg.num_threads,
                 "device": self.device.type, "preload_triton": preload, "source": self.source,
-                "protected_roots": [str(sandbox.PACKAGE_DIR)],
+                "protected_roots": [str(sandbox.PACKAGE_DIR), sandbox.JAIL_WORKER.rsplit("/", 1)[0]],
                 "forbidden_imports": sorted({__name__.split(".")[0], "kernelsuite"}),
                 "init_seed": self.init_seed,
                 "init_inputs": init_inputs(self.task)}
@@ -272,13 +272,14 @@ class _Run:
     def _session(self) -> None:
         cfg = self.cfg
         env = sandbox.WorkerEnv(triton_interpret=self.device.type == "cpu",
-                                preload_triton=_triton_available() and cfg.isolation == "zygote")
+                                preload_triton=_triton_available() and cfg.isolation == "zygote",
+                                jailed=self.device.type == "cpu")
         session = sandbox.Session(cfg.isolation, env, cfg.timeout_s)
         kill = False
         try:
             job = self._job()
-            job["workdir"] = session.workdir
-            job["env"] = {"HOME": session.workdir, "TRITON_CACHE_DIR": f"{session.workdir}/triton"}
+            job["workdir"] = session.job_workdir
+            job["env"] = {"HOME": session.job_workdir, "TRITON_CACHE_DIR": f"{session.job_workdir}/triton"}
             session.send(job)
             reply = session.recv()
             self._guard(reply)

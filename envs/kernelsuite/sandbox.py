@@ -12,6 +12,16 @@ Each evaluation runs its submission in its own process, started in one of two wa
 Either way the child talks to us only through two pipes with MAC'd frames (`_worker.py`), has a
 deadline after which its whole process group is killed, and ends with `os._exit`. Its stdout and
 stderr go to a log file whose tail is returned for feedback.
+
+On the CPU (`WorkerEnv.jailed`, set by evaluate.py for device "cpu") the worker also runs in the
+bubblewrap jail of envs/jail.py: uid 65534, own namespaces (no network, no host processes), a
+read-only root of the system /usr, the system `python3 -I -S` with only torch's site-packages
+(bound read-only at /opt/k3/site: .pth files are not processed, so the project's editable install
+is not importable) and the worker script (read-only), the session's directory as the only writable
+path, and the per-process and per-episode limits of KERNEL_LIMITS. "spawn" gets one jail per
+session; "zygote" runs the zygote in one jail, its session directories under the jail's /workspace,
+and the zygote itself reaps and kills its children (their pids are the jail's). On a GPU the worker
+runs with the process isolation above only: the GPU machines have no bubblewrap (docs/kernelsuite.md).
 """
 
 from __future__ import annotations
@@ -30,11 +40,43 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.jail import JAIL_GID, JAIL_UID, WORKDIR, Jail, Limits
+
 from . import _worker
 
 WORKER_PATH = Path(_worker.__file__).resolve()
 PACKAGE_DIR = WORKER_PATH.parent
 ISOLATION_MODES = ("spawn", "zygote")
+JAIL_WORKER = "/opt/k3/kernelsuite/_worker.py"
+JAIL_SITE = "/opt/k3/site"
+# torch needs far more address space and processes (threads count) than a shell command; the wall
+# clock is the session's own deadline.
+KERNEL_LIMITS = Limits(cpu_seconds=3600, memory_bytes=32 << 30, wall_seconds=3600, file_size_bytes=1 << 30,
+                       open_files=4096, max_processes=512, episode_memory_bytes=8 << 30,
+                       episode_cpu_seconds=10**6, cpus=float(os.cpu_count() or 1), tmp_bytes=256 << 20)
+
+
+def _torch_site() -> str:
+    import torch
+
+    return str(Path(torch.__file__).resolve().parents[1])
+
+
+def _jailed_popen(jail: Jail, args: list[str], env: dict[str, str], fds: tuple[int, ...], **popen) -> subprocess.Popen:
+    """Start the worker script with `args` in `jail` (see the module docstring)."""
+    argv = ["python3", "-I", "-S", JAIL_WORKER, "--sys-path", JAIL_SITE, *args]
+    binds = ((str(WORKER_PATH), JAIL_WORKER), (_torch_site(), JAIL_SITE))
+    env = {k: v for k, v in env.items() if k != "PATH"}  # the jail's own PATH stays
+    with jail.prepare(argv, ro_binds=binds, env=env) as (full, bind_fds):
+        return subprocess.Popen(full, pass_fds=(*fds, *bind_fds), stdin=subprocess.DEVNULL, cwd="/",
+                                env={"PATH": "/usr/bin:/bin"}, start_new_session=True, **popen)
+
+
+def _jail_home(prefix: str, parent: str | None = None) -> str:
+    d = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    if os.geteuid() == 0:
+        os.chown(d, JAIL_UID, JAIL_GID)
+    return d
 
 
 @dataclass(frozen=True)
@@ -43,6 +85,7 @@ class WorkerEnv:
 
     triton_interpret: bool
     preload_triton: bool
+    jailed: bool = False  # run the worker in the bubblewrap jail (the CPU; see the module docstring)
 
     def variables(self, home: str) -> dict[str, str]:
         env = {
@@ -75,18 +118,33 @@ class Session:
     def __init__(self, isolation: str, env: WorkerEnv, timeout_s: float):
         if isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, not {isolation!r}")
-        self.workdir = tempfile.mkdtemp(prefix="kernelsuite-")
+        self._jail: Jail | None = None
+        self._zygote = _Zygote.get(env) if isolation == "zygote" else None
+        if env.jailed and self._zygote is not None:
+            self.workdir = _jail_home("session-", self._zygote.home)
+            self.job_workdir = f"{WORKDIR}/{os.path.basename(self.workdir)}"  # the worker's view of it
+        elif env.jailed:
+            self.workdir = _jail_home("kernelsuite-")
+            self.job_workdir = WORKDIR
+            self._jail = Jail(Path(self.workdir), KERNEL_LIMITS)
+        else:
+            self.workdir = tempfile.mkdtemp(prefix="kernelsuite-")
+            self.job_workdir = self.workdir
         self.deadline = time.monotonic() + timeout_s
         self.token = secrets.token_bytes(_worker.TOKEN_BYTES)
         self.log_path = os.path.join(self.workdir, "worker.log")
         self.exit_code: int | None = None
-        self._zygote: _Zygote | None = None
         self._proc: subprocess.Popen | None = None
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
         log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            if isolation == "spawn":
+            if self._jail is not None:
+                self._proc = _jailed_popen(self._jail, ["--session", str(to_child_r), str(from_child_w)],
+                                           env.variables(WORKDIR), (to_child_r, from_child_w),
+                                           stdout=log_fd, stderr=log_fd)
+                self.pid = self._proc.pid
+            elif self._zygote is None:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-I", str(WORKER_PATH), "--session", str(to_child_r),
                      str(from_child_w)],
@@ -95,7 +153,6 @@ class Session:
                     start_new_session=True)
                 self.pid = self._proc.pid
             else:
-                self._zygote = _Zygote.get(env)
                 self.pid = self._zygote.spawn(to_child_r, from_child_w, log_fd)
         finally:
             for fd in (to_child_r, from_child_w, log_fd):
@@ -139,9 +196,11 @@ class Session:
                 _killpg(self.pid)
             self.exit_code = self._proc.wait()
         elif self._zygote is not None:
-            if kill:
+            if kill and not self._zygote.jailed:
                 _killpg(self.pid)
-            self.exit_code = self._zygote.wait(self.pid, kill_after_s=5)
+            self.exit_code = self._zygote.wait(self.pid, kill_after_s=0 if kill else 5)
+        if self._jail is not None:
+            self._jail.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
         return self.exit_code
 
@@ -169,13 +228,21 @@ class _Zygote:
 
     def __init__(self, env: WorkerEnv):
         self.lock = threading.Lock()
-        self.home = tempfile.mkdtemp(prefix="kernelsuite-zygote-")
+        self.jailed = env.jailed
+        self.jail: Jail | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER_PATH), "--zygote", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, cwd=self.home, env=env.variables(self.home),
-            start_new_session=True)
+        if env.jailed:
+            self.home = _jail_home("kernelsuite-zygote-")
+            self.jail = Jail(Path(self.home), KERNEL_LIMITS)
+            self.proc = _jailed_popen(self.jail, ["--zygote", str(theirs.fileno())], env.variables(WORKDIR),
+                                      (theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self.home = tempfile.mkdtemp(prefix="kernelsuite-zygote-")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", str(WORKER_PATH), "--zygote", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, cwd=self.home, env=env.variables(self.home),
+                start_new_session=True)
         theirs.close()
         self.sock = ours
         self.sock.settimeout(120)
@@ -190,6 +257,11 @@ class _Zygote:
 
     def wait(self, pid: int, kill_after_s: float) -> int:
         """Reap a child through the zygote (its parent); kill its group if it has not exited in time."""
+        if self.jailed:
+            # The pid is one of the jail's namespace: the zygote waits and kills.
+            with self.lock:
+                self.sock.send(f"wait {pid} {kill_after_s}".encode())
+                return int(self.sock.recv(64))
         deadline = time.monotonic() + kill_after_s
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.01)
@@ -205,6 +277,8 @@ class _Zygote:
             self.proc.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             _killpg(self.proc.pid)
+        if self.jail is not None:
+            self.jail.close()
         shutil.rmtree(self.home, ignore_errors=True)
 
 
