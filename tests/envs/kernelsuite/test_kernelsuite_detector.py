@@ -6,8 +6,10 @@ interpreter ("spawn"). On a GPU machine the same tests run on the GPU.
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 
 from envs.kernelsuite import evaluate, expert_baseline, load_task
 from envs.kernelsuite._worker import ChannelError, recv_message, send_message
@@ -99,3 +101,19 @@ def test_expert_baseline_is_cached_and_positive(fast_config):
     device = resolve_device(fast_config.device)
     first = expert_baseline(load_task("matmul"), fast_config, device)
     assert first.time_s > 0 and expert_baseline(load_task("matmul"), fast_config, device) is first
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU worker has process isolation only (no bwrap)")
+def test_cpu_submissions_run_in_the_jail(fast_config, tmp_path):
+    # A submission that, at import, tries to read the evaluator's source and write outside its
+    # directory; it computes relu correctly, so only the jail stops it.
+    os.chmod(tmp_path, 0o777)
+    target, evaluator = tmp_path / "pwned", Path(evaluate.__code__.co_filename)
+    probe = ("import os\n"
+             f"seen = [os.path.exists({str(evaluator)!r}), os.path.exists('/work'), os.getuid()]\n"
+             f"try:\n    open({str(target)!r}, 'w').write(repr(seen))\nexcept OSError:\n    pass\n"
+             "print('SEEN', seen, file=__import__('sys').stderr)\n")
+    result = evaluate("relu", probe + RELU.format(body="        return torch.relu(x)"), config=fast_config)
+    assert result.correct and not target.exists()
+    uid = 65534 if os.geteuid() == 0 else os.geteuid()
+    assert f"SEEN [False, False, {uid}]" in result.details["log_tail"]
