@@ -41,12 +41,13 @@ BASELINE = "a115475"  # the last commit with the unshare-only jail
 def _baseline_jail():
     src = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE}:envs/jail.py"], capture_output=True,
                          text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="k3-bench-")) / "jail_baseline.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("jail_baseline", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["jail_baseline"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
+    with tempfile.TemporaryDirectory(prefix="k3-bench-") as d:
+        path = Path(d) / "jail_baseline.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location("jail_baseline", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["jail_baseline"] = mod  # dataclasses look their module up there
+        spec.loader.exec_module(mod)
     return mod
 
 

@@ -152,6 +152,8 @@ class Sandbox:
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
+        elif getattr(self, "own_filesystem", False) and os.path.ismount(self.workspace):
+            _unmount(str(self.workspace))  # a caller-given root stays, without our tmpfs
 
     def _own(self, path: Path) -> None:
         """Hand a file or directory the host wrote to the jail's uid, so commands can change it."""
