@@ -51,7 +51,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.jail import JAIL_GID, JAIL_UID, CommandResult, Jail, Limits
+from envs.jail import JAIL_GID, JAIL_UID, CommandResult, Jail, Limits, check_bwrap
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ def _sweep_stale_sandboxes() -> None:
 
 class Sandbox:
     def __init__(self, root: Path | None = None, limits: Limits = Limits()):
+        check_bwrap()  # before anything is made: no sandbox without a jail
         _sweep_stale_sandboxes()
         if root is None:
             root = Path(tempfile.mkdtemp(prefix=f"{_SANDBOX_PREFIX}{os.getpid()}-"))

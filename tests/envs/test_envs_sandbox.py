@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from envs.jail import Limits, run_command
+from envs import jail
+from envs.jail import JailUnavailable, Limits, run_command
 from envs.sandbox import Sandbox, SandboxError
 
 
@@ -140,3 +141,14 @@ def test_commands_see_the_workspace_as_slash_workspace(sb):
     r = sb.run("pwd; cat /workspace/notes.txt; python -c 'import os; print(os.getcwd())'")
     assert r.output == "/workspace\nhi\n/workspace\n"
     assert str(sb.workspace) not in sb.run("echo $HOME; ls -d $PWD").output
+
+
+def test_no_bwrap_means_no_sandbox(monkeypatch):
+    """Where bubblewrap is missing, making an env fails with what to do; nothing runs unjailed."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    jail.check_bwrap.cache_clear()
+    try:
+        with pytest.raises(JailUnavailable, match="apt-get install -y bubblewrap"):
+            Sandbox()
+    finally:
+        jail.check_bwrap.cache_clear()
