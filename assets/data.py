@@ -21,7 +21,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.lineage import (group, inline_png, key, markdown_table, profile_tags, require_upstream,
-                            require_upstreams, tag_run)
+                            require_upstreams, tag_run, thumbnail)
 from k3model.checkpoint import source_tree_sha256
 
 # Bumps whenever the generators' source changes, so the UI marks data built by older code as stale.
@@ -160,20 +160,25 @@ def materialize_image_data(context: dg.AssetExecutionContext, config: DataConfig
     from datagen import presets
     from datagen.images import build_images, images_array
     from datagen.io import write_parquet
+    from PIL import Image
 
     tag_run(context, profile)
     cfg = presets(profile, config.seed).images
     t0 = time.perf_counter()
     table = build_images(cfg)
 
-    def contact_sheet(directory: Path) -> None:
-        # A grid of the first images, for a glance at what the vision encoder learns from.
+    def grid(n: int, columns: int):
+        # The first images side by side, for a glance at what the vision encoder learns from.
         from PIL import Image
-        pixels = images_array(table.slice(0, 16))
+        pixels = images_array(table.slice(0, n))
         n, h, w, _ = pixels.shape
-        sheet = Image.new("RGB", (4 * w, ((n + 3) // 4) * h))
+        sheet = Image.new("RGB", (columns * w, ((n + columns - 1) // columns) * h))
         for i in range(n):
-            sheet.paste(Image.fromarray(pixels[i]), ((i % 4) * w, (i // 4) * h))
+            sheet.paste(Image.fromarray(pixels[i]), ((i % columns) * w, (i // columns) * h))
+        return sheet
+
+    def contact_sheet(directory: Path) -> None:
+        sheet = grid(16, 4)
         sheet.resize((sheet.width * 4, sheet.height * 4), Image.NEAREST).save(directory / "preview.png")
 
     path, sha = _publish(context.resources.store.data_dir(profile, "image_data"), "images.parquet",
@@ -184,6 +189,8 @@ def materialize_image_data(context: dg.AssetExecutionContext, config: DataConfig
     sheet = path.parent / "preview.png"
     return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
                    {"heldout_rows": splits.count("heldout"), "image_size": cfg.image_size,
+                    "first_images": thumbnail(grid(4, 4), f"the first 4 images ({profile})",
+                                              "the first 4 images (all 16 in preview_png)"),
                     "preview_png": inline_png(sheet, f"the first 16 images ({profile})")}, artifacts=[sheet])
 
 

@@ -29,7 +29,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
-                            require_upstream, require_upstreams, run_id, tag_run)
+                            require_upstream, require_upstreams, run_id, sparkline, tag_run)
 from assets.tasks import LiveLog, ProgressFeed, grid_rows, train_stage_task
 from k3model.checkpoint import CheckpointCorrupted, source_tree_sha256, verify_checkpoint
 
@@ -213,7 +213,13 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
         "seq_len": resolved.seq_len,
         "steps": resolved.steps,
         "tokens_seen": result.tokens_seen,
-        **{k: float(ev[k]) for k in REPORTED if k in ev},
+        # Rounded for reading (the losses stay exact for the loss_fell check); `eval` keeps every
+        # figure at full precision.
+        **{k: float(ev[k]) if k.startswith("train/") else float(f"{ev[k]:.4g}") for k in REPORTED if k in ev},
+        "loss": sparkline([h.get("train/main", float("nan")) for h in result.history], "train/main",
+                          f"train/main {ev.get('train/first_loss', float('nan')):.4f} → "
+                          f"{ev.get('train/final_loss', float('nan')):.4f} over {len(result.history)} steps "
+                          "(full plot: loss_plot)"),
         "loss_plot": inline_png(plot, f"loss curve of {profile}/{name}"),
         "clue_acc_by_distance": dg.MetadataValue.md(by_distance),
         "clue_acc_by_length": dg.MetadataValue.md(by_length),

@@ -34,8 +34,11 @@ def test_group_materializes_with_content_versions(data_run):
         assert md["path"].split("/")[-2] == md["sha256"][:16]
     assert _metadata(result, "tokenizer")["vocab_size"] == 512
     assert _metadata(result, "clue_data")["num_cells"] >= 4
-    # The contact sheet is shown inline: Markdown with the PNG as a data URI, not a file path.
+    # Pictures are Markdown with the PNG as a data URI, not file paths; the small one is short
+    # enough for the UI to show in the metadata table itself.
     assert _metadata(result, "image_data")["preview_png"].startswith("![the first 16 images (smoke)](data:image/png;base64,iVBOR")
+    first = _metadata(result, "image_data")["first_images"]
+    assert first.startswith("![the first 4 images (smoke)](data:image/png;base64,iVBOR") and len(first) < 1000
     # The run carries its profile, although materialize() set no tag.
     assert instance.get_run_by_id(result.run_id).tags["k3/profile"] == "smoke"
 

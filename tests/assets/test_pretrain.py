@@ -155,3 +155,18 @@ def test_checkpoint_evals_names_the_missing_stage(data_run, smoke_resources, tmp
     with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx, \
             pytest.raises(dg.Failure, match="pretrain_stage_3 has not been materialized for profile 'smoke'"):
         checkpoint_evals(ctx, EvalConfig(stages=[3]))
+
+
+def test_sparkline_shows_in_the_table_and_draws_the_curve():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from assets.lineage import INLINE_MARKDOWN_CHARS, sparkline
+    md = sparkline([6.0 - 0.01 * i for i in range(500)] + [float("nan")], "loss", "6.0 → 1.0").value
+    assert len(md) < INLINE_MARKDOWN_CHARS and md.endswith(") 6.0 → 1.0")
+    image = Image.open(io.BytesIO(base64.b64decode(md.split("base64,", 1)[1].split(")", 1)[0])))
+    ys = {x: [y for y in range(image.height) if image.getpixel((x, y)) == 1] for x in (0, image.width - 1)}
+    # A falling loss: the line starts at the top left and ends at the bottom right.
+    assert max(ys[0]) < image.height // 3 and min(ys[image.width - 1]) > 2 * image.height // 3
