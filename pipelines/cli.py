@@ -157,6 +157,39 @@ class _Progress(threading.Thread):
                 self._line(f"✗ {step}: {_root_message(err)}")
 
 
+# workspace.yaml's code location, which `k3 ui` serves.
+CODE_LOCATION = "k3"
+
+
+def _record_origin_for_the_ui(instance, job_name: str) -> None:
+    """Make the runs this instance object creates re-executable from the UI.
+
+    `execute_in_process` records no remote origin, and the UI's "Re-execute" looks the job up by the
+    origin's code location and repository (a run without one cannot be re-executed, whatever its
+    job). The origin named here is the one `k3 ui` serves: workspace.yaml's location `k3`, the
+    Definitions' single repository.
+    """
+    from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
+    from dagster._core.remote_origin import (ManagedGrpcPythonEnvCodeLocationOrigin, RemoteJobOrigin,
+                                             RemoteRepositoryOrigin)
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    origin = RemoteJobOrigin(
+        repository_origin=RemoteRepositoryOrigin(
+            code_location_origin=ManagedGrpcPythonEnvCodeLocationOrigin(
+                loadable_target_origin=LoadableTargetOrigin(executable_path=sys.executable,
+                                                            module_name="pipelines.definitions",
+                                                            working_directory=str(REPO_ROOT)),
+                location_name=CODE_LOCATION),
+            repository_name=SINGLETON_REPOSITORY_NAME),
+        job_name=job_name)
+    create = instance.create_run_for_job
+
+    def create_run_for_job(*args, **kwargs):
+        kwargs.setdefault("remote_job_origin", origin)
+        return create(*args, **kwargs)
+    instance.create_run_for_job = create_run_for_job
+
+
 def _raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
@@ -215,6 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # cluster stopped and the run recorded as failed, instead of dying mid-write.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     instance = dg.DagsterInstance.get()
+    _record_origin_for_the_ui(instance, job.name)
     run_id = str(uuid.uuid4())
     progress = _Progress(instance, run_id)
     progress.start()
