@@ -412,15 +412,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.instance import apply_k3_environ
     apply_k3_environ()
     import dagster as dg
+
+    from assets.lineage import key
     from pipelines.definitions import defs
-    key = dg.AssetKey("report")
-    if key not in defs.resolve_asset_graph().get_all_asset_keys():
-        _say("k3 report: the report asset (claims table and plots, DESIGN.md §5) does not exist in the "
+    asset = key(args.profile, "report")
+    if asset not in defs.resolve_asset_graph().get_all_asset_keys():
+        _say("k3 report: the report asset (claims table and plots, docs/design.md §5) does not exist in the "
              "pipeline yet, so there is no report to show")
         return 1
-    event = dg.DagsterInstance.get().get_latest_materialization_event(key)
+    event = dg.DagsterInstance.get().get_latest_materialization_event(asset)
     if event is None:
-        _say("k3 report: the report asset has never been materialized: run `k3 run --select '*report'`")
+        _say(f"k3 report: {asset.to_user_string()} has never been materialized: run "
+             f"`k3 run --profile {args.profile} --select '*report'`")
         return 1
     path = event.asset_materialization.metadata.get("path")
     _say(f"k3 report: {path.value if path else 'the latest materialization records no path'}")
@@ -447,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "asset, through the profile's job (<profile>_all_job), so the UI can "
                                      "re-execute the run. Usage: docs/orchestration.md.")
     run.add_argument("--profile", default=default_profile(),
-                     help=f"one of {profiles} (default: %(default)s, from K3_PROFILE or tiny; tiny trains for "
+                     help=f"one of {profiles} (default: %(default)s: K3_PROFILE, else tiny; tiny trains for "
                           "17-50 minutes on a 2-core CPU, smoke in about a minute)")
     run.add_argument("--select", help="comma-separated asset names within the profile; *name adds its upstream, "
                      f"name* its downstream (default: every asset but {', '.join(SCHEDULED_ONLY)}, which the "
@@ -470,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     params.set_defaults(fn=cmd_params)
 
     report = sub.add_parser("report", help="where the latest claims report is")
+    report.add_argument("--profile", default=default_profile(), help="whose report (default: %(default)s)")
     report.set_defaults(fn=cmd_report)
 
     bench = sub.add_parser("bench", help="run benchmarks/NAME.py")

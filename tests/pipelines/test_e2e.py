@@ -12,7 +12,8 @@ import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from assets.lineage import INLINE_MARKDOWN_CHARS, key
+from assets.lineage import INLINE_MARKDOWN_CHARS
+from assets.lineage import key as asset_key
 from k3model.checkpoint import WEIGHTS_FILE, sha256_file, verify_checkpoint
 from pipelines.instance import dagster_home
 
@@ -55,9 +56,9 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
     try:
         instance = dg.DagsterInstance.get()
-        latest = {n: instance.get_latest_materialization_event(key("smoke", n)).asset_materialization
+        latest = {n: instance.get_latest_materialization_event(asset_key("smoke", n)).asset_materialization
                   for n in [*DATA, *STAGES, "base_model"]}
-        run_ids = {instance.get_latest_materialization_event(key("smoke", n)).run_id for n in latest}
+        run_ids = {instance.get_latest_materialization_event(asset_key("smoke", n)).run_id for n in latest}
         checks = [r for r in instance.get_records_for_run(next(iter(run_ids)),
                                                           of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records]
     finally:
@@ -125,7 +126,7 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
     try:
         evals = dg.DagsterInstance.get().get_latest_materialization_event(
-            key("smoke", "checkpoint_evals")).asset_materialization.metadata
+            asset_key("smoke", "checkpoint_evals")).asset_materialization.metadata
     finally:
         del os.environ["DAGSTER_HOME"]
     assert "| stage | sha256 | ppl | vqa |" in evals["clue_acc_by_distance"].value
