@@ -2,7 +2,8 @@
 starts Dagster and MLflow on the same home and Playwright (Debian's chromium) checks what a user
 sees: the per-profile lineage, a picture shown inline on the asset's page, the `k3 run` run
 re-executed from the UI, an asset materialized from its page carrying its profile as a run tag, and
-an MLflow link that reaches MLflow's own port. Screenshots go to test-artifacts/."""
+an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
+Screenshots go to test-artifacts/."""
 
 import json
 import os
@@ -159,6 +160,11 @@ def test_what_a_user_sees_in_the_ui(ui):
             link = page.locator("tr", has_text="mlflow_run").first.locator("a[href^='/k3/mlflow/runs/']").first
             link.wait_for(timeout=60_000)
             href = link.get_attribute("href")
+
+            # MLflow opens the experiment on its training runs (not the GenAI traces view).
+            page.goto(f"{ui['mlflow']}/#/experiments/1", wait_until="load")
+            page.get_by_text("smoke/corpus-", exact=False).first.wait_for(timeout=90_000)
+            page.screenshot(path=str(ARTIFACTS / "ui_mlflow_experiment.png"))
         finally:
             browser.close()
 
