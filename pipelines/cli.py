@@ -378,7 +378,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
             _say(f"k3 ui: {' and '.join(which)} did not start; see {logs}/")
             return 1
         _say(f"k3 ui: Dagster  {dagster_url}   (Catalog: {dagster_url}/assets, Lineage: {dagster_url}/asset-groups)")
-        _say(f"k3 ui: MLflow   {mlflow_url}")
+        _say(f"k3 ui: MLflow   {mlflow_url}   (the k3 training runs: {dagster_url}/k3/mlflow/experiment)")
         _say(f"k3 ui: every profile's assets under its prefix (smoke/, tiny/, small/); instance "
              f"{k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
         while all(p.poll() is None for p in procs):

@@ -161,9 +161,11 @@ def test_what_a_user_sees_in_the_ui(ui):
             link.wait_for(timeout=60_000)
             href = link.get_attribute("href")
 
-            # MLflow opens the experiment on its training runs (not the GenAI traces view).
-            page.goto(f"{ui['mlflow']}/#/experiments/1", wait_until="load")
+            # The experiment link `k3 ui` prints opens MLflow on the training runs (MLflow 3.17 would
+            # otherwise show its GenAI traces view).
+            page.goto(f"{dagster}/k3/mlflow/experiment", wait_until="load")
             page.get_by_text("smoke/corpus-", exact=False).first.wait_for(timeout=90_000)
+            assert page.url.startswith(f"{ui['mlflow']}/#/experiments/1/runs?workflowType=machine_learning")
             page.screenshot(path=str(ARTIFACTS / "ui_mlflow_experiment.png"))
         finally:
             browser.close()
