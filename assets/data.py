@@ -1,8 +1,9 @@
-"""Data assets: corpus → tokenizer → clue_data, and image_data (DESIGN.md §1), over `datagen`.
+"""Data assets: corpus → tokenizer → clue_data, and image_data (docs/design.md §1), over `datagen`.
 
-Each asset builds its table with the profile's preset (`datagen.presets(profile, seed)`), writes one
-file into the store under a directory named by the file's sha256, and reports the path, rows, hash,
-a preview of the first rows and an MLflow run. The sha256 is the asset's data version: the
+`build(profile)` makes the four assets of one profile (keys `<profile>/corpus`, …, in the group
+`<profile>_data`). Each asset builds its table with the profile's preset
+(`datagen.presets(profile, seed)`), writes one file into the store under a directory named by the
+file's sha256, and reports the path, rows, hash, a preview of the first rows and an MLflow run. The sha256 is the asset's data version: the
 generators are deterministic, so rebuilding unchanged data gives the same version and leaves the
 pretraining assets fresh.
 """
@@ -19,12 +20,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.lineage import markdown_table, profile_tags, require_upstream, require_upstreams
+from assets.lineage import (group, inline_png, key, markdown_table, profile_tags, require_upstream,
+                            require_upstreams, tag_run, thumbnail)
 from k3model.checkpoint import source_tree_sha256
 
 # Bumps whenever the generators' source changes, so the UI marks data built by older code as stale.
 DATAGEN_CODE_VERSION = source_tree_sha256(packages=("datagen",))[:12]
-RESOURCES = {"profile", "store", "mlflow"}
+RESOURCES = {"store", "mlflow"}
 
 
 class DataConfig(dg.Config):
@@ -88,16 +90,12 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
-          required_resource_keys=RESOURCES)
-def corpus(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
-    """Text and code documents (standard-library code and docstrings, generated prose), with a
-    held-out split."""
+def materialize_corpus(context: dg.AssetExecutionContext, config: DataConfig, profile: str) -> dg.MaterializeResult:
     from datagen import presets
     from datagen.corpus import build_corpus
     from datagen.io import write_parquet
 
-    profile = context.resources.profile.name
+    tag_run(context, profile)
     cfg = presets(profile, config.seed).corpus
     t0 = time.perf_counter()
     table = build_corpus(cfg)
@@ -111,16 +109,12 @@ def corpus(context: dg.AssetExecutionContext, config: DataConfig) -> dg.Material
                     "chars": sum(len(t) for t in table.column("text").to_pylist())})
 
 
-@dg.asset(group_name="data", kinds={"python", "json"}, code_version=DATAGEN_CODE_VERSION, deps=[corpus],
-          required_resource_keys=RESOURCES)
-def tokenizer(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-    """Byte-level BPE trained on the corpus's train split, with the chat, tool, image and effort
-    special tokens."""
+def materialize_tokenizer(context: dg.AssetExecutionContext, profile: str) -> dg.MaterializeResult:
     from datagen import presets
     from datagen.io import read_parquet, write_text
     from datagen.tokenizer import decode, encode, tokenizer_to_json, train_tokenizer
 
-    profile = context.resources.profile.name
+    tag_run(context, profile)
     corpus_path = require_upstream(context, "corpus", profile).path
     cfg = presets(profile).tokenizer
     t0 = time.perf_counter()
@@ -135,18 +129,13 @@ def tokenizer(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
                    preview, {"vocab_size": tok.get_vocab_size()})
 
 
-@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
-          deps=[tokenizer, corpus], required_resource_keys=RESOURCES)
-def clue_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
-    """Scattered-clue eval grid: for each context length and clue-distance bucket, held-out examples
-    (clues far apart, distractors, one question needing every clue), each with its control twin.
-    Training examples are packed per stage from the same config at training time."""
+def materialize_clue_data(context: dg.AssetExecutionContext, config: DataConfig, profile: str) -> dg.MaterializeResult:
     from datagen import presets
     from datagen.clues import clue_eval_grid
     from datagen.io import read_parquet, write_parquet
     from datagen.tokenizer import load_tokenizer
 
-    profile = context.resources.profile.name
+    tag_run(context, profile)
     ups = require_upstreams(context, ["corpus", "tokenizer"], profile)
     tok = load_tokenizer(ups["tokenizer"].path)
     corpus_table = read_parquet(ups["corpus"].path)
@@ -159,35 +148,37 @@ def clue_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.Mater
     cells: dict[str, int] = {}
     for length, lo, hi in zip(table.column("length_target").to_pylist(), table.column("bucket_lo").to_pylist(),
                               table.column("bucket_hi").to_pylist()):
-        key = f"len {length} / dist [{lo}, {hi})"
-        cells[key] = cells.get(key, 0) + 1
+        cell = f"len {length} / dist [{lo}, {hi})"
+        cells[cell] = cells.get(cell, 0) + 1
     preview = table.select(["length_target", "variant", "kind", "n_clues", "distance", "answer"]) \
         .slice(0, 6).to_pylist()
     return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
                    {"cells": dg.MetadataValue.json(cells), "num_cells": len(cells)})
 
 
-@dg.asset(group_name="data", kinds={"python", "parquet"}, code_version=DATAGEN_CODE_VERSION,
-          required_resource_keys=RESOURCES)
-def image_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
-    """Synthetic images (shapes on a grid, digits) with captions and question/answer pairs."""
+def materialize_image_data(context: dg.AssetExecutionContext, config: DataConfig, profile: str) -> dg.MaterializeResult:
     from datagen import presets
     from datagen.images import build_images, images_array
     from datagen.io import write_parquet
+    from PIL import Image
 
-    profile = context.resources.profile.name
+    tag_run(context, profile)
     cfg = presets(profile, config.seed).images
     t0 = time.perf_counter()
     table = build_images(cfg)
 
-    def contact_sheet(directory: Path) -> None:
-        # A grid of the first images, for a glance at what the vision encoder learns from.
+    def grid(n: int, columns: int):
+        # The first images side by side, for a glance at what the vision encoder learns from.
         from PIL import Image
-        pixels = images_array(table.slice(0, 16))
+        pixels = images_array(table.slice(0, n))
         n, h, w, _ = pixels.shape
-        sheet = Image.new("RGB", (4 * w, ((n + 3) // 4) * h))
+        sheet = Image.new("RGB", (columns * w, ((n + columns - 1) // columns) * h))
         for i in range(n):
-            sheet.paste(Image.fromarray(pixels[i]), ((i % 4) * w, (i // 4) * h))
+            sheet.paste(Image.fromarray(pixels[i]), ((i % columns) * w, (i // columns) * h))
+        return sheet
+
+    def contact_sheet(directory: Path) -> None:
+        sheet = grid(16, 4)
         sheet.resize((sheet.width * 4, sheet.height * 4), Image.NEAREST).save(directory / "preview.png")
 
     path, sha = _publish(context.resources.store.data_dir(profile, "image_data"), "images.parquet",
@@ -198,10 +189,44 @@ def image_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.Mate
     sheet = path.parent / "preview.png"
     return _result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview,
                    {"heldout_rows": splits.count("heldout"), "image_size": cfg.image_size,
-                    "preview_png": dg.MetadataValue.path(str(sheet))}, artifacts=[sheet])
+                    "first_images": thumbnail(grid(4, 4), f"the first 4 images ({profile})",
+                                              "the first 4 images (all 16 in preview_png)"),
+                    "preview_png": inline_png(sheet, f"the first 16 images ({profile})")}, artifacts=[sheet])
 
 
-DATA_ASSETS = [corpus, tokenizer, clue_data, image_data]
+def build(profile: str) -> list[dg.AssetsDefinition]:
+    """The data assets of `profile`: `<profile>/corpus`, `tokenizer`, `clue_data`, `image_data`."""
+    common = dict(key_prefix=[profile], group_name=group(profile, "data"), code_version=DATAGEN_CODE_VERSION,
+                  required_resource_keys=RESOURCES, tags=profile_tags(profile))
+
+    @dg.asset(name="corpus", kinds={"python", "parquet"}, **common,
+              description="Text and code documents (standard-library code and docstrings, generated "
+                          "prose), with a held-out split.")
+    def corpus(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+        return materialize_corpus(context, config, profile)
+
+    @dg.asset(name="tokenizer", kinds={"python", "json"}, deps=[key(profile, "corpus")], **common,
+              description="Byte-level BPE trained on the corpus's train split, with the chat, tool, image "
+                          "and effort special tokens.")
+    def tokenizer(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        return materialize_tokenizer(context, profile)
+
+    @dg.asset(name="clue_data", kinds={"python", "parquet"}, deps=[key(profile, "tokenizer"), key(profile, "corpus")],
+              **common,
+              description="Scattered-clue eval grid: for each context length and clue-distance bucket, "
+                          "held-out examples (clues far apart, distractors, one question needing every "
+                          "clue), each with its control twin. Training examples are packed per stage from "
+                          "the same config at training time.")
+    def clue_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+        return materialize_clue_data(context, config, profile)
+
+    @dg.asset(name="image_data", kinds={"python", "parquet"}, **common,
+              description="Synthetic images (shapes on a grid, digits) with captions and question/answer pairs.")
+    def image_data(context: dg.AssetExecutionContext, config: DataConfig) -> dg.MaterializeResult:
+        return materialize_image_data(context, config, profile)
+
+    return [corpus, tokenizer, clue_data, image_data]
+
 
 
 def data_config_json(path: Path) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Training ends with a quick evaluation (a few clue examples per cell). This asset
 newest checkpoint — its hashes verified on load — and scores the whole clue grid, perplexity and
 VQA against the newest data, one Ray task per stage (concurrent on a cluster). The result is one
 table with the stages side by side: the scattered-clue accuracy by distance across stages is
-claim 1 of DESIGN.md §5. Its history over nights shows drift from data or evaluation changes and
+claim 1 of docs/design.md §5. `build(profile)` makes the asset `<profile>/checkpoint_evals` (group
+`<profile>_evaluation`). Its history over nights shows drift from data or evaluation changes and
 catches checkpoints damaged on disk.
 """
 
@@ -14,9 +15,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.lineage import markdown_table, profile_tags, run_id
+from assets.lineage import group, inline_png, key, markdown_table, profile_tags, run_id, tag_run
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
-from assets.tasks import LiveLog, evaluate_checkpoint_task
+from assets.tasks import LiveLog, ProgressFeed, evaluate_checkpoint_task, grid_rows
 
 
 class EvalConfig(dg.Config):
@@ -41,21 +42,20 @@ def _plot(rows: list[dict[str, Any]], buckets: list[str], path: Path, profile: s
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
 
 
-@dg.asset(group_name="evaluation", deps=[*DATA_INPUTS, *(stage_name(s) for s in range(1, NUM_STAGES + 1))],
-          kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION,
-          required_resource_keys={"profile", "store", "mlflow", "ray"})
-def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> dg.MaterializeResult:
-    """Every stage's newest checkpoint scored on the full clue grid, held-out perplexity and VQA."""
+def materialize_checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig,
+                                 profile: str) -> dg.MaterializeResult:
+    from k3model.config import get_profile
+
+    tag_run(context, profile)
     bad = sorted(set(config.stages) - set(range(1, NUM_STAGES + 1)))
     if bad:
-        raise dg.Failure(description=f"ops.checkpoint_evals.config.stages: {bad} are not stages; "
+        raise dg.Failure(description=f"ops.{profile}__checkpoint_evals.config.stages: {bad} are not stages; "
                                      f"choose from 1 … {NUM_STAGES}", allow_retries=False)
-    profile = context.resources.profile.name
     data, _ = pretrain_data(context, profile)
     stages = {s: verified(context, stage_name(s), profile) for s in sorted(set(config.stages))}
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
@@ -63,11 +63,16 @@ def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> d
     with mlflow.start_run(context, params={"profile": profile, "examples_per_cell": config.examples_per_cell,
                                            **{f"sha256.{stage_name(s)}": u.data_version for s, u in stages.items()}},
                           tags=profile_tags(profile)) as run:
-        live = LiveLog("checkpoint_evals", mlflow.resolved_tracking_uri(), run.info.run_id)
-        needs_gpu = context.resources.profile.get().device == "cuda" or ray.cluster_gpus() >= 1
+        report = store.report_dir(profile, "checkpoint_evals", run_id(context))
+        report.mkdir(parents=True, exist_ok=True)
+        progress = report / "progress.log"
+        live = LiveLog(f"{profile}/checkpoint_evals", mlflow.resolved_tracking_uri(), run.info.run_id,
+                       str(progress))
+        needs_gpu = get_profile(profile).device == "cuda" or ray.cluster_gpus(log=context.log.info) >= 1
         results = ray.map(evaluate_checkpoint_task,
                           [(str(u.path), data, config.examples_per_cell, live, s) for s, u in stages.items()],
-                          num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info)
+                          num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info,
+                          tick=ProgressFeed(progress, context.log.info))
 
         rows, buckets = [], []
         for (s, up), ev in zip(stages.items(), results):
@@ -81,16 +86,31 @@ def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> d
                         buckets.append(bucket)
             rows.append(row)
         buckets.sort(key=lambda b: int(b.split("-")[0]))
-        plot = _plot(rows, buckets, store.report_dir(profile, "checkpoint_evals", run_id(context))
-                     / "clue_acc_by_distance.png", profile)
+        plot = _plot(rows, buckets, report / "clue_acc_by_distance.png", profile)
         mlflow.client().log_artifact(run.info.run_id, str(plot))
+        mlflow.log_rows(run.info.run_id, [{"stage": s, **row} for s, ev in zip(stages, results)
+                                          for row in grid_rows(ev)], "eval/clue_acc_grid.json")
 
     table = [{"stage": r["stage"], "sha256": r["sha256"], "ppl": r["ppl"], "vqa": r["vqa"],
               **{b: r.get(b) for b in buckets}} for r in rows]
     return dg.MaterializeResult(
         metadata={"path": dg.MetadataValue.path(str(plot)), "profile": profile,
+                  "plot": inline_png(plot, f"clue accuracy by distance, per stage ({profile})"),
                   "clue_acc_by_distance": dg.MetadataValue.md(markdown_table(table)),
                   **{f"stage_{r['stage']}/ppl": float(r["ppl"]) for r in rows if r["ppl"] is not None},
                   "evals": dg.MetadataValue.json({stage_name(s): ev for s, ev in zip(stages, results)}),
                   "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run))},
         tags=profile_tags(profile))
+
+
+def build(profile: str) -> list[dg.AssetsDefinition]:
+    """`<profile>/checkpoint_evals`."""
+    @dg.asset(name="checkpoint_evals", key_prefix=[profile], group_name=group(profile, "evaluation"),
+              deps=[key(profile, n) for n in (*DATA_INPUTS, *(stage_name(s) for s in range(1, NUM_STAGES + 1)))],
+              kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION, tags=profile_tags(profile),
+              required_resource_keys={"store", "mlflow", "ray"},
+              description="Every stage's newest checkpoint scored on the full clue grid, held-out perplexity "
+                          "and VQA.")
+    def checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig) -> dg.MaterializeResult:
+        return materialize_checkpoint_evals(context, config, profile)
+    return [checkpoint_evals]

@@ -2,13 +2,18 @@
 
 They run in a Ray worker, so this module imports neither dagster nor ray: the worker loads only
 torch, the library and (for live metrics) the MLflow client. Metrics go to the asset's MLflow run
-as they are produced; the full history comes back to the asset as the return value.
+as they are produced, and each progress line is also appended to a file the asset's driver tails
+into the Dagster run's event feed (`context.log`). The full history comes back to the asset as the
+return value. The clue-accuracy grid (one number per length × distance cell) is not logged as
+metrics: the asset logs it as one table artifact (`grid_rows`), so MLflow's charts stay the curves.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from k3model.pretrain import PretrainConfig, PretrainResult
 from k3model.pretrain_data import PretrainData
@@ -20,6 +25,7 @@ class LiveLog:
     label: str
     tracking_uri: str | None = None
     run_id: str | None = None
+    progress_path: str | None = None
 
     def __call__(self, step: int, metrics: dict) -> None:
         numeric = {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
@@ -28,14 +34,63 @@ class LiveLog:
             from mlflow.tracking import MlflowClient
             ts = int(time.time() * 1000)
             MlflowClient(self.tracking_uri).log_batch(
-                self.run_id, metrics=[Metric(k, v, ts, step) for k, v in numeric.items()])
+                self.run_id, metrics=[Metric(k, v, ts, step) for k, v in numeric.items()
+                                      if not is_grid_metric(k)])
         shown = {k: v for k, v in numeric.items() if k in _SHOWN}
-        print(f"[{self.label}] step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()),
-              flush=True)
+        line = f"[{self.label}] step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items())
+        print(line, flush=True)
+        if self.progress_path:
+            # One short line per write, appended: concurrent tasks never interleave within a line.
+            with open(self.progress_path, "a") as f:
+                f.write(line + "\n")
+
+
+def is_grid_metric(name: str) -> bool:
+    """A cell of the clue-accuracy grid (`eval/clue_acc/<variant>/<bucket>`), not a headline figure
+    (`eval/clue_acc/<variant>/all`)."""
+    return name.startswith("eval/clue_acc/") and not name.endswith("/all")
+
+
+def grid_rows(ev: dict[str, float]) -> list[dict]:
+    """The clue-accuracy grid as rows (variant, length, distance, accuracy); "all" where a key
+    aggregates over a dimension (`d0-32` is every length, `len64` every distance)."""
+    rows = []
+    for name, value in sorted(ev.items()):
+        if not is_grid_metric(name):
+            continue
+        _, _, variant, bucket = name.split("/", 3)
+        length, distance = "all", "all"
+        for part in bucket.split("/"):
+            if part.startswith("len"):
+                length = part[3:]
+            elif part.startswith("d"):
+                distance = part[1:]
+        rows.append({"variant": variant, "length": length, "distance": distance, "accuracy": float(value)})
+    return rows
 
 
 _SHOWN = ("train/main", "train/lr", "moe/load_max_over_mean", "perf/tokens_per_s", "eval/ppl",
           "eval/clue_acc/scattered/all", "eval/vqa_acc", "perf/wall_s")
+
+
+class ProgressFeed:
+    """Called by the driver about once a second while tasks run: passes each new complete line of a
+    progress file (written by `LiveLog`) to `log` (the asset's `context.log.info`)."""
+
+    def __init__(self, path: str | Path, log: Callable[[str], None]):
+        self.path, self.log, self.offset = Path(path), log, 0
+
+    def __call__(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            self.log(line)
 
 
 def train_stage_task(cfg: PretrainConfig, data: PretrainData, work_dir: str,

@@ -1,7 +1,7 @@
-"""`k3`: the project's command line (DESIGN.md §8).
+"""`k3`: the project's command line (docs/design.md §8; usage in docs/orchestration.md).
 
     k3 run [--profile P] [--select ASSETS]   materialize assets headless, one progress line per asset
-    k3 ui [--profile P]                      Dagster web UI + daemon and the MLflow UI on 127.0.0.1
+    k3 ui [--port N] [--mlflow-port M]       Dagster web UI + daemon and the MLflow UI on 127.0.0.1
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
     k3 report                                where the latest claims report is
     k3 bench NAME                            run benchmarks/NAME.py
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
 
-# DESIGN.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
+# docs/design.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
 DESIGN_LINEAGE = (
     "tokenizer", "corpus", "clue_data", "image_data",
     "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model",
@@ -47,25 +47,37 @@ def _say(msg: str) -> None:
 SCHEDULED_ONLY = ("checkpoint_evals",)
 
 
-def _selection(select: str | None, all_keys: list[str]):
-    """`--select a,b,*c,d*`: names; `*name` adds everything upstream, `name*` everything downstream.
-    No selection: every asset except SCHEDULED_ONLY."""
+def _selection(select: str | None, profile: str, mine: dict):
+    """`--select a,b,*c,d*`: names within the profile (`corpus` is `<profile>/corpus`); `*name` adds
+    everything upstream, `name*` everything downstream. No selection: every asset of the profile
+    except SCHEDULED_ONLY. `mine` maps the profile's asset names to their keys."""
+    import difflib
+
     import dagster as dg
     if not select:
-        return dg.AssetSelection.all() - dg.AssetSelection.assets(*[k for k in SCHEDULED_ONLY if k in all_keys])
+        return dg.AssetSelection.key_prefixes([profile]) - dg.AssetSelection.assets(
+            *[mine[n] for n in SCHEDULED_ONLY if n in mine])
     sel = None
     for raw in (s.strip() for s in select.split(",")):
         name = raw.strip("*")
-        if name not in all_keys:
-            raise SystemExit(f"k3 run: --select names unknown asset {name!r}; the assets are: "
-                             f"{', '.join(all_keys)}")
-        part = dg.AssetSelection.assets(name)
+        if name not in mine:
+            close = difflib.get_close_matches(name, list(mine), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            raise SystemExit(f"k3 run: --select names unknown asset {name!r}{hint} The assets are: "
+                             f"{', '.join(sorted(mine))}")
+        # A profile's assets depend only on its own assets, so up- and downstream stay inside it.
+        part = dg.AssetSelection.assets(mine[name])
         if raw.startswith("*"):
             part = part.upstream()
         if raw.endswith("*"):
             part = part.downstream()
         sel = part if sel is None else sel | part
     return sel
+
+
+def _label(step_key: str) -> str:
+    """`smoke__corpus` (the op of asset `smoke/corpus`) → `smoke/corpus`."""
+    return step_key.replace("__", "/", 1)
 
 
 class _Progress(threading.Thread):
@@ -78,6 +90,7 @@ class _Progress(threading.Thread):
         self.t0 = time.perf_counter()
         self.started: dict[str, float] = {}
         self.failed: list[str] = []
+        self.warnings: list[str] = []  # checks that failed with severity WARN
         self.interrupted = False  # a step failed because the run was interrupted (Ctrl-C, SIGTERM)
 
     def _line(self, msg: str) -> None:
@@ -105,7 +118,7 @@ class _Progress(threading.Thread):
     def _show(self, entry) -> None:
         from dagster import DagsterEventType
         ev = entry.dagster_event
-        step = ev.step_key or ""
+        step = _label(ev.step_key or "")
         if ev.event_type == DagsterEventType.STEP_START:
             self.started[step] = time.perf_counter()
             self._line(f"▶ {step}")
@@ -122,8 +135,15 @@ class _Progress(threading.Thread):
             self._line(f"  ◆ {mat.asset_key.to_user_string()} materialized {' '.join(bits)}")
         elif ev.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
             check = ev.event_specific_data
-            mark = "passed" if check.passed else f"FAILED ({check.severity.value})"
-            self._line(f"  ☐ check {check.asset_key.to_user_string()}:{check.check_name} {mark}")
+            name = f"{check.asset_key.to_user_string()}:{check.check_name}"
+            description = check.description or ""
+            if check.passed:
+                self._line(f"  ✓ check {name} passed" + (f": {description}" if description else ""))
+            elif check.severity.value == "WARN":
+                self.warnings.append(f"{name} ({description})" if description else name)
+                self._line(f"  ⚠ check {name} warns: {description}")
+            else:
+                self._line(f"  ✗ check {name} FAILED: {description}")
         elif ev.event_type == DagsterEventType.STEP_SUCCESS:
             took = time.perf_counter() - self.started.get(step, self.t0)
             self._line(f"✓ {step} ({took:.1f} s)")
@@ -135,6 +155,39 @@ class _Progress(threading.Thread):
                 self._line(f"✗ {step}: interrupted")
             else:
                 self._line(f"✗ {step}: {_root_message(err)}")
+
+
+# workspace.yaml's code location, which `k3 ui` serves.
+CODE_LOCATION = "k3"
+
+
+def _record_origin_for_the_ui(instance, job_name: str) -> None:
+    """Make the runs this instance object creates re-executable from the UI.
+
+    `execute_in_process` records no remote origin, and the UI's "Re-execute" looks the job up by the
+    origin's code location and repository (a run without one cannot be re-executed, whatever its
+    job). The origin named here is the one `k3 ui` serves: workspace.yaml's location `k3`, the
+    Definitions' single repository.
+    """
+    from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
+    from dagster._core.remote_origin import (ManagedGrpcPythonEnvCodeLocationOrigin, RemoteJobOrigin,
+                                             RemoteRepositoryOrigin)
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    origin = RemoteJobOrigin(
+        repository_origin=RemoteRepositoryOrigin(
+            code_location_origin=ManagedGrpcPythonEnvCodeLocationOrigin(
+                loadable_target_origin=LoadableTargetOrigin(executable_path=sys.executable,
+                                                            module_name="pipelines.definitions",
+                                                            working_directory=str(REPO_ROOT)),
+                location_name=CODE_LOCATION),
+            repository_name=SINGLETON_REPOSITORY_NAME),
+        job_name=job_name)
+    create = instance.create_run_for_job
+
+    def create_run_for_job(*args, **kwargs):
+        kwargs.setdefault("remote_job_origin", origin)
+        return create(*args, **kwargs)
+    instance.create_run_for_job = create_run_for_job
 
 
 def _raise_keyboard_interrupt(signum, frame) -> None:
@@ -176,32 +229,36 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import dagster as dg
     from pipelines.definitions import defs
+    from pipelines.jobs import all_job_name
 
-    all_keys = [k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()]
-    missing = [name for name in DESIGN_LINEAGE if name not in all_keys]
-    selection = _selection(args.select, all_keys)
-    job_name = "k3_cli_run"
-    job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, selection)]))
-    job = job_defs.resolve_job_def(job_name)
-    selected = sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys)
+    # The profile's own job, which the definitions hold: the UI can re-execute the run it makes.
+    job = defs.resolve_job_def(all_job_name(profile))
+    graph = defs.resolve_asset_graph()
+    mine = {k.path[-1]: k for k in graph.get_all_asset_keys() if k.path[0] == profile}
+    missing = [name for name in DESIGN_LINEAGE if name not in mine]
+    keys = sorted(_selection(args.select, profile, mine).resolve(graph), key=lambda k: k.to_user_string())
+    names = [k.path[-1] for k in keys]
 
-    _say(f"k3 run: profile {profile}, {len(selected)} asset(s): {', '.join(selected)}")
+    _say(f"k3 run: profile {profile}, {len(keys)} asset(s): {', '.join(names)}")
     if missing:
-        _say(f"k3 run: not in the pipeline yet (DESIGN.md §1): {', '.join(missing)}")
+        _say(f"k3 run: not in the pipeline yet (docs/design.md §1): {', '.join(missing)}")
     _say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
 
     # SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: the Ray task is cancelled, the local
     # cluster stopped and the run recorded as failed, instead of dying mid-write.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     instance = dg.DagsterInstance.get()
+    _record_origin_for_the_ui(instance, job.name)
     run_id = str(uuid.uuid4())
     progress = _Progress(instance, run_id)
     progress.start()
-    run_config = {"resources": {"profile": {"config": {"name": profile}}},
-                  "loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "WARNING"}}}}
+    # Failures are reported by the progress lines and the summary; Dagster's own console lines
+    # (a stack trace per failed step and run) only with --verbose.
+    run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "CRITICAL"}}}}
     try:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
-                                        raise_on_error=False, tags={"k3/profile": profile, "k3/cli": "run"})
+                                        asset_selection=keys, raise_on_error=False,
+                                        tags={"k3/profile": profile, "k3/cli": "run"})
     except KeyboardInterrupt:
         result = None
     # Let the progress thread print the run's last events before the summary.
@@ -214,7 +271,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 130
     took = time.perf_counter() - progress.t0
     if result.success:
-        _say(f"k3 run: success in {took:.1f} s (run {run_id})")
+        if progress.warnings:
+            _say(f"k3 run: success with {len(progress.warnings)} check warning(s) in {took:.1f} s (run {run_id}):")
+            for warning in progress.warnings:
+                _say(f"  ⚠ {warning}")
+        else:
+            _say(f"k3 run: success in {took:.1f} s (run {run_id})")
         return 0
     failed = progress.failed or ["run setup"]
     _say(f"k3 run: FAILED in {took:.1f} s at {', '.join(failed)} (run {run_id}); "
@@ -282,7 +344,8 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
 
 def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[str], list[str]]:
     bin_dir = Path(sys.executable).parent
-    dagster = [str(bin_dir / "dagster"), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+    # `dagster dev`'s pair (webserver and daemon), with a redirect to MLflow for the metadata links.
+    dagster = [sys.executable, "-m", "pipelines.webserver", "-w", str(REPO_ROOT / "workspace.yaml"),
                "-h", "127.0.0.1", "-p", str(dagster_port)]
     mlflow_dir = home / "mlflow"
     (mlflow_dir / "artifacts").mkdir(parents=True, exist_ok=True)
@@ -293,18 +356,13 @@ def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[s
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    try:
-        profile = check_profile_name(args.profile, field="--profile")
-    except ValueError as e:
-        _say(f"k3 ui: {e}")
-        return 2
     from pipelines.instance import k3_environ
-    k3env = k3_environ(profile)
+    k3env = k3_environ()
     home = Path(k3env["K3_HOME"])
-    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-           "K3_MLFLOW_URL": f"http://127.0.0.1:{args.mlflow_port}"}
-    dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
     logs = home / "logs"
+    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "K3_MLFLOW_PORT": str(args.mlflow_port), "K3_DAEMON_LOG": str(logs / "dagster-daemon.log")}
+    dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
     procs: list[subprocess.Popen] = []
 
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -319,9 +377,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
             which = [n for n, ok in (("MLflow", ok_mlflow), ("Dagster", ok_dagster)) if not ok]
             _say(f"k3 ui: {' and '.join(which)} did not start; see {logs}/")
             return 1
-        _say(f"k3 ui: Dagster  {dagster_url}   (assets: {dagster_url}/assets, lineage: {dagster_url}/asset-groups)")
-        _say(f"k3 ui: MLflow   {mlflow_url}")
-        _say(f"k3 ui: profile {profile}; instance {k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
+        _say(f"k3 ui: Dagster  {dagster_url}   (Catalog: {dagster_url}/assets, Lineage: {dagster_url}/asset-groups)")
+        _say(f"k3 ui: MLflow   {mlflow_url}   (the k3 training runs: {dagster_url}/k3/mlflow/experiment)")
+        _say(f"k3 ui: every profile's assets under its prefix (smoke/, tiny/, small/); instance "
+             f"{k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
         while all(p.poll() is None for p in procs):
             time.sleep(1)
         dead = [cmd for p, cmd in zip(procs, ("MLflow", "Dagster")) if p.poll() is not None]
@@ -353,15 +412,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.instance import apply_k3_environ
     apply_k3_environ()
     import dagster as dg
+
+    from assets.lineage import key
     from pipelines.definitions import defs
-    key = dg.AssetKey("report")
-    if key not in defs.resolve_asset_graph().get_all_asset_keys():
-        _say("k3 report: the report asset (claims table and plots, DESIGN.md §5) does not exist in the "
+    asset = key(args.profile, "report")
+    if asset not in defs.resolve_asset_graph().get_all_asset_keys():
+        _say("k3 report: the report asset (claims table and plots, docs/design.md §5) does not exist in the "
              "pipeline yet, so there is no report to show")
         return 1
-    event = dg.DagsterInstance.get().get_latest_materialization_event(key)
+    event = dg.DagsterInstance.get().get_latest_materialization_event(asset)
     if event is None:
-        _say("k3 report: the report asset has never been materialized: run `k3 run --select '*report'`")
+        _say(f"k3 report: {asset.to_user_string()} has never been materialized: run "
+             f"`k3 run --profile {args.profile} --select '*report'`")
         return 1
     path = event.asset_materialization.metadata.get("path")
     _say(f"k3 report: {path.value if path else 'the latest materialization records no path'}")
@@ -382,25 +444,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="k3", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="materialize assets headless")
-    run.add_argument("--profile", default=default_profile(), help=f"one of {', '.join(RUNNABLE_PROFILES)}")
-    run.add_argument("--select", help="comma-separated asset names; *name adds its upstream, "
-                     "name* its downstream (default: every asset)")
-    run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too")
+    profiles = ", ".join(RUNNABLE_PROFILES)
+    run = sub.add_parser("run", help="materialize assets headless",
+                         description="Materialize a profile's assets in this process, one progress line per "
+                                     "asset, through the profile's job (<profile>_all_job), so the UI can "
+                                     "re-execute the run. Usage: docs/orchestration.md.")
+    run.add_argument("--profile", default=default_profile(),
+                     help=f"one of {profiles} (default: %(default)s: K3_PROFILE, else tiny; tiny trains for "
+                          "17-50 minutes on a 2-core CPU, smoke in about a minute)")
+    run.add_argument("--select", help="comma-separated asset names within the profile; *name adds its upstream, "
+                     f"name* its downstream (default: every asset but {', '.join(SCHEDULED_ONLY)}, which the "
+                     "nightly schedule runs)")
+    run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too (with the "
+                     "stack traces of failed steps)")
     run.set_defaults(fn=cmd_run)
 
-    ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1")
-    ui.add_argument("--profile", default=default_profile(), help="the profile runs launched from the UI use")
-    ui.add_argument("--port", type=int, default=3000, help="Dagster web UI port")
-    ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port")
+    ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1",
+                        description="Serve the Dagster UI (every profile's lineage, under the prefixes "
+                                    f"{profiles}) and MLflow on 127.0.0.1, both on the instance under K3_HOME.")
+    ui.add_argument("--port", type=int, default=3000, help="Dagster web UI port (default: %(default)s)")
+    ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port (default: %(default)s)")
     ui.set_defaults(fn=cmd_ui)
 
     params = sub.add_parser("params", help="total and active parameter counts")
-    params.add_argument("--profile", default=default_profile())
-    params.add_argument("--json", action="store_true")
+    params.add_argument("--profile", default=default_profile(),
+                        help=f"one of {profiles}, or k3 (the published shape) (default: %(default)s)")
+    params.add_argument("--json", action="store_true", help="print JSON instead of a table")
     params.set_defaults(fn=cmd_params)
 
     report = sub.add_parser("report", help="where the latest claims report is")
+    report.add_argument("--profile", default=default_profile(), help="whose report (default: %(default)s)")
     report.set_defaults(fn=cmd_report)
 
     bench = sub.add_parser("bench", help="run benchmarks/NAME.py")

@@ -1,18 +1,19 @@
-"""The pipeline's Definitions: only assembled here (assets/, and pipelines/{jobs,schedules,sensors,resources}.py)."""
+"""The pipeline's Definitions: only assembled here (assets/profiles.py builds every asset once per
+profile; pipelines/{jobs,schedules,sensors,resources}.py)."""
 
 import dagster as dg
 
-from assets.data import DATA_ASSETS
-from assets.evaluation import checkpoint_evals
-from assets.pretrain import PRETRAIN_CHECKS, STAGE_ASSETS, base_model
+from assets.profiles import build_all
 from pipelines.jobs import JOBS
 from pipelines.resources import RESOURCES
 from pipelines.schedules import SCHEDULES
 from pipelines.sensors import SENSORS
 
+PROFILE_DEFS = build_all()
+
 defs = dg.Definitions(
-    assets=[*DATA_ASSETS, *STAGE_ASSETS, base_model, checkpoint_evals],
-    asset_checks=PRETRAIN_CHECKS,
+    assets=[a for p in PROFILE_DEFS.values() for a in p.assets],
+    asset_checks=[c for p in PROFILE_DEFS.values() for c in p.checks],
     jobs=JOBS, schedules=SCHEDULES, sensors=SENSORS, resources=RESOURCES,
     # One process per run, so a run starts its Ray cluster once rather than once per step.
     executor=dg.in_process_executor,

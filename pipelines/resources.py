@@ -1,4 +1,4 @@
-"""Resources: the profile, the Ray cluster, MLflow tracking and the checkpoint store (DESIGN.md §6).
+"""Resources: the Ray cluster, MLflow tracking and the checkpoint store (docs/design.md §6).
 
 Everything a run writes lives under one home directory, `K3_HOME` (default `<repo>/.k3`):
 
@@ -31,8 +31,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from assets.lineage import PROFILES as RUNNABLE_PROFILES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RUNNABLE_PROFILES = ("smoke", "tiny", "small")
 
 
 def k3_home() -> Path:
@@ -47,7 +48,7 @@ def default_profile() -> str:
 # ----------------------------------------------------------------------------------------------
 # Profile
 
-def check_profile_name(name: str, field: str = "resources.profile.config.name") -> str:
+def check_profile_name(name: str, field: str = "profile") -> str:
     """`name` if it is a profile a run can use; otherwise a ValueError naming `field`."""
     if name == "k3":
         raise ValueError(f"{field} = 'k3': the full K3 shape is for parameter accounting only "
@@ -56,19 +57,6 @@ def check_profile_name(name: str, field: str = "resources.profile.config.name") 
         raise ValueError(f"{field} = {name!r} is not a profile: choose one of {', '.join(RUNNABLE_PROFILES)}")
     return name
 
-
-class ProfileResource(dg.ConfigurableResource):
-    """The size profile every asset of a run uses (DESIGN.md §3)."""
-
-    name: str = Field(default_factory=default_profile,
-                      description="smoke (tests), tiny (2-core CPU, the default) or small (one GPU)")
-
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        check_profile_name(self.name)
-
-    def get(self):
-        from k3model.config import get_profile
-        return get_profile(check_profile_name(self.name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,9 +119,9 @@ class RayResource(dg.ConfigurableResource):
             ray.shutdown()
             self._started_here = False
 
-    def cluster_gpus(self) -> float:
+    def cluster_gpus(self, log: Callable[[str], None] | None = None) -> float:
         import ray
-        self._ensure()
+        self._ensure(log)
         return float(ray.cluster_resources().get("GPU", 0.0))
 
     def node_cpus(self) -> float:
@@ -143,17 +131,21 @@ class RayResource(dg.ConfigurableResource):
         return max(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
 
     def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
-            num_cpus: float | None = None, log: Callable[[str], None] | None = None) -> Any:
+            num_cpus: float | None = None, log: Callable[[str], None] | None = None,
+            tick: Callable[[], None] | None = None) -> Any:
         """Run `fn(*args)` as one Ray task and return its result."""
-        return self.map(fn, [args], num_gpus=num_gpus, num_cpus=num_cpus, log=log)[0]
+        return self.map(fn, [args], num_gpus=num_gpus, num_cpus=num_cpus, log=log, tick=tick)[0]
 
     def map(self, fn: Callable[..., Any], arg_tuples: list[tuple], num_gpus: float = 0.0,
-            num_cpus: float | None = None, log: Callable[[str], None] | None = None) -> list[Any]:
+            num_cpus: float | None = None, log: Callable[[str], None] | None = None,
+            tick: Callable[[], None] | None = None) -> list[Any]:
         """Run `fn(*args)` for every tuple as concurrent Ray tasks; results in the same order.
 
         A task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
         count, and torch would otherwise train on one thread. If the driver fails or is
-        interrupted, the tasks are cancelled, so no training outlives its run.
+        interrupted, the tasks are cancelled, so no training outlives its run. `tick` is called
+        about once a second while the tasks run, and once after they end (the assets use it to
+        copy the tasks' progress into the Dagster run's event feed).
         """
         import ray
         self._ensure(log)
@@ -170,6 +162,8 @@ class RayResource(dg.ConfigurableResource):
             pending = refs
             while pending:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                if tick is not None:
+                    tick()
             return ray.get(refs)
         except BaseException as e:
             for ref in refs:
@@ -200,15 +194,22 @@ def _interrupt_behind(e: BaseException) -> BaseException | None:
 # ----------------------------------------------------------------------------------------------
 # MLflow
 
+# The experiment tag MLflow 3's UI reads to open an experiment on its runs table ("Model training")
+# instead of the GenAI traces view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 class MlflowResource(dg.ConfigurableResource):
-    """MLflow tracking on a sqlite store: one MLflow run per asset materialization."""
+    """MLflow tracking on a sqlite store: one MLflow run per asset materialization.
+
+    Links in asset metadata go through `k3 ui`'s Dagster webserver (`/k3/mlflow/...`), which
+    redirects to wherever MLflow is served now; a link written by `k3 run` keeps working under any
+    later `k3 ui --mlflow-port` (pipelines/webserver.py).
+    """
 
     tracking_uri: str | None = Field(default=None, description="default: sqlite:///<K3_HOME>/mlflow/mlflow.db")
     artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts")
     experiment: str = "k3"
-    ui_url: str = Field(default_factory=lambda: os.environ.get("K3_MLFLOW_URL", "http://127.0.0.1:5000"),
-                        description="where `k3 ui` serves MLflow (K3_MLFLOW_URL); used for the links in "
-                        "asset metadata")
 
     def resolved_tracking_uri(self) -> str:
         uri = self.tracking_uri or f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
@@ -228,10 +229,14 @@ class MlflowResource(dg.ConfigurableResource):
         client = self.client()
         exp = client.get_experiment_by_name(self.experiment)
         if exp is not None:
+            if exp.tags.get("mlflow.experimentKind") is None:
+                for k, v in EXPERIMENT_KIND.items():
+                    client.set_experiment_tag(exp.experiment_id, k, v)
             return exp.experiment_id
         root = self.resolved_artifact_root()
         root.mkdir(parents=True, exist_ok=True)
-        return client.create_experiment(self.experiment, artifact_location=root.resolve().as_uri())
+        return client.create_experiment(self.experiment, artifact_location=root.resolve().as_uri(),
+                                        tags=EXPERIMENT_KIND)
 
     @contextlib.contextmanager
     def start_run(self, context: dg.AssetExecutionContext, params: dict[str, Any],
@@ -261,43 +266,55 @@ class MlflowResource(dg.ConfigurableResource):
         batch = [Metric(k, float(v), ts, step) for k, v in metrics.items()]
         self.client().log_batch(run_id, metrics=batch)
 
-    def log_history(self, run_id: str, history: list[dict[str, float]], step_key: str = "step") -> int:
-        """Log every numeric entry of every history row at its step; returns the number logged."""
+    def log_history(self, run_id: str, history: list[dict[str, float]], step_key: str = "step",
+                    skip_steps: frozenset[int] = frozenset()) -> int:
+        """Log every numeric entry of every history row at its step, except the rows whose step is in
+        `skip_steps` (already logged live); returns the number of points logged."""
         from mlflow.entities import Metric
         ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, int(row[step_key])) for row in history for k, v in row.items()
-                 if k != step_key and isinstance(v, (int, float))]
+        batch = [Metric(k, float(v), ts, int(row[step_key])) for row in history
+                 if int(row[step_key]) not in skip_steps
+                 for k, v in row.items() if k != step_key and isinstance(v, (int, float))]
         client = self.client()
         # MLflow accepts at most 1000 metrics per log_batch call.
         for i in range(0, len(batch), 1000):
             client.log_batch(run_id, metrics=batch[i:i + 1000])
         return len(batch)
 
-    def register_checkpoint(self, run_id: str, model_name: str, checkpoint_dir: Path,
-                            tags: dict[str, str] | None = None):
-        """Log the checkpoint directory as the run's `checkpoint` artifacts and register it.
+    def log_rows(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """A table artifact (MLflow's `log_table`: shown in the run's Artifacts tab as a table)."""
+        if rows:
+            self.client().log_table(run_id, data={c: [r.get(c) for r in rows] for c in rows[0]},
+                                    artifact_file=artifact_file)
 
-        MLflow 3's `register_model("runs:/…")` wants a LoggedModel; a plain artifact directory is
-        registered through `create_model_version` with the artifact URI as the source
-        (research/orchestration.md §4).
+    def register_checkpoint(self, run_id: str, model_name: str, source: str, sha256: str,
+                            tags: dict[str, str], description: str):
+        """The model version of a checkpoint: a new version for new bytes, the existing one for bytes
+        already registered (matched by the `sha256` tag). Returns (version, created).
+
+        The checkpoint is not copied into MLflow's artifacts: `source` is its path in the checkpoint
+        store relative to K3_HOME, so moving the home does not break the registry
+        (`pipelines.registry.load_model` resolves it).
         """
         from mlflow.exceptions import MlflowException
         client = self.client()
-        client.log_artifacts(run_id, str(checkpoint_dir), artifact_path="checkpoint")
         try:
-            client.create_registered_model(model_name)
+            client.create_registered_model(model_name, description=description)
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        run = client.get_run(run_id)
-        return client.create_model_version(model_name, source=f"{run.info.artifact_uri}/checkpoint",
-                                           run_id=run_id, tags=tags or {})
+        for version in client.search_model_versions(f"name = '{model_name}'"):
+            if version.tags.get("sha256") == sha256:
+                return version, False
+        return client.create_model_version(model_name, source=source, run_id=run_id,
+                                           tags={"sha256": sha256, **tags}, description=description), True
 
     def run_url(self, run) -> str:
-        return f"{self.ui_url}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        """A link to the run, served by `k3 ui`'s Dagster webserver as a redirect to MLflow."""
+        return f"/k3/mlflow/runs/{run.info.experiment_id}/{run.info.run_id}"
 
     def model_url(self, model_name: str, version: str) -> str:
-        return f"{self.ui_url}/#/models/{model_name}/versions/{version}"
+        return f"/k3/mlflow/models/{model_name}/{version}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,17 +345,16 @@ class CheckpointStore(dg.ConfigurableResource):
         return self.resolved_root() / "reports" / profile / asset / run_id
 
 
-def resources_for(profile: str | None = None, home: Path | None = None) -> dict[str, dg.ConfigurableResource]:
-    """The resource set, optionally pinned to a profile and a home directory (tests, notebooks).
+def resources_for(home: Path | None = None) -> dict[str, dg.ConfigurableResource]:
+    """The resource set, optionally pinned to a home directory (tests, notebooks).
 
-    Left unset, the profile comes from K3_PROFILE and the paths from K3_HOME when a run starts.
+    Left unset, the paths come from K3_HOME when a run starts. The profile is not a resource: it is
+    the key prefix of the assets (assets/profiles.py).
     """
     if home is None:
-        return {"profile": ProfileResource(**({"name": profile} if profile else {})), "ray": RayResource(),
-                "mlflow": MlflowResource(), "store": CheckpointStore()}
+        return {"ray": RayResource(), "mlflow": MlflowResource(), "store": CheckpointStore()}
     home = Path(home).resolve()
     return {
-        "profile": ProfileResource(**({"name": profile} if profile else {})),
         "ray": RayResource(),
         "mlflow": MlflowResource(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
                                  artifact_root=str(home / "mlflow" / "artifacts")),
@@ -346,5 +362,5 @@ def resources_for(profile: str | None = None, home: Path | None = None) -> dict[
     }
 
 
-# The resources every run gets; `k3 run --profile`, run config or K3_PROFILE choose the profile.
+# The resources every run gets.
 RESOURCES = resources_for()

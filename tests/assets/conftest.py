@@ -1,10 +1,10 @@
-"""Fixtures for the asset tests: a temporary K3 home, smoke-profile resources, and the data group
+"""Fixtures for the asset tests: a temporary K3 home, its resources, and the smoke data group
 materialized once per module into an ephemeral instance."""
 
 import dagster as dg
 import pytest
 
-from assets.data import DATA_ASSETS
+from assets import data
 from pipelines.resources import resources_for
 
 
@@ -15,14 +15,14 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smoke_resources(home):
-    return resources_for("smoke", home)
+    return resources_for(home)
 
 
 @pytest.fixture(scope="module")
 def data_run(smoke_resources):
-    """(instance, result) of materializing corpus, tokenizer, clue_data and image_data on smoke."""
+    """(instance, result) of materializing smoke/corpus, tokenizer, clue_data and image_data."""
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize(DATA_ASSETS, instance=instance, resources=smoke_resources)
+    result = dg.materialize(data.build("smoke"), instance=instance, resources=smoke_resources)
     assert result.success
     return instance, result
 

@@ -6,11 +6,15 @@ import pytest
 import torch
 from conftest import error_text
 
-from assets.evaluation import EvalConfig, checkpoint_evals
-from assets.lineage import PROFILE_TAG
-from assets.pretrain import PRETRAIN_CHECKS, STAGE_ASSETS, PretrainStageConfig, base_model, clue_tables
+from assets import evaluation, pretrain
+from assets.evaluation import EvalConfig
+from assets.lineage import PROFILE_TAG, key, markdown_table
+from assets.pretrain import PretrainStageConfig, clue_tables
 from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file
-from pipelines.resources import ProfileResource
+
+ASSETS, CHECKS = pretrain.build("smoke")
+STAGE_ASSETS, base_model = ASSETS[:4], ASSETS[4]
+[checkpoint_evals] = evaluation.build("smoke")
 
 
 def _checkpoint(path, seed=0):
@@ -20,7 +24,7 @@ def _checkpoint(path, seed=0):
 
 def _report(instance, name, path, profile="smoke", **metadata):
     instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key=name, metadata={"path": dg.MetadataValue.path(str(path)), **metadata},
+        asset_key=key(profile, name), metadata={"path": dg.MetadataValue.path(str(path)), **metadata},
         tags={PROFILE_TAG: profile}))
 
 
@@ -32,14 +36,14 @@ def _corrupt(path):
 
 
 def _check(asset_name, check_name):
-    for c in PRETRAIN_CHECKS:
-        if dg.AssetCheckKey(dg.AssetKey(asset_name), check_name) in c.check_keys:
+    for c in CHECKS:
+        if dg.AssetCheckKey(key("smoke", asset_name), check_name) in c.check_keys:
             return c
     raise KeyError((asset_name, check_name))
 
 
 def _check_context(instance):
-    return dg.build_asset_check_context(resources={"profile": ProfileResource(name="smoke")}, instance=instance)
+    return dg.build_asset_check_context(instance=instance)
 
 
 def test_checkpoint_intact_passes_then_refuses_a_corrupted_file(tmp_path):
@@ -62,14 +66,26 @@ def test_checkpoint_intact_without_a_checkpoint_fails():
     assert not result.passed and "materialize it first" in result.description
 
 
-@pytest.mark.parametrize("first, final, passed", [(6.0, 4.5, True), (6.0, 6.2, False)])
-def test_loss_fell(tmp_path, first, final, passed):
+@pytest.mark.parametrize("first, final, steps, passed, judged", [(6.0, 4.5, 10, True, True),
+                                                                  (6.0, 6.2, 10, False, True),
+                                                                  (6.0, 6.2, 2, True, False)])
+def test_loss_fell(tmp_path, first, final, steps, passed, judged):
     instance = dg.DagsterInstance.ephemeral()
     _report(instance, "pretrain_stage_2", tmp_path, **{"train/first_loss": first, "train/final_loss": final,
-                                                      "steps": 10})
+                                                      "steps": steps})
     result = _check("pretrain_stage_2", "loss_fell")(_check_context(instance))
     assert result.passed is passed and result.severity == dg.AssetCheckSeverity.WARN
     assert f"{first:.4f} → {final:.4f}" in result.description
+    assert result.metadata["judged"].value is judged
+    assert result.description.startswith("not judged: 2 step(s) < 10") is not judged
+
+
+def test_checks_read_their_own_profile(tmp_path):
+    """A tiny checkpoint does not satisfy the smoke check, and the reverse."""
+    instance = dg.DagsterInstance.ephemeral()
+    _report(instance, "pretrain_stage_1", _checkpoint(tmp_path / "ckpt").path, profile="tiny")
+    result = _check("pretrain_stage_1", "checkpoint_intact")(_check_context(instance))
+    assert not result.passed and "smoke/pretrain_stage_1 has no checkpoint" in result.description
 
 
 def test_stage_without_data_names_every_missing_asset(smoke_resources):
@@ -78,7 +94,7 @@ def test_stage_without_data_names_every_missing_asset(smoke_resources):
         STAGE_ASSETS[0](ctx, PretrainStageConfig())
     msg = err.value.description
     assert "corpus, tokenizer, clue_data, image_data have not been materialized for profile 'smoke'" in msg
-    assert "--select *corpus,*tokenizer,*clue_data,*image_data" in msg
+    assert "--select '*corpus,*tokenizer,*clue_data,*image_data'" in msg
 
 
 def test_stage_refuses_to_start_from_a_corrupted_checkpoint(data_run, smoke_resources, tmp_path):
@@ -103,10 +119,10 @@ def test_invalid_stage_config_names_the_field(smoke_resources):
     with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
             pytest.raises(dg.Failure) as err:
         STAGE_ASSETS[0](ctx, PretrainStageConfig(balancing="sometimes"))
-    assert "ops.pretrain_stage_1.config" in err.value.description and "balancing" in err.value.description
+    assert "ops.smoke__pretrain_stage_1.config" in err.value.description and "balancing" in err.value.description
     with pytest.raises(Exception) as err:
         dg.materialize(STAGE_ASSETS[:1], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
-                       run_config={"ops": {"pretrain_stage_1": {"config": {"steps": 0}}}})
+                       run_config={"ops": {"smoke__pretrain_stage_1": {"config": {"steps": 0}}}})
     assert "steps" in error_text(err.value)
 
 
@@ -115,13 +131,22 @@ def test_clue_tables_split_distance_and_length():
           "eval/clue_acc/scattered/d32-64": 0.5, "eval/clue_acc/scattered/len64": 0.75,
           "eval/clue_acc/scattered/len64/d0-32": 1.0, "eval/clue_acc/scattered/all": 0.75}
     by_distance, by_length = clue_tables(ev)
-    assert by_distance.splitlines()[2:] == ["| 0-32 | 1.0 | 1.0 |", "| 32-64 | 0.5 | null |"]
+    assert by_distance.splitlines()[2:] == ["| 0-32 | 1 | 1 |", "| 32-64 | 0.5 | null |"]
     assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null |"]
+
+
+def test_tables_round_floats_and_sort_buckets_by_number():
+    assert markdown_table([{"ppl": 440.45461830106336, "load": 1.1692708333333333}]).splitlines()[2] == \
+        "| 440.5 | 1.169 |"
+    ev = {f"eval/clue_acc/scattered/d{b}": 0.5 for b in ("0-32", "128-256", "256-512", "32-64", "64-128")}
+    by_distance, _ = clue_tables(ev)
+    assert [line.split(" | ")[0][2:] for line in by_distance.splitlines()[2:]] == \
+        ["0-32", "32-64", "64-128", "128-256", "256-512"]
 
 
 def test_checkpoint_evals_rejects_unknown_stages(smoke_resources):
     with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
-            pytest.raises(dg.Failure, match=r"ops.checkpoint_evals.config.stages: \[0, 7\] are not stages"):
+            pytest.raises(dg.Failure, match=r"ops.smoke__checkpoint_evals.config.stages: \[0, 7\] are not stages"):
         checkpoint_evals(ctx, EvalConfig(stages=[1, 7, 0]))
 
 
@@ -130,3 +155,18 @@ def test_checkpoint_evals_names_the_missing_stage(data_run, smoke_resources, tmp
     with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx, \
             pytest.raises(dg.Failure, match="pretrain_stage_3 has not been materialized for profile 'smoke'"):
         checkpoint_evals(ctx, EvalConfig(stages=[3]))
+
+
+def test_sparkline_shows_in_the_table_and_draws_the_curve():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from assets.lineage import INLINE_MARKDOWN_CHARS, sparkline
+    md = sparkline([6.0 - 0.01 * i for i in range(500)] + [float("nan")], "loss", "6.0 → 1.0").value
+    assert len(md) < INLINE_MARKDOWN_CHARS and md.endswith(") 6.0 → 1.0")
+    image = Image.open(io.BytesIO(base64.b64decode(md.split("base64,", 1)[1].split(")", 1)[0])))
+    ys = {x: [y for y in range(image.height) if image.getpixel((x, y)) == 1] for x in (0, image.width - 1)}
+    # A falling loss: the line starts at the top left and ends at the bottom right.
+    assert max(ys[0]) < image.height // 3 and min(ys[image.width - 1]) > 2 * image.height // 3

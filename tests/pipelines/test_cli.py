@@ -34,7 +34,7 @@ def test_run_rejects_an_unknown_profile(home, capsys):
 
 
 def test_run_rejects_an_unknown_asset(home):
-    with pytest.raises(SystemExit, match="--select names unknown asset 'tokeniser'"):
+    with pytest.raises(SystemExit, match="--select names unknown asset 'tokeniser'; did you mean 'tokenizer'"):
         main(["run", "--profile", "smoke", "--select", "tokeniser"])
 
 
@@ -61,19 +61,28 @@ def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
     # An upstream that was never materialized: exit 1, and the line names what to run first.
     failed = _k3(["run", "--profile", "smoke", "--select", "tokenizer"], home)
     assert failed.returncode == 1, failed.stdout + failed.stderr
-    assert "✗ tokenizer: tokenizer cannot run: corpus has not been materialized for profile 'smoke'" in failed.stdout
+    assert "✗ smoke/tokenizer: tokenizer cannot run: corpus has not been materialized for profile 'smoke'" in failed.stdout
     assert "FAILED" in failed.stdout
+    # Without --verbose, no Dagster stack traces: the failure is said once, in the progress line.
+    assert "Traceback" not in failed.stdout + failed.stderr
 
     ok = _k3(["run", "--profile", "smoke", "--select", "corpus,tokenizer"], home)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = ok.stdout.splitlines()
     for name in ("corpus", "tokenizer"):
-        assert any(line.endswith(f"▶ {name}") for line in lines)
-        assert any(f"✓ {name} (" in line for line in lines)
-    assert any("◆ tokenizer materialized" in line for line in lines)
+        assert any(line.endswith(f"▶ smoke/{name}") for line in lines)
+        assert any(f"✓ smoke/{name} (" in line for line in lines)
+    assert any("◆ smoke/tokenizer materialized" in line for line in lines)
     not_yet = next(line for line in lines if "not in the pipeline yet" in line)
     assert "sft_policy" in not_yet and "pretrain_stage_1" not in not_yet
     assert "k3 run: success" in lines[-1]
-    # Headless runs land in the project's instance, where the UI will find them.
+    # Headless runs land in the project's instance, where the UI will find them, as runs of a job the
+    # definitions hold (so the UI can re-execute them), tagged with the profile.
     assert (home / "dagster" / "dagster.yaml").exists() and any((home / "dagster" / "history").iterdir())
+    import dagster as dg
+    run_id = lines[-1].rsplit("(run ", 1)[1].rstrip(")")
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        run = instance.get_run_by_id(run_id)
+    assert run.job_name == "smoke_all_job" and run.tags["k3/profile"] == "smoke"
+    assert {k.to_user_string() for k in run.asset_selection} == {"smoke/corpus", "smoke/tokenizer"}
 

@@ -41,7 +41,7 @@ def test_sigterm_stops_a_training_run_and_its_ray_tasks(tmp_path, delay):
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "▶ pretrain_stage_1" in line:
+        if "▶ smoke/pretrain_stage_1" in line:
             break
     else:
         pytest.fail("k3 run ended before pretrain_stage_1 started:\n" + "".join(lines))
@@ -58,7 +58,7 @@ def test_sigterm_stops_a_training_run_and_its_ray_tasks(tmp_path, delay):
     took = time.monotonic() - t0
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
-    assert "✗ pretrain_stage_1: interrupted" in out and "k3 run: interrupted" in out, out[-3000:]
+    assert "✗ smoke/pretrain_stage_1: interrupted" in out and "k3 run: interrupted" in out, out[-3000:]
     assert "k3 run: success" not in out
     # Ray's workers inherit K3_HOME: none may outlive the run. Allow time for their exit: Ray's agents
     # (DashboardAgent, RuntimeEnvAgent) leave on noticing the raylet gone, which took over 20 s on a

@@ -1,7 +1,9 @@
-"""The Definitions load and hold what DESIGN.md §1 and the issue ask for."""
+"""The Definitions load and hold what docs/design.md §1 and the issues ask for: one lineage per
+profile under its key prefix, per-profile jobs, schedules and automation sensors tagged with it."""
 
 import dagster as dg
 
+from assets.lineage import PROFILES, key
 from pipelines.definitions import defs
 
 DATA = {"corpus", "tokenizer", "clue_data", "image_data"}
@@ -12,62 +14,69 @@ def _graph():
     return defs.resolve_asset_graph()
 
 
-def test_assets_and_groups():
+def test_every_asset_once_per_profile_in_its_groups():
     graph = _graph()
-    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert keys == DATA | PRETRAIN | {"checkpoint_evals"}
-    groups = {k.to_user_string(): graph.get(k).group_name for k in graph.get_all_asset_keys()}
-    assert {n for n, g in groups.items() if g == "data"} == DATA
-    assert {n for n, g in groups.items() if g == "pretraining"} == PRETRAIN
+    keys = graph.get_all_asset_keys()
+    assert {k.path[0] for k in keys} == set(PROFILES) and all(len(k.path) == 2 for k in keys)
+    for p in PROFILES:
+        mine = {k.path[-1]: graph.get(k) for k in keys if k.path[0] == p}
+        assert set(mine) == DATA | PRETRAIN | {"checkpoint_evals"}
+        assert {n for n, a in mine.items() if a.group_name == f"{p}_data"} == DATA
+        assert {n for n, a in mine.items() if a.group_name == f"{p}_pretraining"} == PRETRAIN
+        assert all(a.tags.get("k3/profile") == p for a in mine.values())
 
 
-def test_lineage():
+def test_lineage_stays_within_a_profile():
     graph = _graph()
 
-    def parents(name):
-        return {k.to_user_string() for k in graph.get(dg.AssetKey(name)).parent_keys}
-    assert parents("tokenizer") == {"corpus"}
-    assert parents("clue_data") == {"corpus", "tokenizer"}
-    assert parents("pretrain_stage_1") == DATA
-    for s in (2, 3, 4):
-        assert parents(f"pretrain_stage_{s}") == DATA | {f"pretrain_stage_{s - 1}"}
-    assert parents("base_model") == {"pretrain_stage_4"}
+    def parents(p, name):
+        parent_keys = graph.get(key(p, name)).parent_keys
+        assert {k.path[0] for k in parent_keys} <= {p}
+        return {k.path[-1] for k in parent_keys}
+    for p in PROFILES:
+        assert parents(p, "tokenizer") == {"corpus"}
+        assert parents(p, "clue_data") == {"corpus", "tokenizer"}
+        assert parents(p, "pretrain_stage_1") == DATA
+        for s in (2, 3, 4):
+            assert parents(p, f"pretrain_stage_{s}") == DATA | {f"pretrain_stage_{s - 1}"}
+        assert parents(p, "base_model") == {"pretrain_stage_4"}
 
 
 def test_checks_attached():
     checks = {(k.asset_key.to_user_string(), k.name) for k in _graph().asset_check_keys}
-    for s in range(1, 5):
-        assert {(f"pretrain_stage_{s}", "checkpoint_intact"), (f"pretrain_stage_{s}", "loss_fell")} <= checks
-    assert ("base_model", "checkpoint_intact") in checks
+    for p in PROFILES:
+        for s in range(1, 5):
+            assert {(f"{p}/pretrain_stage_{s}", "checkpoint_intact"), (f"{p}/pretrain_stage_{s}", "loss_fell")} <= checks
+        assert (f"{p}/base_model", "checkpoint_intact") in checks
 
 
-def test_jobs_resolve():
+def test_jobs_are_per_profile_and_tag_their_runs():
     jobs = {j.name: j for j in defs.resolve_all_job_defs()}
-    assert {"data_job", "pretrain_job", "eval_job", "all_job"} <= set(jobs)
 
     def selected(name):
         return {k.to_user_string() for k in jobs[name].asset_layer.executable_asset_keys}
-    assert selected("data_job") == DATA
-    assert selected("pretrain_job") == PRETRAIN
-    assert selected("eval_job") == {"checkpoint_evals"}
-    assert selected("all_job") == DATA | PRETRAIN | {"checkpoint_evals"}
+    for p in PROFILES:
+        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | {"checkpoint_evals"}}
+        assert selected(f"{p}_eval_job") == {f"{p}/checkpoint_evals"}
+        assert jobs[f"{p}_all_job"].tags["k3/profile"] == p == jobs[f"{p}_eval_job"].tags["k3/profile"]
     # One process per run: one Ray cluster per run, not per step.
     assert all(j.executor_def.name == "in_process" for j in jobs.values())
 
 
 def test_schedules_and_sensors():
-    schedules = {s.name: defs.resolve_schedule_def(s.name) for s in defs.schedules}
-    assert schedules["nightly_checkpoint_eval"].default_status == dg.DefaultScheduleStatus.RUNNING
-    assert schedules["nightly_checkpoint_eval"].job_name == "eval_job"
-    assert schedules["weekly_full_rerun"].default_status == dg.DefaultScheduleStatus.STOPPED
-    assert schedules["weekly_full_rerun"].job_name == "all_job"
-    sensors = {s.name: defs.resolve_sensor_def(s.name) for s in defs.sensors}
-    assert sensors["k3_automation"].default_status == dg.DefaultSensorStatus.RUNNING
-    assert _graph().get(dg.AssetKey("base_model")).automation_condition is not None
+    for p in PROFILES:
+        nightly = defs.resolve_schedule_def(f"{p}_nightly_checkpoint_eval")
+        assert nightly.default_status == dg.DefaultScheduleStatus.RUNNING and nightly.job_name == f"{p}_eval_job"
+        weekly = defs.resolve_schedule_def(f"{p}_weekly_full_rerun")
+        assert weekly.default_status == dg.DefaultScheduleStatus.STOPPED and weekly.job_name == f"{p}_all_job"
+        sensor = defs.resolve_sensor_def(f"{p}_automation")
+        assert sensor.default_status == dg.DefaultSensorStatus.RUNNING and sensor.run_tags == {"k3/profile": p}
+        assert _graph().get(key(p, "base_model")).automation_condition is not None
 
 
 def test_resources():
-    assert set(defs.resources) == {"profile", "ray", "mlflow", "store"}
+    # The profile is no resource: it is the assets' key prefix.
+    assert set(defs.resources) == {"ray", "mlflow", "store"}
 
 
 def test_definitions_module_only_assembles():

@@ -12,6 +12,8 @@ import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
+from assets.lineage import INLINE_MARKDOWN_CHARS
+from assets.lineage import key as asset_key
 from k3model.checkpoint import WEIGHTS_FILE, sha256_file, verify_checkpoint
 from pipelines.instance import dagster_home
 
@@ -33,7 +35,9 @@ def ray_address():
 
 
 def _materialize(home: Path, select: list[str], ray_address: str, ops: dict | None = None):
-    config = {"resources": {"profile": {"config": {"name": "smoke"}}}, "ops": ops or {}}
+    # Asset keys and op names carry the profile: smoke/pretrain_stage_1 is the op smoke__pretrain_stage_1.
+    select = [f"smoke/{n}" for n in select]
+    config = {"ops": {f"smoke__{n}": c for n, c in (ops or {}).items()}}
     env = {**os.environ, "K3_HOME": str(home), "DAGSTER_HOME": str(dagster_home(home)),
            "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "disabled"}
     return subprocess.run([DAGSTER, "asset", "materialize", "-m", "pipelines.definitions",
@@ -52,9 +56,9 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
     try:
         instance = dg.DagsterInstance.get()
-        latest = {n: instance.get_latest_materialization_event(dg.AssetKey(n)).asset_materialization
+        latest = {n: instance.get_latest_materialization_event(asset_key("smoke", n)).asset_materialization
                   for n in [*DATA, *STAGES, "base_model"]}
-        run_ids = {instance.get_latest_materialization_event(dg.AssetKey(n)).run_id for n in latest}
+        run_ids = {instance.get_latest_materialization_event(asset_key("smoke", n)).run_id for n in latest}
         checks = [r for r in instance.get_records_for_run(next(iter(run_ids)),
                                                           of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION).records]
     finally:
@@ -74,7 +78,7 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     stage4 = json.loads((Path(latest["pretrain_stage_4"].metadata["path"].value) / "manifest.json").read_text())
     assert stage4["config"]["pretrain"]["stage"] == 4
 
-    evaluations = {(e.event_log_entry.dagster_event.event_specific_data.asset_key.to_user_string(),
+    evaluations = {(e.event_log_entry.dagster_event.event_specific_data.asset_key.path[-1],
                     e.event_log_entry.dagster_event.event_specific_data.check_name):
                    e.event_log_entry.dagster_event.event_specific_data.passed for e in checks}
     for name in [*STAGES, "base_model"]:
@@ -87,25 +91,33 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
         assert isinstance(md[key], float), key
     assert "| distance | scattered | control |" in md["clue_acc_by_distance"]
     assert "| length | scattered | control |" in md["clue_acc_by_length"]
-    assert "| step | train/main | lr |" in md["loss_curve"] and Path(md["loss_plot"]).exists()
+    assert "| step | train/main | lr |" in md["loss_curve"]
+    # Pictures in the metadata: the full plot (behind "[Show Markdown]") and a sparkline short
+    # enough to show in the table itself.
+    assert md["loss_plot"].startswith("![loss curve of smoke/pretrain_stage_1](data:image/png;base64,")
+    assert md["loss"].startswith("![train/main](data:image/png;base64,") and len(md["loss"]) < INLINE_MARKDOWN_CHARS
     assert {(s, "loss_fell") for s in STAGES} <= set(evaluations)
 
     # One MLflow run per asset, all tagged with the one Dagster run.
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("k3").experiment_id])
-    assert sorted(r.data.tags["asset"] for r in runs) == sorted([*DATA, *STAGES, "base_model"])
+    assert sorted(r.data.tags["asset"] for r in runs) == sorted(f"smoke/{n}" for n in [*DATA, *STAGES, "base_model"])
     assert {r.data.tags["dagster_run_id"] for r in runs} == run_ids
     assert all(r.info.status == "FINISHED" for r in runs)
-    stage1 = next(r for r in runs if r.data.tags["asset"] == "pretrain_stage_1")
+    stage1 = next(r for r in runs if r.data.tags["asset"] == "smoke/pretrain_stage_1")
     assert md["mlflow_run"].endswith(stage1.info.run_id)
-    # Logged live from inside the Ray task, one point per step.
+    # Every step, logged live from inside the Ray task (log_every 1 here).
     assert [m.step for m in client.get_metric_history(stage1.info.run_id, "train/main")] == list(range(1, md["steps"] + 1))
-    assert {a.path for a in client.list_artifacts(stage1.info.run_id)} == {"checkpoint", "loss.png"}
+    # The clue grid is one table artifact, not a metric per cell; the checkpoint is not copied.
+    assert {a.path for a in client.list_artifacts(stage1.info.run_id)} == {"eval", "loss.png"}
+    assert not any(k.startswith("eval/clue_acc/") and not k.endswith("/all") for k in stage1.data.metrics)
     for s in STAGES:
         [version] = client.search_model_versions(f"name = 'k3-smoke-{s}'")
         assert version.tags["sha256"] == latest[s].tags["dagster/data_version"]
+        assert version.source == Path(latest[s].metadata["path"].value).relative_to(home.resolve()).as_posix()
     champion = client.get_model_version_by_alias("k3-smoke-base", "champion")
     assert champion.tags["sha256"] == latest["base_model"].tags["dagster/data_version"]
+    assert champion.tags["profile"] == "smoke" and "eval/ppl" in champion.tags
 
     # The nightly re-evaluation, cut to one stage and one clue example per cell.
     proc = _materialize(home, ["checkpoint_evals"], ray_address,
@@ -114,11 +126,11 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
     try:
         evals = dg.DagsterInstance.get().get_latest_materialization_event(
-            dg.AssetKey("checkpoint_evals")).asset_materialization.metadata
+            asset_key("smoke", "checkpoint_evals")).asset_materialization.metadata
     finally:
         del os.environ["DAGSTER_HOME"]
     assert "| stage | sha256 | ppl | vqa |" in evals["clue_acc_by_distance"].value
-    assert evals["evals"].value["pretrain_stage_1"]["eval/ppl"] == pytest.approx(md["eval/ppl"], rel=1e-4)
+    assert evals["evals"].value["pretrain_stage_1"]["eval/ppl"] == pytest.approx(md["eval"]["eval/ppl"], rel=1e-4)
 
     # A corrupted stage-4 checkpoint: base_model refuses it with the file and both hashes, exit 1.
     weights = Path(latest["pretrain_stage_4"].metadata["path"].value) / WEIGHTS_FILE

@@ -10,8 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from k3model.checkpoint import save_checkpoint
 from pipelines.instance import dagster_home, k3_environ
-from pipelines.resources import (CheckpointStore, MlflowResource, ProfileResource, RayResource,
-                                 check_profile_name, k3_home, local_gpu_count)
+from pipelines.resources import (CheckpointStore, MlflowResource, RayResource, check_profile_name, k3_home,
+                                 local_gpu_count)
 
 
 def test_profile_names():
@@ -20,7 +20,6 @@ def test_profile_names():
         check_profile_name("big", field="--profile")
     with pytest.raises(ValueError, match="parameter accounting only"):
         check_profile_name("k3")
-    assert ProfileResource(name="tiny").get().name == "tiny"
 
 
 def test_ray_resource_starts_one_cluster_with_the_machines_gpus():
@@ -54,28 +53,33 @@ def test_ray_resource_starts_one_cluster_with_the_machines_gpus():
 
 def test_mlflow_run_metrics_and_model_version(tmp_path):
     mlflow = MlflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow/mlflow.db",
-                            artifact_root=str(tmp_path / "artifacts"), ui_url="http://127.0.0.1:5999")
+                            artifact_root=str(tmp_path / "artifacts"))
     ckpt = save_checkpoint(tmp_path / "ckpt", torch.nn.Linear(2, 2).state_dict())
 
     @dg.asset
     def probe(context: dg.AssetExecutionContext):
         with mlflow.start_run(context, params={"lr": 0.1}, tags={"k3/profile": "smoke"}) as run:
-            n = mlflow.log_history(run.info.run_id, [{"step": 1, "train/loss": 3.0}, {"step": 2, "train/loss": 2.0}])
-            version = mlflow.register_checkpoint(run.info.run_id, "probe-model", ckpt.path, tags={"sha256": ckpt.sha256})
+            history = [{"step": s, "train/loss": 4.0 - s} for s in (1, 2, 3)]
+            # Step 2 was logged live already: only 1 and 3 are added.
+            mlflow.log_metrics(run.info.run_id, {"train/loss": 2.0}, step=2)
+            n = mlflow.log_history(run.info.run_id, history, skip_steps=frozenset({2}))
+            mlflow.log_rows(run.info.run_id, [{"variant": "scattered", "accuracy": 0.5}], "eval/grid.json")
+            version, _ = mlflow.register_checkpoint(run.info.run_id, "probe-model", "ckpt", ckpt.sha256,
+                                                    {"profile": "smoke"}, "a probe")
         return dg.MaterializeResult(metadata={"n": n, "run": mlflow.run_url(run), "version": version.version})
 
     result = dg.materialize([probe], instance=dg.DagsterInstance.ephemeral())
     md = result.asset_materializations_for_node("probe")[0].metadata
-    assert md["n"].value == 2 and md["run"].value.startswith("http://127.0.0.1:5999/#/experiments/")
+    assert md["n"].value == 2 and md["run"].value.startswith("/k3/mlflow/runs/")
     client = MlflowClient(mlflow.resolved_tracking_uri())
     run = client.get_run(md["run"].value.rsplit("/", 1)[1])
     assert run.data.tags["dagster_run_id"] == result.run_id and run.data.tags["asset"] == "probe"
     assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [3.0, 2.0]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")) == \
+        [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "eval")] == ["eval/grid.json"]
     version = client.get_model_version("probe-model", md["version"].value)
-    assert version.source == f"{run.info.artifact_uri}/checkpoint" and version.tags["sha256"] == ckpt.sha256
-    stored = Path(run.info.artifact_uri.removeprefix("file://")) / "checkpoint" / "model.safetensors"
-    assert stored.read_bytes() == (ckpt.path / "model.safetensors").read_bytes()
+    assert version.source == "ckpt" and version.tags == {"sha256": ckpt.sha256, "profile": "smoke"}
 
 
 def test_mlflow_run_marked_failed_when_the_asset_fails(tmp_path):

@@ -1,6 +1,9 @@
-"""The web UI in a real browser: `k3 ui` starts Dagster and MLflow, Playwright (Debian's chromium)
-opens the lineage, sees the pretraining assets, launches a smoke materialization from an asset's
-page and waits for the run to succeed. Screenshots go to test-artifacts/."""
+"""The web UI in a real browser: `k3 run` materializes smoke image data headless, then `k3 ui`
+starts Dagster and MLflow on the same home and Playwright (Debian's chromium) checks what a user
+sees: the per-profile lineage, a picture shown inline on the asset's page, the `k3 run` run
+re-executed from the UI, an asset materialized from its page carrying its profile as a run tag, and
+an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
+Screenshots go to test-artifacts/."""
 
 import json
 import os
@@ -27,13 +30,19 @@ def _free_port() -> int:
 
 @pytest.fixture
 def ui(tmp_path):
-    """`k3 ui --profile smoke` on free ports with a temporary home; stopped (and checked) after."""
+    """`k3 run --profile smoke --select image_data`, then `k3 ui` on free ports with that temporary
+    home; stopped (and checked) after."""
+    env = {**os.environ, "K3_HOME": str(tmp_path / "home")}
+    env.pop("DAGSTER_HOME", None)
+    cli = subprocess.run([K3, "run", "--profile", "smoke", "--select", "image_data"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    cli_run_id = cli.stdout.strip().splitlines()[-1].rsplit("(run ", 1)[1].rstrip(")")
+
     dagster_port, mlflow_port = _free_port(), _free_port()
     log = open(tmp_path / "k3-ui.log", "w")
-    env = {**os.environ, "K3_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([K3, "ui", "--profile", "smoke", "--port", str(dagster_port),
-                             "--mlflow-port", str(mlflow_port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([K3, "ui", "--port", str(dagster_port), "--mlflow-port", str(mlflow_port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 240
     while "Ctrl-C stops both" not in (tmp_path / "k3-ui.log").read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -41,7 +50,7 @@ def ui(tmp_path):
             pytest.fail(f"k3 ui did not start:\n{(tmp_path / 'k3-ui.log').read_text()}")
         time.sleep(1)
     yield {"dagster": f"http://127.0.0.1:{dagster_port}", "mlflow": f"http://127.0.0.1:{mlflow_port}",
-           "home": tmp_path / "home"}
+           "mlflow_port": mlflow_port, "home": tmp_path / "home", "cli_run_id": cli_run_id}
     # k3 ui turns SIGTERM into its Ctrl-C path, which stops both servers.
     proc.send_signal(signal.SIGTERM)
     try:
@@ -56,31 +65,41 @@ def ui(tmp_path):
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still served after k3 ui stopped"
 
 
-def _wait_for_run_to_end(dagster_url: str, timeout_s: float) -> str:
-    """Poll the webserver's GraphQL endpoint until its one run has ended; returns its status."""
-    query = json.dumps({"query": "{ runsOrError { ... on Runs { results { runId status } } } }"}).encode()
+def _graphql(dagster_url: str, query: str) -> dict:
+    request = urllib.request.Request(f"{dagster_url}/graphql", data=json.dumps({"query": query}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.loads(r.read())["data"]
+
+
+RUNS = "{ runsOrError { ... on Runs { results { runId status jobName parentRunId tags { key value } } } } }"
+
+
+def _wait_for_run(dagster_url: str, match, timeout_s: float) -> dict:
+    """Poll Dagster's GraphQL API until a run for which `match(run)` holds has ended."""
     deadline = time.monotonic() + timeout_s
-    status = "NO RUN"
+    seen = None
     while time.monotonic() < deadline:
-        request = urllib.request.Request(f"{dagster_url}/graphql", data=query,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as r:
-            runs = json.loads(r.read())["data"]["runsOrError"]["results"]
-        if runs:
-            status = runs[0]["status"]
-            if status in ("SUCCESS", "FAILURE", "CANCELED"):
-                return status
+        runs = _graphql(dagster_url, RUNS)["runsOrError"]["results"]
+        seen = next((r for r in runs if match(r)), None)
+        if seen is not None and seen["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return seen
         time.sleep(3)
-    return f"still {status} after {timeout_s:.0f} s"
+    pytest.fail(f"no matching run ended within {timeout_s:.0f} s; last seen {seen}")
+
+
+def _tags(run: dict) -> dict:
+    return {t["key"]: t["value"] for t in run["tags"]}
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is missing: `make setup` installs it")
-def test_lineage_and_a_materialization_launched_from_the_ui(ui):
+def test_what_a_user_sees_in_the_ui(ui):
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
+    dagster = ui["dagster"]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                      args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
@@ -89,41 +108,76 @@ def test_lineage_and_a_materialization_launched_from_the_ui(ui):
         context.add_init_script("localStorage.setItem('communityNux', '1')")
         page = context.new_page()
         try:
-            page.goto(f"{ui['dagster']}/asset-groups", wait_until="load")
-            group = page.get_by_text("pretraining", exact=True).last
+            # One lineage per profile: the smoke groups hold the smoke assets.
+            page.goto(f"{dagster}/asset-groups", wait_until="load")
+            group = page.get_by_text("smoke_pretraining", exact=True).last
             group.wait_for(timeout=60_000)
+            page.get_by_text("tiny_pretraining", exact=True).last.wait_for(timeout=30_000)
             # Groups start collapsed; a double click on the group node expands it.
             group.dblclick()
             for s in range(1, 5):
                 page.get_by_text(f"pretrain_stage_{s}", exact=True).first.wait_for(timeout=30_000)
-            page.get_by_text("base_model", exact=True).first.wait_for(timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "ui_lineage.png"))
 
-            page.goto(f"{ui['dagster']}/assets/image_data", wait_until="load")
+            # A picture in the asset's metadata table itself, not a file path.
+            page.goto(f"{dagster}/assets/smoke/image_data", wait_until="load")
+            row = page.locator("tr", has_text="first_images").first
+            row.wait_for(timeout=60_000)
+            picture = row.locator("img[src^='data:image/png;base64,']")
+            picture.wait_for(timeout=30_000)
+            assert picture.evaluate("img => img.naturalWidth") > 0
+            row.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "ui_asset_inline_picture.png"))
+
+            # The `k3 run` run belongs to a job of the definitions: Re-execute works.
+            page.goto(f"{dagster}/runs/{ui['cli_run_id']}", wait_until="load")
+            page.get_by_text("smoke_all_job").first.wait_for(timeout=60_000)
+            reexecute = page.locator("button", has_text="Re-execute").first
+            reexecute.wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "ui_cli_run.png"))
+            reexecute.click()
+            all_steps = page.get_by_text("All steps in root run", exact=False)
+            if all_steps.count():
+                all_steps.first.click()
+            child = _wait_for_run(dagster, lambda r: r["parentRunId"] == ui["cli_run_id"], timeout_s=300)
+            assert child["status"] == "SUCCESS" and child["jobName"] == "smoke_all_job", child
+            assert _tags(child)["k3/profile"] == "smoke"
+
+            # Materialize from the asset's page (Dagster's implicit asset job): the run gets its profile.
+            page.goto(f"{dagster}/assets/smoke/corpus", wait_until="load")
             button = page.locator("button", has_text="Materialize").first
             button.wait_for(timeout=60_000)
             button.click()
             page.get_by_text("Launched run").first.wait_for(timeout=60_000)
+            launched = _wait_for_run(dagster, lambda r: r["jobName"] == "__ASSET_JOB", timeout_s=300)
+            assert launched["status"] == "SUCCESS" and _tags(launched)["k3/profile"] == "smoke", launched
+            page.goto(f"{dagster}/runs", wait_until="load")
+            page.get_by_text("k3/profile: smoke").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "ui_runs_with_profile.png"))
 
-            # Wait on Dagster's own GraphQL API, not by reloading the page: on a slow 2-core machine a
-            # reload every few seconds can keep the runs table at "Loading runs…" for ever.
-            status = _wait_for_run_to_end(ui["dagster"], timeout_s=400)
-            assert status == "SUCCESS", f"the run launched from the UI ended {status}"
-            page.goto(f"{ui['dagster']}/runs", wait_until="load")
-            page.get_by_text("Success").first.wait_for(timeout=120_000)
-            page.screenshot(path=str(ARTIFACTS / "ui_run.png"))
+            # The MLflow link a `k3 run` wrote reaches MLflow on the port `k3 ui` serves now.
+            page.goto(f"{dagster}/assets/smoke/image_data", wait_until="load")
+            link = page.locator("tr", has_text="mlflow_run").first.locator("a[href^='/k3/mlflow/runs/']").first
+            link.wait_for(timeout=60_000)
+            href = link.get_attribute("href")
 
-            page.goto(f"{ui['dagster']}/assets/image_data", wait_until="load")
-            page.get_by_text("mlflow_run").first.wait_for(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "ui_asset.png"), full_page=True)
+            # The experiment link `k3 ui` prints opens MLflow on the training runs (MLflow 3.17 would
+            # otherwise show its GenAI traces view).
+            page.goto(f"{dagster}/k3/mlflow/experiment", wait_until="load")
+            page.get_by_text("smoke/corpus-", exact=False).first.wait_for(timeout=90_000)
+            assert page.url.startswith(f"{ui['mlflow']}/#/experiments/1/runs?workflowType=machine_learning")
+            page.screenshot(path=str(ARTIFACTS / "ui_mlflow_experiment.png"))
         finally:
             browser.close()
 
-    # The run launched from the UI logged to the MLflow store the UI's MLflow server reads.
+    with urllib.request.urlopen(f"{dagster}{href}", timeout=30) as r:
+        assert r.geturl().startswith(f"{ui['mlflow']}/#/experiments/")
+    # Runs launched from the UI log to the MLflow store the UI's MLflow server reads.
     request = urllib.request.Request(f"{ui['mlflow']}/api/2.0/mlflow/runs/search",
                                      data=json.dumps({"experiment_ids": ["1"]}).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as r:
         runs = json.loads(r.read())["runs"]
     tags = [{t["key"]: t["value"] for t in run["data"]["tags"]} for run in runs]
-    assert [t["asset"] for t in tags] == ["image_data"] and tags[0]["k3/profile"] == "smoke"
+    assert sorted(t["asset"] for t in tags) == ["smoke/corpus", "smoke/image_data", "smoke/image_data"]
+    assert all(t["k3/profile"] == "smoke" for t in tags)
