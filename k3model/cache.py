@@ -167,7 +167,8 @@ class ModelCache:
             if len(set(self.lengths)) != 1:
                 raise ValueError("rollback history needs rows of equal length; use max_rollback=0")
             # Intermediate positions of a multi-token forward, from the layers' per-position states.
-            for t in range(n_tokens - 1):
+            recorded = all(layer.positions is not None for layer in self.layers if isinstance(layer, KDAState))
+            for t in range(n_tokens - 1 if recorded else 0):
                 self._history[start + 1 + t] = [
                     replace(layer.positions[t], positions=None, keep_positions=False)
                     if isinstance(layer, KDAState) else None for layer in self.layers]
@@ -179,6 +180,8 @@ class ModelCache:
         self._history[self.lengths[0]] = [
             replace(layer, positions=None, keep_positions=False) if isinstance(layer, KDAState) else None
             for layer in self.layers]
+        if self.lengths[0] == 0:
+            return  # a prefill runs chunked: rolling back into the prompt is not offered
         # Ask the KDA layers for per-position states on the next multi-token forward.
         for i, layer in enumerate(self.layers):
             if isinstance(layer, KDAState):
@@ -248,7 +251,7 @@ class ModelCache:
         states = self._history[length]
         for i, state in enumerate(states):
             if state is not None:
-                self.layers[i] = replace(state, keep_positions=True)
+                self.layers[i] = replace(state, keep_positions=length > 0)
         self.lengths = [length] * self.batch
         for key in [k for k in self._history if k > length]:
             del self._history[key]
