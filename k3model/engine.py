@@ -201,41 +201,60 @@ def generate(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig | Sequ
     try:
         cache, logits_BV = prefill(model, [prompts[i] for i in live], max(budgets),
                                    None if images is None else [images[i] for i in live])
-        rows = list(live)  # the prompt each batch row decodes; −1 marks padding rows
-        if len(rows) < MIN_ROWS:
-            pad = [0] * (MIN_ROWS - len(rows))
-            cache = cache.select(list(range(len(rows))) + pad)
-            logits_BV = torch.cat([logits_BV, logits_BV[pad]])
-            rows += [-1] * len(pad)
-        greedy = SamplingConfig(max_new_tokens=0)
-        while True:
-            row_cfgs = [cfgs[r] if r >= 0 else greedy for r in rows]
-            tokens_B, logp_B, model_logp_B = sample(logits_BV, row_cfgs, generator)
-            tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
-            keep = []
-            for b, r in enumerate(rows):
-                if r < 0:
-                    continue
-                done = completions[r]
-                done.token_ids.append(tokens[b])
-                done.logprobs.append(logps[b])
-                done.model_logprobs.append(model_logps[b])
-                if tokens[b] in cfgs[r].stop_ids:
-                    done.finish_reason = FINISH_STOP
-                elif len(done.token_ids) < budgets[r]:
-                    keep.append(b)
-            if not keep:
-                return completions
-            if len(keep) < len(rows):
-                # Finished rows leave; finished or padding rows fill the batch back to MIN_ROWS.
-                spare = [b for b in range(len(rows)) if b not in keep][: max(0, MIN_ROWS - len(keep))]
-                order = keep + spare
-                cache = cache.select(order)
-                tokens_B = tokens_B[torch.tensor(order, device=tokens_B.device)]
-                rows = [rows[b] for b in keep] + [-1] * len(spare)
-            logits_BV = model(tokens_B.unsqueeze(1), cache=cache).logits_BTV[:, 0]
+        done, _ = decode(model, cache, logits_BV, [cfgs[i] for i in live], [budgets[i] for i in live],
+                         generator=generator)
     finally:
         model.train(was_training)
+    for i, completion in zip(live, done):
+        completions[i] = completion
+    return completions
+
+
+@torch.no_grad()
+def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[SamplingConfig], budgets: list[int], *,
+           generator: torch.Generator | None = None, keep_caches: bool = False):
+    """The decode loop: row b of `cache` continues from `logits_BV[b]` (the logits after its last
+    fed token) for at most budgets[b] ≥ 1 new tokens. Returns (completions, and with keep_caches
+    each row's final cache: one row, holding every sampled token but the last, which was never fed)."""
+    B = cache.batch
+    completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
+    final: list[ModelCache | None] = [None] * B
+    rows = list(range(B))  # the completion each batch row decodes; −1 marks padding rows
+    if B < MIN_ROWS:
+        pad = [0] * (MIN_ROWS - B)
+        cache = cache.select(rows + pad)
+        logits_BV = torch.cat([logits_BV, logits_BV[pad]])
+        rows += [-1] * len(pad)
+    greedy = SamplingConfig(max_new_tokens=0)
+    while True:
+        row_cfgs = [cfgs[r] if r >= 0 else greedy for r in rows]
+        tokens_B, logp_B, model_logp_B = sample(logits_BV, row_cfgs, generator)
+        tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
+        keep = []
+        for b, r in enumerate(rows):
+            if r < 0:
+                continue
+            done = completions[r]
+            done.token_ids.append(tokens[b])
+            done.logprobs.append(logps[b])
+            done.model_logprobs.append(model_logps[b])
+            if tokens[b] in cfgs[r].stop_ids:
+                done.finish_reason = FINISH_STOP
+            elif len(done.token_ids) < budgets[r]:
+                keep.append(b)
+                continue
+            if keep_caches:
+                final[r] = cache.select([b])
+        if not keep:
+            return completions, (final if keep_caches else None)
+        if len(keep) < len(rows):
+            # Finished rows leave; finished or padding rows fill the batch back to MIN_ROWS.
+            spare = [b for b in range(len(rows)) if b not in keep][: max(0, MIN_ROWS - len(keep))]
+            order = keep + spare
+            cache = cache.select(order)
+            tokens_B = tokens_B[torch.tensor(order, device=tokens_B.device)]
+            rows = [rows[b] for b in keep] + [-1] * len(spare)
+        logits_BV = model(tokens_B.unsqueeze(1), cache=cache).logits_BTV[:, 0]
 
 
 @torch.no_grad()
