@@ -256,6 +256,16 @@ class ModelCache:
         for key in [k for k in self._history if k > length]:
             del self._history[key]
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every state tensor (for saving and restoring a static cache around a CUDA-graph capture)."""
+        out = []
+        for layer in self.layers:
+            if isinstance(layer, KDAState):
+                out += [layer.conv_q, layer.conv_k, layer.conv_v, layer.recurrent]
+            else:
+                out.append(layer.buffer_BSL)
+        return out + ([self.lengths_B] if self.lengths_B is not None else [])
+
     def to_static(self, capacity: int) -> "ModelCache":
         """The CUDA-graph layout of this cache: MLA buffers of exactly `capacity` tokens, lengths on the
         device, every later update in place."""

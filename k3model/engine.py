@@ -15,8 +15,8 @@ training mismatch RL corrects for (research/posttrain-anchors.md §1.5).
 
 How rows of different lengths share a batch: per-row positions, no padding. The model has no
 positional encoding, so a row's length matters only to MLA, which attends to exactly that row's
-cached entries (k3model/cache.py). Each distinct prompt is prefilled alone (identical prompts once,
-then `fork`), the prefilled caches are stacked, and decode steps feed one token per row. Left
+cached entries (k3model/cache.py). Prompts are prefilled in groups of equal length (identical
+prompts once, then `fork`), the prefilled caches are stacked, and decode steps feed one token per row. Left
 padding would also be possible (NoPE), but pad tokens would pass through the KDA recurrence and
 the short convolutions and would have to be neutralised exactly (β = 0, g = 0, zeroed conv inputs),
 and the chunked prefill of a padded prompt splits its chunks at other positions than the same
@@ -146,9 +146,21 @@ def _filter(z_SV: torch.Tensor, cfgs: list[SamplingConfig]) -> torch.Tensor:
     return z_SV.masked_fill(drop_SV.scatter(-1, order_SV, drop_SV), float("-inf"))
 
 
-def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None):
-    """Each distinct prompt through the model alone; returns (cache with one row per prompt, logits of
-    each prompt's last position [B, V]). Identical prompts (with no images) are prefilled once and forked."""
+def last_logits(model, hidden_BTD: torch.Tensor) -> torch.Tensor:
+    """The output head on each row's last position [B, V], computed over at least MIN_ROWS rows so a
+    row's bits do not depend on how many rows were prefilled with it."""
+    h_BD = hidden_BTD[:, -1]
+    B = h_BD.shape[0]
+    if B < MIN_ROWS:
+        h_BD = torch.cat([h_BD, h_BD.new_zeros(MIN_ROWS - B, h_BD.shape[1])])
+    return model.lm_head(model.final_norm(h_BD))[:B]
+
+
+def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None, max_batch_tokens: int = 8192):
+    """Prompts through the model's chunked forward; returns (cache with one row per prompt, logits of
+    each prompt's last position [B, V]). Identical prompts (with no images) are prefilled once and
+    forked; distinct prompts of one length share forwards of at most max_batch_tokens tokens, which
+    gives each row what it gets alone (its own positions, ≥ 4 GEMM rows), and the rest go alone."""
     device = next(model.parameters()).device
     first: dict[tuple, int] = {}
     unique, row_of = [], []
@@ -158,22 +170,35 @@ def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None)
             first[key] = len(unique)
             unique.append(i)
         row_of.append(first[key])
-    caches, logits = [], []
-    for i in unique:
-        ids_1T = torch.tensor([list(prompts[i])], device=device)
-        cache = ModelCache.empty(model, 1, capacity=len(prompts[i]) + capacity)
-        if images is not None and images[i] is not None:
-            images_NCHW, mask_T = images[i]
-            out = model(ids_1T, images_NCHW, mask_T.unsqueeze(0).to(device), cache=cache)
-        else:
-            out = model(ids_1T, cache=cache)
-        caches.append(out.cache)
-        logits.append(out.logits_BTV[0, -1])
+    batches: dict[object, list[int]] = {}
+    for u, i in enumerate(unique):
+        with_image = images is not None and images[i] is not None
+        batches.setdefault(("image", u) if with_image else len(prompts[i]), []).append(u)
+    caches, logits, order = [], [], []
+    for members in batches.values():
+        T = len(prompts[unique[members[0]]])
+        per = max(1, max_batch_tokens // T)
+        for at in range(0, len(members), per):
+            part = members[at: at + per]
+            ids_BT = torch.tensor([list(prompts[unique[u]]) for u in part], device=device)
+            cache = ModelCache.empty(model, len(part), capacity=T + capacity)
+            i = unique[part[0]]
+            if images is not None and images[i] is not None:
+                images_NCHW, mask_T = images[i]
+                out = model(ids_BT, images_NCHW, mask_T.unsqueeze(0).to(device), cache=cache, logits=False)
+            else:
+                out = model(ids_BT, cache=cache, logits=False)
+            caches.append(out.cache)
+            logits.append(last_logits(model, out.hidden_BTD))
+            order += part
     cache = caches[0] if len(caches) == 1 else ModelCache.cat(caches)
-    logits_UV = torch.stack(logits)
-    if row_of != list(range(len(unique))):
-        cache = cache.select(row_of)
-        logits_UV = logits_UV[torch.tensor(row_of, device=device)]
+    logits_UV = torch.cat(logits)
+    # Rows are in batch order; put prompt i's row at i.
+    position = {u: b for b, u in enumerate(order)}
+    rows = [position[u] for u in row_of]
+    if rows != list(range(len(rows))):
+        cache = cache.select(rows)
+        logits_UV = logits_UV[torch.tensor(rows, device=device)]
     return cache, logits_UV
 
 
@@ -216,6 +241,8 @@ def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[Samplin
     """The decode loop: row b of `cache` continues from `logits_BV[b]` (the logits after its last
     fed token) for at most budgets[b] ≥ 1 new tokens. Returns (completions, and with keep_caches
     each row's final cache: one row, holding every sampled token but the last, which was never fed)."""
+    if cache.layers and _on_cuda(cache) and not keep_caches:
+        return _decode_graphed(model, cache, logits_BV, cfgs, budgets, generator), None
     B = cache.batch
     completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
     final: list[ModelCache | None] = [None] * B
@@ -295,3 +322,63 @@ def score(model, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
     finally:
         model.train(was_training)
     return out
+
+
+def _on_cuda(cache: ModelCache) -> bool:
+    return cache.tensors()[0].is_cuda
+
+
+class GraphStep:
+    """One decode step of `model` over a static cache (k3model/cache.py), captured in a CUDA graph:
+    fixed batch and capacity, every update in place, no host synchronisation inside. Call it with
+    the batch's next tokens [B]; it returns the logits [B, V] (a buffer the next call overwrites)."""
+
+    def __init__(self, model, cache: ModelCache):
+        if not cache.static:
+            raise ValueError("GraphStep needs a static cache: use cache.to_static(capacity)")
+        self.cache = cache
+        self.tokens_B1 = torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.tensors()[0].device)
+        # Warm-up and capture run the step, which writes the cache: keep its state to put back.
+        saved, lengths = [t.clone() for t in cache.tensors()], list(cache.lengths)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(self.tokens_B1, cache=cache)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits_BV = model(self.tokens_B1, cache=cache).logits_BTV[:, 0]
+        for t, s in zip(cache.tensors(), saved):
+            t.copy_(s)
+        cache.lengths = lengths
+
+    def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor:
+        self.tokens_B1.copy_(tokens_B.view(-1, 1))
+        self.graph.replay()
+        self.cache.lengths = [n + 1 for n in self.cache.lengths]
+        return self.logits_BV
+
+
+def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generator) -> list[Completion]:
+    """decode() on CUDA: the same loop over a captured step; finished rows ride along to the end."""
+    B = cache.batch
+    step = GraphStep(model, cache.to_static(max(n + b for n, b in zip(cache.lengths, budgets))))
+    completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
+    live = set(range(B))
+    while True:
+        tokens_B, logp_B, model_logp_B = sample(logits_BV, cfgs, generator)
+        tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
+        for b in list(live):
+            done = completions[b]
+            done.token_ids.append(tokens[b])
+            done.logprobs.append(logps[b])
+            done.model_logprobs.append(model_logps[b])
+            if tokens[b] in cfgs[b].stop_ids:
+                done.finish_reason = FINISH_STOP
+                live.discard(b)
+            elif len(done.token_ids) >= budgets[b]:
+                live.discard(b)
+        if not live:
+            return completions
+        logits_BV = step(tokens_B)

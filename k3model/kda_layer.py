@@ -24,7 +24,19 @@ import torch.nn.functional as F
 
 from k3model.common import RMSNorm, ShortConv
 from k3model.config import KDAConfig
-from kernels.kda import chunk_kda, kda_decode_step
+from kernels.kda import chunk_kda
+
+
+def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
+    """One token of KDA (kernels/kda/naive.py's recurrence, scale 1/√K) as broadcasts and sums:
+    at decode sizes einsum's reshapes and batched matmuls cost more than the arithmetic, and each
+    row's numbers stay independent of the batch. Returns (o [B, H, V], the new state)."""
+    S_BHKV = state_BHKV * g_BHK.exp().unsqueeze(-1)
+    predicted_BHV = (k_BHK.unsqueeze(-1) * S_BHKV).sum(-2)
+    v_new_BHV = beta_BH.unsqueeze(-1) * (v_BHV - predicted_BHV)
+    S_BHKV = S_BHKV + k_BHK.unsqueeze(-1) * v_new_BHV.unsqueeze(-2)
+    o_BHV = ((q_BHK * q_BHK.shape[-1] ** -0.5).unsqueeze(-1) * S_BHKV).sum(-2)
+    return o_BHV, S_BHKV
 
 
 @dataclass
@@ -92,7 +104,7 @@ class KDALayer(nn.Module):
 
         positions = None
         if state is not None and T == 1:
-            o_BHK, recurrent = kda_decode_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
+            o_BHK, recurrent = kda_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
                                                beta_BTH[:, 0], state.recurrent)
             o_BTHK = o_BHK.unsqueeze(1)
         elif state is not None and state.keep_positions:
@@ -104,7 +116,7 @@ class KDALayer(nn.Module):
                         (state.conv_v, self.v_proj(x_BTD)))]
             W = self.cfg.conv_kernel
             for t in range(T):
-                o_BHK, recurrent = kda_decode_step(q_BTHK[:, t], k_BTHK[:, t], v_BTHK[:, t], g_BTHK[:, t],
+                o_BHK, recurrent = kda_step(q_BTHK[:, t], k_BTHK[:, t], v_BTHK[:, t], g_BTHK[:, t],
                                                    beta_BTH[:, t], recurrent)
                 outs.append(o_BHK)
                 if t < T - 1:

@@ -99,7 +99,8 @@ class GatedMLA(nn.Module):
             # Key s is visible to new token i of row b when s ≤ length_b + i (the write came first).
             pos_S = torch.arange(S, device=x_BTD.device)
             limit_BT = owner.lengths_B.view(B, 1) + torch.arange(T, device=x_BTD.device)
-            allowed_BXS = (pos_S.view(1, 1, S) <= limit_BT.unsqueeze(-1)).repeat_interleave(H, dim=1)
+            allowed_BTS = pos_S.view(1, 1, S) <= limit_BT.unsqueeze(-1)
+            allowed_BXS = allowed_BTS.unsqueeze(2).expand(B, T, H, S).reshape(B, T * H, S)
             a_BXR = self._latent_softmax(q_BXE, buffer_BSE, scale, allowed_BXS, R)
         else:
             groups: dict[int, list[int]] = {}

@@ -37,7 +37,7 @@ IGNORE_INDEX = -100
 
 @dataclass
 class ModelOutput:
-    logits_BTV: torch.Tensor
+    logits_BTV: torch.Tensor | None
     hidden_BTD: torch.Tensor  # the final hidden state before the output norm (feeds MTP)
     cache: ModelCache | None
 
@@ -159,7 +159,9 @@ class K3Model(nn.Module):
         return x_BTD
 
     def forward(self, input_ids_BT, images_NCHW=None, image_mask_BT=None, cache: ModelCache | None = None,
-                use_cache: bool = False) -> ModelOutput:
+                use_cache: bool = False, logits: bool = True) -> ModelOutput:
+        """`logits=False` skips the output head (logits_BTV is None): a prefill needs only the last
+        position's, which the caller computes from `hidden_BTD`."""
         if input_ids_BT.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids_BT.shape)}")
         use_cache = use_cache or cache is not None
@@ -177,7 +179,7 @@ class K3Model(nn.Module):
             if (i + 1) % self.cfg.attn_res_block == 0:
                 stream.close_block()
         hidden_BTD = self.final_res(stream.sources())
-        logits_BTV = self.lm_head(self.final_norm(hidden_BTD))
+        logits_BTV = self.lm_head(self.final_norm(hidden_BTD)) if logits else None
         if use_cache:
             cache.advance(T)
         new_cache = cache if use_cache else None

@@ -82,6 +82,12 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -
     return (gate_act * up_act).to(gate.dtype)
 
 
+def count_per_expert(ids_R: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """bincount(ids, minlength=n_experts) without its host synchronisation on CUDA (bincount reads
+    the largest id back to size its output), so a decode step can be captured in a CUDA graph."""
+    return torch.zeros(n_experts, dtype=torch.long, device=ids_R.device).scatter_add_(0, ids_R, torch.ones_like(ids_R))
+
+
 def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert."""
     out_chunks = []
@@ -331,7 +337,7 @@ class LatentMoE(nn.Module):
         order_R = torch.argsort(ids_R, stable=True)
         token_R = order_R // K
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
-        counts_E = torch.bincount(ids_R, minlength=self.cfg.n_routed)
+        counts_E = count_per_expert(ids_R, self.cfg.n_routed)
         z_RL = self._expert_act(z_ML.index_select(0, token_R))
         grouped = self.grouped_matmuls if self.grouped_matmuls is not None else z_RL.is_cuda
         experts = _grouped_experts if grouped else _looped_experts
@@ -368,7 +374,7 @@ class LatentMoE(nn.Module):
     def _observe(self, ids_MK: torch.Tensor, cutoff_M: torch.Tensor | None, s_ME: torch.Tensor) -> None:
         if not self.observing:  # a recomputation for activation checkpointing: seen already
             return
-        load_E = torch.bincount(ids_MK.reshape(-1), minlength=self.cfg.n_routed).float()
+        load_E = count_per_expert(ids_MK.reshape(-1), self.cfg.n_routed).float()
         self.last_load = load_E
         if not self.training or self.freeze_bias or self.cfg.balancing == "none":
             return

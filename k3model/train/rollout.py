@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from k3model.cache import ModelCache
-from k3model.engine import SamplingConfig, context_length, decode
+from k3model.engine import SamplingConfig, context_length, decode, last_logits
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ class TokenPolicy:
                 for i in active:
                     if caches[i] is None:
                         caches[i] = ModelCache.empty(model, 1, capacity=len(pending[i]) + self.cfg.max_new_tokens)
-                    out = model(torch.tensor([pending[i]], device=device), cache=caches[i])
-                    logits.append(out.logits_BTV[0, -1])
+                    out = model(torch.tensor([pending[i]], device=device), cache=caches[i], logits=False)
+                    logits.append(last_logits(model, out.hidden_BTD)[0])
                 budgets = [int(min(self.cfg.max_new_tokens, limit - len(episodes[i].token_ids))) for i in active]
                 batch = caches[active[0]] if len(active) == 1 else ModelCache.cat([caches[i] for i in active])
                 self.decode_batches.append(len(active))

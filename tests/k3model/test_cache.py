@@ -103,3 +103,21 @@ def test_a_cache_of_another_model_or_batch_size_is_refused():
         cache.rollback(3)
     with pytest.raises(ValueError, match="fork needs"):
         cache.fork(0)
+
+
+@torch.no_grad()
+def test_the_static_cuda_graph_layout_decodes_as_the_dynamic_one():
+    # Run eagerly on the CPU: the masked whole-buffer attention and in-place updates a captured step uses.
+    model = smoke_model(7)
+    a, b = torch.randint(0, 512, (1, 6)), torch.randint(0, 512, (1, 11))
+    dynamic = ModelCache.cat([model(a, use_cache=True).cache, model(b, use_cache=True).cache])
+    static = dynamic.to_static(capacity=24)
+    tokens = [[7, 8], [9, 10], [11, 12]]
+    for t in tokens:
+        ids = torch.tensor(t).view(2, 1)
+        want = model(ids, cache=dynamic).logits_BTV
+        got = model(ids, cache=static).logits_BTV
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert static.lengths_B.tolist() == dynamic.lengths == [9, 14]
+    with pytest.raises(ValueError, match="one token per step"):
+        model(torch.zeros(2, 2, dtype=torch.long), cache=static)
