@@ -202,6 +202,41 @@ def step_bytes(model, B, length) -> dict:
             "total": other + experts + kda + mla}
 
 
+def diagnose(model, model_fp32, out):
+    """Where decode and the training forward part: full forward vs prefill + one step, per dtype;
+    grouped vs looped expert matmuls at decode sizes; chunked vs recurrent KDA final state."""
+    from k3model import moe as moe_mod
+    from kernels.kda import chunk_kda, naive_recurrent_kda
+    res = {}
+    prompts = random_prompts(4, 64, model.cfg.vocab_size, seed=3)
+    ids = torch.tensor(prompts, device="cuda")
+    for name, m in (("bf16", model), ("fp32", model_fp32)):
+        full = m(ids).logits_BTV[:, -1].float()
+        cache, _ = prefill(m, [p[:-1] for p in prompts], 4)
+        stepped = m(ids[:, -1:], cache=cache).logits_BTV[:, 0].float()
+        res[f"full_vs_step_{name}"] = (full - stepped).abs().max().item()
+        res[f"full_logp_vs_step_{name}"] = (full.log_softmax(-1) - stepped.log_softmax(-1)).abs().max().item()
+    layer = model_fp32.moe_layers()[0]
+    for R in (4, 64, 4096):
+        z = torch.randn(R, layer.cfg.latent_dim, device="cuda")
+        ids_R = torch.randint(0, layer.cfg.n_routed, (R,), device="cuda").sort().values
+        counts = moe_mod.count_per_expert(ids_R, layer.cfg.n_routed)
+        glu = lambda g, u: moe_mod.situ_glu(g, u, 4.0, 25.0)  # noqa: E731
+        ws = (layer.w_gate_EHL, layer.w_up_EHL, layer.w_down_ELH)
+        a = moe_mod._grouped_experts(z, counts, *ws, glu, lambda x: x)
+        b = moe_mod._looped_experts(z, counts, *ws, glu, lambda x: x)
+        res[f"grouped_vs_looped_R{R}"] = (a.float() - b.float()).abs().max().item() / b.abs().max().item()
+    B, T, H, K = 2, 200, 8, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1) for _ in range(2))
+    v, g, beta = torch.randn(B, T, H, K, device="cuda"), -torch.rand(B, T, H, K, device="cuda") * 0.5, torch.rand(B, T, H, device="cuda")
+    o1, s1 = chunk_kda(q, k, v, g, beta, output_final_state=True, initial_state=torch.zeros(B, H, K, K, device="cuda"))
+    o2, s2 = naive_recurrent_kda(q, k, v, g, beta, output_final_state=True)
+    res["chunk_vs_naive_o"] = (o1.float() - o2).abs().max().item()
+    res["chunk_vs_naive_state"] = (s1 - s2).abs().max().item()
+    out["diagnose"] = res
+    print(json.dumps(res), flush=True)
+
+
 def check_graph(model, out):
     """The captured step against the eager one, from one prefill: logits per step, 8 steps, batch 4."""
     prompts = random_prompts(4, 64, model.cfg.vocab_size, seed=2)
@@ -330,6 +365,7 @@ def bench_mx_experts(args, model, out):
     print(json.dumps(out["mx_experts_batch1_eager"]), flush=True)
 
 
+@torch.no_grad()
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -358,7 +394,8 @@ def main():
         skip = set(args.skip.split(","))
         # Each part reports its own failure and the JSON is rewritten after each, so a late failure
         # or the call's time limit keeps the figures already measured.
-        parts = [("graph_check", lambda: check_graph(model, out)), ("decode", lambda: bench_cuda(args, model, out)),
+        parts = [("diagnose", lambda: diagnose(model, model_fp32, out)),
+                 ("graph_check", lambda: check_graph(model, out)), ("decode", lambda: bench_cuda(args, model, out)),
                  ("logprob_mismatch", lambda: bench_mismatch(args, model, model_fp32, out)),
                  ("mx_experts_batch1_eager", lambda: bench_mx_experts(args, model, out))]
         for name, part in parts:

@@ -156,6 +156,7 @@ def last_logits(model, hidden_BTD: torch.Tensor) -> torch.Tensor:
     return model.lm_head(model.final_norm(h_BD))[:B]
 
 
+@torch.no_grad()
 def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None, max_batch_tokens: int = 8192):
     """Prompts through the model's chunked forward; returns (cache with one row per prompt, logits of
     each prompt's last position [B, V]). Identical prompts (with no images) are prefilled once and
@@ -333,6 +334,7 @@ class GraphStep:
     fixed batch and capacity, every update in place, no host synchronisation inside. Call it with
     the batch's next tokens [B]; it returns the logits [B, V] (a buffer the next call overwrites)."""
 
+    @torch.no_grad()
     def __init__(self, model, cache: ModelCache):
         if not cache.static:
             raise ValueError("GraphStep needs a static cache: use cache.to_static(capacity)")
@@ -353,6 +355,7 @@ class GraphStep:
             t.copy_(s)
         cache.lengths = lengths
 
+    @torch.no_grad()
     def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor:
         self.tokens_B1.copy_(tokens_B.view(-1, 1))
         self.graph.replay()
