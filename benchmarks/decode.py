@@ -237,6 +237,42 @@ def diagnose(model, model_fp32, out):
     print(json.dumps(res), flush=True)
 
 
+def routing_flips(model, model_fp32, out):
+    """Why decode and the training forward part on the GPU: the last token's expert choice, per MoE
+    layer, in the full forward vs prefill + one step; with the KDA chunk in Triton (tf32 dots) or in
+    torch, and cuBLAS tf32 off. A flipped top-k choice sends a token to other experts."""
+    import k3model.kda_layer as kda_mod
+    from kernels.kda import chunk_kda
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = random_prompts(8, 64, model.cfg.vocab_size, seed=3)
+    ids = torch.tensor(prompts, device="cuda")
+    res = {}
+    for name, m, backend in (("fp32_triton", model_fp32, None), ("fp32_torch", model_fp32, "torch"),
+                             ("bf16_triton", model, None)):
+        kda_mod.chunk_kda = lambda *a, backend=backend, **kw: chunk_kda(*a, backend=backend, **kw)
+        picks = []
+        for moe in m.moe_layers():
+            def route(x, moe=moe, orig=type(moe).route):
+                r = orig(moe, x)
+                picks.append(r[0].sort(-1).values)
+                return r
+            moe.route = route
+        full = m(ids).logits_BTV[:, -1].float()
+        full_picks, picks[:] = [p.view(8, 64, -1)[:, -1] for p in picks], []
+        cache, _ = prefill(m, [p[:-1] for p in prompts], 4)
+        picks.clear()
+        stepped = m(ids[:, -1:], cache=cache).logits_BTV[:, 0].float()
+        flips = [(a != b).any(-1).float().mean().item() for a, b in zip(full_picks, picks)]
+        for moe in m.moe_layers():
+            del moe.route
+        res[name] = {"max_abs_logit_diff": (full - stepped).abs().max().item(),
+                     "tokens_with_a_flip_in_any_layer": torch.stack([(a != b).any(-1) for a, b in zip(full_picks, picks)]).any(0).float().mean().item(),
+                     "flip_rate_per_layer": flips}
+    kda_mod.chunk_kda = chunk_kda
+    out["routing_flips"] = res
+    print(json.dumps(res), flush=True)
+
+
 def check_graph(model, out):
     """The captured step against the eager one, from one prefill: logits per step, 8 steps, batch 4."""
     prompts = random_prompts(4, 64, model.cfg.vocab_size, seed=2)
@@ -394,7 +430,8 @@ def main():
         skip = set(args.skip.split(","))
         # Each part reports its own failure and the JSON is rewritten after each, so a late failure
         # or the call's time limit keeps the figures already measured.
-        parts = [("diagnose", lambda: diagnose(model, model_fp32, out)),
+        parts = [("routing_flips", lambda: routing_flips(model, model_fp32, out)),
+                 ("diagnose", lambda: diagnose(model, model_fp32, out)),
                  ("graph_check", lambda: check_graph(model, out)), ("decode", lambda: bench_cuda(args, model, out)),
                  ("logprob_mismatch", lambda: bench_mismatch(args, model, model_fp32, out)),
                  ("mx_experts_batch1_eager", lambda: bench_mx_experts(args, model, out))]
