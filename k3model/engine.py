@@ -236,6 +236,17 @@ def generate(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig | Sequ
     return completions
 
 
+def _record(done: Completion, token: int, logp: float, model_logp: float, cfg: SamplingConfig, budget: int) -> bool:
+    """Append one sampled token to its completion; True when the row has finished."""
+    done.token_ids.append(token)
+    done.logprobs.append(logp)
+    done.model_logprobs.append(model_logp)
+    if token in cfg.stop_ids:
+        done.finish_reason = FINISH_STOP
+        return True
+    return len(done.token_ids) >= budget
+
+
 @torch.no_grad()
 def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[SamplingConfig], budgets: list[int], *,
            generator: torch.Generator | None = None, keep_caches: bool = False):
@@ -262,13 +273,7 @@ def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[Samplin
         for b, r in enumerate(rows):
             if r < 0:
                 continue
-            done = completions[r]
-            done.token_ids.append(tokens[b])
-            done.logprobs.append(logps[b])
-            done.model_logprobs.append(model_logps[b])
-            if tokens[b] in cfgs[r].stop_ids:
-                done.finish_reason = FINISH_STOP
-            elif len(done.token_ids) < budgets[r]:
+            if not _record(completions[r], tokens[b], logps[b], model_logps[b], cfgs[r], budgets[r]):
                 keep.append(b)
                 continue
             if keep_caches:
@@ -373,14 +378,7 @@ def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generato
         tokens_B, logp_B, model_logp_B = sample(logits_BV, cfgs, generator)
         tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
         for b in list(live):
-            done = completions[b]
-            done.token_ids.append(tokens[b])
-            done.logprobs.append(logps[b])
-            done.model_logprobs.append(model_logps[b])
-            if tokens[b] in cfgs[b].stop_ids:
-                done.finish_reason = FINISH_STOP
-                live.discard(b)
-            elif len(done.token_ids) >= budgets[b]:
+            if _record(completions[b], tokens[b], logps[b], model_logps[b], cfgs[b], budgets[b]):
                 live.discard(b)
         if not live:
             return completions

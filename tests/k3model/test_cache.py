@@ -6,7 +6,7 @@ import torch
 from k3model.cache import ModelCache
 from k3model.kda_layer import KDAState
 
-from tests.k3model.test_engine import smoke_model
+from tests.k3model.test_model import smoke_model
 
 
 def states(cache):

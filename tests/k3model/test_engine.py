@@ -3,19 +3,9 @@
 import pytest
 import torch
 
-from k3model.attn_res import AttnRes
-from k3model.config import get_profile
 from k3model.engine import SamplingConfig, generate, sample, score
-from k3model.model import K3Model
 
-
-def smoke_model(seed=0):
-    torch.manual_seed(seed)
-    model = K3Model(get_profile("smoke").model).eval()
-    for m in model.modules():
-        if isinstance(m, AttnRes):
-            torch.nn.init.normal_(m.query, std=0.5)
-    return model
+from tests.k3model.test_model import smoke_model
 
 
 def prompts_of(lengths, seed=0, vocab=512):
