@@ -25,8 +25,9 @@ prompt alone: its numbers would depend on the longest prompt in the batch.
 Batch invariance (a row gets bitwise what it gets alone, greedy, CPU): besides the above, the CPU
 GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/oneDNN take other
 kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
-`MIN_ROWS` rows, and each routed expert's rows likewise (k3model/moe.py). Finished rows leave the
-batch (the cache keeps the remaining rows) while at least MIN_ROWS rows remain.
+`MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
+prefilled alone, and the MoE's inference paths keep ≥ 4 rows per expert matmul (k3model/moe.py).
+Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
 Legend: B batch rows, V vocabulary.
 """
 
@@ -160,8 +161,9 @@ def last_logits(model, hidden_BTD: torch.Tensor) -> torch.Tensor:
 def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None, max_batch_tokens: int = 8192):
     """Prompts through the model's chunked forward; returns (cache with one row per prompt, logits of
     each prompt's last position [B, V]). Identical prompts (with no images) are prefilled once and
-    forked; distinct prompts of one length share forwards of at most max_batch_tokens tokens, which
-    gives each row what it gets alone (its own positions, ≥ 4 GEMM rows), and the rest go alone."""
+    forked; distinct prompts of one length (≥ MIN_ROWS tokens) share forwards of at most
+    max_batch_tokens tokens, which gives each row what it gets alone (its own positions, ≥ 4 GEMM
+    rows); the rest go alone."""
     device = next(model.parameters()).device
     first: dict[tuple, int] = {}
     unique, row_of = [], []
@@ -174,7 +176,10 @@ def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None,
     batches: dict[object, list[int]] = {}
     for u, i in enumerate(unique):
         with_image = images is not None and images[i] is not None
-        batches.setdefault(("image", u) if with_image else len(prompts[i]), []).append(u)
+        # A prompt shorter than MIN_ROWS goes alone: its GEMMs would have fewer than 4 rows alone and
+        # more in a batch (other kernels, other bits).
+        alone = with_image or len(prompts[i]) < MIN_ROWS
+        batches.setdefault(("alone", u) if alone else len(prompts[i]), []).append(u)
     caches, logits, order = [], [], []
     for members in batches.values():
         T = len(prompts[unique[members[0]]])

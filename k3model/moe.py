@@ -71,6 +71,8 @@ HIST_BINS = 512
 HIST_RANGE = (-1.0, 1.0)
 LATENT_NORM_EPS = 1e-6
 INFERENCE_MIN_ROWS = 4  # k3model/engine.py MIN_ROWS
+# CPU inference with at most this many (token, expert) products runs every expert densely (decode).
+DENSE_DECODE_MAX_ROWS = 1024
 
 
 def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
@@ -98,7 +100,8 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
         z_nL = z_RL[start:start + n]
         if n < INFERENCE_MIN_ROWS and not torch.is_grad_enabled():
             # Inference: CPU GEMMs of 1–3 rows take other kernels than larger ones, so a token's bits
-            # would depend on how many others chose its expert (k3model/engine.py, batch invariance).
+            # would depend on how many others chose its expert (k3model/engine.py, batch invariance;
+            # a batched prefill of long prompts takes this path).
             z_nL = torch.cat([z_nL, z_nL.new_zeros(INFERENCE_MIN_ROWS - n, z_nL.shape[1])])
         h_nH = glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t())
         out_chunks.append((act(h_nH) @ w_down_ELH[e].t())[:n])
@@ -333,6 +336,9 @@ class LatentMoE(nn.Module):
         contiguous row ranges, index_add back."""
         M, K = ids_MK.shape
         w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
+        E = self.cfg.n_routed
+        if not torch.is_grad_enabled() and not z_ML.is_cuda and M * E <= DENSE_DECODE_MAX_ROWS:
+            return self._dense_experts(z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH)
         ids_R = ids_MK.reshape(-1)
         order_R = torch.argsort(ids_R, stable=True)
         token_R = order_R // K
@@ -346,6 +352,23 @@ class LatentMoE(nn.Module):
 
         u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
         u_ML = u_ML.index_add(0, token_R, out_RL.float() * weight_R1)
+        return u_ML.to(z_ML.dtype)
+
+    def _dense_experts(self, z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH) -> torch.Tensor:
+        """Inference on the CPU with few tokens (decode steps): every expert on every token as three
+        batched matmuls, weighted by p (0 for the experts a token did not pick). E/k times the
+        arithmetic, but a dozen operations instead of a sort and a loop over experts; each token's
+        bits do not depend on the other tokens when M ≥ 4 (the engine's decode batches and
+        prefills have that many token rows; k3model/engine.py)."""
+        M = z_ML.shape[0]
+        E = w_gate_EHL.shape[0]
+        z_ML = self._expert_act(z_ML)
+        z_EML = z_ML.unsqueeze(0).expand(E, -1, -1)
+        h_EMH = situ_glu(torch.bmm(z_EML, w_gate_EHL.transpose(1, 2)), torch.bmm(z_EML, w_up_EHL.transpose(1, 2)),
+                         self.cfg.situ_beta1, self.cfg.situ_beta2)
+        out_EML = torch.bmm(self._expert_act(h_EMH), w_down_ELH.transpose(1, 2))
+        p_ME = torch.zeros(M, E, dtype=torch.float32, device=z_ML.device).scatter_(1, ids_MK, p_MK.float())
+        u_ML = (out_EML.float() * p_ME.t().unsqueeze(-1)).sum(0)
         return u_ML.to(z_ML.dtype)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,11 @@ def prompts_of(lengths, seed=0, vocab=512):
 
 def test_a_batch_gives_every_row_what_it_gets_alone_greedy_bitwise():
     model = smoke_model()
-    prompts = prompts_of([5, 17, 1, 9, 17, 30, 17])
+    # Equal lengths share a prefill (17 twice, 2 twice: a forward of fewer than 4 token rows).
+    prompts = prompts_of([5, 17, 1, 9, 17, 30, 17, 2, 2])
     prompts[4] = list(prompts[1])  # a duplicate prompt is prefilled once and forked
     cfgs = [SamplingConfig(max_new_tokens=n, stop_ids=s) for n, s in
-            [(12, ()), (7, ()), (12, ()), (3, ()), (7, ()), (10, ()), (9, ())]]
+            [(12, ()), (7, ()), (12, ()), (3, ()), (7, ()), (10, ()), (9, ()), (5, ()), (6, ())]]
     batch = generate(model, prompts, cfgs)
     for prompt, cfg, got in zip(prompts, cfgs, batch):
         alone = generate(model, [prompt], cfg)[0]
