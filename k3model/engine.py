@@ -16,8 +16,8 @@ training mismatch RL corrects for (research/posttrain-anchors.md §1.5).
 How rows of different lengths share a batch: per-row positions, no padding. The model has no
 positional encoding, so a row's length matters only to MLA, which attends to exactly that row's
 cached entries (k3model/cache.py). Prompts are prefilled in groups of equal length (identical
-prompts once, then `fork`), the prefilled caches are stacked, and decode steps feed one token per row. Left
-padding would also be possible (NoPE), but pad tokens would pass through the KDA recurrence and
+prompts once, then `fork`), the prefilled caches are stacked, and decode steps feed one token per
+row. Left padding would also be possible (NoPE), but pad tokens would pass through the KDA recurrence and
 the short convolutions and would have to be neutralised exactly (β = 0, g = 0, zeroed conv inputs),
 and the chunked prefill of a padded prompt splits its chunks at other positions than the same
 prompt alone: its numbers would depend on the longest prompt in the batch.
@@ -28,6 +28,12 @@ kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are 
 `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
 prefilled alone, and the MoE's inference paths keep ≥ 4 rows per expert matmul (k3model/moe.py).
 Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
+
+On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer
+under a length mask, no host synchronisation inside the step); finished rows ride along to the
+end. There the engine's model_logprobs and `score` can part by far more than rounding: the Triton
+chunked KDA differs from the recurrence by ~1e-4, enough to flip MoE routing choices
+(docs/log/engine.md, routing flips).
 Legend: B batch rows, V vocabulary.
 """
 

@@ -109,7 +109,8 @@ class TokenPolicy:
             pending.append(ids)
         caches: list[ModelCache | None] = [None] * len(envs)
         active = [i for i, ep in enumerate(episodes) if self._room(ep, limit)]
-        for i in set(range(len(envs))) - set(active):
+        for i in sorted(set(range(len(envs))) - set(active)):
+            episodes[i].truncated = True
             self._end(envs[i], episodes[i], "context")
         was_training = model.training
         model.eval()
