@@ -26,7 +26,10 @@ Batch invariance (a row gets bitwise what it gets alone, greedy, CPU): besides t
 GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/oneDNN take other
 kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
 `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
-prefilled alone, and the MoE's inference paths keep ≥ 4 rows per expert matmul (k3model/moe.py).
+prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
+batches (k3model/moe.py `_dense_experts`). Not covered: a batched prefill of long prompts takes the
+per-expert loop, where an expert that gets 1–3 of the batch's tokens gets other GEMM kernels than
+it would alone (rare at hundreds of tokens; not tested).
 Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
 
 On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer

@@ -70,7 +70,6 @@ MX_BLOCK = 32
 HIST_BINS = 512
 HIST_RANGE = (-1.0, 1.0)
 LATENT_NORM_EPS = 1e-6
-INFERENCE_MIN_ROWS = 4  # k3model/engine.py MIN_ROWS
 # CPU inference with at most this many (token, expert) products runs every expert densely (decode).
 DENSE_DECODE_MAX_ROWS = 1024
 
@@ -98,13 +97,8 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
         if n == 0:
             continue
         z_nL = z_RL[start:start + n]
-        if n < INFERENCE_MIN_ROWS and not torch.is_grad_enabled():
-            # Inference: CPU GEMMs of 1–3 rows take other kernels than larger ones, so a token's bits
-            # would depend on how many others chose its expert (k3model/engine.py, batch invariance;
-            # a batched prefill of long prompts takes this path).
-            z_nL = torch.cat([z_nL, z_nL.new_zeros(INFERENCE_MIN_ROWS - n, z_nL.shape[1])])
         h_nH = glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t())
-        out_chunks.append((act(h_nH) @ w_down_ELH[e].t())[:n])
+        out_chunks.append(act(h_nH) @ w_down_ELH[e].t())
         start += n
     return torch.cat(out_chunks, 0)
 
