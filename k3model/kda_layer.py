@@ -16,7 +16,7 @@ Legend: B batch, T tokens, D model width, H heads, K = V head width.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,19 @@ import torch.nn.functional as F
 
 from k3model.common import RMSNorm, ShortConv
 from k3model.config import KDAConfig
-from kernels.kda import chunk_kda, kda_decode_step
+from kernels.kda import chunk_kda
+
+
+def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
+    """One token of KDA (kernels/kda/naive.py's recurrence, scale 1/√K) as broadcasts and sums:
+    at decode sizes einsum's reshapes and batched matmuls cost more than the arithmetic, and each
+    row's numbers stay independent of the batch. Returns (o [B, H, V], the new state)."""
+    S_BHKV = state_BHKV * g_BHK.exp().unsqueeze(-1)
+    predicted_BHV = (k_BHK.unsqueeze(-1) * S_BHKV).sum(-2)
+    v_new_BHV = beta_BH.unsqueeze(-1) * (v_BHV - predicted_BHV)
+    S_BHKV = S_BHKV + k_BHK.unsqueeze(-1) * v_new_BHV.unsqueeze(-2)
+    o_BHV = ((q_BHK * q_BHK.shape[-1] ** -0.5).unsqueeze(-1) * S_BHKV).sum(-2)
+    return o_BHV, S_BHKV
 
 
 @dataclass
@@ -34,6 +46,10 @@ class KDAState:
     conv_k: torch.Tensor
     conv_v: torch.Tensor
     recurrent: torch.Tensor  # [B, H, K, V] fp32
+    # Rollback support (k3model/cache.py): with keep_positions, a multi-token forward also returns
+    # the state after each of its tokens but the last, in `positions`.
+    keep_positions: bool = False
+    positions: list | None = field(default=None, repr=False)
 
 
 class KDALayer(nn.Module):
@@ -86,10 +102,26 @@ class KDALayer(nn.Module):
         beta_BTH = torch.sigmoid(self.b_proj(x_BTD).float())
         g_BTHK = self.decay(x_BTD)
 
+        positions = None
         if state is not None and T == 1:
-            o_BHK, recurrent = kda_decode_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
+            o_BHK, recurrent = kda_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
                                                beta_BTH[:, 0], state.recurrent)
             o_BTHK = o_BHK.unsqueeze(1)
+        elif state is not None and state.keep_positions:
+            # A speculative verify into a recording cache: the decode step token by token, keeping
+            # every position's state (recurrent matrix and the three conv windows) for rollback.
+            recurrent, outs, positions = state.recurrent, [], []
+            windows = [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2) for s, c in
+                       ((state.conv_q, self.q_proj(x_BTD)), (state.conv_k, self.k_proj(x_BTD)),
+                        (state.conv_v, self.v_proj(x_BTD)))]
+            W = self.cfg.conv_kernel
+            for t in range(T):
+                o_BHK, recurrent = kda_step(q_BTHK[:, t], k_BTHK[:, t], v_BTHK[:, t], g_BTHK[:, t],
+                                                   beta_BTH[:, t], recurrent)
+                outs.append(o_BHK)
+                if t < T - 1:
+                    positions.append(KDAState(*(w[:, :, t + 1: t + W] for w in windows), recurrent))
+            o_BTHK = torch.stack(outs, dim=1)
         else:
             if x_BTD.is_cuda and torch.is_autocast_enabled("cuda"):
                 # The chunk kernels take the autocast dtype (bf16), as fla's callers pass it; fp32
@@ -102,5 +134,5 @@ class KDALayer(nn.Module):
         o_BTHK = self.o_norm(o_BTHK.to(x_BTD.dtype))
         gate_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K)
         y_BTD = self.o_proj((gate_BTHK * o_BTHK).reshape(B, T, H * K))
-        new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent)
+        new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent, positions=positions)
         return y_BTD, new_state

@@ -3,12 +3,15 @@ gated attention "G1", Qiu et al. 2025; research/recipe.md §2).
 
     c_q  = RMSNorm(W_dq x)                 (or q straight from x when q_rank is None)
     q    = W_uq c_q                        per head [q_nope; q_rope], no rotation (NoPE)
-    [c_kv; k_r] = W_dkv x                  the cache holds only this latent: kv_rank + rope_dim per token
+    [c_kv; k_r] = W_dkv x                  the cache holds [RMSNorm(c_kv); k_r]: kv_rank + rope_dim per token
     [k_nope; v] = W_ukv RMSNorm(c_kv)      per head; k = [k_nope; k_r], k_r shared by all heads
     a    = softmax(q kᵀ / √(nope + rope) + causal mask) v
     y    = W_o( a ⊙ sigmoid(W_g x) )       full-rank sigmoid output gate
 
-Legend: B batch, T new tokens, P cached tokens, H heads, L latent width (kv_rank + rope_dim).
+Training and prefill up-project keys and values for every token; decode steps over a cache fold
+W_uk into the queries instead (`_attend_absorbed`), the same function in another order.
+Legend: B batch, T new tokens, P cached tokens, H heads, L latent width (kv_rank + rope_dim),
+X = T·H query rows.
 """
 
 from __future__ import annotations
@@ -44,29 +47,90 @@ class GatedMLA(nn.Module):
             return self.q_proj(x_BTD)
         return self.q_up(self.q_norm(self.q_down(x_BTD)))
 
-    def forward(self, x_BTD: torch.Tensor, latent_cache_BPL: torch.Tensor | None = None):
-        """Returns (y [B, T, D], the latent of all tokens so far [B, P + T, L] for the cache)."""
+    def forward(self, x_BTD: torch.Tensor, cache=None):
+        """Returns (y [B, T, D], cache). `cache` is None (training) or the layer's LatentCache
+        (k3model/cache.py), into which this call writes its tokens' entries [ĉ; k_r]."""
+        cfg = self.cfg
+        latent_BTL = self.kv_down(x_BTD)
+        c_hat_BTR, k_rope_BTr = self.kv_norm(latent_BTL[..., : cfg.kv_rank]), latent_BTL[..., cfg.kv_rank:]
+        if cache is None:
+            return self._attend_expanded(x_BTD, c_hat_BTR, k_rope_BTr), None
+        fresh = not cache.owner.static and max(cache.owner.lengths) == 0
+        cache.write(torch.cat([c_hat_BTR, k_rope_BTr], dim=-1))
+        if fresh:
+            # A prefill: the same attention as training, so prompt logits match the training path.
+            return self._attend_expanded(x_BTD, c_hat_BTR, k_rope_BTr), cache
+        return self._attend_absorbed(x_BTD, cache), cache
+
+    def _attend_expanded(self, x_BTD, c_hat_BTR, k_rope_BTr):
+        """Keys and values up-projected for every token, causal SDPA (training and prefill)."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         H, nope, rope, dv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
-        latent_BTL = self.kv_down(x_BTD)
-        if latent_cache_BPL is not None:
-            latent_BTL = torch.cat([latent_cache_BPL.to(latent_BTL.dtype), latent_BTL], dim=1)
-        S = latent_BTL.shape[1]  # keys: P cached + T new
-        P = S - T
-        c_kv, k_rope_BS1R = latent_BTL[..., : cfg.kv_rank], latent_BTL[..., cfg.kv_rank:].unsqueeze(2)
-        kv_BSHX = self.kv_up(self.kv_norm(c_kv)).view(B, S, H, nope + dv)
-        k_BSHQ = torch.cat([kv_BSHX[..., :nope], k_rope_BS1R.expand(B, S, H, rope)], dim=-1)
-        v_BSHV = kv_BSHX[..., nope:]
+        kv_BTHX = self.kv_up(c_hat_BTR).view(B, T, H, nope + dv)
+        k_BTHQ = torch.cat([kv_BTHX[..., :nope], k_rope_BTr.unsqueeze(2).expand(B, T, H, rope)], dim=-1)
+        v_BTHV = kv_BTHX[..., nope:]
         q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
-
-        q, k, v = (t.transpose(1, 2) for t in (q_BTHQ, k_BSHQ, v_BSHV))  # [B, H, ·, ·]
-        if P == 0:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            # New token i sits at absolute position P + i and sees keys 0 … P + i.
-            allowed_TS = torch.ones(T, S, dtype=torch.bool, device=x_BTD.device).tril(diagonal=P)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed_TS)
-        a_BTHV = a.transpose(1, 2)
+        q, k, v = (t.transpose(1, 2) for t in (q_BTHQ, k_BTHQ, v_BTHV))  # [B, H, T, ·]
+        a_BTHV = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
         gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
-        return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv)), latent_BTL
+        return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))
+
+    def _attend_absorbed(self, x_BTD, cache):
+        """Attention over the cached latents with W_uk folded into the queries and W_uv applied after
+        (DeepSeek-V2 §2.1.2 "absorb"): q̃_h = W_uk,hᵀ q_nope,h, score = q̃_h·ĉ_s + q_rope,h·k_r,s,
+        a_h = W_uv,h Σ_s p_s ĉ_s. A step then costs O(cached tokens · latent width), with no
+        up-projection of the past. Dynamic caches attend per group of rows of equal length to
+        exactly their own keys, so a row's numbers do not depend on the other rows (engine.py);
+        static caches attend to the whole buffer under a length mask (fixed shapes for CUDA graphs).
+        Legend: R kv_rank, E = R + rope latent entry, S keys."""
+        cfg = self.cfg
+        B, T, _ = x_BTD.shape
+        H, nope, rope, dv, R = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim, cfg.kv_rank
+        w_HXR = self.kv_up.weight.view(H, nope + dv, R)
+        q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
+        q_lat_BTHR = torch.einsum("bthn,hnr->bthr", q_BTHQ[..., :nope], w_HXR[:, :nope].to(q_BTHQ.dtype))
+        q_BXE = torch.cat([q_lat_BTHR, q_BTHQ[..., nope:]], dim=-1).reshape(B, T * H, R + rope)
+        scale = (nope + rope) ** -0.5
+        buffer_BSE = cache.buffer_BSL
+        owner = cache.owner
+        if owner.static:
+            S = buffer_BSE.shape[1]
+            # Key s is visible to new token i of row b when s ≤ length_b + i (the write came first).
+            pos_S = torch.arange(S, device=x_BTD.device)
+            limit_BT = owner.lengths_B.view(B, 1) + torch.arange(T, device=x_BTD.device)
+            allowed_BTS = pos_S.view(1, 1, S) <= limit_BT.unsqueeze(-1)
+            allowed_BXS = allowed_BTS.unsqueeze(2).expand(B, T, H, S).reshape(B, T * H, S)
+            a_BXR = self._latent_softmax(q_BXE, buffer_BSE, scale, allowed_BXS, R)
+        else:
+            groups: dict[int, list[int]] = {}
+            for row, length in enumerate(owner.lengths):
+                groups.setdefault(length, []).append(row)
+            if len(groups) == 1:
+                P = owner.lengths[0]
+                a_BXR = self._latent_softmax(q_BXE, buffer_BSE[:, : P + T], scale, self._causal(T, P, H, x_BTD), R)
+            else:
+                a_BXR = q_BXE.new_empty(B, T * H, R)
+                for P, rows in groups.items():
+                    idx = torch.tensor(rows, device=x_BTD.device)
+                    a_BXR[idx] = self._latent_softmax(q_BXE[idx], buffer_BSE[idx, : P + T], scale,
+                                                      self._causal(T, P, H, x_BTD), R)
+        a_BTHV = torch.einsum("bthr,hvr->bthv", a_BXR.view(B, T, H, R), w_HXR[:, nope:].to(a_BXR.dtype))
+        gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
+        return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))
+
+    @staticmethod
+    def _causal(T: int, P: int, H: int, x: torch.Tensor):
+        """[1, T·H, P + T] mask for T new tokens after P cached ones (None when T = 1: all visible)."""
+        if T == 1:
+            return None
+        allowed_TS = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+        return allowed_TS.repeat_interleave(H, dim=0).unsqueeze(0)
+
+    @staticmethod
+    def _latent_softmax(q_BXE, keys_BSE, scale, allowed_BXS, R):
+        scores_BXS = torch.bmm(q_BXE, keys_BSE.transpose(1, 2).to(q_BXE.dtype)).float() * scale
+        if allowed_BXS is not None:
+            scores_BXS = scores_BXS.masked_fill(~allowed_BXS, float("-inf"))
+        p_BXS = scores_BXS.softmax(-1).to(q_BXE.dtype)
+        return torch.bmm(p_BXS, keys_BSE[..., :R].to(q_BXE.dtype))

@@ -9,13 +9,14 @@
     loss   = CE(logits) + λ · mean_k CE(MTP_k)
 
 There is no positional encoding anywhere in the language model. Inference carries a `ModelCache`
-(KDA conv + recurrent states, the MLA latents); prefill then one-token steps equal one full forward.
+(k3model/cache.py: KDA conv + recurrent states, the MLA latents), updated by each forward and
+returned in `ModelOutput.cache`; prefill then one-token steps equal one full forward.
 Legend: B batch, T tokens, D width, V vocabulary, N images.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from k3model.attn_res import AttnRes, BlockResidualStream
+from k3model.cache import ModelCache
 from k3model.common import RMSNorm
 from k3model.config import ModelConfig
 from k3model.kda_layer import KDALayer
@@ -34,15 +36,8 @@ IGNORE_INDEX = -100
 
 
 @dataclass
-class ModelCache:
-    """Everything a decode step needs from the past: one entry per layer (KDAState or MLA latent)."""
-    layers: list = field(default_factory=list)
-    length: int = 0
-
-
-@dataclass
 class ModelOutput:
-    logits_BTV: torch.Tensor
+    logits_BTV: torch.Tensor | None
     hidden_BTD: torch.Tensor  # the final hidden state before the output norm (feeds MTP)
     cache: ModelCache | None
 
@@ -66,10 +61,7 @@ class Block(nn.Module):
             stream.add(self._recomputed(self._feed_forward, stream.sources()))
             return None
         h = self.mixer_res(stream.sources())
-        if self.mixer_kind == "kda":
-            out, new_cache = self.mixer(self.mixer_norm(h), layer_cache if use_cache else None)
-        else:
-            out, new_cache = self.mixer(self.mixer_norm(h), layer_cache)
+        out, new_cache = self.mixer(self.mixer_norm(h), layer_cache if use_cache else None)
         stream.add(out)
         h = self.ffn_res(stream.sources())
         stream.add(self.ffn(self.ffn_norm(h)))
@@ -167,26 +159,30 @@ class K3Model(nn.Module):
         return x_BTD
 
     def forward(self, input_ids_BT, images_NCHW=None, image_mask_BT=None, cache: ModelCache | None = None,
-                use_cache: bool = False) -> ModelOutput:
+                use_cache: bool = False, logits: bool = True) -> ModelOutput:
+        """`logits=False` skips the output head (logits_BTV is None): a prefill needs only the last
+        position's, which the caller computes from `hidden_BTD`."""
         if input_ids_BT.dim() != 2:
             raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids_BT.shape)}")
         use_cache = use_cache or cache is not None
+        B, T = input_ids_BT.shape
+        if cache is not None:
+            cache.check(self, B)
         x_BTD = self.embed_inputs(input_ids_BT, images_NCHW, image_mask_BT)
         if use_cache and cache is None:
-            B = input_ids_BT.shape[0]
-            cache = ModelCache(layers=[
-                layer.mixer.empty_state(B, x_BTD.device, x_BTD.dtype) if layer.mixer_kind == "kda" else None
-                for layer in self.layers
-            ])
+            cache = ModelCache.empty(self, B, capacity=T, device=x_BTD.device, dtype=x_BTD.dtype)
         stream = BlockResidualStream(x_BTD)
-        new_layers = []
         for i, layer in enumerate(self.layers):
-            new_layers.append(layer(stream, cache.layers[i] if use_cache else None, use_cache))
+            new_layer_cache = layer(stream, cache.layers[i] if use_cache else None, use_cache)
+            if use_cache:
+                cache.set_layer(i, new_layer_cache)
             if (i + 1) % self.cfg.attn_res_block == 0:
                 stream.close_block()
         hidden_BTD = self.final_res(stream.sources())
-        logits_BTV = self.lm_head(self.final_norm(hidden_BTD))
-        new_cache = ModelCache(new_layers, cache.length + input_ids_BT.shape[1]) if use_cache else None
+        logits_BTV = self.lm_head(self.final_norm(hidden_BTD)) if logits else None
+        if use_cache:
+            cache.advance(T)
+        new_cache = cache if use_cache else None
         return ModelOutput(logits_BTV, hidden_BTD, new_cache)
 
     def compute_loss(self, input_ids_BT, labels_BT=None, images_NCHW=None, image_mask_BT=None) -> dict:

@@ -70,6 +70,8 @@ MX_BLOCK = 32
 HIST_BINS = 512
 HIST_RANGE = (-1.0, 1.0)
 LATENT_NORM_EPS = 1e-6
+# CPU inference with at most this many (token, expert) products runs every expert densely (decode).
+DENSE_DECODE_MAX_ROWS = 1024
 
 
 def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
@@ -79,6 +81,12 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -
     gate_act = beta1 * torch.tanh(g / beta1) * torch.sigmoid(g)
     up_act = beta2 * torch.tanh(v / beta2)
     return (gate_act * up_act).to(gate.dtype)
+
+
+def count_per_expert(ids_R: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """bincount(ids, minlength=n_experts) without its host synchronisation on CUDA (bincount reads
+    the largest id back to size its output), so a decode step can be captured in a CUDA graph."""
+    return torch.zeros(n_experts, dtype=torch.long, device=ids_R.device).scatter_add_(0, ids_R, torch.ones_like(ids_R))
 
 
 def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
@@ -322,11 +330,14 @@ class LatentMoE(nn.Module):
         contiguous row ranges, index_add back."""
         M, K = ids_MK.shape
         w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
+        E = self.cfg.n_routed
+        if not torch.is_grad_enabled() and not z_ML.is_cuda and M * E <= DENSE_DECODE_MAX_ROWS:
+            return self._dense_experts(z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH)
         ids_R = ids_MK.reshape(-1)
         order_R = torch.argsort(ids_R, stable=True)
         token_R = order_R // K
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
-        counts_E = torch.bincount(ids_R, minlength=self.cfg.n_routed)
+        counts_E = count_per_expert(ids_R, self.cfg.n_routed)
         z_RL = self._expert_act(z_ML.index_select(0, token_R))
         grouped = self.grouped_matmuls if self.grouped_matmuls is not None else z_RL.is_cuda
         experts = _grouped_experts if grouped else _looped_experts
@@ -335,6 +346,23 @@ class LatentMoE(nn.Module):
 
         u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
         u_ML = u_ML.index_add(0, token_R, out_RL.float() * weight_R1)
+        return u_ML.to(z_ML.dtype)
+
+    def _dense_experts(self, z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH) -> torch.Tensor:
+        """Inference on the CPU with few tokens (decode steps): every expert on every token as three
+        batched matmuls, weighted by p (0 for the experts a token did not pick). E/k times the
+        arithmetic, but a dozen operations instead of a sort and a loop over experts; each token's
+        bits do not depend on the other tokens when M ≥ 4 (the engine's decode batches and
+        prefills have that many token rows; k3model/engine.py)."""
+        M = z_ML.shape[0]
+        E = w_gate_EHL.shape[0]
+        z_ML = self._expert_act(z_ML)
+        z_EML = z_ML.unsqueeze(0).expand(E, -1, -1)
+        h_EMH = situ_glu(torch.bmm(z_EML, w_gate_EHL.transpose(1, 2)), torch.bmm(z_EML, w_up_EHL.transpose(1, 2)),
+                         self.cfg.situ_beta1, self.cfg.situ_beta2)
+        out_EML = torch.bmm(self._expert_act(h_EMH), w_down_ELH.transpose(1, 2))
+        p_ME = torch.zeros(M, E, dtype=torch.float32, device=z_ML.device).scatter_(1, ids_MK, p_MK.float())
+        u_ML = (out_EML.float() * p_ME.t().unsqueeze(-1)).sum(0)
         return u_ML.to(z_ML.dtype)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
@@ -363,7 +391,7 @@ class LatentMoE(nn.Module):
     def _observe(self, ids_MK: torch.Tensor, cutoff_M: torch.Tensor | None, s_ME: torch.Tensor) -> None:
         if not self.observing:  # a recomputation for activation checkpointing: seen already
             return
-        load_E = torch.bincount(ids_MK.reshape(-1), minlength=self.cfg.n_routed).float()
+        load_E = count_per_expert(ids_MK.reshape(-1), self.cfg.n_routed).float()
         self.last_load = load_E
         if not self.training or self.freeze_bias or self.cfg.balancing == "none":
             return

@@ -1,0 +1,399 @@
+"""The generation engine: batched decoding with exact token ids and log-probabilities, and scoring.
+
+    cfg  = SamplingConfig(max_new_tokens=64, temperature=1.0, top_p=0.95, stop_ids=(eos,))
+    outs = generate(model, [[1, 5, 9], [1, 7]], cfg, generator=torch.Generator().manual_seed(0))
+    outs[0].token_ids, outs[0].logprobs, outs[0].model_logprobs, outs[0].finish_reason
+    lps  = score(model, [prompt + outs[0].token_ids], [len(prompt)])   # teacher-forced, chunked path
+
+Sampling, per row: greedy when temperature == 0, else softmax(logits / temperature) restricted to the
+top_k largest logits and then to the smallest set whose probability reaches top_p (nucleus), both
+optional. `logprobs` are the log-probabilities of the sampled ids under exactly that distribution
+(0.0 for greedy: the argmax is taken with probability 1); `model_logprobs` under the untempered,
+unfiltered model, log_softmax(logits). Both in fp32. `score` recomputes the latter through the
+training forward (chunked KDA, expanded MLA); the difference between the two is the rollout-vs-
+training mismatch RL corrects for (research/posttrain-anchors.md §1.5).
+
+How rows of different lengths share a batch: per-row positions, no padding. The model has no
+positional encoding, so a row's length matters only to MLA, which attends to exactly that row's
+cached entries (k3model/cache.py). Prompts are prefilled in groups of equal length (identical
+prompts once, then `fork`), the prefilled caches are stacked, and decode steps feed one token per
+row. Left padding would also be possible (NoPE), but pad tokens would pass through the KDA recurrence and
+the short convolutions and would have to be neutralised exactly (β = 0, g = 0, zeroed conv inputs),
+and the chunked prefill of a padded prompt splits its chunks at other positions than the same
+prompt alone: its numbers would depend on the longest prompt in the batch.
+
+Batch invariance (a row gets bitwise what it gets alone, greedy, CPU): besides the above, the CPU
+GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/oneDNN take other
+kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
+`MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
+prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
+batches (k3model/moe.py `_dense_experts`). Not covered: a batched prefill of long prompts takes the
+per-expert loop, where an expert that gets 1–3 of the batch's tokens gets other GEMM kernels than
+it would alone (rare at hundreds of tokens; not tested).
+Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
+
+On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer
+under a length mask, no host synchronisation inside the step); finished rows ride along to the
+end. There the engine's model_logprobs and `score` can part by far more than rounding: the Triton
+chunked KDA differs from the recurrence by ~1e-4, enough to flip MoE routing choices
+(docs/log/engine.md, routing flips).
+Legend: B batch rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from k3model.cache import ModelCache
+from k3model.config import PROFILES, get_profile
+
+# The smallest decode batch: CPU GEMMs with fewer rows take other kernels, so a row's bits would
+# depend on how many rows share its batch.
+MIN_ROWS = 4
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int ≥ 0, got {self.max_new_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0 (0 is greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be ≥ 1 or None (no top-k filter), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1] or be None (no nucleus filter), got {self.top_p}")
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # exactly the sampled ids, the stop id included when one ended the row
+    logprobs: list[float]  # each id's log-probability under the distribution it was sampled from
+    model_logprobs: list[float]  # … under the untempered, unfiltered model
+    finish_reason: str  # "stop" (a stop id) or "length" (max_new_tokens or the context ran out)
+
+
+def context_length(model) -> int | None:
+    """The longest sequence the model's profile trains on (its last stage), None if unknown."""
+    name = getattr(model.cfg, "name", None)
+    if name not in PROFILES:
+        return None
+    stages = get_profile(name).stages
+    return max((s.seq_len for s in stages), default=None)
+
+
+def _check_prompts(model, prompts: Sequence[Sequence[int]]) -> None:
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty; pass a list of token-id lists")
+    V, limit = model.cfg.vocab_size, context_length(model)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; start every prompt with at least one token (e.g. <|bos|>)")
+        if limit is not None and len(prompt) > limit:
+            raise ValueError(f"prompt {i} has {len(prompt)} tokens, more than the {model.cfg.name} profile's "
+                             f"context of {limit}; shorten it")
+        if min(prompt) < 0 or max(prompt) >= V:
+            raise ValueError(f"prompt {i} holds ids outside [0, {V}); ids must come from the model's tokenizer")
+
+
+def _per_row(cfg: SamplingConfig | Sequence[SamplingConfig], n: int) -> list[SamplingConfig]:
+    if isinstance(cfg, SamplingConfig):
+        return [cfg] * n
+    cfgs = list(cfg)
+    if len(cfgs) != n or not all(isinstance(c, SamplingConfig) for c in cfgs):
+        raise ValueError(f"give one SamplingConfig, or one per prompt ({n}); got {len(cfgs)} items")
+    return cfgs
+
+
+def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch.Generator | None = None):
+    """Draw one token per row. Returns (tokens [B], logprobs [B] under the sampling distribution,
+    model_logprobs [B] under log_softmax(logits)), all computed in fp32."""
+    logits_BV = logits_BV.float()
+    B = logits_BV.shape[0]
+    model_logp_BV = logits_BV.log_softmax(-1)
+    tokens_B = logits_BV.argmax(-1)
+    logp_B = torch.zeros(B, device=logits_BV.device)
+    sampled = [b for b, c in enumerate(cfgs) if c.temperature > 0]
+    if sampled:
+        idx = torch.tensor(sampled, device=logits_BV.device)
+        temps = torch.tensor([cfgs[b].temperature for b in sampled], device=logits_BV.device)
+        z_SV = logits_BV.index_select(0, idx) / temps.unsqueeze(-1)
+        if any(cfgs[b].top_k is not None or cfgs[b].top_p is not None for b in sampled):
+            z_SV = _filter(z_SV, [cfgs[b] for b in sampled])
+        dist_logp_SV = z_SV.log_softmax(-1)
+        drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)
+        tokens_B = tokens_B.index_copy(0, idx, drawn_S)
+        logp_B = logp_B.index_copy(0, idx, dist_logp_SV.gather(-1, drawn_S.unsqueeze(-1)).squeeze(-1))
+    model_logp_B = model_logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
+    return tokens_B, logp_B, model_logp_B
+
+
+def _filter(z_SV: torch.Tensor, cfgs: list[SamplingConfig]) -> torch.Tensor:
+    """Top-k, then top-p, per row: logits outside the kept set become −inf (the top token always stays)."""
+    S, V = z_SV.shape
+    sorted_SV, order_SV = z_SV.sort(-1, descending=True)
+    rank_V = torch.arange(V, device=z_SV.device)
+    k_S = torch.tensor([min(c.top_k or V, V) for c in cfgs], device=z_SV.device)
+    drop_SV = rank_V.unsqueeze(0) >= k_S.unsqueeze(-1)
+    p_S = torch.tensor([c.top_p if c.top_p is not None else 1.0 for c in cfgs], device=z_SV.device)
+    probs_SV = sorted_SV.masked_fill(drop_SV, float("-inf")).softmax(-1)
+    # Drop a token when the tokens ranked above it already reach top_p.
+    before_SV = probs_SV.cumsum(-1) - probs_SV
+    drop_SV |= (before_SV >= p_S.unsqueeze(-1)) & (p_S.unsqueeze(-1) < 1.0)
+    drop_SV[:, 0] = False
+    return z_SV.masked_fill(drop_SV.scatter(-1, order_SV, drop_SV), float("-inf"))
+
+
+def last_logits(model, hidden_BTD: torch.Tensor) -> torch.Tensor:
+    """The output head on each row's last position [B, V], computed over at least MIN_ROWS rows so a
+    row's bits do not depend on how many rows were prefilled with it."""
+    h_BD = hidden_BTD[:, -1]
+    B = h_BD.shape[0]
+    if B < MIN_ROWS:
+        h_BD = torch.cat([h_BD, h_BD.new_zeros(MIN_ROWS - B, h_BD.shape[1])])
+    return model.lm_head(model.final_norm(h_BD))[:B]
+
+
+@torch.no_grad()
+def prefill(model, prompts: Sequence[Sequence[int]], capacity: int, images=None, max_batch_tokens: int = 8192):
+    """Prompts through the model's chunked forward; returns (cache with one row per prompt, logits of
+    each prompt's last position [B, V]). Identical prompts (with no images) are prefilled once and
+    forked; distinct prompts of one length (≥ MIN_ROWS tokens) share forwards of at most
+    max_batch_tokens tokens, which gives each row what it gets alone (its own positions, ≥ 4 GEMM
+    rows); the rest go alone."""
+    device = next(model.parameters()).device
+    first: dict[tuple, int] = {}
+    unique, row_of = [], []
+    for i, prompt in enumerate(prompts):
+        key = (tuple(prompt),) if images is None or images[i] is None else (i,)
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(i)
+        row_of.append(first[key])
+    batches: dict[object, list[int]] = {}
+    for u, i in enumerate(unique):
+        with_image = images is not None and images[i] is not None
+        # A prompt shorter than MIN_ROWS goes alone: its GEMMs would have fewer than 4 rows alone and
+        # more in a batch (other kernels, other bits).
+        alone = with_image or len(prompts[i]) < MIN_ROWS
+        batches.setdefault(("alone", u) if alone else len(prompts[i]), []).append(u)
+    caches, logits, order = [], [], []
+    for members in batches.values():
+        T = len(prompts[unique[members[0]]])
+        per = max(1, max_batch_tokens // T)
+        for at in range(0, len(members), per):
+            part = members[at: at + per]
+            ids_BT = torch.tensor([list(prompts[unique[u]]) for u in part], device=device)
+            cache = ModelCache.empty(model, len(part), capacity=T + capacity)
+            i = unique[part[0]]
+            if images is not None and images[i] is not None:
+                images_NCHW, mask_T = images[i]
+                out = model(ids_BT, images_NCHW, mask_T.unsqueeze(0).to(device), cache=cache, logits=False)
+            else:
+                out = model(ids_BT, cache=cache, logits=False)
+            caches.append(out.cache)
+            logits.append(last_logits(model, out.hidden_BTD))
+            order += part
+    cache = caches[0] if len(caches) == 1 else ModelCache.cat(caches)
+    logits_UV = torch.cat(logits)
+    # Rows are in batch order; put prompt i's row at i.
+    position = {u: b for b, u in enumerate(order)}
+    rows = [position[u] for u in row_of]
+    if rows != list(range(len(rows))):
+        cache = cache.select(rows)
+        logits_UV = logits_UV[torch.tensor(rows, device=device)]
+    return cache, logits_UV
+
+
+@torch.no_grad()
+def generate(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig | Sequence[SamplingConfig], *,
+             generator: torch.Generator | None = None, images=None) -> list[Completion]:
+    """Decode every prompt (lists of token ids of any lengths) as one batch; see the module docstring.
+
+    `cfg` is one SamplingConfig or one per prompt (per-row stop ids, lengths and sampling).
+    `images`, if given, holds per prompt None or (images_NCHW, image_mask_T) as K3Model takes them.
+    """
+    cfgs = _per_row(cfg, len(prompts))
+    _check_prompts(model, prompts)
+    if images is not None and len(images) != len(prompts):
+        raise ValueError(f"images must hold one entry (None or (images, mask)) per prompt, got {len(images)}")
+    limit = context_length(model)
+    budgets = [c.max_new_tokens if limit is None else min(c.max_new_tokens, limit - len(p))
+               for c, p in zip(cfgs, prompts)]
+    completions = [Completion([], [], [], FINISH_LENGTH) for _ in prompts]
+    live = [i for i, n in enumerate(budgets) if n > 0]
+    if not live:
+        return completions
+    was_training = model.training
+    model.eval()
+    try:
+        cache, logits_BV = prefill(model, [prompts[i] for i in live], max(budgets),
+                                   None if images is None else [images[i] for i in live])
+        done, _ = decode(model, cache, logits_BV, [cfgs[i] for i in live], [budgets[i] for i in live],
+                         generator=generator)
+    finally:
+        model.train(was_training)
+    for i, completion in zip(live, done):
+        completions[i] = completion
+    return completions
+
+
+def _record(done: Completion, token: int, logp: float, model_logp: float, cfg: SamplingConfig, budget: int) -> bool:
+    """Append one sampled token to its completion; True when the row has finished."""
+    done.token_ids.append(token)
+    done.logprobs.append(logp)
+    done.model_logprobs.append(model_logp)
+    if token in cfg.stop_ids:
+        done.finish_reason = FINISH_STOP
+        return True
+    return len(done.token_ids) >= budget
+
+
+@torch.no_grad()
+def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[SamplingConfig], budgets: list[int], *,
+           generator: torch.Generator | None = None, keep_caches: bool = False):
+    """The decode loop: row b of `cache` continues from `logits_BV[b]` (the logits after its last
+    fed token) for at most budgets[b] ≥ 1 new tokens. Returns (completions, and with keep_caches
+    each row's final cache: one row, holding every sampled token but the last, which was never fed)."""
+    if cache.layers and _on_cuda(cache) and not keep_caches:
+        return _decode_graphed(model, cache, logits_BV, cfgs, budgets, generator), None
+    B = cache.batch
+    completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
+    final: list[ModelCache | None] = [None] * B
+    rows = list(range(B))  # the completion each batch row decodes; −1 marks padding rows
+    if B < MIN_ROWS:
+        pad = [0] * (MIN_ROWS - B)
+        cache = cache.select(rows + pad)
+        logits_BV = torch.cat([logits_BV, logits_BV[pad]])
+        rows += [-1] * len(pad)
+    greedy = SamplingConfig(max_new_tokens=0)
+    while True:
+        row_cfgs = [cfgs[r] if r >= 0 else greedy for r in rows]
+        tokens_B, logp_B, model_logp_B = sample(logits_BV, row_cfgs, generator)
+        tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
+        keep = []
+        for b, r in enumerate(rows):
+            if r < 0:
+                continue
+            if not _record(completions[r], tokens[b], logps[b], model_logps[b], cfgs[r], budgets[r]):
+                keep.append(b)
+                continue
+            if keep_caches:
+                final[r] = cache.select([b])
+        if not keep:
+            return completions, (final if keep_caches else None)
+        if len(keep) < len(rows):
+            # Finished rows leave; finished or padding rows fill the batch back to MIN_ROWS.
+            spare = [b for b in range(len(rows)) if b not in keep][: max(0, MIN_ROWS - len(keep))]
+            order = keep + spare
+            cache = cache.select(order)
+            tokens_B = tokens_B[torch.tensor(order, device=tokens_B.device)]
+            rows = [rows[b] for b in keep] + [-1] * len(spare)
+        logits_BV = model(tokens_B.unsqueeze(1), cache=cache).logits_BTV[:, 0]
+
+
+@torch.no_grad()
+def score(model, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], *,
+          max_batch_tokens: int = 8192) -> list[list[float]]:
+    """Teacher-forced log-probabilities (fp32) of each sequence's tokens after its first prompt_len,
+    through the training forward (no cache: chunked KDA). Sequences of different lengths are padded
+    on the right, which a causal model never sees from earlier positions; batches hold at most
+    `max_batch_tokens` padded tokens (one sequence at least)."""
+    if len(sequences) != len(prompt_lens):
+        raise ValueError(f"give one prompt_len per sequence: {len(sequences)} sequences, {len(prompt_lens)} lengths")
+    _check_prompts(model, sequences)
+    for i, (seq, p) in enumerate(zip(sequences, prompt_lens)):
+        if not 1 <= p <= len(seq):
+            raise ValueError(f"prompt_lens[{i}] = {p} must lie in [1, {len(seq)}] (the first token has no "
+                             "log-probability)")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = [[] for _ in sequences]
+    try:
+        start = 0
+        while start < len(sequences):
+            end = start + 1
+            while end < len(sequences) and (end + 1 - start) * max(len(s) for s in sequences[start:end + 1]) <= max_batch_tokens:
+                end += 1
+            batch = list(range(start, end))
+            T = max(len(sequences[i]) for i in batch)
+            ids_BT = torch.zeros(len(batch), T, dtype=torch.long, device=device)
+            for b, i in enumerate(batch):
+                ids_BT[b, : len(sequences[i])] = torch.tensor(list(sequences[i]), device=device)
+            logits_BTV = model(ids_BT).logits_BTV
+            for b, i in enumerate(batch):
+                n, p = len(sequences[i]), prompt_lens[i]
+                logp_NV = logits_BTV[b, p - 1: n - 1].float().log_softmax(-1)
+                out[i] = logp_NV.gather(-1, ids_BT[b, p:n].unsqueeze(-1)).squeeze(-1).tolist()
+            start = end
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _on_cuda(cache: ModelCache) -> bool:
+    return cache.tensors()[0].is_cuda
+
+
+class GraphStep:
+    """One decode step of `model` over a static cache (k3model/cache.py), captured in a CUDA graph:
+    fixed batch and capacity, every update in place, no host synchronisation inside. Call it with
+    the batch's next tokens [B]; it returns the logits [B, V] (a buffer the next call overwrites)."""
+
+    @torch.no_grad()
+    def __init__(self, model, cache: ModelCache):
+        if not cache.static:
+            raise ValueError("GraphStep needs a static cache: use cache.to_static(capacity)")
+        self.cache = cache
+        self.tokens_B1 = torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.tensors()[0].device)
+        # Warm-up and capture run the step, which writes the cache: keep its state to put back.
+        saved, lengths = [t.clone() for t in cache.tensors()], list(cache.lengths)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(self.tokens_B1, cache=cache)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits_BV = model(self.tokens_B1, cache=cache).logits_BTV[:, 0]
+        for t, s in zip(cache.tensors(), saved):
+            t.copy_(s)
+        cache.lengths = lengths
+
+    @torch.no_grad()
+    def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor:
+        self.tokens_B1.copy_(tokens_B.view(-1, 1))
+        self.graph.replay()
+        self.cache.lengths = [n + 1 for n in self.cache.lengths]
+        return self.logits_BV
+
+
+def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generator) -> list[Completion]:
+    """decode() on CUDA: the same loop over a captured step; finished rows ride along to the end."""
+    B = cache.batch
+    step = GraphStep(model, cache.to_static(max(n + b for n, b in zip(cache.lengths, budgets))))
+    completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
+    live = set(range(B))
+    while True:
+        tokens_B, logp_B, model_logp_B = sample(logits_BV, cfgs, generator)
+        tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
+        for b in list(live):
+            if _record(completions[b], tokens[b], logps[b], model_logps[b], cfgs[b], budgets[b]):
+                live.discard(b)
+        if not live:
+            return completions
+        logits_BV = step(tokens_B)

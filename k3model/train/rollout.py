@@ -1,0 +1,177 @@
+"""The rollouter: episodes of `envs` played by a K3 model, kept as token ids (DESIGN.md §8 envs;
+STYLE.md's generator / rollouter split: the engine generates, this module runs the episodes).
+
+An episode is one growing sequence of ids, never re-tokenized (research/posttrain-anchors.md §1.4:
+decoding sampled ids to text and encoding the text again does not give the same ids):
+
+    ids = start(obs₀) · gen₁ · stop? · start(obs₁) · gen₂ · …
+    start(obs) = observation_start + encode(obs) + observation_end      tokenized once, appended
+    gen_i      = the ids the model sampled in turn i, as sampled (its stop id included)
+    stop       = the stop id, when a turn ran out of tokens before sampling it (not model-generated)
+
+Each token carries `generated` (True only for ids the model sampled: the loss mask) and the
+log-probabilities the engine recorded (under the sampling distribution and under the untempered
+model; 0.0 on other tokens). Only the env sees text: `decode(gen_i)` minus the stop id.
+
+Many episodes step together: per turn, every unfinished episode's cache is extended by its new
+tokens (the first turn prefills), the caches are stacked, and one batched `engine.decode` samples
+all their replies; each episode keeps its own cache between turns, so nothing is prefilled twice.
+Legend: B episodes in the turn, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from k3model.cache import ModelCache
+from k3model.engine import SamplingConfig, context_length, decode, last_logits
+
+
+@dataclass(frozen=True)
+class TokenFormat:
+    """How text enters and leaves an episode's ids."""
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    stop_id: int  # the model's end of turn: generation stops there and the id stays in the episode
+    observation_start: tuple[int, ...] = ()  # e.g. (<|user|>,)
+    observation_end: tuple[int, ...] = ()  # e.g. (<|end|>, <|assistant|>): the model's turn follows
+
+    def observation(self, text: str) -> list[int]:
+        return [*self.observation_start, *self.encode(text), *self.observation_end]
+
+
+@dataclass
+class PolicyTurn:
+    start: int  # index in Episode.token_ids of this turn's first generated id
+    token_ids: list[int]
+    logprobs: list[float]
+    model_logprobs: list[float]
+    finish_reason: str
+    text: str  # what the env was given
+
+
+@dataclass
+class Episode:
+    token_ids: list[int] = field(default_factory=list)
+    generated: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    model_logprobs: list[float] = field(default_factory=list)
+    turns: list[PolicyTurn] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: str = ""  # "terminated", "truncated" (the env's budget) or "context" (the model's)
+    record: dict[str, Any] | None = None  # env.trajectory()
+
+    def append(self, ids: Sequence[int], generated: bool, logprobs=None, model_logprobs=None) -> None:
+        self.token_ids += list(ids)
+        self.generated += [generated] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        self.model_logprobs += list(model_logprobs) if model_logprobs is not None else [0.0] * len(ids)
+
+    def turn_sample(self, i: int) -> tuple[list[int], list[bool], list[float]]:
+        """Policy turn i as a step-wise training sample: the ids up to its end, which of them turn i
+        generated, and their sampling log-probabilities."""
+        turn = self.turns[i]
+        end = turn.start + len(turn.token_ids)
+        mask = [False] * turn.start + [True] * len(turn.token_ids)
+        return self.token_ids[:end], mask, self.logprobs[:end]
+
+
+class TokenPolicy:
+    """Runs batches of episodes with one model; `decode_batches` lists each turn's batch size."""
+
+    def __init__(self, model, fmt: TokenFormat, cfg: SamplingConfig, *, generator: torch.Generator | None = None):
+        if cfg.max_new_tokens < 1:
+            raise ValueError(f"a policy turn needs max_new_tokens ≥ 1, got {cfg.max_new_tokens}")
+        self.model, self.fmt, self.generator = model, fmt, generator
+        self.cfg = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                                  stop_ids=tuple(dict.fromkeys((*cfg.stop_ids, fmt.stop_id))))
+        self.decode_batches: list[int] = []
+
+    @torch.no_grad()
+    def run(self, envs: Sequence, seeds: Sequence[int | None] | None = None) -> list[Episode]:
+        """Play one episode in each env (reset with seeds[i]) until every one has ended."""
+        seeds = [None] * len(envs) if seeds is None else list(seeds)
+        if len(seeds) != len(envs):
+            raise ValueError(f"give one seed per env: {len(envs)} envs, {len(seeds)} seeds")
+        model, fmt = self.model, self.fmt
+        limit = context_length(model) or float("inf")
+        device = next(model.parameters()).device
+        episodes = [Episode() for _ in envs]
+        pending = []  # ids each episode still has to feed to its cache before its next turn
+        for env, seed, ep in zip(envs, seeds, episodes):
+            ids = fmt.observation(env.reset(seed=seed))
+            ep.append(ids, generated=False)
+            pending.append(ids)
+        caches: list[ModelCache | None] = [None] * len(envs)
+        active = [i for i, ep in enumerate(episodes) if self._room(ep, limit)]
+        for i in sorted(set(range(len(envs))) - set(active)):
+            episodes[i].truncated = True
+            self._end(envs[i], episodes[i], "context")
+        was_training = model.training
+        model.eval()
+        try:
+            while active:
+                logits = []
+                for i in active:
+                    if caches[i] is None:
+                        caches[i] = ModelCache.empty(model, 1, capacity=len(pending[i]) + self.cfg.max_new_tokens)
+                    out = model(torch.tensor([pending[i]], device=device), cache=caches[i], logits=False)
+                    logits.append(last_logits(model, out.hidden_BTD)[0])
+                budgets = [int(min(self.cfg.max_new_tokens, limit - len(episodes[i].token_ids))) for i in active]
+                batch = caches[active[0]] if len(active) == 1 else ModelCache.cat([caches[i] for i in active])
+                self.decode_batches.append(len(active))
+                done, finals = decode(model, batch, torch.stack(logits), [self.cfg] * len(active), budgets,
+                                      generator=self.generator, keep_caches=True)
+                still = []
+                for i, completion, cache in zip(active, done, finals):
+                    if self._turn(envs[i], episodes[i], completion, pending, i):
+                        caches[i] = cache
+                        still.append(i)
+                    else:
+                        caches[i] = None
+                active = still
+        finally:
+            model.train(was_training)
+        return episodes
+
+    def _turn(self, env, ep: Episode, completion, pending: list, i: int) -> bool:
+        """Record a policy turn and step the env; True while the episode goes on."""
+        fmt = self.fmt
+        ids = completion.token_ids
+        ep.turns.append(PolicyTurn(len(ep.token_ids), ids, completion.logprobs, completion.model_logprobs,
+                                   completion.finish_reason, ""))
+        ep.append(ids, generated=True, logprobs=completion.logprobs, model_logprobs=completion.model_logprobs)
+        text = fmt.decode(ids[:-1] if ids[-1] == fmt.stop_id else ids)
+        ep.turns[-1].text = text
+        obs, reward, terminated, truncated, _ = env.step(text)
+        ep.reward += reward
+        if terminated or truncated:
+            ep.terminated, ep.truncated = terminated, truncated
+            self._end(env, ep, "terminated" if terminated else "truncated")
+            return False
+        # A turn cut off by max_new_tokens still ends with the stop id (not model-generated).
+        end = [] if ids[-1] == fmt.stop_id else [fmt.stop_id]
+        obs_ids = fmt.observation(obs)
+        ep.append(end + obs_ids, generated=False)
+        # The last sampled id was never fed to the cache: it leads the next feed.
+        pending[i] = [ids[-1]] + end + obs_ids
+        if not self._room(ep, context_length(self.model) or float("inf")):
+            ep.truncated = True
+            self._end(env, ep, "context")
+            return False
+        return True
+
+    @staticmethod
+    def _room(ep: Episode, limit) -> bool:
+        return len(ep.token_ids) < limit
+
+    @staticmethod
+    def _end(env, ep: Episode, reason: str) -> None:
+        ep.stop_reason = reason
+        trajectory = getattr(env, "trajectory", None)
+        ep.record = trajectory() if callable(trajectory) else None
