@@ -20,7 +20,6 @@ No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
-                                  optimizer_step, restore_train_state, resume_point, save_state, set_lr)
+                                  optimizer_step, restore_train_state, resume_point, save_state, set_lr, tail_mean)
 
 LogFn = Callable[[int, dict], None]
 
@@ -234,18 +233,12 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
     eval_metrics["train/tokens_seen"] = float(tokens_seen)
     if history:
-        eval_metrics["train/final_loss"] = _tail_mean(history, "train/main")
+        eval_metrics["train/final_loss"] = tail_mean(history, "train/main")
         eval_metrics["train/first_loss"] = history[0]["train/main"]
         if "moe/load_max_over_mean" in history[-1]:
-            eval_metrics["moe/load_max_over_mean"] = _tail_mean(history, "moe/load_max_over_mean")
+            eval_metrics["moe/load_max_over_mean"] = tail_mean(history, "moe/load_max_over_mean")
     log(stage.steps, eval_metrics)
     final_dir = out_dir / "final"
     save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
     return PretrainResult(final_dir, history, eval_metrics, tokens_seen, resumed)
 
-
-def _tail_mean(history: list[dict], key: str, frac: float = 0.1) -> float:
-    """Mean of `key` over the last `frac` of the history (at least one step): a less noisy endpoint."""
-    n = max(math.ceil(len(history) * frac), 1)
-    values = [h[key] for h in history[-n:] if key in h]
-    return sum(values) / len(values)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -163,6 +164,13 @@ def save_state(directory: str | Path, model: nn.Module, manifest_extra: dict[str
 
 # ----------------------------------------------------------------------------------------------
 # Metrics
+
+def tail_mean(history: list[dict], key: str, frac: float = 0.1) -> float:
+    """Mean of `key` over the last `frac` of the history (at least one step): a less noisy endpoint."""
+    n = max(math.ceil(len(history) * frac), 1)
+    values = [h[key] for h in history[-n:] if key in h]
+    return sum(values) / len(values)
+
 
 class MetricBuffer:
     """Per-step metrics kept as given (0-d tensors or numbers) until `flush` reads them all at once.
