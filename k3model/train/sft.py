@@ -99,6 +99,8 @@ class Demonstrations:
         if table.num_rows == 0:
             raise ValueError("the demonstrations table has no rows: raise SFTDataConfig.max_tokens or add families")
         self.efforts = table.column("effort").to_pylist()
+        self.domains = table.column("domain").to_pylist()
+        self.harnesses = table.column("harness").to_pylist()
         self.ids = [torch.tensor(x, dtype=torch.long) for x in table.column("input_ids").to_pylist()]
         self.own = [torch.tensor(x, dtype=torch.bool) for x in table.column("loss_mask").to_pylist()]
         top = max(int(x.max()) for x in self.ids)
@@ -153,11 +155,18 @@ def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[
 
 
 @torch.no_grad()
-def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8,
-              device: str | torch.device = "cpu") -> dict[str, float]:
-    """Mean next-token CE on own tokens, per effort and over all rows (`eval/loss/<effort>`, `eval/loss`)."""
+def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device: str | torch.device = "cpu",
+              prefix: str = "eval") -> dict[str, float]:
+    """Mean next-token CE on own tokens: over all rows (`<prefix>/loss`), per effort
+    (`<prefix>/loss/<effort>`), per (domain, effort) and per harness (`<prefix>/loss/harness/<h>`)."""
     model.eval()
-    sums = {e: [0.0, 0] for e in EFFORTS}
+    sums: dict[str, list[float]] = {}
+
+    def add(key: str, nll: float, n: int) -> None:
+        acc = sums.setdefault(key, [0.0, 0])
+        acc[0] += nll
+        acc[1] += n
+
     for start in range(0, len(demos), batch_size):
         rows = list(range(start, min(start + batch_size, len(demos))))
         ids_BT, labels_BT = demos.batch(rows, device)
@@ -166,19 +175,19 @@ def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8,
                                                    ignore_index=IGNORE_INDEX, reduction="none")
         for b, r in enumerate(rows):
             own = labels_BT[b] != IGNORE_INDEX
-            sums[demos.efforts[r]][0] += float(nll_BT[b][own].sum())
-            sums[demos.efforts[r]][1] += int(own.sum())
-    out = {f"eval/loss/{e}": s / n for e, (s, n) in sums.items() if n}
-    total = sum(n for _, n in sums.values())
-    out["eval/loss"] = sum(s for s, _ in sums.values()) / max(total, 1)
-    return out
+            nll, n = float(nll_BT[b][own].sum()), int(own.sum())
+            for key in ("", f"/{demos.efforts[r]}", f"/{demos.domains[r]}/{demos.efforts[r]}",
+                        f"/harness/{demos.harnesses[r]}"):
+                add(f"{prefix}/loss{key}", nll, n)
+    return {key: nll / n for key, (nll, n) in sorted(sums.items()) if n}
 
 
 def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
-          init_checkpoint: str | Path | None = None, log_fn: LogFn | None = None,
-          stop_after: int | None = None) -> SFTResult:
-    """Fine-tune on `demos` (a `datagen.sft` table or its Parquet file). `stop_after` ends the loop
-    early after that many steps (used to test resume)."""
+          init_checkpoint: str | Path | None = None, eval_demos: pa.Table | str | Path | None = None,
+          log_fn: LogFn | None = None, stop_after: int | None = None) -> SFTResult:
+    """Fine-tune on `demos` (a `datagen.sft` table or its Parquet file). At the end the own-token
+    loss is measured on `demos` (`fit/loss…`) and, when given, on held-out `eval_demos` (`eval/loss…`,
+    e.g. other task seeds). `stop_after` ends the loop early after that many steps (to test resume)."""
     # ---- setup
     out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -248,7 +257,11 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
             buffer.restart_clock()
 
     # ---- final metrics and checkpoint
-    metrics = demo_loss(model, data, cfg.batch_size, device)
+    metrics = demo_loss(model, data, cfg.batch_size, device, prefix="fit")
+    if eval_demos is not None:
+        eval_table, eval_versions = _read_demos(eval_demos)
+        metrics.update(demo_loss(model, Demonstrations(eval_table, model_cfg.vocab_size), cfg.batch_size, device))
+        manifest_extra["data_versions"].update({f"eval_{k}": v for k, v in eval_versions.items()})
     metrics["perf/own_tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
     metrics["train/tokens_seen"] = float(tokens_seen)
     if history:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from datagen.sft import SFTDataConfig, build_sft
 from k3model.checkpoint import load_checkpoint
 from k3model.config import get_profile
 from k3model.model import IGNORE_INDEX, K3Model
@@ -18,12 +19,16 @@ from k3model.train.sft import Demonstrations, SFTConfig, train
 SMOKE = dict(profile="smoke", batch_size=2, lr=3e-3, log_every=4)
 
 
-def test_loss_on_own_tokens_falls_with_qat_on_from_the_first_step(demos, tmp_path):
-    result = train(SFTConfig(steps=8, **SMOKE), demos, tmp_path)
+def test_loss_on_own_tokens_falls_with_qat_on_from_the_first_step(demos, smoke_tok, tmp_path):
+    held_out = build_sft(SFTDataConfig(seed=1, tasks_per_family=1, families=("arith_word",)), smoke_tok)
+    result = train(SFTConfig(steps=8, **SMOKE), demos, tmp_path, eval_demos=held_out)
     losses = [h["train/main"] for h in result.history]
     assert len(losses) == 8
     assert sum(losses[-3:]) / 3 < losses[0] - 0.8, losses
-    assert {"eval/loss/low", "eval/loss/high", "eval/loss/max"} <= set(result.metrics)
+    for prefix in ("fit", "eval"):
+        assert {f"{prefix}/loss/{e}" for e in ("low", "high", "max")} <= set(result.metrics)
+        assert f"{prefix}/loss/general_tasks/max" in result.metrics
+    assert result.metrics["eval/loss"] < losses[0] - 0.4  # other tasks of the family: the format is learnt
     _, manifest = load_checkpoint(result.checkpoint_dir)
     assert manifest["config"]["qat"]["weights"] == "fp4_e2m1"
     assert manifest["config"]["qat"]["activations"] == "fp8_e4m3"
