@@ -217,7 +217,8 @@ def _lookup_work(task: Task) -> Work:
     item = re.search(r"How many (\S+) are in stock", task.instruction).group(1)
     row = next(r for r in _csv_rows(task.spec["files"]["inventory.csv"]) if r[0] == item)
     _check(task, row[1])
-    return Work({0: [f"the {item} row is in inventory.csv"], 1: [f"row: {','.join(row)}", f"{item}: quantity {row[1]}"]},
+    return Work({0: [f"the {item} row is in inventory.csv"],
+                 1: [f"row: {','.join(row)}", f"{item}: quantity {row[1]}"]},
                 {1: [f"{item} → {row[1]}"]})
 
 

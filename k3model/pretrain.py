@@ -34,7 +34,8 @@ from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
-                                  optimizer_step, restore_train_state, resume_point, save_state, set_lr, tail_mean)
+                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
+                                  set_lr, tail_mean)
 
 LogFn = Callable[[int, dict], None]
 
@@ -168,21 +169,15 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
 
     # ---- model
     model = K3Model(stage.model)
-    start_step, history, tokens_seen, resumed = 0, [], 0, None
-    train_state = resume_point(last_dir)
-    if train_state is not None:
-        load_weights(model, last_dir)
-        start_step, resumed = train_state.step, train_state.step
-        history, tokens_seen = train_state.extra["history"], train_state.extra["tokens_seen"]
-        log(start_step, {"event/resumed_from_step": start_step})
-    elif init_checkpoint is not None:
+    run = resume(model, last_dir, log)
+    if run.state is None and init_checkpoint is not None:
         load_weights(model, init_checkpoint)
     model.to(device)
 
     # ---- optimizer
     optimizer = build_optimizer(model, stage.lr, cfg.weight_decay)
-    if train_state is not None:
-        restore_train_state(train_state, optimizer)
+    if run.state is not None:
+        restore_train_state(run.state, optimizer)
 
     # ---- data
     batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size,
@@ -195,33 +190,27 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
 
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
         save_state(path, model, dict(manifest_extra, metrics=metrics or {}),
-                   optimizer if with_state else None, step, {"history": history, "tokens_seen": tokens_seen})
+                   optimizer if with_state else None, step,
+                   {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
     warmup = max(int(cfg.warmup_frac * stage.steps), 1)
     started = time.perf_counter()
     buffer = MetricBuffer()
-    for step in range(start_step, stage.steps):
-        if stop_after is not None and step >= start_step + stop_after:
-            history.extend(buffer.flush())
-            return PretrainResult(last_dir, history, {}, tokens_seen, resumed)
+    for step in range(run.step, stage.steps):
+        if stop_after is not None and step >= run.step + stop_after:
+            run.history.extend(buffer.flush())
+            return PretrainResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
         lr = lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio)
         set_lr(optimizer, lr)
         batch = batches.batch(step)
         metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device)
         n_tokens = batch.input_ids.numel()
-        tokens_seen += n_tokens
+        run.tokens_seen += n_tokens
         metrics.update({"train/lr": lr, "step": step + 1})
         buffer.append(metrics, tokens=n_tokens)
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == stage.steps
-        ckpt_now = (step + 1) % ckpt_every == 0 and step + 1 < stage.steps
-        if log_now or ckpt_now:
-            history.extend(buffer.flush())
-        if log_now:
-            log(step + 1, history[-1])
-        if ckpt_now:
-            save(step + 1, last_dir, with_state=True)
-            buffer.restart_clock()
+        log_and_checkpoint(step + 1, stage.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
+                           lambda done: save(done, last_dir, with_state=True))
 
     # ---- final evaluation and checkpoint
     pairs, windows, questions = eval_sizes(cfg.profile)
@@ -231,14 +220,14 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                             vqa_questions=cfg.eval_vqa_questions or questions)
     eval_metrics["perf/tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
-    eval_metrics["train/tokens_seen"] = float(tokens_seen)
-    if history:
-        eval_metrics["train/final_loss"] = tail_mean(history, "train/main")
-        eval_metrics["train/first_loss"] = history[0]["train/main"]
-        if "moe/load_max_over_mean" in history[-1]:
-            eval_metrics["moe/load_max_over_mean"] = tail_mean(history, "moe/load_max_over_mean")
+    eval_metrics["train/tokens_seen"] = float(run.tokens_seen)
+    if run.history:
+        eval_metrics["train/final_loss"] = tail_mean(run.history, "train/main")
+        eval_metrics["train/first_loss"] = run.history[0]["train/main"]
+        if "moe/load_max_over_mean" in run.history[-1]:
+            eval_metrics["moe/load_max_over_mean"] = tail_mean(run.history, "moe/load_max_over_mean")
     log(stage.steps, eval_metrics)
     final_dir = out_dir / "final"
     save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
-    return PretrainResult(final_dir, history, eval_metrics, tokens_seen, resumed)
+    return PretrainResult(final_dir, run.history, eval_metrics, run.tokens_seen, run.from_step)
 

@@ -12,11 +12,12 @@ Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data
   → clip by the global norm → step; returns the pre-clip norm as a tensor (no host sync).
 - `balance_experts`: each LatentMoE's load ratio max/mean of the last forward, then its bias update
   (`update_bias`), optionally with the loads and histograms summed over ranks first.
-- `save_state` / `resume_point` / `load_weights` / `restore_train_state`: a checkpoint directory
+- `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
   with the full train state (optimizer, RNG, whatever the loop keeps) around `k3model.checkpoint`, so
   a killed run called again resumes and ends where an uninterrupted one would.
 - `MetricBuffer`: keeps each step's metrics as tensors and reads them to the host in one transfer
-  when the loop logs or checkpoints, so a step never waits on the device (nanoGPT, nanochat).
+  when the loop logs or checkpoints (`log_and_checkpoint`), so a step never waits on the device
+  (nanoGPT, nanochat).
 
 Only torch is imported at module level: the data-parallel step imports this module on machines that
 have nothing else (DESIGN.md §7); checkpoint I/O (safetensors) is imported when it is used.
@@ -28,6 +29,7 @@ import contextlib
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -125,6 +127,30 @@ def balance_experts(model: nn.Module, reduce_loads: Callable[[torch.Tensor], Non
 # ----------------------------------------------------------------------------------------------
 # Resume
 
+@dataclass
+class Resumed:
+    """Where a run continues: the saved train state (None for a fresh run) and what the loop kept."""
+    state: TrainState | None
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    tokens_seen: int = 0
+
+    @property
+    def from_step(self) -> int | None:
+        return None if self.state is None else self.step
+
+
+def resume(model: nn.Module, directory: str | Path, log: Callable[[int, dict], None]) -> Resumed:
+    """Load the weights and train state a killed run left in `directory` (a loop that saved with
+    `save_state(..., extra={"history": …, "tokens_seen": …})`), or report a fresh start."""
+    state = resume_point(directory)
+    if state is None:
+        return Resumed(None)
+    load_weights(model, directory)
+    log(state.step, {"event/resumed_from_step": state.step})
+    return Resumed(state, state.step, state.extra["history"], state.extra["tokens_seen"])
+
+
 def resume_point(directory: str | Path) -> TrainState | None:
     """The train state saved in `directory` (hashes verified), or None when there is no checkpoint."""
     from k3model.checkpoint import load_train_state
@@ -164,6 +190,23 @@ def save_state(directory: str | Path, model: nn.Module, manifest_extra: dict[str
 
 # ----------------------------------------------------------------------------------------------
 # Metrics
+
+def log_and_checkpoint(done: int, total: int, log_every: int, ckpt_every: int, buffer: MetricBuffer,
+                       history: list[dict], log: Callable[[int, dict], None],
+                       checkpoint: Callable[[int], None]) -> None:
+    """The end of a loop's step `done` (1-based) of `total`: at log and checkpoint steps the buffered
+    metrics are read into `history`; every `log_every` steps and at the last the newest row is
+    logged; every `ckpt_every` steps before the last `checkpoint(done)` writes the resume point."""
+    log_now = done % log_every == 0 or done == total
+    ckpt_now = done % ckpt_every == 0 and done < total
+    if log_now or ckpt_now:
+        history.extend(buffer.flush())
+    if log_now:
+        log(done, history[-1])
+    if ckpt_now:
+        checkpoint(done)
+        buffer.restart_clock()
+
 
 def tail_mean(history: list[dict], key: str, frac: float = 0.1) -> float:
     """Mean of `key` over the last `frac` of the history (at least one step): a less noisy endpoint."""

@@ -91,7 +91,8 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
-            raise ValueError(f"group_size must be ≥ 2 (advantages are relative to the group), got {self.group_size}")
+            raise ValueError(f"group_size must be ≥ 2 (advantages are relative to the group), "
+                             f"got {self.group_size}")
         if self.groups_per_step < 1 or self.max_draw_factor < 1:
             raise ValueError("groups_per_step and max_draw_factor must be ≥ 1")
         if self.advantage_scale not in ADVANTAGE_SCALES:

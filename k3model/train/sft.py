@@ -37,12 +37,13 @@ import pyarrow as pa
 import torch
 
 from datagen.io import read_parquet, sha256_file, table_metadata
-from datagen.sft import EFFORTS, FORMAT
+from datagen.sft import FORMAT
 from k3model.config import ModelConfig, get_profile
 from k3model.model import IGNORE_INDEX, K3Model
 from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
-                                  optimizer_step, restore_train_state, resume_point, save_state, set_lr, tail_mean)
+from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer,
+                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
+                                  set_lr, tail_mean)
 from k3model.train.qat import QAT_SCHEME, prepare_qat
 
 logger = logging.getLogger(__name__)
@@ -200,19 +201,13 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
     model, data_versions = _initial_model(cfg, init_checkpoint)
     if cfg.qat:
         prepare_qat(model)
-    start_step, history, tokens_seen, resumed = 0, [], 0, None
-    train_state = resume_point(last_dir)
-    if train_state is not None:
-        load_weights(model, last_dir)
-        start_step, resumed = train_state.step, train_state.step
-        history, tokens_seen = train_state.extra["history"], train_state.extra["tokens_seen"]
-        log(start_step, {"event/resumed_from_step": start_step})
+    run = resume(model, last_dir, log)
     model.to(device)
 
     # ---- optimizer
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
-    if train_state is not None:
-        restore_train_state(train_state, optimizer)
+    if run.state is not None:
+        restore_train_state(run.state, optimizer)
 
     # ---- data
     table, demo_versions = _read_demos(demos)
@@ -224,15 +219,16 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
 
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
         save_state(path, model, dict(manifest_extra, metrics=metrics or {}),
-                   optimizer if with_state else None, step, {"history": history, "tokens_seen": tokens_seen})
+                   optimizer if with_state else None, step,
+                   {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
     warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
     buffer = MetricBuffer()
-    for step in range(start_step, cfg.steps):
-        if stop_after is not None and step >= start_step + stop_after:
-            history.extend(buffer.flush())
-            return SFTResult(last_dir, history, {}, tokens_seen, resumed)
+    for step in range(run.step, cfg.steps):
+        if stop_after is not None and step >= run.step + stop_after:
+            run.history.extend(buffer.flush())
+            return SFTResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
         lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
         set_lr(optimizer, lr)
         ids_BT, labels_BT = data.batch(data.rows(cfg.seed, step, cfg.batch_size), device)
@@ -241,20 +237,13 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
             losses = model.compute_loss(ids_BT, labels_BT)
         grad_norm = optimizer_step(model, optimizer, losses["loss/total"], cfg.grad_clip)
         n_own = int((labels_BT != IGNORE_INDEX).sum())
-        tokens_seen += n_own
+        run.tokens_seen += n_own
         metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
         metrics.update(balance_experts(model))
         metrics.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/own_tokens": n_own, "step": step + 1})
         buffer.append(metrics, tokens=n_own)
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
-        ckpt_now = (step + 1) % ckpt_every == 0 and step + 1 < cfg.steps
-        if log_now or ckpt_now:
-            history.extend(buffer.flush())
-        if log_now:
-            log(step + 1, history[-1])
-        if ckpt_now:
-            save(step + 1, last_dir, with_state=True)
-            buffer.restart_clock()
+        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
+                           lambda done: save(done, last_dir, with_state=True))
 
     # ---- final metrics and checkpoint
     metrics = demo_loss(model, data, cfg.batch_size, device, prefix="fit")
@@ -263,11 +252,11 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
         metrics.update(demo_loss(model, Demonstrations(eval_table, model_cfg.vocab_size), cfg.batch_size, device))
         manifest_extra["data_versions"].update({f"eval_{k}": v for k, v in eval_versions.items()})
     metrics["perf/own_tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
-    metrics["train/tokens_seen"] = float(tokens_seen)
-    if history:
-        metrics["train/first_loss"] = history[0]["train/main"]
-        metrics["train/final_loss"] = tail_mean(history, "train/main")
+    metrics["train/tokens_seen"] = float(run.tokens_seen)
+    if run.history:
+        metrics["train/first_loss"] = run.history[0]["train/main"]
+        metrics["train/final_loss"] = tail_mean(run.history, "train/main")
     log(cfg.steps, metrics)
     final_dir = out_dir / "final"
     save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return SFTResult(final_dir, history, metrics, tokens_seen, resumed)
+    return SFTResult(final_dir, run.history, metrics, run.tokens_seen, run.from_step)

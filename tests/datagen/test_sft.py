@@ -73,7 +73,8 @@ def test_loss_falls_only_on_the_assistant_turns(tok, table):
         # The ids are the segments' encodings: decoding the row gives back every text in order (the
         # last observation, after the finish call, is not part of the row).
         text = decode(tok, ids)
-        parts = [record["initial_observation"]] + [x for s in record["steps"] for x in (s["action"], s["observation"])]
+        parts = [record["initial_observation"]]
+        parts += [x for s in record["steps"] for x in (s["action"], s["observation"])]
         at = 0
         for part in parts[:-1]:
             at = text.index(part, at) + len(part)

@@ -68,7 +68,7 @@ def _batch():
 def test_policy_loss_clips_high_and_low_weights_by_truncated_is_and_sums_over_tokens():
     logp, logp_old, logp_rollout, adv, mask = _batch()
     loss, stats = policy_loss(logp, logp_old, logp_rollout, adv, mask)
-    # per token: −2·min(1.5, 1.28)·1 = −2.56;  −1·1·1 = −1;  −1·min(−0.5, −0.8) = 0.8;  sum / 3 tokens.
+    # per token: −2·min(1.5, 1.28)·1 = −2.56; −1·1·1 = −1; −1·min(−0.5, −0.8) = 0.8; sum / 3 tokens.
     torch.testing.assert_close(loss, torch.tensor((-2.56 - 1.0 + 0.8) / 3))
     loss.backward()
     # Only the unclipped token moves: d/dlogp of −w·ρ·A/3 at ρ = 1 is −1/3; clipped tokens get 0.
@@ -115,7 +115,8 @@ def test_token_logprobs_and_the_rollout_training_mismatch():
                      "rl/tis_capped_frac": 0.5}
 
 
-@pytest.mark.parametrize("kwargs, match", [({"group_size": 1}, "group_size"), ({"advantage_scale": "rank"}, "advantage_scale"),
+@pytest.mark.parametrize("kwargs, match", [({"group_size": 1}, "group_size"),
+                                           ({"advantage_scale": "rank"}, "advantage_scale"),
                                            ({"tis_cap": 0.5}, "tis_cap"), ({"efforts": {}}, "efforts")])
 def test_bad_config_says_what_to_change(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -37,7 +37,8 @@ def test_the_step_clips_to_the_global_norm_and_reports_the_norm_before():
 
 def test_flushed_metrics_equal_float_of_each_tensor_bit_for_bit():
     buf = MetricBuffer()
-    values = [torch.tensor(1 / 3), torch.tensor(2.0, dtype=torch.bfloat16) / 3, torch.tensor(7.1, dtype=torch.float64)]
+    values = [torch.tensor(1 / 3), torch.tensor(2.0, dtype=torch.bfloat16) / 3,
+              torch.tensor(7.1, dtype=torch.float64)]
     buf.append({"a": values[0], "b": values[1], "step": 1}, tokens=10)
     buf.append({"a": values[2], "c": 0.25, "step": 2}, tokens=10)
     assert len(buf) == 2
