@@ -11,7 +11,8 @@
 
 Modules: `tokenizer` (byte-level BPE, special tokens), `corpus` (+ `prose`), `clues` (scattered-clue
 training sequences, eval grid, checker), `images` (numpy-rendered scenes with captions and questions),
-`packing` (fixed-length pretraining rows, VQA eval set), `profiles` (presets), `io` (deterministic
+`packing` (fixed-length pretraining rows, VQA eval set), `sft` (expert demonstrations at three
+reasoning efforts, token ids and loss masks), `profiles` (presets), `io` (deterministic
 Parquet and hashing), `build` (everything for a profile; also `python -m datagen`).
 
 Names are resolved on first use, so `import datagen` costs nothing until a generator is needed.
@@ -49,6 +50,8 @@ _EXPORTS = {
     "pack_pretraining": "datagen.packing",
     "vqa_eval_set": "datagen.packing",
     "build_all": "datagen.build",
+    "SFTDataConfig": "datagen.sft",
+    "build_sft": "datagen.sft",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,17 +7,19 @@ One call trains one stage:  setup → model → optimizer → data → loop (eva
   optimizer step (quantile balancing by default).
 - Stages: lengths in the ratio 1 : 8 : 32 : 128 (8K : 64K : 256K : 1M in K3); each stage starts
   from the previous stage's weights with no positional change — the model has no positional encoding.
-- AdamW, linear warmup + cosine decay (`schedule.lr_at`), gradient clipping, bf16 autocast on CUDA.
+- AdamW, linear warmup + cosine decay (`schedule.lr_at`), gradient clipping, bf16 autocast on CUDA
+  (the optimizer, autocast, clipped step, balancing, resume and metric buffer are
+  `k3model.train.common`'s).
 - Checkpoints every `ckpt_every` steps under `out_dir/last` with the full train state; a killed run
   called again with the same arguments resumes there and ends where an uninterrupted run would
   (batches are a pure function of (seed, stage, step), RNG and optimizer state are restored).
+- Step metrics stay on the device until a log or checkpoint step reads them all at once.
 
 No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see progress.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,13 +27,15 @@ from typing import Callable
 
 import torch
 
-from k3model.checkpoint import (TrainState, capture_rng_state, load_checkpoint, load_train_state,
-                                restore_rng_state, save_checkpoint)
+from k3model.checkpoint import load_checkpoint
 from k3model.config import ModelConfig, VisionConfig, get_profile
 from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import lr_at
+from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
+                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
+                                  set_lr, tail_mean)
 
 LogFn = Callable[[int, dict], None]
 
@@ -130,39 +134,24 @@ def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3
     return model.to(device), manifest
 
 
-def build_optimizer(model: K3Model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; no decay on norms, biases, pseudo-queries and gate scalars (1-D parameters)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
-
-
-def _autocast(device: str):
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+def step_metrics(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,
+                 device: str) -> dict[str, torch.Tensor]:
+    """One optimizer step and the MoE bias update; its metrics as 0-d tensors (no host sync)."""
+    model.train()
+    with autocast_for(device):
+        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask)
+    grad_norm = optimizer_step(model, optimizer, losses["loss/total"], grad_clip)
+    balance = balance_experts(model)
+    metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
+    metrics["train/grad_norm"] = grad_norm
+    metrics.update(balance)
+    return metrics
 
 
 def train_step(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,
                device: str) -> dict[str, float]:
-    model.train()
-    with _autocast(device):
-        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask)
-    optimizer.zero_grad(set_to_none=True)
-    losses["loss/total"].backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    loads = []
-    for moe in model.moe_layers():
-        loads.append(moe.load_max_over_mean())
-        moe.update_bias()
-    metrics = {f"train/{k.split('/', 1)[1]}": float(v.detach()) for k, v in losses.items()}
-    metrics["train/grad_norm"] = float(grad_norm)
-    if loads:
-        metrics["moe/load_max_over_mean"] = sum(loads) / len(loads)
-        metrics["moe/load_max_over_mean_worst"] = max(loads)
-    return metrics
+    """`step_metrics` read to the host: one step's metrics as floats."""
+    return MetricBuffer.read(step_metrics(model, optimizer, batch, grad_clip, device))
 
 
 def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
@@ -180,24 +169,15 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
 
     # ---- model
     model = K3Model(stage.model)
-    start_step, history, tokens_seen, resumed = 0, [], 0, None
-    train_state = load_train_state(last_dir) if (last_dir / "manifest.json").exists() else None
-    if train_state is not None:
-        weights, _ = load_checkpoint(last_dir)
-        model.load_state_dict(weights)
-        start_step, resumed = train_state.step, train_state.step
-        history, tokens_seen = train_state.extra["history"], train_state.extra["tokens_seen"]
-        log(start_step, {"event/resumed_from_step": start_step})
-    elif init_checkpoint is not None:
-        weights, _ = load_checkpoint(init_checkpoint)
-        model.load_state_dict(weights)
+    run = resume(model, last_dir, log)
+    if run.state is None and init_checkpoint is not None:
+        load_weights(model, init_checkpoint)
     model.to(device)
 
     # ---- optimizer
     optimizer = build_optimizer(model, stage.lr, cfg.weight_decay)
-    if train_state is not None:
-        optimizer.load_state_dict(train_state.optimizer)
-        restore_rng_state(train_state.rng)
+    if run.state is not None:
+        restore_train_state(run.state, optimizer)
 
     # ---- data
     batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size,
@@ -209,37 +189,28 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                       "data_versions": data.versions()}
 
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
-        state = None
-        if with_state:
-            state = TrainState(step=step, optimizer=optimizer.state_dict(), rng=capture_rng_state(),
-                               extra={"history": history, "tokens_seen": tokens_seen})
-        extra = dict(manifest_extra, metrics=metrics or {})
-        save_checkpoint(path, {k: v.detach().cpu() for k, v in model.state_dict().items()}, extra,
-                        train_state=state, overwrite=True)
+        save_state(path, model, dict(manifest_extra, metrics=metrics or {}),
+                   optimizer if with_state else None, step,
+                   {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
     warmup = max(int(cfg.warmup_frac * stage.steps), 1)
     started = time.perf_counter()
-    timed_tokens, timed_seconds = 0, 0.0
-    for step in range(start_step, stage.steps):
-        if stop_after is not None and step >= start_step + stop_after:
-            return PretrainResult(last_dir, history, {}, tokens_seen, resumed)
+    buffer = MetricBuffer()
+    for step in range(run.step, stage.steps):
+        if stop_after is not None and step >= run.step + stop_after:
+            run.history.extend(buffer.flush())
+            return PretrainResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
         lr = lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         batch = batches.batch(step)
-        t0 = time.perf_counter()
-        metrics = train_step(model, optimizer, batch, cfg.grad_clip, device)
-        dt = time.perf_counter() - t0
+        metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device)
         n_tokens = batch.input_ids.numel()
-        tokens_seen += n_tokens
-        timed_tokens, timed_seconds = timed_tokens + n_tokens, timed_seconds + dt
-        metrics.update({"train/lr": lr, "perf/tokens_per_s": n_tokens / dt, "step": step + 1})
-        history.append(metrics)
-        if (step + 1) % cfg.log_every == 0 or step + 1 == stage.steps:
-            log(step + 1, metrics)
-        if (step + 1) % ckpt_every == 0 and step + 1 < stage.steps:
-            save(step + 1, last_dir, with_state=True)
+        run.tokens_seen += n_tokens
+        metrics.update({"train/lr": lr, "step": step + 1})
+        buffer.append(metrics, tokens=n_tokens)
+        log_and_checkpoint(step + 1, stage.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
+                           lambda done: save(done, last_dir, with_state=True))
 
     # ---- final evaluation and checkpoint
     pairs, windows, questions = eval_sizes(cfg.profile)
@@ -247,22 +218,16 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                             examples_per_cell=cfg.eval_examples_per_cell or pairs,
                             max_length=cfg.eval_max_length, ppl_windows=cfg.eval_ppl_windows or windows,
                             vqa_questions=cfg.eval_vqa_questions or questions)
-    eval_metrics["perf/tokens_per_s"] = timed_tokens / max(timed_seconds, 1e-9)
+    eval_metrics["perf/tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
-    eval_metrics["train/tokens_seen"] = float(tokens_seen)
-    if history:
-        eval_metrics["train/final_loss"] = _tail_mean(history, "train/main")
-        eval_metrics["train/first_loss"] = history[0]["train/main"]
-        if "moe/load_max_over_mean" in history[-1]:
-            eval_metrics["moe/load_max_over_mean"] = _tail_mean(history, "moe/load_max_over_mean")
+    eval_metrics["train/tokens_seen"] = float(run.tokens_seen)
+    if run.history:
+        eval_metrics["train/final_loss"] = tail_mean(run.history, "train/main")
+        eval_metrics["train/first_loss"] = run.history[0]["train/main"]
+        if "moe/load_max_over_mean" in run.history[-1]:
+            eval_metrics["moe/load_max_over_mean"] = tail_mean(run.history, "moe/load_max_over_mean")
     log(stage.steps, eval_metrics)
     final_dir = out_dir / "final"
     save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
-    return PretrainResult(final_dir, history, eval_metrics, tokens_seen, resumed)
+    return PretrainResult(final_dir, run.history, eval_metrics, run.tokens_seen, run.from_step)
 
-
-def _tail_mean(history: list[dict], key: str, frac: float = 0.1) -> float:
-    """Mean of `key` over the last `frac` of the history (at least one step): a less noisy endpoint."""
-    n = max(math.ceil(len(history) * frac), 1)
-    values = [h[key] for h in history[-n:] if key in h]
-    return sum(values) / len(values)

@@ -43,8 +43,8 @@ import torch.nn as nn
 
 from k3model.config import get_profile
 from k3model.model import K3Model, default_labels
-from k3model.moe import LatentMoE
 from k3model.parallel.expert_parallel import ExpertParallelMoE, parallelize_experts, sync_balancing_stats
+from k3model.train.common import autocast_for, balance_experts, build_optimizer, optimizer_step
 
 BACKENDS = ("gloo", "nccl")
 BUCKET_MB = 64
@@ -63,14 +63,8 @@ class TokenBatch:
     image_mask: torch.Tensor | None = None
 
 
-def build_adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW with `k3model.pretrain.build_optimizer`'s groups (no decay on 1-D parameters), restated
-    here for the same import reason as TokenBatch."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    fused = next(model.parameters()).is_cuda
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), fused=fused)
+# One optimizer for every trainer; the old name stays for callers of this module.
+build_adamw = build_optimizer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,37 +237,22 @@ def clip_grad_norm(model: nn.Module, max_norm: float, group=None) -> torch.Tenso
 # ----------------------------------------------------------------------------------------------
 # The step
 
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
-
-
 def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, batch: TokenBatch, grad_clip: float,
                              group=None) -> dict[str, float]:
     """One data-parallel optimizer step on this rank's rows; metrics are means over ranks.
 
-    The same sequence as `k3model.pretrain.train_step`, with the gradient all-reduce, a global-norm
-    clip and globally summed balancing statistics. Call on every rank of `group`.
+    `k3model.pretrain.step_metrics` with the gradient all-reduce, a global-norm clip and globally
+    summed balancing statistics plugged into `k3model.train.common`'s step. Call on every rank of `group`.
     """
     device = batch.input_ids.device
     model.train()
-    with _autocast(device):
+    with autocast_for(device):
         losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask)
-    optimizer.zero_grad(set_to_none=True)
-    losses["loss/total"].backward()
-    allreduce_gradients(model, group)
-    grad_norm = clip_grad_norm(model, grad_clip, group)
-    optimizer.step()
-
-    moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
-    if moes:
-        loads_NE = torch.stack([m.last_load.to(device).float() for m in moes])
-        dist.all_reduce(loads_NE, group=group)
-        ratio_N = loads_NE.max(-1).values / loads_NE.mean(-1).clamp(min=1e-9)
-    for m in moes:
-        sync_balancing_stats(m, group)
-        m.update_bias()
+    grad_norm = optimizer_step(model, optimizer, losses["loss/total"], grad_clip,
+                               reduce=lambda m: allreduce_gradients(m, group),
+                               clip=lambda m, max_norm: clip_grad_norm(m, max_norm, group))
+    balance = balance_experts(model, reduce_loads=lambda loads_NE: dist.all_reduce(loads_NE, group=group),
+                              sync=lambda m: sync_balancing_stats(m, group))
 
     names = list(losses)
     loss_vec = torch.stack([losses[k].detach().float() for k in names])
@@ -281,9 +260,7 @@ def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, b
     loss_vec /= dist.get_world_size(group)
     metrics = {f"train/{k.split('/', 1)[1]}": float(v) for k, v in zip(names, loss_vec.tolist())}
     metrics["train/grad_norm"] = float(grad_norm)
-    if moes:
-        metrics["moe/load_max_over_mean"] = float(ratio_N.mean())
-        metrics["moe/load_max_over_mean_worst"] = float(ratio_N.max())
+    metrics.update({k: float(v) for k, v in balance.items()})
     return metrics
 
 
@@ -353,7 +330,7 @@ def data_parallel_worker(rank: int, world_size: int, cfg: DataParallelConfig) ->
     group = None
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
     model = build_replica(cfg, device, group)
-    optimizer = build_adamw(model, cfg.lr, weight_decay=0.1)
+    optimizer = build_optimizer(model, cfg.lr, weight_decay=0.1)
     vocab = model.cfg.vocab_size
     metrics: dict[str, float] = {}
     for step in range(cfg.warmup_steps):

@@ -1,0 +1,279 @@
+"""What every trainer shares: optimizer, autocast, the clipped step, MoE balancing, resume, metrics.
+
+Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data_parallel`), SFT
+(`k3model.train.sft`) and RL (`k3model.train.grpo`) stand on these pieces instead of restating them
+(torchtitan's `components/`, nanochat's `common.py`):
+
+- `build_optimizer`: AdamW, β = (0.9, 0.95), weight decay on matrices only — norms, biases,
+  pseudo-queries and gate scalars (every 1-D parameter) are not decayed; PyTorch's fused kernel on CUDA.
+- `autocast_for(device)`: bf16 autocast on CUDA, none on the CPU (fp32 there: the CPU's bf16 matmuls
+  are slower and the tiny profiles are not memory-bound).
+- `optimizer_step`: zero grads → backward → optional gradient reduce (the data-parallel all-reduce)
+  → clip by the global norm → step; returns the pre-clip norm as a tensor (no host sync).
+- `balance_experts`: each LatentMoE's load ratio max/mean of the last forward, then its bias update
+  (`update_bias`), optionally with the loads and histograms summed over ranks first.
+- `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
+  with the full train state (optimizer, RNG, whatever the loop keeps) around `k3model.checkpoint`, so
+  a killed run called again resumes and ends where an uninterrupted one would.
+- `MetricBuffer`: keeps each step's metrics as tensors and reads them to the host in one transfer
+  when the loop logs or checkpoints (`log_and_checkpoint`), so a step never waits on the device
+  (nanoGPT, nanochat).
+
+Only torch is imported at module level: the data-parallel step imports this module on machines that
+have nothing else (DESIGN.md §7); checkpoint I/O (safetensors) is imported when it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn as nn
+
+if TYPE_CHECKING:
+    from k3model.checkpoint import TrainState
+
+logger = logging.getLogger(__name__)
+
+Reduce = Callable[[nn.Module], None]
+Clip = Callable[[nn.Module, float], torch.Tensor]
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
+                    betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
+    """AdamW; no decay on norms, biases, pseudo-queries and gate scalars (1-D parameters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    fused = bool(params) and params[0].is_cuda
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+_logged_autocast: set[str] = set()
+
+
+def autocast_for(device: str | torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; on the CPU a disabled autocast (the step runs in fp32)."""
+    device_type = torch.device(device).type
+    if device_type not in _logged_autocast:
+        _logged_autocast.add(device_type)
+        logger.info("training on %s: %s", device_type,
+                    "bf16 autocast" if device_type == "cuda" else "fp32, no autocast")
+    if device_type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def _clip_local(model: nn.Module, max_norm: float) -> torch.Tensor:
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float,
+                   reduce: Reduce | None = None, clip: Clip = _clip_local) -> torch.Tensor:
+    """zero_grad → loss.backward() → reduce(model) → clip(model, grad_clip) → optimizer.step().
+
+    `reduce` averages gradients over data-parallel ranks (None: one process); `clip` returns the
+    norm before clipping (default: torch's, over this process's gradients).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if reduce is not None:
+        reduce(model)
+    grad_norm = clip(model, grad_clip)
+    optimizer.step()
+    return grad_norm
+
+
+def moe_layers(model: nn.Module) -> list[nn.Module]:
+    from k3model.moe import LatentMoE
+    return [m for m in model.modules() if isinstance(m, LatentMoE)]
+
+
+def balance_experts(model: nn.Module, reduce_loads: Callable[[torch.Tensor], None] | None = None,
+                    sync: Callable[[nn.Module], None] | None = None) -> dict[str, torch.Tensor]:
+    """Update every LatentMoE's routing bias from the forwards since the last call (after the
+    optimizer step); returns the load ratio max_j / mean_j of the last forward, mean and worst over
+    layers (tensors). `reduce_loads` sums the [layers, experts] loads over ranks in place; `sync(moe)`
+    sums one layer's balancing statistics over ranks before its update."""
+    moes = moe_layers(model)
+    if not moes:
+        return {}
+    device = next(model.parameters()).device
+    loads_NE = torch.stack([m.last_load.to(device).float() for m in moes])
+    if reduce_loads is not None:
+        reduce_loads(loads_NE)
+    ratio_N = loads_NE.max(-1).values / loads_NE.mean(-1).clamp(min=1e-9)
+    # The mean over layers in float64, as a mean of the layers' Python floats would be.
+    mean_ratio = ratio_N.double().mean()
+    for m in moes:
+        if sync is not None:
+            sync(m)
+        m.update_bias()
+    return {"moe/load_max_over_mean": mean_ratio, "moe/load_max_over_mean_worst": ratio_N.max()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Resume
+
+@dataclass
+class Resumed:
+    """Where a run continues: the saved train state (None for a fresh run) and what the loop kept."""
+    state: TrainState | None
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    tokens_seen: int = 0
+
+    @property
+    def from_step(self) -> int | None:
+        return None if self.state is None else self.step
+
+
+def resume(model: nn.Module, directory: str | Path, log: Callable[[int, dict], None]) -> Resumed:
+    """Load the weights and train state a killed run left in `directory` (a loop that saved with
+    `save_state(..., extra={"history": …, "tokens_seen": …})`), or report a fresh start."""
+    state = resume_point(directory)
+    if state is None:
+        return Resumed(None)
+    load_weights(model, directory)
+    log(state.step, {"event/resumed_from_step": state.step})
+    return Resumed(state, state.step, state.extra["history"], state.extra["tokens_seen"])
+
+
+def resume_point(directory: str | Path) -> TrainState | None:
+    """The train state saved in `directory` (hashes verified), or None when there is no checkpoint."""
+    from k3model.checkpoint import load_train_state
+    directory = Path(directory)
+    if not (directory / "manifest.json").exists():
+        return None
+    return load_train_state(directory)
+
+
+def load_weights(model: nn.Module, directory: str | Path) -> dict[str, Any]:
+    """Load a checkpoint's weights into `model` (hashes verified); returns its manifest."""
+    from k3model.checkpoint import load_checkpoint
+    weights, manifest = load_checkpoint(directory)
+    model.load_state_dict(weights)
+    return manifest
+
+
+def restore_train_state(state: TrainState, optimizer: torch.optim.Optimizer) -> None:
+    """Put the optimizer and every RNG back where `save_state` found them."""
+    from k3model.checkpoint import restore_rng_state
+    optimizer.load_state_dict(state.optimizer)
+    restore_rng_state(state.rng)
+
+
+def save_state(directory: str | Path, model: nn.Module, manifest_extra: dict[str, Any],
+               optimizer: torch.optim.Optimizer | None = None, step: int = 0,
+               extra: dict[str, Any] | None = None) -> None:
+    """Write the weights (and, with an optimizer, the train state to resume from) atomically."""
+    from k3model.checkpoint import TrainState, capture_rng_state, save_checkpoint
+    state = None
+    if optimizer is not None:
+        state = TrainState(step=step, optimizer=optimizer.state_dict(), rng=capture_rng_state(),
+                           extra=extra or {})
+    save_checkpoint(directory, {k: v.detach().cpu() for k, v in model.state_dict().items()}, manifest_extra,
+                    train_state=state, overwrite=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+
+def log_and_checkpoint(done: int, total: int, log_every: int, ckpt_every: int, buffer: MetricBuffer,
+                       history: list[dict], log: Callable[[int, dict], None],
+                       checkpoint: Callable[[int], None]) -> None:
+    """The end of a loop's step `done` (1-based) of `total`: at log and checkpoint steps the buffered
+    metrics are read into `history`; every `log_every` steps and at the last the newest row is
+    logged; every `ckpt_every` steps before the last `checkpoint(done)` writes the resume point."""
+    log_now = done % log_every == 0 or done == total
+    ckpt_now = done % ckpt_every == 0 and done < total
+    if log_now or ckpt_now:
+        history.extend(buffer.flush())
+    if log_now:
+        log(done, history[-1])
+    if ckpt_now:
+        checkpoint(done)
+        buffer.restart_clock()
+
+
+def tail_mean(history: list[dict], key: str, frac: float = 0.1) -> float:
+    """Mean of `key` over the last `frac` of the history (at least one step): a less noisy endpoint."""
+    n = max(math.ceil(len(history) * frac), 1)
+    values = [h[key] for h in history[-n:] if key in h]
+    return sum(values) / len(values)
+
+
+class MetricBuffer:
+    """Per-step metrics kept as given (0-d tensors or numbers) until `flush` reads them all at once.
+
+        buf.append({"train/loss": loss.detach(), "step": 3}, tokens=4096)
+        rows = buf.flush()   # one device→host copy: [{"train/loss": 2.31, "step": 3, "perf/tokens_per_s": …}]
+
+    Tensors are read as float64 (exact for fp32 and bf16 values), so a flushed value equals
+    `float(t)` bit for bit. Throughput is timed per window (from the previous flush or
+    `restart_clock` to this flush, whose read waits for the device): a step's own host time would
+    only measure kernel launches on a GPU. `tokens` and `seconds` total the flushed windows.
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[dict[str, Any]] = []
+        self._window_tokens = 0
+        self._t0 = time.perf_counter()
+        self.tokens = 0
+        self.seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def append(self, metrics: dict[str, Any], tokens: int = 0) -> None:
+        self._pending.append(metrics)
+        self._window_tokens += tokens
+
+    def restart_clock(self) -> None:
+        """Start the next window now: call after untimed work (a checkpoint write, an evaluation)."""
+        self._t0 = time.perf_counter()
+
+    def flush(self) -> list[dict[str, Any]]:
+        """The pending rows with tensors read to floats, in order; the buffer is emptied."""
+        rows, self._pending = self._pending, []
+        slots = [(i, k) for i, row in enumerate(rows) for k, v in row.items() if isinstance(v, torch.Tensor)]
+        by_device: dict[torch.device, list[int]] = {}
+        for j, (i, k) in enumerate(slots):
+            by_device.setdefault(rows[i][k].device, []).append(j)
+        values = [0.0] * len(slots)
+        for js in by_device.values():
+            stacked = torch.stack([rows[slots[j][0]][slots[j][1]].detach().reshape(()).double() for j in js])
+            for j, v in zip(js, stacked.cpu().tolist()):
+                values[j] = v
+        out = [dict(row) for row in rows]
+        for (i, k), v in zip(slots, values):
+            out[i][k] = v
+        seconds = time.perf_counter() - self._t0
+        if self._window_tokens:
+            rate = self._window_tokens / max(seconds, 1e-9)
+            for row in out:
+                row["perf/tokens_per_s"] = rate
+        self.tokens += self._window_tokens
+        self.seconds += seconds
+        self._window_tokens = 0
+        self._t0 = time.perf_counter()
+        return out
+
+    @staticmethod
+    def read(metrics: dict[str, Any]) -> dict[str, Any]:
+        """One step's metrics with tensors read to floats (one device→host copy)."""
+        buffer = MetricBuffer()
+        buffer.append(metrics)
+        return buffer.flush()[0]

@@ -1,0 +1,50 @@
+"""Quantization-aware training switched on for a built model, from outside it (torchao's "prepare").
+
+K3 trains with QAT from SFT onward (report §4.1.4; research/recipe.md §7b): the routed experts'
+weights are fake-quantized to MXFP4 (E2M1 elements, one E8M0 scale per 32 along the reduction
+dimension) and their matmul inputs to MXFP8 (E4M3) on every forward, with a straight-through
+estimator, so the fp32 master weights train while the forward sees what the exported MXFP4 model
+computes. Router, latent projections, shared experts, attention and embeddings stay in high precision.
+
+    model = load_pretrained(base_dir)[0]
+    prepare_qat(model)          # every LatentMoE now fake-quantizes through kernels.mx.fake_quant_mx
+
+The quantizer is `kernels.mx.fake_quant_mx`, the one export uses too; `prepare_qat` hands it to each
+LatentMoE's quantization hook, which is exactly what building the model with `ModelConfig(qat=True)`
+does, so a prepared model computes bit for bit what a QAT-built one does (tested). The model files
+stay free of training modes, as `k3model.parallel` wraps a model from outside.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from k3model.moe import MX_BLOCK, LatentMoE
+
+QAT_SCHEME = {"modules": "LatentMoE routed experts", "weights": "fp4_e2m1", "activations": "fp8_e4m3",
+              "block_size": MX_BLOCK, "gradient": "straight-through", "quantizer": "kernels.mx.fake_quant_mx"}
+
+
+def prepare_qat(model: nn.Module) -> nn.Module:
+    """Turn on MXFP4-weight / MXFP8-activation fake quantization in every LatentMoE of `model`
+    (in place; returns it). Raises ValueError when the model has no LatentMoE or a width is not a
+    multiple of the MX block."""
+    from kernels.mx import fake_quant_mx
+
+    moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
+    if not moes:
+        raise ValueError("prepare_qat found no LatentMoE in the model: QAT here quantizes the routed "
+                         "experts, so the model needs MoE layers (n_layers > n_dense_layers)")
+    for moe in moes:
+        for name in ("latent_dim", "expert_hidden"):
+            if getattr(moe.cfg, name) % MX_BLOCK:
+                raise ValueError(f"QAT quantizes in MX blocks of {MX_BLOCK} along {name}, but the model's "
+                                 f"{name} is {getattr(moe.cfg, name)}: choose a multiple of {MX_BLOCK}")
+        moe.fake_quant_mx = fake_quant_mx
+    return model
+
+
+def qat_enabled(model: nn.Module) -> bool:
+    """True when every LatentMoE of `model` fake-quantizes its experts."""
+    moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
+    return bool(moes) and all(m.fake_quant_mx is not None for m in moes)

@@ -1,0 +1,262 @@
+"""Supervised fine-tuning on expert demonstrations at three reasoning efforts, QAT on (DESIGN.md §1, §4).
+
+One call trains the SFT cold start:  setup → model → optimizer → data → loop (checkpoint, step, log).
+
+- Data: `datagen.sft` rows (token ids produced once by the project's tokenizer, never re-tokenized,
+  and a loss mask that is 1 on the model's own tokens: scratchpads, calls, `<|end|>`). The target
+  of position t is token t+1 where that token is the model's own, else ignored:
+
+      labels[t] = input_ids[t+1]  if loss_mask[t+1]  else IGNORE
+      loss      = mean over labelled positions of CE(logits[t], labels[t])   (+ λ·MTP, as pretraining)
+
+  so the mean runs over own tokens of the whole batch (token-level, not per-row). Batch `step`
+  holds rows `perm_e[(step·B + j) mod N]` of a per-epoch permutation seeded by (seed, epoch), right-
+  padded to the batch's longest row with `<|pad|>` (never a target): a pure function of (seed, step),
+  which is what lets a killed run resume exactly.
+- QAT from the first step: `k3model.train.qat.prepare_qat` before the optimizer exists — MXFP4
+  weights and MXFP8 activations on the routed experts through `kernels.mx.fake_quant_mx`,
+  straight-through.
+- AdamW, warmup + cosine (`schedule.lr_at`), clipping, bf16 autocast on CUDA, MoE bias updates after
+  each step, resume from `out_dir/last`, metrics read to the host only at log and checkpoint steps:
+  all `k3model.train.common`'s.
+- Initial weights: a base-model checkpoint (its manifest's model config is used), or with none a
+  freshly initialized model of the profile (logged: it is only for tests and ablations).
+
+No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see progress.
+Legend: B rows per batch, T tokens (the batch's longest row), N rows of the data set.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import torch
+
+from datagen.io import read_parquet, sha256_file, table_metadata
+from datagen.sft import FORMAT
+from k3model.config import ModelConfig, get_profile
+from k3model.model import IGNORE_INDEX, K3Model
+from k3model.schedule import lr_at
+from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer,
+                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
+                                  set_lr, tail_mean)
+from k3model.train.qat import QAT_SCHEME, prepare_qat
+
+logger = logging.getLogger(__name__)
+
+LogFn = Callable[[int, dict], None]
+PAD_ID = 0  # datagen.tokenizer.PAD: special tokens take ids 0… in SPECIAL_TOKENS order
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    profile: str = "tiny"  # the model shape when training from scratch; a base checkpoint's own wins
+    seed: int = 0
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup_frac: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    qat: bool = True  # MXFP4 weights / MXFP8 activations on the routed experts from the first step
+    ckpt_every: int = 0  # 0: four times per run
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        get_profile(self.profile)  # raises ValueError naming the valid profiles
+        if self.profile == "k3":
+            raise ValueError("profile 'k3' is never instantiated: choose smoke, tiny or small")
+        for name in ("steps", "batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.warmup_frac < 1.0:
+            raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
+
+
+@dataclass
+class SFTResult:
+    checkpoint_dir: Path
+    history: list[dict] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    tokens_seen: int = 0  # labelled (own) tokens trained on
+    resumed_from_step: int | None = None
+
+
+class Demonstrations:
+    """The rows of a `datagen.sft` table as tensors, and the batches of a run."""
+
+    def __init__(self, table: pa.Table, vocab_size: int):
+        meta = table_metadata(table)
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"the demonstrations table has format {meta.get('format')!r}, not {FORMAT!r}: "
+                             "build it with datagen.sft.build_sft")
+        if table.num_rows == 0:
+            raise ValueError("the demonstrations table has no rows: raise SFTDataConfig.max_tokens or add families")
+        self.efforts = table.column("effort").to_pylist()
+        self.domains = table.column("domain").to_pylist()
+        self.harnesses = table.column("harness").to_pylist()
+        self.ids = [torch.tensor(x, dtype=torch.long) for x in table.column("input_ids").to_pylist()]
+        self.own = [torch.tensor(x, dtype=torch.bool) for x in table.column("loss_mask").to_pylist()]
+        top = max(int(x.max()) for x in self.ids)
+        if top >= vocab_size:
+            raise ValueError(f"the demonstrations hold token id {top} but the model's vocabulary has "
+                             f"{vocab_size} ids: build them with the tokenizer the model was trained with")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def rows(self, seed: int, step: int, batch_size: int) -> list[int]:
+        """The row indices of batch `step`: positions step·B … step·B + B−1 of the epochs' permutations."""
+        n = len(self)
+        perms: dict[int, list[int]] = {}
+        out = []
+        for p in range(step * batch_size, (step + 1) * batch_size):
+            epoch = p // n
+            if epoch not in perms:
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+                perms[epoch] = torch.randperm(n, generator=gen).tolist()
+            out.append(perms[epoch][p % n])
+        return out
+
+    def batch(self, rows: list[int], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """(input_ids_BT, labels_BT), right-padded; labels are the next token where it is the model's own."""
+        T = max(len(self.ids[r]) for r in rows)
+        ids_BT = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+        labels_BT = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+        for b, r in enumerate(rows):
+            ids, own = self.ids[r], self.own[r]
+            ids_BT[b, : len(ids)] = ids
+            labels_BT[b, : len(ids) - 1] = torch.where(own[1:], ids[1:], IGNORE_INDEX)
+        return ids_BT.to(device), labels_BT.to(device)
+
+
+def _read_demos(demos: pa.Table | str | Path) -> tuple[pa.Table, dict[str, str]]:
+    if isinstance(demos, pa.Table):
+        return demos, {}
+    path = Path(demos)
+    if not path.exists():
+        raise ValueError(f"no SFT demonstrations at {path}: build them first (datagen.sft.build_sft)")
+    return read_parquet(path), {"sft_demos": sha256_file(path)}
+
+
+def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[K3Model, dict]:
+    from k3model.pretrain import load_pretrained
+    if init_checkpoint is None:
+        logger.warning("SFT starts from a freshly initialized %s model (no base checkpoint given)", cfg.profile)
+        return K3Model(get_profile(cfg.profile).model), {}
+    model, manifest = load_pretrained(init_checkpoint)
+    return model, {"base_model": manifest["sha256"]}
+
+
+@torch.no_grad()
+def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device: str | torch.device = "cpu",
+              prefix: str = "eval") -> dict[str, float]:
+    """Mean next-token CE on own tokens: over all rows (`<prefix>/loss`), per effort
+    (`<prefix>/loss/<effort>`), per (domain, effort) and per harness (`<prefix>/loss/harness/<h>`)."""
+    model.eval()
+    sums: dict[str, list[float]] = {}
+
+    def add(key: str, nll: float, n: int) -> None:
+        acc = sums.setdefault(key, [0.0, 0])
+        acc[0] += nll
+        acc[1] += n
+
+    for start in range(0, len(demos), batch_size):
+        rows = list(range(start, min(start + batch_size, len(demos))))
+        ids_BT, labels_BT = demos.batch(rows, device)
+        logits_BTV = model(ids_BT).logits_BTV.float()
+        nll_BT = torch.nn.functional.cross_entropy(logits_BTV.transpose(1, 2), labels_BT,
+                                                   ignore_index=IGNORE_INDEX, reduction="none")
+        for b, r in enumerate(rows):
+            own = labels_BT[b] != IGNORE_INDEX
+            nll, n = float(nll_BT[b][own].sum()), int(own.sum())
+            for key in ("", f"/{demos.efforts[r]}", f"/{demos.domains[r]}/{demos.efforts[r]}",
+                        f"/harness/{demos.harnesses[r]}"):
+                add(f"{prefix}/loss{key}", nll, n)
+    return {key: nll / n for key, (nll, n) in sorted(sums.items()) if n}
+
+
+def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
+          init_checkpoint: str | Path | None = None, eval_demos: pa.Table | str | Path | None = None,
+          log_fn: LogFn | None = None, stop_after: int | None = None) -> SFTResult:
+    """Fine-tune on `demos` (a `datagen.sft` table or its Parquet file). At the end the own-token
+    loss is measured on `demos` (`fit/loss…`) and, when given, on held-out `eval_demos` (`eval/loss…`,
+    e.g. other task seeds). `stop_after` ends the loop early after that many steps (to test resume)."""
+    # ---- setup
+    out_dir = Path(out_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(cfg.seed)
+    ckpt_every = cfg.ckpt_every or max(cfg.steps // 4, 1)
+    last_dir = out_dir / "last"
+    log = log_fn or (lambda step, metrics: None)
+
+    # ---- model (QAT before the optimizer: the first step already trains through the quantizer)
+    model, data_versions = _initial_model(cfg, init_checkpoint)
+    if cfg.qat:
+        prepare_qat(model)
+    run = resume(model, last_dir, log)
+    model.to(device)
+
+    # ---- optimizer
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    if run.state is not None:
+        restore_train_state(run.state, optimizer)
+
+    # ---- data
+    table, demo_versions = _read_demos(demos)
+    data = Demonstrations(table, model.cfg.vocab_size)
+    model_cfg: ModelConfig = model.cfg
+    manifest_extra = {"config": {"sft": asdict(cfg), "model": asdict(model_cfg),
+                                 "qat": QAT_SCHEME if cfg.qat else None, "data": table_metadata(table)},
+                      "data_versions": {**data_versions, **demo_versions}}
+
+    def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
+        save_state(path, model, dict(manifest_extra, metrics=metrics or {}),
+                   optimizer if with_state else None, step,
+                   {"history": run.history, "tokens_seen": run.tokens_seen})
+
+    # ---- loop
+    warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
+    buffer = MetricBuffer()
+    for step in range(run.step, cfg.steps):
+        if stop_after is not None and step >= run.step + stop_after:
+            run.history.extend(buffer.flush())
+            return SFTResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
+        lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
+        set_lr(optimizer, lr)
+        ids_BT, labels_BT = data.batch(data.rows(cfg.seed, step, cfg.batch_size), device)
+        model.train()
+        with autocast_for(device):
+            losses = model.compute_loss(ids_BT, labels_BT)
+        grad_norm = optimizer_step(model, optimizer, losses["loss/total"], cfg.grad_clip)
+        n_own = int((labels_BT != IGNORE_INDEX).sum())
+        run.tokens_seen += n_own
+        metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
+        metrics.update(balance_experts(model))
+        metrics.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/own_tokens": n_own, "step": step + 1})
+        buffer.append(metrics, tokens=n_own)
+        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
+                           lambda done: save(done, last_dir, with_state=True))
+
+    # ---- final metrics and checkpoint
+    metrics = demo_loss(model, data, cfg.batch_size, device, prefix="fit")
+    if eval_demos is not None:
+        eval_table, eval_versions = _read_demos(eval_demos)
+        metrics.update(demo_loss(model, Demonstrations(eval_table, model_cfg.vocab_size), cfg.batch_size, device))
+        manifest_extra["data_versions"].update({f"eval_{k}": v for k, v in eval_versions.items()})
+    metrics["perf/own_tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
+    metrics["train/tokens_seen"] = float(run.tokens_seen)
+    if run.history:
+        metrics["train/first_loss"] = run.history[0]["train/main"]
+        metrics["train/final_loss"] = tail_mean(run.history, "train/main")
+    log(cfg.steps, metrics)
+    final_dir = out_dir / "final"
+    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
+    return SFTResult(final_dir, run.history, metrics, run.tokens_seen, run.from_step)
