@@ -97,6 +97,21 @@ def case_strong_decay():
     return compare(1, 128, 1, 16, 16, seed=3, with_h0=True, decay_scale=4.0)
 
 
+def case_strong_decay_tf32():
+    """The gate gradient under strong decay, g = 2·logsigmoid(x − 2) (about −4.3 per token), with
+    tf32 products truncated as on sm_90 (conftest shim 4), against the float64 recurrence."""
+    q, k, v, _, beta, h0 = make_inputs(1, 64, 2, 32, 32, seed=10)
+    g = 2 * F.logsigmoid(torch.randn(q.shape, generator=torch.Generator().manual_seed(11)) - 2)
+    inputs = [q, k, v, g, beta, h0]
+    o_r, s_r, g_r = grads(naive_recurrent_kda, [x.double() for x in inputs], with_h0=True)
+    conftest.TF32[0] = True
+    try:
+        o, s, g_t = grads(triton_kda, inputs, with_h0=True)
+    finally:
+        conftest.TF32[0] = False
+    return {"o": rel(o, o_r), "ht": rel(s, s_r), **{n: rel(g_t[n], g_r[n]) for n in g_t}}
+
+
 def case_extreme_decay():
     # Log decays uniform in (−60, 0): past the anchored factorization's exact range (chunk_triton.py),
     # where the kernels must still return finite numbers.
