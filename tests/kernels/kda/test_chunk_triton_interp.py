@@ -76,3 +76,25 @@ def test_gate_gradient_under_strong_decay_with_tf32_products(results):
     r = results["strong_decay_tf32"]
     for name in ["o", "ht"] + GRADS + ["dh0"]:
         assert r[name] <= 2.5e-3, (name, r[name])
+
+
+def test_default_inverse_is_exact_for_positive_keys_with_weak_decay(results):
+    r = results["positive_keys_weak_decay"]
+    for name in ["o", "ht"] + GRADS + ["dh0"]:
+        assert r[name] <= 1e-5, (name, r[name])
+
+
+def test_tile_config_is_passed_explicitly(results):
+    r = results["explicit_tiles"]
+    assert r["bks"] == [32, 32, 16, 16], r["bks"]  # default slices, then the ones passed
+    for name in ["o", "ht"] + GRADS + ["dh0"]:
+        assert r[name] <= 1e-6, (name, r[name])
+
+
+def test_tile_config_rejects_bad_warps_and_key_slices():
+    from kernels.kda.triton.common import TileConfig
+
+    with pytest.raises(ValueError, match="warp counts"):
+        TileConfig(bwd_pairs_warps=3)
+    with pytest.raises(ValueError, match="key slices"):
+        TileConfig(prep_key_slice=24)
