@@ -14,7 +14,7 @@ Paths (the dispatcher logs the one it takes; matmul_path() says which it would t
     "triton_gemm"            same, GEMV_MAX_M < M <= GEMM_MAX_M: tensor-core kernel
     "triton_dequant_cublas"  CUDA, M > GEMM_MAX_M (prefill): one Triton pass writes W in bf16,
                              then cuBLAS; at this size the matmul is compute-bound and cuBLAS's
-                             bf16 GEMM beats the fused kernel (benchmarks/results/mx_h200.json)
+                             bf16 GEMM beats the fused kernel (benchmarks/results/mx/2026-11-29_h200.json)
     "torch_dequant"          dequantize W with torch ops, then torch.matmul (fp32 on the CPU);
                              the CPU without TRITON_INTERPRET=1, or CUDA without Triton
 mx_linear_experts (a mixture of experts at decode: one token's rows through its routed experts):
