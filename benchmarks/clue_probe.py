@@ -8,7 +8,7 @@ control stays at chance too, the failure is the task's difficulty at this size a
 long-range recall.
 
     OMP_NUM_THREADS=2 python benchmarks/clue_probe.py --data-home .k3 --profile tiny --seq-len 512 \\
-        --steps 450 --batch-size 8 --out benchmarks/results/clue_probe_tiny_cpu.json
+        --steps 450 --batch-size 8 --out benchmarks/results/train/2026-11-29_clue_probe_tiny_cpu.json
 
 `--data-home` is a K3_HOME whose data assets exist for the profile (`k3 run --select
 tokenizer,corpus,clue_data,image_data`); the newest version of each is used.

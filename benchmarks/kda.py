@@ -13,6 +13,10 @@ Counting conventions (written into the JSON):
   forward+backward adds reading them and dO again and writing dq, dk, dv, dbeta (bf16), dg (fp32).
   Achieved GB/s is minimal bytes over time: a lower bound on the traffic the kernels really move.
 
+Before timing: the gate gradient under strong decay (--strong-decay, issue 22 item 2): g = 2·logsigmoid(x − 2),
+x ~ N(0, 1), T = 777, D = 128, bf16 q/k/v/beta with an fp32 initial state; ours and fla's o, final state and
+every gradient against a float64 recurrence, over three seeds.
+
 Usage (device machine): PYTHONPATH=.:/tmp/site python benchmarks/kda.py --out $OUT/kda_h200.json
 fla is optional: without it the fla columns are null and the JSON says why.
 """
@@ -21,17 +25,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
+import functools
 import json
 import math
-import os
-import platform
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.kda_variants import tile_config_from_arg
+from benchmarks.common import run_header, tile_config_from_arg, write_json
 
 SHAPES = [(8, 4096, 16, 128), (1, 16384, 16, 128), (1, 65536, 16, 128), (2, 32768, 32, 128)]
 CHUNK = 64
@@ -123,46 +125,81 @@ def rel(a, b):
 
 
 def _write(res: dict, out: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(out, res)
+
+
+def strong_decay_errors(fns: dict, seeds=(17, 18, 19), B=1, T=777, H=4, D=128) -> dict:
+    """Relative errors (fla's metric) of o, final state and every gradient against the float64
+    recurrence under strong decay, g = 2·logsigmoid(x − 2), per function and seed."""
+    from kernels.kda import naive_recurrent_kda
+
+    def run(fn, inputs):
+        leaves = [x.clone().requires_grad_(True) for x in inputs]
+        o, ht = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        do = torch.randn(o.shape, device="cuda", generator=gen, dtype=torch.float64)
+        dht = torch.randn(ht.shape, device="cuda", generator=gen, dtype=torch.float64)
+        ((o.double() * do).sum() + (ht.double() * dht).sum()).backward()
+        names = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+        return {"o": o.detach(), "ht": ht.detach(), **{n: x.grad for n, x in zip(names, leaves)}}
+
+    out = {name: {} for name in fns}
+    for seed in seeds:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        q = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=gen), dim=-1).to(torch.bfloat16)
+        k = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=gen), dim=-1).to(torch.bfloat16)
+        v = torch.randn(B, T, H, D, device="cuda", generator=gen).to(torch.bfloat16)
+        g = 2 * F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=gen) - 2)
+        beta = torch.rand(B, T, H, device="cuda", generator=gen).sigmoid().to(torch.bfloat16)
+        h0 = torch.randn(B, H, D, D, device="cuda", generator=gen)
+        inputs = [q, k, v, g, beta, h0]
+        ref = run(naive_recurrent_kda, [x.double() for x in inputs])
+        for name, fn in fns.items():
+            got = run(fn, inputs)
+            out[name][seed] = {n: rel(got[n].double(), ref[n]) for n in ref}
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/kda_h200.json")
+    ap.add_argument("--out", required=True, help="e.g. benchmarks/results/kda/<date>_vs_fla_h200.json")
+    ap.add_argument("--strong-decay", action="store_true", help="the strong-decay gradient check first")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of indices into SHAPES")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants at (1, 16384, 16, 128)")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--tiles", default="default", help="TileConfig: 'default', a kda_variants variant, "
-                    "'best:SWEEP.json', or overrides such as 'bwd_warps=4,prep_split=false,inverse=doubling'")
+    ap.add_argument("--tiles", default="default", help="TileConfig: 'default', 'best:SWEEP.json' (a "
+                    "benchmarks/kda_variants.py run), or overrides such as 'bwd_pairs_warps=4,state_warps=4'")
+    ap.add_argument("--commit", default=None)
     args = ap.parse_args()
 
-    import triton
+    from kernels.kda import kda_decode_step_, naive_recurrent_kda
+    from kernels.kda.chunk_triton import chunk_kda_triton
 
-    from kernels.kda import chunk_kda, kda_decode_step_, naive_recurrent_kda
-    from kernels.kda import chunk_triton
-
-    chunk_triton.set_tile_config(tile_config_from_arg(args.tiles))
+    tiles = tile_config_from_arg(args.tiles)
+    chunk_kda = functools.partial(chunk_kda_triton, tiles=tiles)
     torch.manual_seed(0)
     res = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(),
-        "tile_config": dataclasses.asdict(chunk_triton._TILES),
+        "header": run_header(args.commit),
+        "tile_config": dataclasses.asdict(tiles),
         "conventions": {"kda_flops_fwd_per_token_head": "2*(5*C*D + 3*D^2), C=64; fwd+bwd = 3x",
                         "bytes": "minimal IO: bf16 q,k,v,beta,o (+dO, dq,dk,dv,dbeta) and fp32 g (+dg)"},
     }
     fla_fn = fla_dec = None
     if not args.no_fla:
         try:
-            import fla
+            import fla  # noqa: F401
             from fla.ops.kda import chunk_kda as fla_fn, fused_recurrent_kda as fla_dec
             res["fla"] = getattr(fla, "__version__", "unknown")
         except Exception as err:  # fla is optional: record why it is missing
             res["fla"] = None
             res["fla_import_error"] = repr(err)
-    print(json.dumps({k: res[k] for k in ("gpu", "torch", "triton", "fla")}), flush=True)
+    print(res["header"]["gpus"], res.get("fla"), flush=True)
+    if args.strong_decay:
+        fns = {"ours": chunk_kda} | ({"fla": fla_fn} if fla_fn is not None else {})
+        res["strong_decay"] = strong_decay_errors(fns)
+        for name, per_seed in res["strong_decay"].items():
+            print("strong decay", name, {s: f"dg {e['dg']:.2e} o {e['o']:.2e}" for s, e in per_seed.items()}, flush=True)
+        _write(res, args.out)
 
     res["bf16_matmul_tflops"], res["copy_TBps"] = ceilings()
     print(f"ceilings: {res['bf16_matmul_tflops']:.0f} TFLOP/s bf16, {res['copy_TBps']:.2f} TB/s copy", flush=True)
@@ -218,23 +255,16 @@ def main():
     res["rows"] = rows
 
     if args.sweep:
-        variants = {
-            "default": chunk_triton.TileConfig(),
-            "fused_doubling": chunk_triton.FUSED_DOUBLING,
-            "state_warps4": chunk_triton.TileConfig(state_warps=4),
-            "state_bv16": chunk_triton.TileConfig(state_block_v=16),
-            "bwd_bks64_bv64": chunk_triton.TileConfig(bwd_key_slice=64, bwd_block_v=64),
-            "bwd_warps4": chunk_triton.TileConfig(bwd_warps=4),
-            "prep_warps4": dataclasses.replace(chunk_triton.FUSED_DOUBLING, prep_warps=4),
-        }
+        from kernels.kda.triton.common import TileConfig
+
+        variants = {"default": TileConfig(), "state_warps4": TileConfig(state_warps=4),
+                    "state_bv16": TileConfig(state_block_v=16), "bwd_bks64": TileConfig(bwd_key_slice=64)}
         sweep = {}
         for name, cfg in variants.items():
-            old = chunk_triton.set_tile_config(cfg)
             try:
-                sweep[name] = time_kda(chunk_kda, 1, 16384, 16, 128)
+                sweep[name] = time_kda(functools.partial(chunk_kda_triton, tiles=cfg), 1, 16384, 16, 128)
             except Exception as err:
                 sweep[name] = repr(err)
-            chunk_triton.set_tile_config(old)
             print("sweep", name, sweep[name], flush=True)
         res["sweep_1x16384x16x128"] = sweep
 

@@ -6,13 +6,12 @@ Medians of wall-clock repeats after one warm-up; the outputs of both paths are c
 The recurrence's forward+backward grows faster than T through autograd (77 s per call at T = 2048
 on the 2-core CI machine), so it is timed once, and only up to RECURRENT_BWD_MAX_T.
 
-    PYTHONPATH=. python benchmarks/kda_cpu.py --out benchmarks/results/kda_cpu.json
+    PYTHONPATH=. python benchmarks/kda_cpu.py --out benchmarks/results/kda/2026-11-29_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -22,6 +21,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.common import run_header
 
 SHAPES = [(1, 512, 4, 32), (1, 2048, 4, 32), (1, 8192, 4, 32)]
 RECURRENT_BWD_MAX_T = 2048
@@ -63,16 +64,14 @@ def time_path(fn, inputs, reps, bwd_reps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/kda_cpu.json")
+    ap.add_argument("--out", required=True, help="e.g. benchmarks/results/kda/<date>_cpu.json")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
 
     from kernels.kda import chunk_kda_torch, naive_recurrent_kda
 
-    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(),
-           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-           "python": platform.python_version(), "dtype": "float32",
+    res = {"header": run_header(), "machine": platform.machine(), "processor": platform.processor(),
+           "torch_threads": torch.get_num_threads(), "dtype": "float32",
            "load_average_at_start": os.getloadavg(), "rows": []}
     for (B, T, H, D) in SHAPES:
         inputs = make_inputs(B, T, H, D)

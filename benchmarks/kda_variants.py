@@ -1,27 +1,24 @@
-"""KDA Triton kernel variants (`chunk_triton.TileConfig`) on one GPU: correctness, then per-kernel time.
+"""KDA Triton launch shapes (`TileConfig`, kernels/kda/triton/common.py) on one GPU: correctness, then
+per-kernel time.
 
-Variants: today's default (fused prep and backward chunk, 8 warps, tf32x3 inverse); the tf32
-inverse; prep split at 4 and 8 warps; backward chunk split at 4 and 8 warps; all three combined at
-4 and 8 warps and at mixed warps; the substitution inverse (split prep only), alone and combined;
-the backward split with 16-wide key slices. Each runs in its own subprocess with a timeout, so a
-miscompile that raises an illegal memory access (it kills the CUDA context) loses only that variant.
-Per variant:
+The variants are launch shapes of the default kernels (warps, key slices, value blocks); the kernel
+variants that earlier sessions swept here (the fused prep with the doubling inverse, tf32x3, fused
+backward, bf16 pair products) were removed from the library, their results are in
+benchmarks/results/kda/ and docs/log/kda.md. Each variant runs in its own subprocess with a timeout,
+so a miscompile that raises an illegal memory access (it kills the CUDA context) loses only that
+variant. Per variant:
 1. correctness at (B, T, H, D) = (1, 1000, 4, 128), bf16 inputs (fla's test distribution: q, k
    L2-normalised U(0, 1), g = logsigmoid(N(0, 1)), fp32 h0), against `chunk_kda_torch` in fp32:
    relative RMS error (fla's `assert_close`) of o, the final state and every gradient, within o/ht
-   5e-3, dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2. Also, for the record only, the forward error against the
-   fp32 recurrence with positive k and weak gates (logsigmoid(N(0, 1) + 3)), where the doubling
-   inverse loses accuracy and the substitution inverse should not (docs/log/kda.md);
-2. `triton.testing.do_bench` medians at (8, 4096, 16, 128) bf16 of each stage (prep, forward state,
-   backward state, backward chunk; the halves of a split stage too) and of the whole forward and
-   forward+backward through autograd.
-The JSON is rewritten after every variant, so a timeout keeps what finished.
+   5e-3, dq/dk/dv/dh0 8e-3, dg/dbeta 2e-2. Also, for the record, the forward error against the
+   fp32 recurrence with positive k and weak gates (logsigmoid(N(0, 1) + 3));
+2. `triton.testing.do_bench` medians at (8, 4096, 16, 128) bf16 of each stage (prep, solve, forward
+   state, backward state, backward) and of the whole forward and forward+backward through autograd.
+The JSON is rewritten after every variant, so a timeout keeps what finished; each variant records
+its `tile_config`, which `--tiles best:SWEEP.json` of benchmarks/kda.py reads (benchmarks/common.py).
 
-Usage (H200: Python 3.12, torch 2.11, triton 3.6, nothing else; < 9 minutes serially; --jobs 8 checks
-and compiles the variants in parallel first, then times them one by one):
+Usage (H200; --jobs 8 checks and compiles the variants in parallel first, then times them one by one):
     PYTHONPATH=. python3 benchmarks/kda_variants.py --jobs 8 --out $OUT/kda_variants_h200.json
-benchmarks/kda.py and benchmarks/train_step.py take `--tiles best:$OUT/kda_variants_h200.json` to run
-the fastest correct variant of such a sweep.
 CPU smoke run of the same code path under Triton's interpreter, tiny shape: correctness, and every
 timed stage run once without timing (it loads the interpreter shims from tests/kernels/kda/conftest.py):
     PYTHONPATH=. python3 benchmarks/kda_variants.py --quick --out /tmp/kda_variants_quick.json
@@ -34,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -45,84 +40,24 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a script: benchmarks.common below
 
-# Overrides of TileConfig(): the default is the split prep with the substitution inverse; FD marks
-# the fused prep with the doubling inverse, the configuration timed on the H200 on 2026-11-29.
-FD = {"prep_split": False, "inverse": "doubling"}
-DB = {"inverse": "doubling"}
+from benchmarks.common import run_header  # noqa: E402
+
+# Overrides of TileConfig(), the default: launch shapes around it.
 VARIANTS = {
     "default": {},
-    "fused_doubling": FD,
-    "tf32_inverse": {**FD, "inverse_precision": "tf32"},
-    "prep_split_w4": {**DB, "prep_pairs_warps": 4, "prep_solve_warps": 4},
-    "prep_split_w8": {**DB, "prep_pairs_warps": 8, "prep_solve_warps": 8},
-    "bwd_split_w4": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
-    "bwd_split_w8": {**FD, "bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
-    "combined_w4": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 4,
-                    "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4},
-    "combined_w8": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 8,
-                    "prep_solve_warps": 8, "bwd_split": True, "bwd_values_warps": 8, "bwd_pairs_warps": 8},
-    # Each kernel at the warps where the sm_90 compile (--resources) shows no spill and most CTAs/SM.
-    "combined_mixed": {**DB, "inverse_precision": "tf32", "prep_pairs_warps": 8,
-                       "prep_solve_warps": 4, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
-    # The substitution inverse (exact where the doubling fails: positive k, weak gates) at 8 warps and
-    # with everything else; tf32 is safe for it in every regime (tests/kernels/kda/test_inverse_precision.py).
-    "subst_w8": {"prep_pairs_warps": 8, "prep_solve_warps": 8},
-    "subst_combined_mixed": {"inverse_precision": "tf32", "prep_pairs_warps": 8, "prep_solve_warps": 4,
-                             "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 8},
-    # The default with the pairs kernel at 4 warps; measured in session 4 (fwd 2.19 vs 2.61 ms), it
-    # is the default now, and subst_combined_mixed keeps the 8-warp launch for comparison.
-    "subst_combined_pairs4": {"prep_pairs_warps": 4},
-    # The pair-region products with bf16 operands (session 6, untimed): backward, prep, both.
-    "bwd_pairs_bf16": {"bwd_pair_dtype": "bf16"},
-    "prep_pairs_bf16": {"prep_pair_dtype": "bf16"},
-    "pairs_bf16": {"prep_pair_dtype": "bf16", "bwd_pair_dtype": "bf16"},
-    # 16-wide key slices: the pairs kernel spills 272 B instead of 1128 B at 4 warps.
-    "bwd_split_w4_bks16": {**FD, "bwd_split": True, "bwd_values_warps": 4, "bwd_pairs_warps": 4,
-                           "bwd_key_slice": 16},
+    "pairs_w8": {"prep_pairs_warps": 8},
+    "solve_w8": {"prep_solve_warps": 8},
+    "state_w4": {"state_warps": 4},
+    "bwd_values_w8": {"bwd_values_warps": 8},
+    "bwd_pairs_w4": {"bwd_pairs_warps": 4},
+    "bwd_pairs_bks16": {"bwd_key_slice": 16},
 }
 CHECK_SHAPE = (1, 1000, 4, 128)
 TIME_SHAPE = (8, 4096, 16, 128)
 QUICK_SHAPE = (1, 100, 2, 32)
 TOL = {"o": 5e-3, "ht": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3, "dh0": 8e-3, "dg": 2e-2, "dbeta": 2e-2}
-
-
-def fastest_correct(path):
-    """(name, overrides) of the correct variant with the fastest timed forward+backward in a sweep's JSON."""
-    with open(path) as f:
-        variants = json.load(f)["variants"]
-    timed = {n: r["ms"]["fwdbwd"] for n, r in variants.items() if r.get("correct") is True and "fwdbwd" in r.get("ms", {})}
-    if not timed:
-        raise ValueError(f"{path}: no variant is both correct and timed")
-    name = min(timed, key=timed.get)
-    return name, VARIANTS[name]
-
-
-def tile_config_from_arg(text):
-    """A benchmark's --tiles value as a TileConfig: 'default', a variant name, 'best:SWEEP.json' (the
-    fastest correct variant of a kda_variants run), or overrides 'bwd_warps=4,inverse=doubling'."""
-    from kernels.kda.chunk_triton import TileConfig
-
-    if text in ("", "default"):
-        return TileConfig()
-    if text.startswith("best:"):
-        return dataclasses.replace(TileConfig(), **fastest_correct(text[5:])[1])
-    if text in VARIANTS:
-        return dataclasses.replace(TileConfig(), **VARIANTS[text])
-
-    def value(v):
-        if v.lower() in ("true", "false"):
-            return v.lower() == "true"
-        try:
-            return int(v)
-        except ValueError:
-            return v
-
-    pairs = [kv.split("=") for kv in text.split(",")]
-    if any(len(p) != 2 for p in pairs):
-        raise ValueError(f"--tiles {text!r}: expected 'default', a variant of {list(VARIANTS)}, "
-                         "'best:SWEEP.json' or 'name=value,...'")
-    return dataclasses.replace(TileConfig(), **{k: value(v) for k, v in pairs})
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,49 +104,48 @@ def _fwd_bwd(fn, inputs, seed=1):
     return {"o": o.detach(), "ht": ht.detach(), **{n: x.grad for n, x in zip(names, leaves)}}
 
 
-def check(shape, device):
+def check(shape, device, tiles):
     """Errors of o, final state and every gradient vs the fp32 torch chunked path (fla's metric)."""
+    import functools
+
     from kernels.kda.chunk_torch import chunk_kda_torch
     from kernels.kda.chunk_triton import chunk_kda_triton
 
     inputs = _inputs(*shape, device, seed=0)
     ref = _fwd_bwd(chunk_kda_torch, [x.float() for x in inputs])
-    out = _fwd_bwd(chunk_kda_triton, inputs)
+    out = _fwd_bwd(functools.partial(chunk_kda_triton, tiles=tiles), inputs)
     errors = {n: _rel(out[n], ref[n]) for n in ref}
     finite = all(bool(x.isfinite().all()) for x in out.values())
     return errors, finite and all(errors[n] <= TOL[n] for n in errors)
 
 
-def check_weak_decay(shape, device):
+def check_weak_decay(shape, device, tiles):
     """Forward error vs the fp32 recurrence for positive k and weak gates (informational)."""
     from kernels.kda.chunk_triton import chunk_kda_triton
     from kernels.kda.naive import naive_recurrent_kda
 
     q, k, v, g, beta, h0 = _inputs(*shape, device, seed=2, gate_shift=3.0)
-    o, ht = chunk_kda_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, ht = chunk_kda_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True, tiles=tiles)
     o_r, ht_r = naive_recurrent_kda(q.float(), k.float(), v.float(), g, beta.float(), initial_state=h0,
                                     output_final_state=True)
     return {"o": _rel(o, o_r), "ht": _rel(ht, ht_r)}
 
 
-def _stage_ms(ct, q, k, v, g, beta, do, scale, cfg, bench):
-    """bench(fn) of each stage, and of each half of a split stage."""
-    ms = {"prep": bench(lambda: ct.kda_prepare(q, k, v, g, beta, scale))}
-    if cfg.prep_split:
-        Gs, Akk, *_ = ct.kda_prepare_pairs(q, k, g, beta, scale)
-        ms["prep_pairs"] = bench(lambda: ct.kda_prepare_pairs(q, k, g, beta, scale))
-        ms["prep_solve"] = bench(lambda: ct.kda_prepare_solve(k, v, beta, Gs, Akk))
-    Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
-    ms["state_fwd"] = bench(lambda: ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True))
-    _, _, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True)
-    ms["state_bwd"] = bench(lambda: ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False))
-    dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False)
-    ms["bwd_chunk"] = bench(lambda: ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do,
-                                                          scale))
-    if cfg.bwd_split:
-        parts = ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do)
-        ms["bwd_values"] = bench(lambda: ct.kda_chunk_backward_values(v, beta, Ti, hs, dhs, vnew, dvnew, do))
-        ms["bwd_pairs"] = bench(lambda: ct.kda_chunk_backward_pairs(q, k, g, Gs, beta, *parts[1:], scale))
+def _stage_ms(q, k, v, g, beta, do, scale, cfg, bench):
+    """bench(fn) of each stage (kernels/kda/triton/), with the launch shapes cfg."""
+    from kernels.kda.triton import bwd, prep, solve, state
+
+    ms = {"prep_pairs": bench(lambda: prep.kda_prepare_pairs(q, k, g, beta, scale, cfg))}
+    Gs, Akk, Aqk, QG, KG, GAM = prep.kda_prepare_pairs(q, k, g, beta, scale, cfg)
+    ms["prep_solve"] = bench(lambda: solve.kda_prepare_solve(k, v, beta, Gs, Akk, cfg))
+    Ti, W, U = solve.kda_prepare_solve(k, v, beta, Gs, Akk, cfg)
+    ms["prep"] = ms["prep_pairs"] + ms["prep_solve"]
+    ms["state_fwd"] = bench(lambda: state.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True, cfg))
+    _, _, hs, vnew = state.kda_state_forward(W, U, QG, KG, Aqk, GAM, None, False, True, cfg)
+    ms["state_bwd"] = bench(lambda: state.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False, cfg))
+    dhs, dvnew, _ = state.kda_state_backward(W, QG, KG, Aqk, GAM, do, None, False, cfg)
+    ms["bwd_chunk"] = bench(lambda: bwd.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do,
+                                                           scale, cfg))
     return ms
 
 
@@ -231,20 +165,20 @@ def time_stages(shape, cfg, device="cuda", bench=_do_bench):
     """bench medians (ms) of each stage and of the whole forward and forward+backward."""
     import torch
 
-    from kernels.kda import chunk_triton as ct
+    from kernels.kda.chunk_triton import chunk_kda_triton
 
     B, T, H, D = shape
     q, k, v, g, beta, _ = _inputs(B, T, H, D, device, seed=3)
     do = torch.randn_like(v)
     with torch.no_grad():
-        ms = _stage_ms(ct, q, k, v, g, beta, do, D ** -0.5, cfg, bench)
+        ms = _stage_ms(q, k, v, g, beta, do, D ** -0.5, cfg, bench)
     if device == "cuda":
         torch.cuda.empty_cache()  # the stages' buffers died with _stage_ms
     xs = [x.requires_grad_(True) for x in (q, k, v, g, beta)]
-    ms["fwd"] = bench(lambda: ct.chunk_kda_triton(*xs))
+    ms["fwd"] = bench(lambda: chunk_kda_triton(*xs, tiles=cfg))
 
     def fwd_bwd():
-        o, _ = ct.chunk_kda_triton(*xs)
+        o, _ = chunk_kda_triton(*xs, tiles=cfg)
         o.backward(do)
 
     ms["fwdbwd"] = bench(fwd_bwd, grad_to_none=xs)
@@ -258,21 +192,20 @@ def worker(name, quick, phase="all"):
         import conftest  # noqa: F401  (patches the interpreter on import)
     import torch
 
-    from kernels.kda import chunk_triton as ct
+    from kernels.kda.triton.common import TileConfig
 
-    cfg = dataclasses.replace(ct.TileConfig(), **VARIANTS[name])
-    ct.set_tile_config(cfg)
+    cfg = TileConfig(**VARIANTS[name])
     device = "cpu" if quick else "cuda"
     result = {"tile_config": dataclasses.asdict(cfg)}
     t = time.time()
-    result["errors"], result["correct"] = check(QUICK_SHAPE if quick else CHECK_SHAPE, device)
+    result["errors"], result["correct"] = check(QUICK_SHAPE if quick else CHECK_SHAPE, device, cfg)
     result["check_s"] = round(time.time() - t, 1)
     _emit(result)
     if quick:
         result["stages_run_once"] = sorted(time_stages(QUICK_SHAPE, cfg, device, bench=_run_once))
         _emit(result)
         return
-    result["errors_weak_decay_positive_k"] = check_weak_decay(CHECK_SHAPE, device)
+    result["errors_weak_decay_positive_k"] = check_weak_decay(CHECK_SHAPE, device, cfg)
     _emit(result)
     if phase == "check":
         # Compile every timed kernel at the timing shape (Triton's on-disk cache keeps them), untimed.
@@ -348,20 +281,8 @@ def summary(name, r):
     return "  ".join(parts)
 
 
-def versions(device_label=None):
-    import torch
-    import triton
-
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": device_label or torch.cuda.get_device_name(),
-        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-        "host": platform.node(),
-    }
-
-
 def main_sweep(args):
-    res = versions("none: cpu, TRITON_INTERPRET=1" if args.quick else None)
+    res = run_header()
     res.update({
         "mode": "quick (interpreter: correctness, stages run once, no timing)" if args.quick else "gpu",
         "check_shape": QUICK_SHAPE if args.quick else CHECK_SHAPE, "time_shape": None if args.quick else TIME_SHAPE,
@@ -369,7 +290,7 @@ def main_sweep(args):
         "timing": "triton.testing.do_bench median, warmup 25 ms, rep 100 ms; stage timings include output allocation",
         "variants": {},
     })
-    print(json.dumps({k: res[k] for k in ("gpu", "torch", "triton", "python")}), flush=True)
+    print(json.dumps({k: res[k] for k in ("gpus", "torch", "triton", "python")}), flush=True)
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     start = time.time()
     checked = {}
@@ -413,6 +334,8 @@ def main_resources(args):
     from triton.runtime.jit import create_function_from_signature
 
     from kernels.kda import chunk_triton as ct
+    from kernels.kda.triton import bwd, prep, solve, state
+    from kernels.kda.triton.common import TileConfig
 
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
@@ -448,9 +371,10 @@ def main_resources(args):
                              "shared_B": shared, "ctas_per_sm": min(by_regs, by_smem, 64 // warps, 32)})
             return launch
 
-    names = [n for n in dir(ct) if n.startswith("_") and n.endswith("_kernel")]
-    saved = {n: getattr(ct, n) for n in names}
-    res = versions("none: compiled for sm_90 on the cpu")
+    stages = (prep, solve, state, bwd)
+    names = [(m, n) for m in stages for n in dir(m) if n.startswith("_") and n.endswith("_kernel")]
+    saved = {(m, n): getattr(m, n) for m, n in names}
+    res = run_header()
     res.update({"mode": "resources (sm_90, compiled on the CPU)", "shape": TIME_SHAPE, "dtype": args.dtype,
                 "variants": {}})
     B, T, H, D = TIME_SHAPE
@@ -458,21 +382,20 @@ def main_resources(args):
     names_v = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
     for name in names_v:
         rows.clear()
-        old = ct.set_tile_config(dataclasses.replace(ct.TileConfig(), **VARIANTS[name]))
-        for n in names:
-            setattr(ct, n, Offline(saved[n]))
+        cfg = TileConfig(**VARIANTS[name])
+        for m, n in names:
+            setattr(m, n, Offline(saved[m, n]))
         try:
             q, k, v, do = (meta(B, T, H, D) for _ in range(4))
             g, beta, h0 = meta(B, T, H, D, dt=torch.float32), meta(B, T, H), meta(B, H, D, D, dt=torch.float32)
             scale = D ** -0.5
-            Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale)
-            _, ht, hs, vnew = ct.kda_state_forward(W, U, QG, KG, Aqk, GAM, h0, True, True)
-            dhs, dvnew, _ = ct.kda_state_backward(W, QG, KG, Aqk, GAM, do, ht, True)
-            ct.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale)
+            Gs, Ti, Aqk, W, U, QG, KG, GAM = ct.kda_prepare(q, k, v, g, beta, scale, cfg)
+            _, ht, hs, vnew = state.kda_state_forward(W, U, QG, KG, Aqk, GAM, h0, True, True, cfg)
+            dhs, dvnew, _ = state.kda_state_backward(W, QG, KG, Aqk, GAM, do, ht, True, cfg)
+            bwd.kda_chunk_backward(q, k, v, g, Gs, beta, Ti, hs, dhs, vnew, dvnew, do, scale, cfg)
         finally:
-            ct.set_tile_config(old)
-            for n in names:
-                setattr(ct, n, saved[n])
+            for m, n in names:
+                setattr(m, n, saved[m, n])
         res["variants"][name] = list(rows)
         print(name, "  ".join(f"{r['kernel']}: {r['warps']}w {r['regs']}r spill {r['spill_stack_B']} B "
                               f"→ {r['ctas_per_sm']} CTA/SM" for r in rows), flush=True)
@@ -485,7 +408,7 @@ def main_resources(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="benchmarks/results/kda_variants_h200.json")
+    ap.add_argument("--out", help="e.g. benchmarks/results/kda/<date>_variants_h200.json (required but for --worker)")
     ap.add_argument("--quick", action="store_true",
                     help="CPU interpreter smoke run: tiny shape, correctness, each timed stage run once untimed")
     ap.add_argument("--resources", action="store_true", help="registers/spills per kernel, sm_90, on the CPU")
@@ -502,6 +425,8 @@ def main():
     if args.worker:
         worker(args.worker, args.quick, args.phase)
         return 0
+    if not args.out:
+        ap.error("--out is required")
     unknown = set(args.variants.split(",")) - set(VARIANTS) - {"all"}
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")

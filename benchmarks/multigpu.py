@@ -26,12 +26,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import datetime
 import json
 import math
 import os
-import platform
-import socket
 import sys
 import time
 from dataclasses import replace
@@ -44,6 +41,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from benchmarks.common import run_header  # noqa: E402
 from k3model.config import get_profile  # noqa: E402
 from k3model.moe import LatentMoE  # noqa: E402
 from k3model.parallel.data_parallel import DataParallelConfig, launch_local, run_data_parallel_local  # noqa: E402
@@ -165,18 +163,8 @@ def count_collectives(*modules):
 
 
 def machine_info(device: str) -> dict:
-    info = {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "cpus": os.cpu_count(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
+    info = run_header()
     if device == "cuda":
-        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        info["cuda"] = torch.version.cuda
-        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         info["env"] = {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}
     return info
 

@@ -1,6 +1,6 @@
 """MXFP4-weight matmul (kernels.mx) against bf16 torch.matmul on one GPU, correctness first.
 
-    PYTHONPATH=. python benchmarks/mx.py --out benchmarks/results/mx_h200.json [--commit SHA]
+    PYTHONPATH=. python benchmarks/mx.py --out benchmarks/results/mx/<date>_h200.json [--commit SHA]
     TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/mx.py --smoke --out /tmp/mx_smoke.json   (CPU dry run)
 
 1. Checks (any failure stops the run before timing; the JSON records it):
@@ -21,35 +21,34 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import dataclasses
-import datetime
-import json
 import multiprocessing as mp
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
 
 import torch
 
+from benchmarks.common import (
+    MX_SHAPES, TIMING_NOTE, close_report, measure_ceilings, mx_problem, run_header, time_calls, weight_copies,
+    write_json,
+)
 from kernels.mx import GEMM_MAX_M, GEMV_MAX_M, matmul_path, mx_linear, naive, quantize_mx
 from kernels.mx.quant import fake_quant_torch
-from kernels.mx.triton_matmul import (
-    GemmConfig, GemvConfig, _split_plan, _splits_for, default_gemm_config, default_gemv_config, dequant_fp4_bf16,
-    fake_quant_triton, mx_gemm, mx_gemv,
-)
+from kernels.mx.triton.common import _split_plan, _splits_for
+from kernels.mx.triton.dequant import dequant_fp4_bf16
+from kernels.mx.triton.fake_quant import fake_quant_triton
+from kernels.mx.triton.gemm import GemmConfig, default_gemm_config, mx_gemm
+from kernels.mx.triton.gemv import GemvConfig, default_gemv_config, mx_gemv
 
-SHAPES = {"dense_7168": (7168, 7168), "expert_gate_up": (3584, 3072), "expert_down": (3072, 3584)}  # (K, N)
+SHAPES = dict(MX_SHAPES)
 MS = (1, 8, 16, 4096)
 
 # GemvConfig fields plus per_sm (programs per SM, 0 = no split) for M = 1: default_gemv_config's two
-# tiles on every shape, a 32-row packed tile, and session 3's default (fp32 block sums), for
-# comparison (docs/log/mx.md).
-GEMV_SWEEP = [dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True, accumulate="f16x2", loop="elementwise"),
-              dict(block_n=16, groups=128, num_warps=4, per_sm=7, accumulate="f16x2", loop="elementwise"),
-              dict(block_n=32, groups=32, num_warps=4, per_sm=7, accumulate="f16x2", loop="elementwise"),
-              dict(block_n=32, groups=8, num_warps=4, per_sm=14, prefetch=True)]
+# tiles on every shape and a 32-row tile (docs/log/mx.md).
+GEMV_SWEEP = [dict(block_n=64, groups=32, num_warps=8, per_sm=7, prefetch=True),
+              dict(block_n=16, groups=128, num_warps=4, per_sm=7),
+              dict(block_n=32, groups=32, num_warps=4, per_sm=7)]
 # (block_m, block_n, groups, num_warps, num_stages, programs per SM) for M = 8, 16.
 GEMM_SMALL_SWEEP = [(16, 128, 2, 4, 3, 4), (16, 128, 4, 4, 3, 4), (16, 64, 4, 4, 3, 4)]
 # The fused kernel at M = 4096, for comparison with the default (Triton dequant + cuBLAS).
@@ -110,28 +109,6 @@ def precompile(jobs, workers: int) -> dict:
     return {"jobs": len(jobs), "seconds": round(time.perf_counter() - t0, 1), "failures": failures}
 
 
-def env_info(commit: str | None) -> dict:
-    import triton
-
-    if not torch.cuda.is_available():
-        return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "commit": commit, "gpu": None, "torch": torch.__version__, "triton": triton.__version__}
-    props = torch.cuda.get_device_properties(0)
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,"
-                              "power.limit,temperature.gpu", "--format=csv"], capture_output=True, text=True,
-                             timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        smi = f"nvidia-smi failed: {exc!r}"
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit, "gpu": props.name, "sms": props.multi_processor_count,
-        "gpu_memory_gib": round(props.total_memory / 2**30, 1), "l2_mib": getattr(props, "L2_cache_size", 0) / 2**20,
-        "nvidia_smi": smi, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "python": platform.python_version(), "host": platform.node(),
-    }
-
-
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
@@ -169,14 +146,6 @@ def check_quantize(dev, dtypes) -> dict:
     return results
 
 
-def _make_problem(m: int, k: int, n: int, dev, seed: int):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    w = torch.randn(n, k, device=dev, generator=g) / k**0.5
-    x = torch.randn(m, k, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
-    wq = quantize_mx(w, "fp4_e2m1")
-    return x, wq
-
-
 def _reference(x: torch.Tensor, wq, rows: torch.Tensor | None, act_fmt=None) -> torch.Tensor:
     """float64 reference on the GPU (naive decode; optionally only some rows of x)."""
     xs = x if rows is None else x[rows]
@@ -199,58 +168,6 @@ def _check_output(out, ref, rows, tol: float, what: str) -> float:
     return err
 
 
-def _copies(nbytes: int, l2_bytes: int) -> int:
-    """Enough weight copies that a pass over all of them streams 2.5x the L2 (the weights come from HBM)."""
-    return int(min(64, max(2, -(-int(2.5 * l2_bytes) // nbytes))))
-
-
-def time_calls(fns, reps: int = 10) -> float:
-    """Median milliseconds per call: the calls (typically one per weight copy) are captured once in
-    a CUDA graph and replayed, so there are no launch gaps; with one call per weight copy and
-    enough copies, every call reads its weights from HBM, as one layer after another does."""
-    if not torch.cuda.is_available():  # --smoke: a host clock is enough to exercise the script
-        t0 = time.perf_counter()
-        for fn in fns:
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / len(fns)
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(fns))
-    del graph
-    return sorted(times)[len(times) // 2]
-
-
-def measure_ceilings(dev, smoke: bool) -> dict:
-    """A device-to-device copy (bytes read + written) and a large bf16 GEMM, in this run."""
-    a = torch.empty(2**29 if not smoke else 2**20, device=dev, dtype=torch.bfloat16).normal_()
-    b = torch.empty_like(a)
-    # Warm the clocks first: a 30 ms measurement straight after the host-side checks read
-    # 2.77 TB/s on 2026-11-29 while bf16 cuBLAS then streamed 3.2 TB/s.
-    for _ in range(3):
-        time_calls([lambda: b.copy_(a)] * 20, reps=5)
-    ms = time_calls([lambda: b.copy_(a)] * 8, reps=20)
-    out = {"copy_GBps": round(2 * a.numel() * 2 / ms / 1e6, 1), "copy_bytes": 2 * a.numel() * 2}
-    sz = 8192 if not smoke else 256
-    p = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
-    q = torch.randn(sz, sz, device=dev, dtype=torch.bfloat16)
-    ms = time_calls([lambda: torch.matmul(p, q)] * 4)
-    out["bf16_matmul_TFLOPs"] = round(2 * sz**3 / ms / 1e9, 1)
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -271,13 +188,11 @@ def main(argv=None) -> int:
         props = torch.cuda.get_device_properties(0)
         sms, l2 = props.multi_processor_count, getattr(props, "L2_cache_size", 60 << 20)
     torch.backends.cuda.matmul.allow_tf32 = False
-    report = {"env": env_info(args.commit), "method": TIMING_NOTE, "checks": {}, "ceilings": {}, "rows": [],
+    report = {"env": run_header(args.commit), "method": TIMING_NOTE, "checks": {}, "ceilings": {}, "rows": [],
               "status": "running"}
 
     def dump():
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
     t_start = time.perf_counter()
     jobs = [("fake_quant", 64, 1000, 0, (dt, fmt, rnd)) for dt in ("float32", "bfloat16", "float16")
@@ -307,19 +222,19 @@ def main(argv=None) -> int:
             print(f"ceilings: {report['ceilings']}", flush=True)
 
             for name, (k, n) in SHAPES.items():
-                _, wq0 = _make_problem(1, k, n, dev, seed=k + n)
+                _, wq0 = mx_problem(1, k, n, dev, seed=k + n)
                 w_exact = naive.dequantize(wq0.element_codes(), wq0.scales, "fp4_e2m1", 32, k)
                 if not torch.equal(dequant_fp4_bf16(wq0.codes, wq0.scales, k).double(), w_exact):
                     raise AssertionError(f"Triton dequant kernel != naive.dequantize for {name}")
                 mx_bytes_w = n * k // 2 + n * k // 32
                 mx_ws = [wq0] + [dataclasses.replace(wq0, codes=wq0.codes.clone(), scales=wq0.scales.clone())
-                                 for _ in range(_copies(mx_bytes_w, l2) - 1)]
+                                 for _ in range(weight_copies(mx_bytes_w, l2) - 1)]
                 w_bf16 = wq0.dequantize(torch.bfloat16)
-                bf_ws = [w_bf16] + [w_bf16.clone() for _ in range(_copies(2 * n * k, l2) - 1)]
+                bf_ws = [w_bf16] + [w_bf16.clone() for _ in range(weight_copies(2 * n * k, l2) - 1)]
                 report["checks"][f"dequant_kernel/{name}"] = "exact"
 
                 for m in MS:
-                    x, _ = _make_problem(m, k, 32, dev, seed=m + k + n)
+                    x, _ = mx_problem(m, k, 32, dev, seed=m + k + n)
                     rows = _check_rows(m, dev)
                     ref = _reference(x, wq0, rows)
                     ref8 = _reference(x, wq0, rows, "fp8_e4m3")
@@ -377,32 +292,14 @@ def main(argv=None) -> int:
                           f"best sweep {best['us'] if best else float('nan'):8.2f} {best['config'] if best else ''}",
                           flush=True)
                     dump()
-            x, _ = _make_problem(1, *list(SHAPES.values())[0], dev, seed=1)
-            wq = _make_problem(1, *list(SHAPES.values())[0], dev, seed=2)[1]
+            x, _ = mx_problem(1, *list(SHAPES.values())[0], dev, seed=1)
+            wq = mx_problem(1, *list(SHAPES.values())[0], dev, seed=2)[1]
             report["repeat_first_shape_M1_hot_us"] = [round(time_calls([lambda: mx_linear(x, wq)] * 20) * 1e3, 2)
                                                       for _ in range(3)]
         error = None
     except Exception:
         error = traceback.format_exc()
     return close_report(report, t_start, dump, error)
-
-
-def close_report(report: dict, t_start: float, dump, error: str | None) -> int:
-    """Record how a benchmark run ended (status "ok", or "failed" with the traceback's tail) and its
-    seconds since t_start, write the report (dump()), and return the process exit code."""
-    report["status"] = "ok" if error is None else "failed"
-    if error is not None:
-        report["error"] = error[-3000:]
-        print(report["error"], flush=True)
-    report["seconds"] = round(time.perf_counter() - t_start, 1)
-    dump()
-    return 0 if error is None else 1
-
-
-TIMING_NOTE = ("CUDA-graph replay, median of 10 replays, per call; one call per weight copy, with enough copies "
-               "(weight_copies) that the weights stream from HBM rather than the 60 MB L2; hot_l2_* reuse one "
-               "copy. Bytes: MXFP4 codes N*K/2 + scales N*K/32 (bf16: 2*N*K) + x + y. frac_copy_bw is over the "
-               "device-to-device copy bandwidth measured in the same run.")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 
 The k3 preset routes every token to top_k = 16 of its 896 experts (k3model.config), so at decode
 (M = 1) an expert matmul never runs alone: each MoE projection is 16 GEMVs of the expert shape, one
-per routed expert. kernels.mx.triton_matmul.mx_gemv_grouped runs them in one launch (the default
+per routed expert. kernels.mx.triton.gemv.mx_gemv_grouped runs them in one launch (the default
 GEMV kernel, one weight of a stack per row of x). Per expert shape (gate/up 3584 -> 3072, whose 16
 rows are the same token; down 3072 -> 3584, one row per expert), timed like benchmarks/mx.py
 (time_calls: CUDA-graph replay, median of REPS; eight disjoint sets of 16 experts out of a stack of
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -31,10 +30,11 @@ import traceback
 
 import torch
 
-from benchmarks.mx import SHAPES, TIMING_NOTE, close_report, env_info, measure_ceilings, time_calls
+from benchmarks.common import MX_SHAPES as SHAPES
+from benchmarks.common import TIMING_NOTE, close_report, measure_ceilings, run_header, time_calls, write_json
 from k3model.config import get_profile
 from kernels.mx import naive, quantize_mx, unpack_fp4
-from kernels.mx.triton_matmul import (
+from kernels.mx.triton.gemv import (
     GemvConfig, default_gemv_config, default_grouped_gemv_config, gemv_error_bound, mx_gemv, mx_gemv_grouped,
 )
 
@@ -63,8 +63,7 @@ def _configs(n: int, k: int, rows: int, dev, smoke: bool) -> dict:
     default = default_grouped_gemv_config(n, k, rows, dev)
     configs = {"default": default, "single_default": default_gemv_config(n, k, dev)}
     for bn, groups, w, pf in TILES if not smoke else [(16, 2, 4, False), (32, 1, 4, True)]:
-        cfg = GemvConfig(block_n=bn, groups=groups, split_k=1, num_warps=w, prefetch=pf, accumulate="f16x2",
-                         loop="elementwise")
+        cfg = GemvConfig(block_n=bn, groups=groups, split_k=1, num_warps=w, prefetch=pf)
         if cfg not in configs.values():
             configs[f"bn{bn}_g{groups}_w{w}" + ("_prefetch" if pf else "")] = cfg
     return configs
@@ -92,7 +91,7 @@ def run_shape(name: str, k: int, n: int, top_k: int, dev, smoke: bool, emit) -> 
         w = _dequantize(codes[ex], scales[ex], k)
         xj = x[j:j + 1].contiguous()
         refs.append(xj.double() @ w.T)
-        bounds.append(gemv_error_bound(xj, w, scales[ex], "f16x2", None, torch.bfloat16, "elementwise", 128))
+        bounds.append(gemv_error_bound(xj, w, scales[ex], None, torch.bfloat16))
     ref, bound = torch.cat(refs), torch.cat(bounds)
 
     outs = [torch.empty(top_k, n, device=dev, dtype=torch.bfloat16) for _ in range(SETS)]
@@ -192,13 +191,11 @@ def main(argv=None) -> int:
         return profile_launches(shapes, top_k, dev)
     if not args.out:
         raise SystemExit("--out is required (unless --ncu)")
-    report = {"env": env_info(args.commit), "method": TIMING_NOTE + " Here one call = one token through its "
+    report = {"env": run_header(args.commit), "method": TIMING_NOTE + " Here one call = one token through its "
               f"top_k experts; {SETS} disjoint expert sets in turn.", "top_k": top_k, "rows": [], "status": "running"}
 
     def dump():
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.out, report)
 
     def emit(row):
         if "bytes" in row and copy_gbs:

@@ -24,7 +24,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.kda_variants import tile_config_from_arg
 from k3model.config import get_profile
 from k3model.model import K3Model
 from k3model.params import count_params
@@ -160,8 +159,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     if device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
-        from kernels.kda import chunk_triton
-        results["kda_tile_config"] = dataclasses.asdict(chunk_triton._TILES)
+        from kernels.kda.triton.common import TileConfig
+        results["kda_tile_config"] = dataclasses.asdict(TileConfig())  # the model runs the default tiles
     for T in lengths:
         B = max(tokens_per_step // T, 1)
         ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
@@ -236,9 +235,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
-    parser.add_argument("--kda-tiles", default="default",
-                        help="the Triton KDA kernels' TileConfig on CUDA (kernels/kda/chunk_triton.py): 'default', "
-                        "a benchmarks/kda_variants.py variant, 'best:SWEEP.json', or overrides 'name=value,...'")
     parser.add_argument("--moe", choices=("auto", "loop", "grouped"), default="auto",
                         help="expert matmuls: grouped GEMM or a loop over experts (auto: grouped on CUDA)")
     parser.add_argument("--compile-glue", action="store_true",
@@ -246,8 +242,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.compile_glue:
         compile_glue()
-    from kernels.kda import chunk_triton
-    chunk_triton.set_tile_config(tile_config_from_arg(args.kda_tiles))
     profile = args.profile or ("small" if torch.cuda.is_available() else "tiny")
     stages = get_profile(profile).stages
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths

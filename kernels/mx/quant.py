@@ -18,7 +18,7 @@ stored zero-padded to Kp and cut back to K on dequantize.
 
 fake_quant_mx is the QAT op: dequantize(quantize(x)) in x's dtype on the forward pass, non-finite
 results replaced by x (research/recipe.md §7(b)), and a straight-through gradient (dL/dx = dL/dy).
-On a CUDA tensor it runs one fused Triton kernel (kernels/mx/triton_matmul.py), elsewhere the
+On a CUDA tensor it runs one fused Triton kernel (kernels/mx/triton/fake_quant.py), elsewhere the
 torch ops below; both give identical bits, and the choice is logged.
 """
 
@@ -163,19 +163,21 @@ def fake_quant_torch(x: torch.Tensor, fmt: str, block_size: int = 32, scale_roun
     return torch.where(torch.isfinite(dq), dq, x)
 
 
-_logged_paths: set[str] = set()
+_logged_paths: set[tuple[str, str]] = set()
 
 
-def log_path_once(op: str, path: str, reason: str) -> None:
-    key = f"{op}:{path}"
+def log_path_once(op: str, path: str, reason) -> None:
+    """Logs the first use of each (op, path); reason is a string or a function giving it (so that a hot
+    caller builds no string per call)."""
+    key = (op, path)
     if key not in _logged_paths:
         _logged_paths.add(key)
-        logger.info("kernels.mx.%s: using the %s path (%s)", op, path, reason)
+        logger.info("kernels.mx.%s: using the %s path (%s)", op, path, reason() if callable(reason) else reason)
 
 
 def fake_quant_path(x: torch.Tensor) -> str:
     """Which implementation fake_quant_mx uses for x: "triton" on CUDA tensors, else "torch"."""
-    from .triton_matmul import triton_available
+    from .triton import triton_available
 
     return "triton" if x.is_cuda and triton_available() else "torch"
 
@@ -185,7 +187,7 @@ class _FakeQuantSTE(torch.autograd.Function):
     def forward(ctx, x, fmt, block_size, scale_rounding):
         path = fake_quant_path(x)
         if path == "triton":
-            from .triton_matmul import fake_quant_triton
+            from .triton.fake_quant import fake_quant_triton
 
             log_path_once("fake_quant_mx", path, "CUDA tensor")
             return fake_quant_triton(x, fmt, block_size, scale_rounding)

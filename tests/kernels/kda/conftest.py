@@ -6,14 +6,20 @@
 2. The interpreter stores bf16 as raw uint16 bits and its `tl.dot` multiplies those bits as integers.
    The shim widens bf16 dot operands to fp32 first (exact), as the hardware's bf16 products are.
 3. Its fp32 → bf16 cast truncates; the GPU rounds to nearest even. The shim rounds (through torch).
+4. It computes tf32 products (`tl.dot`'s default for fp32 operands) in fp32. With `TF32[0] = True`
+   the shim truncates fp32 operands to tf32's 10 mantissa bits first, as sm_90's wgmma does with
+   the fp32 registers Triton 3.6 hands it (docs/log/kda.md), so tf32-sensitive numerics show.
 """
 
 import numpy as np
 
 try:
     import triton.runtime.interpreter as _interp
+    from triton._C.libtriton import ir as _ir
 except ImportError:  # no triton: the Triton tests skip themselves
     _interp = None
+
+TF32 = [False]  # shim 4: set TF32[0] = True to truncate tf32 products' operands
 
 
 def _int_of_one_element_array_fails() -> bool:
@@ -43,7 +49,15 @@ if _interp is not None and hasattr(_interp, "InterpreterBuilder"):
             return _interp.TensorHandle(bits.view(np.float32), _interp.tl.float32)
         return handle
 
+    def _truncate_to_tf32(handle):
+        if handle.dtype != _interp.tl.float32:
+            return handle
+        bits = np.ascontiguousarray(handle.data).view(np.uint32) & np.uint32(0xFFFFE000)
+        return _interp.TensorHandle(bits.view(np.float32), handle.dtype)
+
     def _create_dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if TF32[0] and input_precision == _ir.INPUT_PRECISION.TF32:
+            a, b = _truncate_to_tf32(a), _truncate_to_tf32(b)
         return _create_dot(self, _widen_bf16(a), _widen_bf16(b), d, input_precision, max_num_imprecise_acc)
 
     _interp.InterpreterBuilder.create_dot = _create_dot_widening_bf16

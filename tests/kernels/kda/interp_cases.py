@@ -97,6 +97,59 @@ def case_strong_decay():
     return compare(1, 128, 1, 16, 16, seed=3, with_h0=True, decay_scale=4.0)
 
 
+def case_strong_decay_tf32():
+    """The gate gradient under strong decay, g = 2·logsigmoid(x − 2) (about −4.3 per token), with
+    tf32 products truncated as on sm_90 (conftest shim 4), against the float64 recurrence."""
+    q, k, v, _, beta, h0 = make_inputs(1, 64, 2, 32, 32, seed=10)
+    g = 2 * F.logsigmoid(torch.randn(q.shape, generator=torch.Generator().manual_seed(11)) - 2)
+    inputs = [q, k, v, g, beta, h0]
+    o_r, s_r, g_r = grads(naive_recurrent_kda, [x.double() for x in inputs], with_h0=True)
+    conftest.TF32[0] = True
+    try:
+        o, s, g_t = grads(triton_kda, inputs, with_h0=True)
+    finally:
+        conftest.TF32[0] = False
+    return {"o": rel(o, o_r), "ht": rel(s, s_r), **{n: rel(g_t[n], g_r[n]) for n in g_t}}
+
+
+def case_positive_keys_weak_decay():
+    """Positive keys with weak gates make A_kk large and one-signed: the regime where the doubling
+    inverse the kernels once had cancelled (docs/log/kda.md); against the float64 recurrence."""
+    gen = torch.Generator().manual_seed(22)
+    B, T, H, K, V = 1, 100, 2, 32, 24
+    q = F.normalize(torch.rand(B, T, H, K, generator=gen), dim=-1)
+    k = F.normalize(torch.rand(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 5.0)
+    beta = torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    inputs = [q, k, v, g, beta, h0]
+    o_r, s_r, g_r = grads(naive_recurrent_kda, [x.double() for x in inputs], with_h0=True)
+    o, s, g_t = grads(triton_kda, inputs, with_h0=True)
+    return {"o": rel(o, o_r), "ht": rel(s, s_r), **{n: rel(g_t[n], g_r[n]) for n in g_t}}
+
+
+def case_explicit_tiles():
+    """A TileConfig passed to chunk_kda_triton reaches the kernels: 16-wide key slices (the key-slice
+    loops run twice at K = 32) give the default's results to rounding; the kernels' BKS constexprs
+    are recorded to show which slices ran."""
+    from kernels.kda.chunk_triton import chunk_kda_triton
+    from kernels.kda.triton import bwd, prep
+    from kernels.kda.triton.common import TileConfig
+
+    seen: list[int] = []
+    for kernel in (prep._prep_pairs_kernel, bwd._bwd_pairs_kernel):
+        kernel.add_pre_run_hook(lambda *a, **kw: seen.append(int(kw["BKS"])))
+    inputs = make_inputs(1, 100, 2, 32, 24, seed=23)
+    base = grads(chunk_kda_triton, inputs, with_h0=True)
+    sliced = grads(lambda *a, **kw: chunk_kda_triton(*a, tiles=TileConfig(prep_key_slice=16, bwd_key_slice=16), **kw),
+                   inputs, with_h0=True)
+    out = {"o": rel(sliced[0], base[0]), "ht": rel(sliced[1], base[1])}
+    out.update({n: rel(sliced[2][n], base[2][n]) for n in base[2]})
+    out["bks"] = seen
+    return out
+
+
 def case_extreme_decay():
     # Log decays uniform in (−60, 0): past the anchored factorization's exact range (chunk_triton.py),
     # where the kernels must still return finite numbers.

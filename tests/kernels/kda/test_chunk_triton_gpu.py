@@ -47,7 +47,7 @@ def run(fn, inputs, with_h0, seed=1, poison=False):
 @pytest.fixture
 def nan_poisoned_allocations(monkeypatch):
     """Every buffer the kernels allocate starts as NaN, so an unwritten element cannot pass."""
-    import kernels.kda.chunk_triton as ct
+    from kernels.kda.triton import bwd, prep, solve, state
 
     empty, empty_like = torch.empty, torch.empty_like
 
@@ -65,7 +65,8 @@ def nan_poisoned_allocations(monkeypatch):
             x = empty_like(*a, **kw)
             return x.fill_(float("nan")) if x.is_floating_point() else x
 
-    monkeypatch.setattr(ct, "torch", PoisonedTorch())
+    for module in (prep, solve, state, bwd):
+        monkeypatch.setattr(module, "torch", PoisonedTorch())
 
 
 @pytest.mark.parametrize("T", [63, 1000, 4096])
@@ -126,6 +127,19 @@ def test_long_sequence_with_strongly_decaying_gates_has_no_nan():
     assert rel(o, o_ref) <= TOL["o"]
 
 
+def test_gate_gradient_under_strong_decay_with_initial_state():
+    """g = 2·logsigmoid(x − 2), about −4.3 per token: dg had 2.2e-2 relative error here (fla-core 0.6.0:
+    2.6e-3) while the main diagonal of dA_qk went through the tf32 pair products; the bar is 2× fla."""
+    inputs = make_inputs(1, 777, 2, 128, seed=17)
+    gen = torch.Generator(device="cuda").manual_seed(18)
+    inputs[3] = 2 * F.logsigmoid(torch.randn(inputs[3].shape, device="cuda", generator=gen) - 2)
+    ref = run(naive_recurrent_kda, [x.double() for x in inputs], with_h0=True)
+    out = run(chunk_kda, inputs, with_h0=True)
+    errors = {n: rel(out[n], ref[n]) for n in ref}
+    bad = {n: e for n, e in errors.items() if not e <= (5.2e-3 if n == "dg" else TOL[n])}
+    assert not bad, f"over tolerance: {bad}; all: {errors}"
+
+
 def test_decode_step_matches_reference_and_updates_in_place():
     B, H, D = 64, 16, 128
     q, k, v, g, beta, h0 = make_inputs(B, 1, H, D, seed=15)
@@ -135,12 +149,10 @@ def test_decode_step_matches_reference_and_updates_in_place():
     assert rel(o, o_ref) <= 1e-2 and rel(state, s_ref) <= 1e-5
 
 
-def test_default_inverse_is_exact_where_the_doubling_cancels():
-    """Aligned positive keys (K = 32) with almost no decay make A_kk large and one-signed: the doubling
-    inverse of FUSED_DOUBLING cancels there (interpreter: 0.2–1.2 relative error), the default
-    substitution inverse must stay within fla's tolerances on outputs and every gradient."""
-    import kernels.kda.chunk_triton as ct
-
+def test_default_inverse_is_exact_for_positive_keys_with_weak_decay():
+    """Aligned positive keys (K = 32) with almost no decay make A_kk large and one-signed, where the
+    doubling inverse the kernels once had cancelled (0.2–1.2 relative error in the interpreter, 3.9e9
+    on the H200); the substitution inverse must stay within fla's tolerances on every output."""
     gen = torch.Generator(device="cuda").manual_seed(16)
     B, T, H, K = 1, 1000, 2, 32
     q = F.normalize(torch.rand(B, T, H, K, device="cuda", generator=gen), dim=-1)
@@ -154,11 +166,4 @@ def test_default_inverse_is_exact_where_the_doubling_cancels():
     out = run(chunk_kda, inputs, with_h0=True)
     errors = {n: rel(out[n], ref[n]) for n in ref}
     bad = {n: e for n, e in errors.items() if not e <= TOL[n]}
-    assert not bad, f"default (substitution) over tolerance: {bad}; all: {errors}"
-    old = ct.set_tile_config(ct.FUSED_DOUBLING)
-    try:
-        doubling = run(chunk_kda, inputs, with_h0=True)
-    finally:
-        ct.set_tile_config(old)
-    # The case really is in the regime (or the test would prove nothing).
-    assert not rel(doubling["o"], ref["o"]) <= 10 * TOL["o"], rel(doubling["o"], ref["o"])
+    assert not bad, f"over tolerance: {bad}; all: {errors}"

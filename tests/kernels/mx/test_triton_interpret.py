@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 CHECKS = ["gemv", "gemm", "dequant_kernel", "nan_weight_block", "fake_quant_kernel", "mx_linear_dispatch",
-          "gemv_f16x2", "gemv_f16x2_extreme_x", "f16x2_ops", "gemv_in_kernel_reduce",
-          "gemv_elementwise", "gemv_elementwise_extreme_x", "gemv_elementwise_f16x2", "gemv_grouped"]
+          "f16x2_ops", "gemv_grouped"]
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -1,7 +1,7 @@
 """Claim 2 in real training: expert load max/mean with quantile balancing, DeepSeek's fixed-step bias
 update, and no balancing, on the same pretraining stage (DESIGN.md §5).
 
-    python benchmarks/balancing_ablation.py --profile tiny --steps 60 --out benchmarks/results/balancing_tiny_cpu.json
+    python benchmarks/probes/balancing_ablation.py --profile tiny --steps 60 --out benchmarks/results/train/2026-11-29_balancing_tiny_cpu.json
 
 Each arm trains stage 1 from the same initialization and batches; only `balancing` differs. The
 unit test of the balancer (tests/k3model/test_moe.py) uses a frozen, deliberately skewed router;
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 import datagen
+from benchmarks.common import run_header
 from datagen.build import build_all
 from k3model.model import K3Model
 from k3model.pretrain import PretrainConfig, build_optimizer, train, train_step
@@ -36,11 +36,11 @@ def main() -> None:
     parser.add_argument("--profile", default="tiny")
     parser.add_argument("--data-profile", default="smoke", help="datagen preset (smoke builds in seconds)")
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--out", default="benchmarks/results/balancing_ablation.json")
+    parser.add_argument("--out", required=True, help="e.g. benchmarks/results/train/<date>_balancing_tiny_cpu.json")
     args = parser.parse_args()
 
     results = {"profile": args.profile, "steps": args.steps, "arms": {},
-               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
+               "header": run_header()}
     with tempfile.TemporaryDirectory() as tmp:
         data_cfg = datagen.presets(args.data_profile)
         build_all(data_cfg, Path(tmp) / "data")

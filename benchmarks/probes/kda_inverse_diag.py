@@ -5,7 +5,7 @@ KDA layer's (q, k, v, g, β), and compares the torch chunked output with two inv
 the doubling product (I − A)(I + A²)⋯(I + A³²) used before 2026-11-29 (session 2) and the blockwise
 substitution `chunk_torch.unit_lower_inverse` — against the float64 recurrence.
 
-    OMP_NUM_THREADS=1 python benchmarks/kda_inverse_diag.py --home .k3 --out benchmarks/results/kda_inverse_tiny_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/probes/kda_inverse_diag.py --home .k3 --out benchmarks/results/kda/2026-11-29_inverse_tiny_cpu.json
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", default=".k3", help="a K3_HOME holding tiny checkpoints and data")
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--out", default="benchmarks/results/kda_inverse_tiny_cpu.json")
+    parser.add_argument("--out", required=True, help="e.g. benchmarks/results/kda/<date>_inverse_tiny_cpu.json")
     args = parser.parse_args()
     home = Path(args.home)
     tokenizer = Tokenizer.from_file(str(newest(home, "data/tiny/tokenizer/*/tokenizer.json")))

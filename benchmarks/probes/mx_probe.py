@@ -1,9 +1,9 @@
 """Where the MXFP4 GEMV's time goes at M = 1: floors measured in one process, and Nsight Compute.
 
-    PYTHONPATH=. python3 benchmarks/mx_probe.py --out $OUT/mx_probe_h200.json
+    PYTHONPATH=. python3 benchmarks/probes/mx_probe.py --out $OUT/mx_probe_h200.json
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \
-        python3 benchmarks/mx_probe.py --ncu          # one launch of each kernel, for the profiler
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/mx_probe.py --smoke --out /tmp/p.json  (CPU)
+        python3 benchmarks/probes/mx_probe.py --ncu          # one launch of each kernel, for the profiler
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 benchmarks/probes/mx_probe.py --smoke --out /tmp/p.json  (CPU)
 
 Written when the GEMV (kernels.mx, dense 7168 x 7168, 27.3 MB of codes and scales) was stuck at
 57-59 % of the copy bandwidth and 2.0x bf16, and neither fewer instructions (f16x2), one launch
@@ -27,10 +27,12 @@ import sys
 import numpy as np
 import torch
 
-from benchmarks.mx import SHAPES, _copies, _make_problem, env_info, time_calls
-from kernels.mx.triton_matmul import (
-    _reduce_splits, _sm_count, _split_plan, default_gemv_config, mx_gemv,
-)
+from benchmarks.common import MX_SHAPES as SHAPES
+from benchmarks.common import mx_problem as _make_problem
+from benchmarks.common import run_header, time_calls
+from benchmarks.common import weight_copies as _copies
+from kernels.mx.triton.common import _reduce_splits, _sm_count, _split_plan
+from kernels.mx.triton.gemv import default_gemv_config, mx_gemv
 
 try:
     import triton
@@ -110,7 +112,7 @@ def main(argv=None) -> int:
         print("ncu launches done")
         return 0
 
-    result = {"env": env_info(None), "shape": [k, n], "bytes": nbytes, "gemv_config": str(cfg),
+    result = {"env": run_header(), "shape": [k, n], "bytes": nbytes, "gemv_config": str(cfg),
               "splits": splits, "rows": {}}
     rows = result["rows"]
 
