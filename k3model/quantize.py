@@ -349,6 +349,11 @@ def load_quantized_into(model: K3Model, directory: str | os.PathLike, verify: bo
                          "experts: build the model with k3model.quantize.load_quantized(directory), or "
                          "convert_to_mx(model) before loading")
     quant = manifest["quantization"]
+    listed, wanted = set(quant["tensors"]), set(quantized_weight_names(model))
+    if listed != wanted:
+        raise ValueError(f"{directory} packs {sorted(listed - wanted) or 'no other tensors'} beyond this model's "
+                         f"routed experts and lacks {sorted(wanted - listed) or 'none of them'}: it was exported from "
+                         "another architecture; load it with load_quantized(directory), which builds the recorded one")
     _check_packed(weights, quant, model.cfg)
     model.load_state_dict(weights)
     return manifest
