@@ -126,6 +126,10 @@ def eval_sizes(profile: str) -> tuple[int, int, int]:
 def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3Model, dict]:
     """The model a checkpoint holds (hashes verified), built from the config its manifest records."""
     weights, manifest = load_checkpoint(checkpoint_dir)
+    if "quantization" in manifest:
+        raise ValueError(f"{checkpoint_dir} is a quantized export ({manifest['quantization'].get('format')}): its "
+                         "routed experts are packed MXFP4, not float weights; load it with "
+                         "k3model.quantize.load_quantized")
     recorded = dict(manifest["config"]["model"])
     if recorded.get("vision") is not None:
         recorded["vision"] = VisionConfig(**recorded["vision"])

@@ -17,6 +17,8 @@ stay free of training modes, as `k3model.parallel` wraps a model from outside.
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn as nn
 
 from k3model.moe import MX_BLOCK, LatentMoE
@@ -25,11 +27,16 @@ QAT_SCHEME = {"modules": "LatentMoE routed experts", "weights": "fp4_e2m1", "act
               "block_size": MX_BLOCK, "gradient": "straight-through", "quantizer": "kernels.mx.fake_quant_mx"}
 
 
-def prepare_qat(model: nn.Module) -> nn.Module:
+def prepare_qat(model: nn.Module, scale_rounding: str = "ceil") -> nn.Module:
     """Turn on MXFP4-weight / MXFP8-activation fake quantization in every LatentMoE of `model`
-    (in place; returns it). Raises ValueError when the model has no LatentMoE or a width is not a
-    multiple of the MX block."""
-    from kernels.mx import fake_quant_mx
+    (in place; returns it). `scale_rounding` is kernels.mx's: "ceil" (RCEIL, the default) or "floor"
+    (OCP); export with the same one (k3model.quantize checks). Raises ValueError when the model has
+    no LatentMoE or a width is not a multiple of the MX block."""
+    from kernels.mx import SCALE_ROUNDINGS, fake_quant_mx
+
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"scale_rounding={scale_rounding!r}: use one of {SCALE_ROUNDINGS}")
+    quantizer = fake_quant_mx if scale_rounding == "ceil" else functools.partial(fake_quant_mx, scale_rounding=scale_rounding)
 
     moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
     if not moes:
@@ -40,7 +47,7 @@ def prepare_qat(model: nn.Module) -> nn.Module:
             if getattr(moe.cfg, name) % MX_BLOCK:
                 raise ValueError(f"QAT quantizes in MX blocks of {MX_BLOCK} along {name}, but the model's "
                                  f"{name} is {getattr(moe.cfg, name)}: choose a multiple of {MX_BLOCK}")
-        moe.fake_quant_mx = fake_quant_mx
+        moe.fake_quant_mx = quantizer
     return model
 
 
