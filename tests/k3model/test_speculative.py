@@ -19,7 +19,7 @@ from k3model.speculative import acceptance_probs, residual, speculative_generate
 from tests.k3model.test_model import smoke_model
 
 
-def predictable_model(seed=0, vocab=512):
+def predictable_model(seed=0, vocab=512, scale=3.0):
     """A smoke-sized target whose next token mostly follows its current one (a large embedding that
     the output head reads through a fixed permutation), so drafts get accepted, rejected and
     completed (bonus tokens) in one run."""
@@ -29,7 +29,7 @@ def predictable_model(seed=0, vocab=512):
         if isinstance(m, AttnRes):
             torch.nn.init.normal_(m.query, std=0.5)
     with torch.no_grad():
-        model.embed.weight.mul_(3.0 / 0.02 / 8)
+        model.embed.weight.mul_(scale / 0.02 / 8)
         model.lm_head.weight.copy_(model.embed.weight[torch.randperm(vocab).argsort()])
     return model
 
@@ -218,35 +218,50 @@ def test_verify_sampled_draws_follow_the_target_chi_square():
     assert chi_square_p_value(counts.tolist(), q_joint, n) < 1e-6
 
 
+def exact_joint(target, prompt, horizon, temperature, keep=1e-3):
+    """The target's exact probability of every `horizon`-token continuation whose prefixes all have
+    probability ≥ keep, level by level through teacher-forced forwards; the rest of the mass
+    (exactly 1 − the listed) goes to the key "rest"."""
+    level = {(): 1.0}
+    for _ in range(horizon):
+        prefixes = list(level)
+        logits = target(torch.tensor([prompt + list(s) for s in prefixes])).logits_BTV[:, -1]
+        probs = (logits.float() / temperature).softmax(-1).double()
+        level = {prefix + (x,): level[prefix] * float(row[x])
+                 for prefix, row in zip(prefixes, probs) for x in range(row.shape[0])
+                 if level[prefix] * float(row[x]) >= keep}
+    level["rest"] = 1.0 - sum(level.values())
+    return level
+
+
 @torch.no_grad()
 def test_speculative_sampling_follows_the_target_chi_square():
-    """speculative_generate itself, sampling at temperature 0.5 over a 32-token vocabulary: the
-    three emitted tokens against the target's exact joint p(x₁) p(x₂ | x₁) p(x₃ | x₁, x₂), from its
-    forwards (x₁ comes from the prefill, x₂ and x₃ through drafts, rejections and bonus tokens)."""
-    V, n, temperature = 32, 300, 0.5
-    target = predictable_model(seed=2, vocab=V)
+    """speculative_generate itself, sampling at temperature 0.5 over the 512-token vocabulary: four
+    emitted tokens against the target's exact joint (x₁ comes from the prefill, the rest through
+    drafts of length 2, their rejections and bonus tokens)."""
+    n, temperature = 200, 0.5
+    target = predictable_model(seed=0)
     draft = aligned_draft(target)
     prompt = [3, 7, 1, 4]
-    cfg = SamplingConfig(max_new_tokens=3, temperature=temperature)
+    cfg = SamplingConfig(max_new_tokens=4, temperature=temperature)
     g = torch.Generator().manual_seed(0)
-    counts, accepted = torch.zeros(V ** 3), 0
+    samples, accepted = [], 0
     for _ in range(n):
         out, stats = speculative_generate(target, draft, prompt, cfg, 2, generator=g)
-        counts[(out[0] * V + out[1]) * V + out[2]] += 1
+        samples.append(tuple(out))
         accepted += stats.accepted
     assert accepted > n // 4  # the drafts' acceptance paths ran
 
-    def joint(t):
-        pairs = torch.tensor([prompt + [x, y] for x in range(V) for y in range(V)])
-        logits = target(pairs).logits_BTV[:, -3:].float() / t
-        p1 = logits[0, 0].softmax(-1)
-        p2 = logits[::V, 1].softmax(-1)  # [x₁, x₂]
-        p3 = logits[:, 2].softmax(-1).view(V, V, V)
-        return (p1.view(V, 1, 1) * p2.view(V, V, 1) * p3).reshape(-1).tolist()
+    def p_value(t):
+        joint = exact_joint(target, prompt, 4, t)
+        cells = list(joint)
+        observed = [sum(s == c for s in samples) for c in cells[:-1]]
+        observed.append(n - sum(observed))
+        return chi_square_p_value(observed, [joint[c] for c in cells], n)
 
-    assert chi_square_p_value(counts.tolist(), joint(temperature), n) > 1e-3
+    assert p_value(temperature) > 1e-3
     # The test can fail: the same target at temperature 1 is rejected.
-    assert chi_square_p_value(counts.tolist(), joint(1.0), n) < 1e-6
+    assert p_value(1.0) < 1e-6
 
 
 # --- greedy parity ------------------------------------------------------------------------------
