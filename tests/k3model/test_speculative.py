@@ -276,7 +276,7 @@ def test_greedy_speculative_output_is_the_targets_greedy_output_at_every_draft_l
     cfg = SamplingConfig(max_new_tokens=10)
     for target, draft, name in cases:
         prompts = [torch.randint(0, 512, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
-                   for _ in range(4)]
+                   for _ in range(6)]
         plain = [c.token_ids for c in generate(target, prompts, cfg)]
         for draft_len in range(1, 7):
             for prompt, expected in zip(prompts, plain):
