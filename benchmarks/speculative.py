@@ -74,7 +74,8 @@ def main() -> None:
         prompts = [torch.randint(0, V, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
         generate(target, prompts[:1], SamplingConfig(max_new_tokens=4))  # warm-up
         plain_s, tokens = 0.0, 0
-        per_k = {k: {"seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0} for k in draft_lens}
+        per_k = {k: {"seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0,
+                     "reached": [0] * k, "accepted": [0] * k} for k in draft_lens}
         for prompt in prompts:
             t = time.perf_counter()
             expected = generate(target, [prompt], cfg)[0].token_ids
@@ -89,6 +90,8 @@ def main() -> None:
                 row["tau"].append(stats.acceptance_length)
                 row["parity"] += out == expected
                 row["forwards"] += stats.target_forwards
+                row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
+                row["accepted"] = [a + b for a, b in zip(row["accepted"], stats.accepted_at_depth)]
         plain_tps = tokens / plain_s
         case = {"plain_tokens_per_s": plain_tps, "by_draft_len": {}}
         for k, row in per_k.items():
@@ -96,7 +99,8 @@ def main() -> None:
             case["by_draft_len"][str(k)] = {
                 "acceptance_length": sum(row["tau"]) / len(row["tau"]), "tokens_per_s": tps,
                 "speedup": tps / plain_tps, "greedy_parity": f"{row['parity']}/{len(prompts)}",
-                "tokens_per_target_forward": row["tokens"] / row["forwards"]}
+                "tokens_per_target_forward": row["tokens"] / row["forwards"],
+                "acceptance_by_depth": [a / r if r else None for a, r in zip(row["accepted"], row["reached"])]}
             print(f"{name} k={k}: tau {case['by_draft_len'][str(k)]['acceptance_length']:.2f}  "
                   f"{tps:.1f} tok/s vs plain {plain_tps:.1f} ({tps / plain_tps:.2f}x)  parity {row['parity']}/{len(prompts)}",
                   flush=True)

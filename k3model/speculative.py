@@ -141,8 +141,9 @@ def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], c
         raise ValueError(f"draft_len must be an int ≥ 1 (the drafts per round), got {draft_len!r}; "
                          "use engine.generate for plain decoding")
     check_draft(target, draft)
-    if len(prompt_ids) > 0 and not isinstance(prompt_ids[0], int):
+    if any(isinstance(t, (list, tuple)) for t in prompt_ids):
         raise ValueError("speculative_generate takes one prompt (a list of ids); call it once per prompt")
+    prompt_ids = [int(t) for t in prompt_ids]
     _check_prompts(target, [prompt_ids])
     limit = context_length(target)
     budget = cfg.max_new_tokens if limit is None else min(cfg.max_new_tokens, limit - len(prompt_ids))
@@ -153,7 +154,7 @@ def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], c
     modes = target.training, draft.training
     target.eval(), draft.eval()
     try:
-        return _decode(target, draft, list(prompt_ids), cfg, draft_len, budget, generator, stats, device), stats
+        return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device), stats
     finally:
         target.train(modes[0]), draft.train(modes[1])
 
