@@ -12,9 +12,10 @@ from k3model.attn_res import AttnRes
 from k3model.cache import ModelCache
 from k3model.config import get_profile
 from k3model.draft import draft_from_mtp
-from k3model.engine import SamplingConfig, generate
+from k3model.engine import SamplingConfig, generate, sample
 from k3model.model import K3Model
-from k3model.speculative import acceptance_probs, residual, speculative_generate, verify_greedy, verify_sampled
+from k3model.speculative import (acceptance_probs, residual, sampling_probs, speculative_generate, verify_greedy,
+                                 verify_sampled)
 
 from tests.k3model.test_model import smoke_model
 
@@ -100,6 +101,22 @@ def test_verify_greedy_and_sampled_by_hand():
     assert verify_sampled(one_hot[[1, 3, 0]], one_hot[[1, 2]], torch.tensor([1, 2]), g) == (1, 3)
     # No drafts (a budget tail): one token from p_1.
     assert verify_sampled(one_hot[[2]], one_hot[:0], torch.tensor([], dtype=torch.long), g) == (0, 2)
+
+
+def test_p_and_q_are_the_distribution_the_engine_samples_from():
+    """Temperature, top-k and top-p as engine.sample applies them: its log-probability of each drawn
+    id is log sampling_probs at that id, and ids outside the kept set have probability 0."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    g = torch.Generator().manual_seed(1)
+    for cfg in (SamplingConfig(4, temperature=0.7), SamplingConfig(4, temperature=1.3, top_k=5),
+                SamplingConfig(4, temperature=1.0, top_p=0.6), SamplingConfig(4, temperature=0.5, top_k=8, top_p=0.9)):
+        probs = sampling_probs(logits, cfg)
+        torch.testing.assert_close(probs.sum(-1), torch.ones(6))
+        if cfg.top_k is not None:
+            assert ((probs > 0).sum(-1) <= cfg.top_k).all()
+        for _ in range(5):
+            tokens, logp, _ = sample(logits, [cfg] * 6, g)
+            torch.testing.assert_close(probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log(), logp)
 
 
 # --- exactness by enumeration -------------------------------------------------------------------
