@@ -174,21 +174,23 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
         f_1TD = draft.fuse_features([seen["low"], seen["mid"], out.hidden_BTD])
         first, _ = _pick(last_logits(target, out.hidden_BTD), cfg, generator)
         emitted = first
+        if budget == 1 or emitted[-1] in cfg.stop_ids:
+            return emitted
         # The draft reads (f_i, x_{i+1}) for every prompt position, the last pair with the first new token.
         g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache)
-        while len(emitted) < budget and emitted[-1] not in cfg.stop_ids:
+        while True:
             k = min(draft_len, budget - len(emitted) - 1)
             draft_start = draft_cache.length
             drafts, q_rows = [], []
-            h_11D, logits_V = g_1TD[:, -1:], draft_logits_1TV[0, -1:]
+            h_11D, logits_1V = g_1TD[:, -1:], draft_logits_1TV[0, -1:]
             for j in range(k):
-                (d,), q_1V = _pick(logits_V, cfg, generator)
+                (d,), q_1V = _pick(logits_1V, cfg, generator)
                 drafts.append(d)
                 if q_1V is not None:
                     q_rows.append(q_1V[0])
                 if j < k - 1:
                     h_11D, step_logits = draft(h_11D, ids([d]), draft_cache)
-                    logits_V = step_logits[0]
+                    logits_1V = step_logits[0]
 
             start = target_cache.length
             out = target(ids([emitted[-1]] + drafts), cache=target_cache)
@@ -197,7 +199,8 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
             if cfg.temperature == 0:
                 a, y = verify_greedy(logits_TV.float().argmax(-1).tolist(), drafts)
             else:
-                a, y = verify_sampled(sampling_probs(logits_TV, cfg), torch.stack(q_rows) if k else None,
+                q_KV = torch.stack(q_rows) if k else logits_TV.new_zeros(0, logits_TV.shape[-1])
+                a, y = verify_sampled(sampling_probs(logits_TV, cfg), q_KV,
                                       torch.tensor(drafts, device=device, dtype=torch.long), generator)
             if k:
                 stats.rounds += 1
