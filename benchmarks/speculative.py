@@ -1,0 +1,114 @@
+"""Speculative decoding (k3model/speculative.py) against plain decoding through the same engine, in
+the same run: acceptance length τ and tokens/s at draft lengths 1–6, greedy, batch 1.
+
+    OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/speculative_tiny_cpu.json
+
+Two targets of the profile's shape, both random weights (no trained base model exists yet):
+  mtp        — a random target with its own (random) MTP module as the draft: the untrained case,
+               τ ≈ 1, so this measures the overhead a useless draft costs;
+  predictable — the same shape with a large embedding that the output head reads through a fixed
+               permutation (the next token mostly follows the current one), and the MTP draft with
+               its merge reading only the token embedding: a synthetic case where drafts are often
+               right, to show what the loop gains at a given τ.
+Every speculative output is compared with the plain greedy output (parity recorded). Repetitions
+are interleaved (plain, then each draft length, per prompt); the 2-core machine is shared, so the
+ratio to plain decoding is the figure, not the absolute tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+
+import torch
+
+from k3model.config import get_profile
+from k3model.draft import draft_from_mtp
+from k3model.engine import SamplingConfig, generate
+from k3model.model import K3Model
+from k3model.speculative import speculative_generate
+
+
+def targets(profile: str, seed: int):
+    torch.manual_seed(seed)
+    cfg = get_profile(profile).model
+    random_target = K3Model(cfg).eval()
+    torch.manual_seed(seed + 1)
+    predictable = K3Model(cfg).eval()
+    D, V = cfg.d_model, cfg.vocab_size
+    with torch.no_grad():
+        predictable.embed.weight.mul_(3.0 / 0.02 / D ** 0.5)
+        predictable.lm_head.weight.copy_(predictable.embed.weight[torch.randperm(V).argsort()])
+    aligned = draft_from_mtp(predictable)
+    with torch.no_grad():
+        aligned.merge.weight.zero_()
+        aligned.merge.weight[:, D:] = torch.eye(D)
+    return {"mtp": (random_target, draft_from_mtp(random_target)), "predictable": (predictable, aligned)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--draft-lens", default="1,2,3,4,5,6")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    draft_lens = [int(k) for k in args.draft_lens.split(",")]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"benchmark": "speculative", "args": vars(args), "commit": commit, "torch": torch.__version__,
+              "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+              "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "weights": "random (no trained base model); see the module docstring", "cases": {}}
+    g = torch.Generator().manual_seed(args.seed)
+    cfg = SamplingConfig(max_new_tokens=args.new)
+    for name, (target, draft) in targets(args.profile, args.seed).items():
+        V = target.cfg.vocab_size
+        prompts = [torch.randint(0, V, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
+        generate(target, prompts[:1], SamplingConfig(max_new_tokens=4))  # warm-up
+        plain_s, tokens = 0.0, 0
+        per_k = {k: {"seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0,
+                     "reached": [0] * k, "accepted": [0] * k} for k in draft_lens}
+        for prompt in prompts:
+            t = time.perf_counter()
+            expected = generate(target, [prompt], cfg)[0].token_ids
+            plain_s += time.perf_counter() - t
+            tokens += len(expected)
+            for k in draft_lens:
+                t = time.perf_counter()
+                out, stats = speculative_generate(target, draft, prompt, cfg, k)
+                row = per_k[k]
+                row["seconds"] += time.perf_counter() - t
+                row["tokens"] += len(out)
+                row["tau"].append(stats.acceptance_length)
+                row["parity"] += out == expected
+                row["forwards"] += stats.target_forwards
+                row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
+                row["accepted"] = [a + b for a, b in zip(row["accepted"], stats.accepted_at_depth)]
+        plain_tps = tokens / plain_s
+        case = {"plain_tokens_per_s": plain_tps, "by_draft_len": {}}
+        for k, row in per_k.items():
+            tps = row["tokens"] / row["seconds"]
+            case["by_draft_len"][str(k)] = {
+                "acceptance_length": sum(row["tau"]) / len(row["tau"]), "tokens_per_s": tps,
+                "speedup": tps / plain_tps, "greedy_parity": f"{row['parity']}/{len(prompts)}",
+                "tokens_per_target_forward": row["tokens"] / row["forwards"],
+                "acceptance_by_depth": [a / r if r else None for a, r in zip(row["accepted"], row["reached"])]}
+            print(f"{name} k={k}: tau {case['by_draft_len'][str(k)]['acceptance_length']:.2f}  "
+                  f"{tps:.1f} tok/s vs plain {plain_tps:.1f} ({tps / plain_tps:.2f}x)  parity {row['parity']}/{len(prompts)}",
+                  flush=True)
+        result["cases"][name] = case
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

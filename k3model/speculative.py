@@ -1,0 +1,226 @@
+"""Lossless speculative decoding: a draft proposes a chain of tokens, the target checks them in one
+forward (Leviathan et al. 2023, Chen et al. 2023; EAGLE's `ea_model.py` loop beside `cnets.py`;
+research/recipe.md §4(c), research/posttrain-anchors.md §5).
+
+One round, the target's cache holding x_0 … x_{n−1} and x_n drawn but not yet fed:
+    the draft proposes d_1 … d_k, each d_j ~ q_j (argmax q_j when greedy), q_j = q(· | x_≤n, d_<j)
+    the target runs [x_n, d_1, …, d_k] once → p_1 … p_{k+1}, p_j = p(· | x_≤n, d_<j)
+    sampling:  accept d_j with probability min(1, p_j(d_j) / q_j(d_j)), in order;
+               at the first rejection emit y ~ norm(max(0, p_j − q_j)) and stop;
+               when all k are accepted emit a bonus y ~ p_{k+1}
+    greedy:    accept while d_j = argmax p_j, then emit y = argmax p at the first mismatch (or the bonus)
+    the target's cache rolls back to x_≤n, d_≤a (KDA states, conv windows, MLA lengths:
+    ModelCache.rollback), the draft's to before its chain, and the draft re-reads the target's true
+    features of the accepted positions.
+
+Why it is exact: for each d, P(emit d at step j) = q_j(d) · min(1, p_j(d)/q_j(d)) + P(reject) ·
+norm(max(0, p_j − q_j))(d) = min(q_j(d), p_j(d)) + max(0, p_j(d) − q_j(d)) = p_j(d), and each step
+conditions on the tokens emitted before it, so every emitted sequence has the target's probability
+whatever the draft (tests/k3model/test_speculative.py enumerates it). q is the draft's real
+distribution — the same temperature, top-k and top-p as the target's — not a one-hot of its argmax
+as in vLLM and EAGLE, which raises acceptance when sampling.
+
+p is the engine's sampling distribution (k3model/engine.py: softmax(logits / temperature) after
+top-k and top-p), so the output follows exactly what `generate` samples from. Greedy output is the
+target's greedy output as long as the verify forward's argmax equals the decode step's: it feeds
+k + 1 tokens at once, which differs from one-token steps by GEMM rounding (k3model/cache.py), so a
+near tie between the top two logits could in principle flip (docs/log/speculative.md counts it).
+One prompt at a time (batch 1). Legend: K draft length, V vocabulary, T tokens, D width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from k3model.cache import ModelCache
+from k3model.draft import DraftModel, check_draft, target_features
+from k3model.engine import SamplingConfig, _check_prompts, _filter, context_length, last_logits
+
+
+@dataclass
+class SpeculativeStats:
+    """What one speculative_generate call did. A round is one draft chain and one target verify."""
+    draft_len: int
+    rounds: int = 0  # rounds with at least one draft (the last round may draft fewer than draft_len)
+    drafted: int = 0
+    accepted: int = 0
+    reached_at_depth: list[int] = field(default_factory=list)  # rounds whose j-th draft was checked
+    accepted_at_depth: list[int] = field(default_factory=list)  # … and accepted (conditional on the earlier)
+    target_forwards: int = 0  # prefill and every verify, a budget-tail round without drafts included
+
+    @property
+    def acceptance_length(self) -> float:
+        """τ: tokens emitted per drafting round, accepted drafts + the corrected or bonus token
+        (EAGLE's convention, #195); 0.0 when no round drafted."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """P(draft j accepted | drafts < j accepted), per depth j (the conditional n-α, EAGLE #191)."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at_depth, self.reached_at_depth)]
+
+    def as_dict(self) -> dict:
+        return {"draft_len": self.draft_len, "rounds": self.rounds, "drafted": self.drafted,
+                "accepted": self.accepted, "acceptance_length": self.acceptance_length,
+                "acceptance_by_depth": self.acceptance_by_depth, "target_forwards": self.target_forwards}
+
+
+# --- the pure acceptance rule --------------------------------------------------------------------
+
+def sampling_probs(logits_TV: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """The distribution `generate` samples from, per row, fp32 [T, V] (temperature > 0)."""
+    z_TV = logits_TV.float() / cfg.temperature
+    if cfg.top_k is not None or cfg.top_p is not None:
+        z_TV = _filter(z_TV, [cfg] * z_TV.shape[0])
+    return z_TV.softmax(-1)
+
+
+def acceptance_probs(p_KV: torch.Tensor, q_KV: torch.Tensor, drafts_K: torch.Tensor) -> torch.Tensor:
+    """min(1, p_j(d_j) / q_j(d_j)) per draft [K]. d_j was drawn from q_j, so q_j(d_j) > 0."""
+    p_K = p_KV.gather(-1, drafts_K.unsqueeze(-1)).squeeze(-1)
+    q_K = q_KV.gather(-1, drafts_K.unsqueeze(-1)).squeeze(-1)
+    return torch.clamp(p_K / q_K, max=1.0)
+
+
+def residual(p_V: torch.Tensor, q_V: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)): what a rejection samples from. Rejection has probability
+    Σ max(0, p − q), which is 0 when p = q; if rounding still lands there, p itself is returned."""
+    r_V = torch.clamp(p_V - q_V, min=0.0)
+    total = r_V.sum()
+    return r_V / total if total > 0 else p_V
+
+
+def verify_sampled(p_K1V: torch.Tensor, q_KV: torch.Tensor, drafts_K: torch.Tensor,
+                   generator: torch.Generator | None = None) -> tuple[int, int]:
+    """The exact rule on one chain: p_K1V the target's distributions after each of the k drafts'
+    prefixes and after all of them (k + 1 rows), q_KV the draft's for each draft. Returns
+    (a, y): the first a drafts are accepted and y follows them (a residual sample, or the bonus
+    from p_{k+1} when a = k)."""
+    K = drafts_K.shape[0]
+    if K == 0:
+        return 0, int(torch.multinomial(p_K1V[0], 1, generator=generator))
+    accept_K = acceptance_probs(p_K1V[:K], q_KV, drafts_K)
+    u_K = torch.rand(K, generator=generator, device=p_K1V.device)
+    for j in range(K):
+        if not u_K[j] < accept_K[j]:
+            y = torch.multinomial(residual(p_K1V[j], q_KV[j]), 1, generator=generator)
+            return j, int(y)
+    return K, int(torch.multinomial(p_K1V[K], 1, generator=generator))
+
+
+def verify_greedy(target_ids_K1: Sequence[int], drafts: Sequence[int]) -> tuple[int, int]:
+    """Greedy verification: a = the length of the longest prefix where d_j = argmax p_j, and
+    y = argmax p_{a+1} (EAGLE's `evaluate_posterior`, the cumulative product of matches)."""
+    a = 0
+    while a < len(drafts) and drafts[a] == target_ids_K1[a]:
+        a += 1
+    return a, int(target_ids_K1[a])
+
+
+# --- the decode loop ----------------------------------------------------------------------------
+
+def _pick(logits_TV: torch.Tensor, cfg: SamplingConfig, generator) -> tuple[list[int], torch.Tensor | None]:
+    """Tokens from each row (argmax when greedy, else drawn) and the distributions (None if greedy)."""
+    if cfg.temperature == 0:
+        return logits_TV.float().argmax(-1).tolist(), None
+    probs_TV = sampling_probs(logits_TV, cfg)
+    return torch.multinomial(probs_TV, 1, generator=generator).squeeze(-1).tolist(), probs_TV
+
+
+@torch.no_grad()
+def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], cfg: SamplingConfig,
+                         draft_len: int, *, generator: torch.Generator | None = None
+                         ) -> tuple[list[int], SpeculativeStats]:
+    """Decode `prompt_ids` (one prompt, a list of token ids) with `target`, `draft` proposing up to
+    `draft_len` tokens a round; see the module docstring. Returns (the new token ids, the stop id
+    included when one ended the output, exactly as `generate` would; SpeculativeStats)."""
+    if not isinstance(draft_len, int) or draft_len < 1:
+        raise ValueError(f"draft_len must be an int ≥ 1 (the drafts per round), got {draft_len!r}; "
+                         "use engine.generate for plain decoding")
+    check_draft(target, draft)
+    if any(isinstance(t, (list, tuple)) for t in prompt_ids):
+        raise ValueError("speculative_generate takes one prompt (a list of ids); call it once per prompt")
+    prompt_ids = [int(t) for t in prompt_ids]
+    _check_prompts(target, [prompt_ids])
+    limit = context_length(target)
+    budget = cfg.max_new_tokens if limit is None else min(cfg.max_new_tokens, limit - len(prompt_ids))
+    stats = SpeculativeStats(draft_len, reached_at_depth=[0] * draft_len, accepted_at_depth=[0] * draft_len)
+    if budget <= 0:
+        return [], stats
+    device = next(target.parameters()).device
+    # Only flip modes that need it: .eval() walks every module, a cost per call at small sizes.
+    training = [m for m in (target, draft) if m.training]
+    for m in training:
+        m.eval()
+    try:
+        return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device), stats
+    finally:
+        for m in training:
+            m.train()
+
+
+def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, device) -> list[int]:
+    n = len(prompt)
+    capacity = n + budget + draft_len + 1
+    target_cache = ModelCache.empty(target, 1, capacity=capacity, max_rollback=draft_len + 1)
+    draft_cache = ModelCache.empty(draft, 1, capacity=capacity, max_rollback=draft_len + 1)
+    ids = lambda tokens: torch.tensor([tokens], device=device)  # noqa: E731
+    with target_features(target, draft) as seen:
+        out = target(ids(prompt), cache=target_cache, logits=False)
+        stats.target_forwards += 1
+        f_1TD = draft.fuse_features([seen["low"], seen["mid"], out.hidden_BTD])
+        first, _ = _pick(last_logits(target, out.hidden_BTD), cfg, generator)
+        emitted = first
+        if budget == 1 or emitted[-1] in cfg.stop_ids:
+            return emitted
+        # The draft reads (f_i, x_{i+1}) for every prompt position, the last pair with the first new token.
+        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache)
+        while True:
+            k = min(draft_len, budget - len(emitted) - 1)
+            draft_start = draft_cache.length
+            drafts, q_rows = [], []
+            h_11D, logits_1V = g_1TD[:, -1:], draft_logits_1TV[0, -1:]
+            for j in range(k):
+                (d,), q_1V = _pick(logits_1V, cfg, generator)
+                drafts.append(d)
+                if q_1V is not None:
+                    q_rows.append(q_1V[0])
+                if j < k - 1:
+                    h_11D, step_logits = draft(h_11D, ids([d]), draft_cache)
+                    logits_1V = step_logits[0]
+
+            start = target_cache.length
+            out = target(ids([emitted[-1]] + drafts), cache=target_cache)
+            stats.target_forwards += 1
+            logits_TV = out.logits_BTV[0]
+            if cfg.temperature == 0:
+                a, y = verify_greedy(logits_TV.float().argmax(-1).tolist(), drafts)
+            else:
+                q_KV = torch.stack(q_rows) if k else logits_TV.new_zeros(0, logits_TV.shape[-1])
+                a, y = verify_sampled(sampling_probs(logits_TV, cfg), q_KV,
+                                      torch.tensor(drafts, device=device, dtype=torch.long), generator)
+            if k:
+                stats.rounds += 1
+                stats.drafted += k
+                stats.accepted += a
+                for j in range(min(a + 1, k)):
+                    stats.reached_at_depth[j] += 1
+                    stats.accepted_at_depth[j] += j < a
+            if a < k:
+                target_cache.rollback(start + 1 + a)
+            new = drafts[:a] + [y]
+            emitted = emitted + new
+            if len(emitted) >= budget or any(t in cfg.stop_ids for t in new):
+                break
+            # The draft forgets its own chain and reads the target's features of what was kept.
+            if draft_cache.length != draft_start:
+                draft_cache.rollback(draft_start)
+            f_1TD = draft.fuse_features([seen["low"][:, : a + 1], seen["mid"][:, : a + 1], out.hidden_BTD[:, : a + 1]])
+            g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache)
+    for i, t in enumerate(emitted):
+        if t in cfg.stop_ids:
+            return emitted[: i + 1]
+    return emitted[:budget]
