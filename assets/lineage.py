@@ -16,6 +16,8 @@ from typing import Any
 
 import dagster as dg
 
+from assets.integrity import verify_upstreams
+
 PROFILE_TAG = "k3/profile"
 # How many recent materializations of an asset to search for one of the wanted profile.
 _SEARCH_DEPTH = 200
@@ -72,6 +74,7 @@ def require_upstreams(context: dg.AssetExecutionContext | dg.AssetCheckExecution
                         f"(`k3 run --profile {profile} --select {','.join('*' + n for n in todo)}`, "
                         "or Materialize in the UI)",
             allow_retries=False)
+    verify_upstreams(me, found, profile)
     return found
 
 

@@ -22,9 +22,10 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
+from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile, k3_home
 
 # DESIGN.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
 DESIGN_LINEAGE = (
@@ -165,15 +166,34 @@ def _root_message(err) -> str:
     return text
 
 
+def _under_home_lock(who: str, profile: str, args: argparse.Namespace,
+                     body: Callable[[argparse.Namespace, str, dict[str, str]], int]) -> int:
+    """`body(args, profile, env)` holding the home's lock, after cleaning up crashed runs
+    (pipelines/home_lock.py, pipelines/recovery.py)."""
+    from pipelines.home_lock import HomeLocked, HomeNotWritable, hold_home
+    from pipelines.instance import apply_k3_environ
+    from pipelines.recovery import prepare_home
+    home = k3_home()
+    try:
+        with hold_home(home, f"{who} --profile {profile}", wait=args.wait, say=lambda m: _say(f"{who}: {m}")):
+            env = apply_k3_environ(profile, home)
+            prepare_home(home, who, _say)
+            return body(args, profile, env)
+    except (HomeLocked, HomeNotWritable) as e:
+        _say(f"{who}: {e}")
+        return 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         profile = check_profile_name(args.profile, field="--profile")
     except ValueError as e:
         _say(f"k3 run: {e}")
         return 2
-    from pipelines.instance import apply_k3_environ
-    env = apply_k3_environ(profile)
+    return _under_home_lock("k3 run", profile, args, _run)
 
+
+def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     import dagster as dg
     from pipelines.definitions import defs
 
@@ -181,9 +201,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     missing = [name for name in DESIGN_LINEAGE if name not in all_keys]
     selection = _selection(args.select, all_keys)
     job_name = "k3_cli_run"
-    job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, selection)]))
-    job = job_defs.resolve_job_def(job_name)
+
+    def job_for(sel):
+        job_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[dg.define_asset_job(job_name, sel)]))
+        return job_defs.resolve_job_def(job_name)
+    job = job_for(selection)
     selected = sorted(k.to_user_string() for k in job.asset_layer.executable_asset_keys)
+    if not args.force:
+        from pipelines.freshness import stale_assets
+        todo = stale_assets(dg.DagsterInstance.get(), defs.resolve_asset_graph(), selected, profile)
+        fresh = [n for n in selected if n not in todo]
+        if fresh:
+            _say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
+        if not todo:
+            _say("k3 run: nothing to materialize")
+            return 0
+        for name, why in todo.items():
+            _say(f"k3 run: {name}: {why}")
+        job = job_for(dg.AssetSelection.assets(*todo))
+        selected = sorted(todo)
 
     _say(f"k3 run: profile {profile}, {len(selected)} asset(s): {', '.join(selected)}")
     if missing:
@@ -198,7 +234,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress = _Progress(instance, run_id)
     progress.start()
     run_config = {"resources": {"profile": {"config": {"name": profile}}},
-                  "loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "WARNING"}}}}
+                  # Without --verbose, Dagster's own lines (a failure's 70-line stack trace among them) stay
+                  # quiet: the progress thread prints each failure's message on one line.
+                  "loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "CRITICAL"}}}}
     try:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
                                         raise_on_error=False, tags={"k3/profile": profile, "k3/cli": "run"})
@@ -238,10 +276,23 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         os.setsid()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
     return subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
                             preexec_fn=child_setup)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this (forked) child when the `k3 ui` that started it dies, even by SIGKILL,
+    so no server outlives the home lock its parent held."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -298,8 +349,22 @@ def cmd_ui(args: argparse.Namespace) -> int:
     except ValueError as e:
         _say(f"k3 ui: {e}")
         return 2
-    from pipelines.instance import k3_environ
-    k3env = k3_environ(profile)
+    busy = [p for p in (args.port, args.mlflow_port) if _port_in_use(p)]
+    if busy:
+        # Another server there would answer the health checks and pass for ours.
+        _say(f"k3 ui: port {', '.join(map(str, busy))} on 127.0.0.1 is already in use (another `k3 ui`?): "
+             "stop it, or pass --port / --mlflow-port")
+        return 1
+    return _under_home_lock("k3 ui", profile, args, _ui)
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _ui(args: argparse.Namespace, profile: str, k3env: dict[str, str]) -> int:
     home = Path(k3env["K3_HOME"])
     env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
            "K3_MLFLOW_URL": f"http://127.0.0.1:{args.mlflow_port}"}
@@ -386,13 +451,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default=default_profile(), help=f"one of {', '.join(RUNNABLE_PROFILES)}")
     run.add_argument("--select", help="comma-separated asset names; *name adds its upstream, "
                      "name* its downstream (default: every asset)")
-    run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too")
+    run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines and "
+                     "full tracebacks too")
+    run.add_argument("--force", action="store_true", help="materialize every selected asset, even "
+                     "those up to date (default: only the missing and the stale)")
+    run.add_argument("--wait", action="store_true", help="if another `k3 run` or `k3 ui` holds this "
+                     "K3_HOME, wait for it instead of refusing")
     run.set_defaults(fn=cmd_run)
 
     ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1")
     ui.add_argument("--profile", default=default_profile(), help="the profile runs launched from the UI use")
     ui.add_argument("--port", type=int, default=3000, help="Dagster web UI port")
     ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port")
+    ui.add_argument("--wait", action="store_true", help="if another `k3 run` or `k3 ui` holds this "
+                    "K3_HOME, wait for it instead of refusing")
+    ui.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     ui.set_defaults(fn=cmd_ui)
 
     params = sub.add_parser("params", help="total and active parameter counts")
@@ -412,7 +485,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        _say(f"k3 {args.command}: interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last resort: one line, the traceback on request
+        if getattr(args, "verbose", False):
+            raise
+        _say(f"k3 {args.command}: {_one_line(e)} (--verbose shows the traceback)")
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or type(e).__name__}: {e.filename}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def console_main() -> None:
