@@ -101,3 +101,11 @@ def test_a_checkpoint_with_flipped_bytes_or_swapped_for_another(materialized, tm
     assert f"checkpoint file {good.path / WEIGHTS_FILE} is corrupted" in refusal()
     todo = stale_assets(instance, defs.resolve_asset_graph(), ["pretrain_stage_1"], "smoke")
     assert "is corrupted" in todo["pretrain_stage_1"]
+
+
+def test_lr_inf_fails_the_stage_before_it_trains(materialized):
+    instance, resources = materialized
+    with dg.build_asset_context(resources=resources, instance=instance) as ctx, pytest.raises(dg.Failure) as err:
+        STAGE_ASSETS[0](ctx, PretrainStageConfig(lr=float("inf")))
+    assert err.value.description == ("invalid config for pretrain_stage_1 (ops.pretrain_stage_1.config): "
+                                     "lr must be a finite number, got inf")
