@@ -45,9 +45,10 @@ def verify_upstreams(me: str, ups: dict[str, "Upstream"], profile: str) -> None:
     """A Failure naming every damaged or unreadable upstream and how to rebuild it."""
     problems = {name: p for name, up in ups.items() if (p := upstream_problem(up)) is not None}
     if problems:
-        names = ",".join(problems)
+        what = [f"cannot start from {n}: {p}" if ups[n].path.is_dir() else f"{me} cannot run: {n}: {p}"
+                for n, p in problems.items()]
         raise dg.Failure(
-            description=f"{me} cannot run: " + "; ".join(f"{n}: {p}" for n, p in problems.items())
-                        + f". Re-materialize {', '.join(problems)} (`k3 run --profile {profile} --select "
-                        f"{names}`, which replaces damaged files, or Materialize in the UI)",
+            description="; ".join(what) + f". Re-materialize {', '.join(problems)} (`k3 run --profile "
+                        f"{profile} --select {','.join(problems)}`, which replaces damaged files, or "
+                        "Materialize in the UI)",
             allow_retries=False)

@@ -163,6 +163,9 @@ def _root_message(err) -> str:
     head, sep, rest = text.partition(": ")
     if sep and head.endswith(err.cls_name):
         text = rest if err.cls_name == "Failure" else f"{err.cls_name}: {rest}"
+    if err.cls_name.startswith("RayTaskError(") and "\n" in text:
+        # The worker's traceback, then "<Class>: <message>" on the last line: keep that line.
+        text = text.splitlines()[-1].strip()
     return text
 
 

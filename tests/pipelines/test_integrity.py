@@ -71,7 +71,7 @@ def test_an_upstream_that_is_no_file_is_named(materialized, tmp_path):
     instance.report_runless_asset_event(dg.AssetMaterialization(
         asset_key="corpus", metadata={"path": dg.MetadataValue.path(str(tmp_path))}, tags={PROFILE_TAG: "smoke"}))
     with dg.build_asset_context(resources=resources, instance=instance) as ctx, \
-            pytest.raises(dg.Failure, match=f"tokenizer cannot run: corpus: checkpoint {tmp_path} has no manifest"):
+            pytest.raises(dg.Failure, match=f"cannot start from corpus: checkpoint {tmp_path} has no manifest"):
         tokenizer(ctx)
 
 
