@@ -20,7 +20,7 @@ def test_the_task_ends_when_its_driver_is_killed():
     worker = subprocess.Popen([sys.executable, "-c", WORKER, str(driver.pid), socket.gethostname()],
                               stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2.0)
+        time.sleep(1.0)
         assert worker.poll() is None, worker.stderr.read()  # the driver lives: the task goes on
         driver.kill()
         t0 = time.monotonic()

@@ -16,6 +16,8 @@ from mlflow.tracking import MlflowClient
 from assets.integrity import upstream_problem
 from assets.lineage import latest_for_profile
 from k3model.checkpoint import load_resume_state
+from pipelines.definitions import defs
+from pipelines.freshness import stale_assets
 from pipelines.instance import dagster_home
 from pipelines.recovery import ACTIVE, prepare_home
 
@@ -95,5 +97,8 @@ def test_kill_9_in_a_stage_then_the_next_start_recovers(tmp_path, monkeypatch):
         assert up is not None and upstream_problem(up) is None, name
     resume = load_resume_state(work / "last")
     assert resume is not None and resume[1].step >= 2
+    # The rerun redoes only the stage: what the killed run finished is up to date.
+    todo = stale_assets(instance, defs.resolve_asset_graph(), [*DATA, "pretrain_stage_1"], "smoke")
+    assert todo == {"pretrain_stage_1": "never materialized for profile 'smoke'"}
     # A second start finds nothing left to do.
     assert prepare_home(home, "k3 run", said.append) == []
