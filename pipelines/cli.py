@@ -1,13 +1,17 @@
 """`k3`: the project's command line (DESIGN.md §8).
 
-    k3 run [--profile P] [--select ASSETS]   materialize assets headless, one progress line per asset
+    k3 run [--profile P] [--select ASSETS] [--force] [--wait]
+                                             materialize the missing and stale assets headless (all
+                                             selected with --force), one progress line per asset
     k3 ui [--profile P]                      Dagster web UI + daemon and the MLflow UI on 127.0.0.1
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
     k3 report                                where the latest claims report is
     k3 bench NAME                            run benchmarks/NAME.py
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
-one history, one MLflow store and one checkpoint store.
+one history, one MLflow store and one checkpoint store. Each holds the home's lock while it runs (one
+at a time per home; `--wait` queues behind the holder) and first cleans up after crashed runs
+(pipelines/home_lock.py, pipelines/recovery.py). Errors are one line; `--verbose` adds tracebacks.
 """
 
 from __future__ import annotations
