@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from k3model.checkpoint import (TrainState, capture_rng_state, load_checkpoint, load_train_state,
+from k3model.checkpoint import (TrainState, capture_rng_state, load_checkpoint, load_resume_state,
                                 restore_rng_state, save_checkpoint)
 from k3model.config import ModelConfig, VisionConfig, get_profile
+from k3model.limits import check_fits_machine
 from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
@@ -80,12 +81,25 @@ class PretrainConfig:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.clue_fraction + self.image_fraction > 1.0:
             raise ValueError("clue_fraction + image_fraction must not exceed 1")
+        # `lr: .inf` used to train a stage to NaN weights and materialize them.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
+        for name in ("lr", "grad_clip"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("warmup_frac", "min_lr_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
 
     def resolved(self) -> "ResolvedStage":
         profile = get_profile(self.profile)
         stage = profile.stages[self.stage - 1]
         model = profile.model if self.balancing is None else replace(profile.model, balancing=self.balancing)
-        return ResolvedStage(
+        resolved = ResolvedStage(
             model=model,
             steps=self.steps or stage.steps,
             batch_size=self.batch_size or stage.batch_size,
@@ -93,6 +107,8 @@ class PretrainConfig:
             lr=self.lr or stage.lr,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
+        check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
+        return resolved
 
 
 @dataclass(frozen=True)
@@ -181,10 +197,11 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     # ---- model
     model = K3Model(stage.model)
     start_step, history, tokens_seen, resumed = 0, [], 0, None
-    train_state = load_train_state(last_dir) if (last_dir / "manifest.json").exists() else None
-    if train_state is not None:
-        weights, _ = load_checkpoint(last_dir)
-        model.load_state_dict(weights)
+    # A damaged `last/` is set aside with a warning, and the stage starts from its beginning.
+    resume = load_resume_state(last_dir)
+    train_state = resume[1] if resume is not None else None
+    if resume is not None:
+        model.load_state_dict(resume[0])
         start_step, resumed = train_state.step, train_state.step
         history, tokens_seen = train_state.extra["history"], train_state.extra["tokens_seen"]
         log(start_step, {"event/resumed_from_step": start_step})
@@ -231,6 +248,12 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         t0 = time.perf_counter()
         metrics = train_step(model, optimizer, batch, cfg.grad_clip, device)
         dt = time.perf_counter() - t0
+        # Fail the stage rather than go on from (and checkpoint) NaN weights.
+        for key in ("train/total", "train/grad_norm"):
+            if not math.isfinite(metrics[key]):
+                raise FloatingPointError(
+                    f"stage {cfg.stage} diverged: {key} is {metrics[key]} at step {step + 1} (peak lr "
+                    f"{stage.lr:g}); nothing from this step on is kept: lower lr or raise warmup_frac")
         n_tokens = batch.input_ids.numel()
         tokens_seen += n_tokens
         timed_tokens, timed_seconds = timed_tokens + n_tokens, timed_seconds + dt
@@ -256,6 +279,9 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         if "moe/load_max_over_mean" in history[-1]:
             eval_metrics["moe/load_max_over_mean"] = _tail_mean(history, "moe/load_max_over_mean")
     log(stage.steps, eval_metrics)
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise FloatingPointError(f"stage {cfg.stage} diverged: its final weights are not finite (peak lr "
+                                 f"{stage.lr:g}); lower lr")
     final_dir = out_dir / "final"
     save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
     return PretrainResult(final_dir, history, eval_metrics, tokens_seen, resumed)
