@@ -9,11 +9,7 @@ pretraining assets fresh.
 """
 
 import dataclasses
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +18,7 @@ from pydantic import Field
 
 from assets.lineage import (group, inline_png, key, markdown_table, profile_tags, require_upstream,
                             require_upstreams, tag_run, thumbnail)
+from assets.storage import publish as _publish
 from k3model.checkpoint import source_tree_sha256
 
 # Bumps whenever the generators' source changes, so the UI marks data built by older code as stale.
@@ -31,26 +28,6 @@ RESOURCES = {"store", "mlflow"}
 
 class DataConfig(dg.Config):
     seed: int = Field(default=0, ge=0, description="seeds the generator (same seed → same bytes)")
-
-
-def _publish(asset_dir: Path, filename: str, write: Callable[[Path], str],
-             extra: Callable[[Path], None] | None = None) -> tuple[Path, str]:
-    """Write `filename` into `<asset_dir>/<sha256[:16]>/` atomically; (path, sha256)."""
-    staging = asset_dir / f".staging-{uuid.uuid4().hex[:12]}"
-    staging.mkdir(parents=True)
-    try:
-        sha = write(staging / filename)
-        if extra is not None:
-            extra(staging)
-        final = asset_dir / sha[:16]
-        if final.exists():
-            shutil.rmtree(staging)  # the same bytes are already stored
-        else:
-            os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final / filename, sha
 
 
 def _result(context: dg.AssetExecutionContext, profile: str, path: Path, sha: str, rows: int,

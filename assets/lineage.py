@@ -22,6 +22,8 @@ from typing import Any
 
 import dagster as dg
 
+from assets.integrity import verify_upstreams
+
 PROFILE_TAG = "k3/profile"
 # The profiles a run can use (k3model.config also has `k3`, the published shape, for accounting only).
 PROFILES = ("smoke", "tiny", "small")
@@ -87,6 +89,7 @@ def require_upstreams(context: dg.AssetExecutionContext | dg.AssetCheckExecution
                         f"(`k3 run --profile {profile} --select '{','.join('*' + n for n in todo)}'`, "
                         "or Materialize in the UI)",
             allow_retries=False)
+    verify_upstreams(me, found, profile)
     return found
 
 

@@ -31,7 +31,7 @@ from pydantic import Field
 from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
                             require_upstream, require_upstreams, run_id, sparkline, tag_run)
 from assets.tasks import LiveLog, ProgressFeed, grid_rows, train_stage_task
-from k3model.checkpoint import CheckpointCorrupted, source_tree_sha256, verify_checkpoint
+from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 
 # Bumps whenever the library changes, so the UI marks checkpoints trained by older code as stale.
 PRETRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen"))[:12]
@@ -278,11 +278,8 @@ def materialize_base_model(context: dg.AssetExecutionContext, profile: str) -> d
     last = verified(context, stage_name(NUM_STAGES), profile)
     store, mlflow = context.resources.store, context.resources.mlflow
     final = store.checkpoint_dir(profile, "base_model", run_id(context))
-    final.mkdir(parents=True)
     # Hard links: the base model is the same bytes as the last stage, stored once.
-    for f in last.path.iterdir():
-        os.link(f, final / f.name)
-    info = verify_checkpoint(final)
+    info = link_checkpoint(last.path, final)
 
     stages = []
     for s in range(1, NUM_STAGES + 1):

@@ -17,7 +17,10 @@ or where the checkpoint was written (safetensors sorts its keys), so two runs th
 weights produce the same hash; the orchestration layer uses it as the asset's data version.
 
 `load_checkpoint` re-hashes every file listed in the manifest and raises `CheckpointCorrupted`
-(a `ValueError`) naming the file, the expected and the actual hash.
+(a `ValueError`) naming the file, the expected and the actual hash; a manifest that does not list
+the weights under the checkpoint's own hash is refused too. `load_resume_state` sets a damaged
+resume checkpoint aside (with a warning) instead of failing, and `link_checkpoint` publishes an
+existing checkpoint under a new name through the same staging-and-rename.
 
 Only torch, numpy and safetensors are used here (the library layer never imports dagster, ray or
 mlflow).
@@ -331,10 +334,33 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def _check_listing(directory: Path, manifest: dict[str, Any]) -> None:
+    """The manifest must list the weights (under the hash it gives as the checkpoint's) and, when it
+    says there is a train state, both train-state files: a manifest listing nothing verified before."""
+    files = manifest["files"]
+    if not isinstance(files, dict) or WEIGHTS_FILE not in files:
+        raise CheckpointCorrupted(f"checkpoint manifest {directory / MANIFEST_FILE} does not list "
+                                  f"{WEIGHTS_FILE}, so the weights cannot be verified; delete the "
+                                  "checkpoint and write it again")
+    if files[WEIGHTS_FILE] != manifest.get("sha256"):
+        raise CheckpointCorrupted(f"checkpoint manifest {directory / MANIFEST_FILE} is inconsistent: it "
+                                  f"lists {WEIGHTS_FILE} with sha256 {files[WEIGHTS_FILE]} but gives "
+                                  f"{manifest.get('sha256')} as the checkpoint's; delete the checkpoint and "
+                                  "write it again")
+    if manifest.get("has_train_state"):
+        unlisted = [n for n in (TRAIN_STATE_TENSORS, TRAIN_STATE_TREE) if n not in files]
+        if unlisted:
+            raise CheckpointCorrupted(f"checkpoint manifest {directory / MANIFEST_FILE} records a train "
+                                      f"state but does not list {', '.join(unlisted)}; delete the "
+                                      "checkpoint and write it again")
+
+
 def verify_checkpoint(directory: str | os.PathLike) -> CheckpointInfo:
-    """Re-hash every file the manifest lists; raise CheckpointCorrupted on the first mismatch."""
+    """Re-hash every file the manifest lists; raise CheckpointCorrupted on the first mismatch, or
+    when the manifest does not list the weights under the checkpoint's own hash."""
     directory = Path(directory)
     manifest = read_manifest(directory)
+    _check_listing(directory, manifest)
     size = (directory / MANIFEST_FILE).stat().st_size
     for name, expected in manifest["files"].items():
         path = directory / name
@@ -370,6 +396,60 @@ def load_train_state(directory: str | os.PathLike, verify: bool = True,
     return TrainState(**tree)
 
 
+def load_resume_state(directory: str | os.PathLike, device: str | torch.device = "cpu"
+                      ) -> tuple[dict[str, torch.Tensor], TrainState] | None:
+    """(weights, train state) of a resumable checkpoint, verified; None when there is none.
+
+    A damaged one (a file that does not match its hash, a missing or broken manifest, no train
+    state) is renamed to `<directory>.damaged-<UTC time>` with a warning, and None is returned: the
+    loop then starts the stage from its beginning instead of failing every rerun until someone
+    deletes the directory by hand. The damaged files stay on disk for inspection.
+    """
+    import warnings
+    directory = Path(directory)
+    if not directory.exists():
+        return None
+    try:
+        state = load_train_state(directory, device=device)
+        if state is None:
+            raise CheckpointCorrupted(f"checkpoint {directory} has no train state to resume from")
+        weights = load_file(str(directory / WEIGHTS_FILE), device=str(device))
+    except (CheckpointCorrupted, OSError, ValueError, KeyError) as e:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        aside = directory.with_name(f"{directory.name}.damaged-{stamp}-{uuid.uuid4().hex[:6]}")
+        os.replace(directory, aside)
+        warnings.warn(f"the resume checkpoint {directory} is damaged ({e}); moved it to {aside} and "
+                      "starting the stage from its beginning", RuntimeWarning, stacklevel=2)
+        return None
+    return weights, state
+
+
+def link_checkpoint(source: str | os.PathLike, directory: str | os.PathLike) -> CheckpointInfo:
+    """A verified copy of checkpoint `source` at `directory`, made of hard links (the same bytes
+    stored once; copies across filesystems), assembled in a staging directory and renamed into
+    place like `save_checkpoint`: a reader never sees a half-built checkpoint."""
+    source, directory = Path(source), Path(directory)
+    verify_checkpoint(source)
+    if directory.exists():
+        raise FileExistsError(f"checkpoint directory {directory} already exists: choose a new directory")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        for f in source.iterdir():
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+        _fsync(tmp)
+        os.replace(tmp, directory)
+        _fsync(directory.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return verify_checkpoint(directory)
+
+
 def content_hash(directory: str | os.PathLike) -> str:
     """The checkpoint's content hash (sha256 of its weights) as its manifest records it."""
     return read_manifest(directory)["sha256"]
@@ -377,7 +457,8 @@ def content_hash(directory: str | os.PathLike) -> str:
 
 __all__ = [
     "CheckpointCorrupted", "CheckpointInfo", "TrainState", "save_checkpoint", "load_checkpoint",
-    "load_train_state", "verify_checkpoint", "read_manifest", "content_hash", "capture_rng_state",
+    "load_train_state", "load_resume_state", "link_checkpoint", "verify_checkpoint", "read_manifest",
+    "content_hash", "capture_rng_state",
     "restore_rng_state", "code_version", "library_versions", "hardware", "sha256_file",
 ]
 

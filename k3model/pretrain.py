@@ -21,14 +21,17 @@ No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+import math
+
 from k3model.checkpoint import load_checkpoint
 from k3model.config import ModelConfig, VisionConfig, get_profile
+from k3model.limits import check_fits_machine
 from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
@@ -84,12 +87,25 @@ class PretrainConfig:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.clue_fraction + self.image_fraction > 1.0:
             raise ValueError("clue_fraction + image_fraction must not exceed 1")
+        # `lr: .inf` used to train a stage to NaN weights and materialize them.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
+        for name in ("lr", "grad_clip"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("warmup_frac", "min_lr_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
 
     def resolved(self) -> "ResolvedStage":
         profile = get_profile(self.profile)
         stage = profile.stages[self.stage - 1]
         model = profile.model if self.balancing is None else replace(profile.model, balancing=self.balancing)
-        return ResolvedStage(
+        resolved = ResolvedStage(
             model=model,
             steps=self.steps or stage.steps,
             batch_size=self.batch_size or stage.batch_size,
@@ -97,6 +113,8 @@ class PretrainConfig:
             lr=self.lr or stage.lr,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
+        check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
+        return resolved
 
 
 @dataclass(frozen=True)
@@ -173,6 +191,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
 
     # ---- model
     model = K3Model(stage.model)
+    # A damaged `last/` is set aside with a warning and the stage starts from its beginning (common.resume).
     run = resume(model, last_dir, log)
     if run.state is None and init_checkpoint is not None:
         load_weights(model, init_checkpoint)
@@ -214,7 +233,8 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         metrics.update({"train/lr": lr, "step": step + 1})
         buffer.append(metrics, tokens=n_tokens)
         log_and_checkpoint(step + 1, stage.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True))
+                           lambda done: save(done, last_dir, with_state=True),
+                           check=lambda rows: _fail_if_diverged(rows, cfg.stage, stage.lr))
 
     # ---- final evaluation and checkpoint
     pairs, windows, questions = eval_sizes(cfg.profile)
@@ -231,7 +251,20 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         if "moe/load_max_over_mean" in run.history[-1]:
             eval_metrics["moe/load_max_over_mean"] = tail_mean(run.history, "moe/load_max_over_mean")
     log(stage.steps, eval_metrics)
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise FloatingPointError(f"stage {cfg.stage} diverged: its final weights are not finite (peak lr "
+                                 f"{stage.lr:g}); lower lr")
     final_dir = out_dir / "final"
     save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
     return PretrainResult(final_dir, run.history, eval_metrics, run.tokens_seen, run.from_step)
 
+
+def _fail_if_diverged(rows: list[dict], stage: int, peak_lr: float) -> None:
+    """Fail the stage rather than go on from (and checkpoint) NaN weights. Runs on each flushed window
+    of metrics, before it is logged or a checkpoint is written, so no step synchronises for it."""
+    for row in rows:
+        for key in ("train/total", "train/grad_norm"):
+            if not math.isfinite(row[key]):
+                raise FloatingPointError(
+                    f"stage {stage} diverged: {key} is {row[key]} at step {row['step']} (peak lr "
+                    f"{peak_lr:g}); nothing from this step on is kept: lower lr or raise warmup_frac")

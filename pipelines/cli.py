@@ -1,13 +1,19 @@
 """`k3`: the project's command line (docs/design.md §8; usage in docs/orchestration.md).
 
-    k3 run [--profile P] [--select ASSETS]   materialize assets headless, one progress line per asset
-    k3 ui [--port N] [--mlflow-port M]       Dagster web UI + daemon and the MLflow UI on 127.0.0.1
+    k3 run [--profile P] [--select ASSETS] [--force] [--wait]
+                                             materialize the profile's missing and stale assets
+                                             headless (all selected with --force), one progress
+                                             line per asset
+    k3 ui [--port N] [--mlflow-port M] [--wait]
+                                             Dagster web UI + daemon and the MLflow UI on 127.0.0.1
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
     k3 report                                where the latest claims report is
     k3 bench NAME                            run benchmarks/NAME.py
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
-one history, one MLflow store and one checkpoint store.
+one history, one MLflow store and one checkpoint store. Each holds the home's lock while it runs (one
+at a time per home; `--wait` queues behind the holder) and first cleans up after crashed runs
+(pipelines/home_lock.py, pipelines/recovery.py). Errors are one line; `--verbose` adds tracebacks.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
+from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile, k3_home
 
 # docs/design.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
 DESIGN_LINEAGE = (
@@ -215,7 +222,29 @@ def _root_message(err) -> str:
     head, sep, rest = text.partition(": ")
     if sep and head.endswith(err.cls_name):
         text = rest if err.cls_name == "Failure" else f"{err.cls_name}: {rest}"
+    if err.cls_name.startswith("RayTaskError(") and "\n" in text:
+        # The worker's traceback, then "<Class>: <message>" on the last line: keep that line.
+        text = text.splitlines()[-1].strip()
     return text
+
+
+def _under_home_lock(who: str, profile: str | None, args: argparse.Namespace,
+                     body: Callable[[argparse.Namespace, str | None, dict[str, str]], int]) -> int:
+    """`body(args, profile, env)` holding the home's lock, after cleaning up crashed runs
+    (pipelines/home_lock.py, pipelines/recovery.py). `k3 ui` has no profile (None)."""
+    from pipelines.home_lock import HomeLocked, HomeNotWritable, hold_home
+    from pipelines.instance import apply_k3_environ
+    from pipelines.recovery import prepare_home
+    home = k3_home()
+    try:
+        command = f"{who} --profile {profile}" if profile else who
+        with hold_home(home, command, wait=args.wait, say=lambda m: _say(f"{who}: {m}")):
+            env = apply_k3_environ(profile, home)
+            prepare_home(home, who, _say)
+            return body(args, profile, env)
+    except (HomeLocked, HomeNotWritable) as e:
+        _say(f"{who}: {e}")
+        return 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -224,9 +253,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         _say(f"k3 run: {e}")
         return 2
-    from pipelines.instance import apply_k3_environ
-    env = apply_k3_environ(profile)
+    return _under_home_lock("k3 run", profile, args, _run)
 
+
+def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     import dagster as dg
     from pipelines.definitions import defs
     from pipelines.jobs import all_job_name
@@ -237,6 +267,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     mine = {k.path[-1]: k for k in graph.get_all_asset_keys() if k.path[0] == profile}
     missing = [name for name in DESIGN_LINEAGE if name not in mine]
     keys = sorted(_selection(args.select, profile, mine).resolve(graph), key=lambda k: k.to_user_string())
+    if not args.force:
+        from pipelines.freshness import stale_assets
+        todo = stale_assets(dg.DagsterInstance.get(), graph, keys, profile)
+        fresh = [k.path[-1] for k in keys if k not in todo]
+        if fresh:
+            _say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
+        if not todo:
+            _say("k3 run: nothing to materialize")
+            return 0
+        for k, why in todo.items():
+            _say(f"k3 run: {k.path[-1]}: {why}")
+        keys = sorted(todo, key=lambda k: k.to_user_string())
     names = [k.path[-1] for k in keys]
 
     _say(f"k3 run: profile {profile}, {len(keys)} asset(s): {', '.join(names)}")
@@ -300,10 +342,23 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         os.setsid()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
     return subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
                             preexec_fn=child_setup)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this (forked) child when the `k3 ui` that started it dies, even by SIGKILL,
+    so no server outlives the home lock its parent held."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -356,8 +411,23 @@ def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[s
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from pipelines.instance import k3_environ
-    k3env = k3_environ()
+    busy = [p for p in (args.port, args.mlflow_port) if _port_in_use(p)]
+    if busy:
+        # Another server there would answer the health checks and pass for ours.
+        _say(f"k3 ui: port {', '.join(map(str, busy))} on 127.0.0.1 is already in use (another `k3 ui`?): "
+             "stop it, or pass --port / --mlflow-port")
+        return 1
+    # The UI serves every profile's lineage, so it takes no profile.
+    return _under_home_lock("k3 ui", None, args, _ui)
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _ui(args: argparse.Namespace, profile: None, k3env: dict[str, str]) -> int:
     home = Path(k3env["K3_HOME"])
     logs = home / "logs"
     env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
@@ -457,6 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "nightly schedule runs)")
     run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too (with the "
                      "stack traces of failed steps)")
+    run.add_argument("--force", action="store_true", help="materialize every selected asset, even "
+                     "those up to date (default: only the missing, stale or damaged ones)")
+    run.add_argument("--wait", action="store_true", help="if another `k3 run` or `k3 ui` holds this "
+                     "K3_HOME, wait for it instead of refusing")
     run.set_defaults(fn=cmd_run)
 
     ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1",
@@ -464,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     f"{profiles}) and MLflow on 127.0.0.1, both on the instance under K3_HOME.")
     ui.add_argument("--port", type=int, default=3000, help="Dagster web UI port (default: %(default)s)")
     ui.add_argument("--mlflow-port", type=int, default=5000, help="MLflow UI port (default: %(default)s)")
+    ui.add_argument("--wait", action="store_true", help="if another `k3 run` or `k3 ui` holds this "
+                    "K3_HOME, wait for it instead of refusing")
+    ui.add_argument("--verbose", action="store_true", help="full tracebacks on errors")
     ui.set_defaults(fn=cmd_ui)
 
     params = sub.add_parser("params", help="total and active parameter counts")
@@ -485,7 +562,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        _say(f"k3 {args.command}: interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last resort: one line, the traceback on request
+        if getattr(args, "verbose", False):
+            raise
+        _say(f"k3 {args.command}: {_one_line(e)} (--verbose shows the traceback)")
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or type(e).__name__}: {e.filename}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def console_main() -> None:

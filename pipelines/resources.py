@@ -143,9 +143,10 @@ class RayResource(dg.ConfigurableResource):
 
         A task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
         count, and torch would otherwise train on one thread. If the driver fails or is
-        interrupted, the tasks are cancelled, so no training outlives its run. `tick` is called
-        about once a second while the tasks run, and once after they end (the assets use it to
-        copy the tasks' progress into the Dagster run's event feed).
+        interrupted, the tasks are cancelled; if it is killed, they end by themselves
+        (`pipelines/driver_watch.py`): no training outlives its run. `tick` is called about once a
+        second while the tasks run, and once after they end (the assets use it to copy the tasks'
+        progress into the Dagster run's event feed).
         """
         import ray
         self._ensure(log)
@@ -153,9 +154,13 @@ class RayResource(dg.ConfigurableResource):
             raise ValueError(f"the task needs {num_gpus:g} GPU(s) but the Ray cluster has "
                              f"{self.cluster_gpus():g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
                              "to a cluster with GPUs")
+        from pipelines.driver_watch import Driver, run_watched
         cpus = self.node_cpus() if num_cpus is None else num_cpus
-        remote = ray.remote(fn).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0)
-        refs = [remote.remote(*args) for args in arg_tuples]
+        # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
+        remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0,
+                                                 name=getattr(fn, "__name__", "task"))
+        driver = Driver.this_process()
+        refs = [remote.remote(driver, fn, *args) for args in arg_tuples]
         try:
             # Wait in short slices: a blocking ray.get can sit in Ray's C++ core for the whole task
             # and never run the driver's Python signal handlers (SIGTERM then did nothing).

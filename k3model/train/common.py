@@ -143,10 +143,14 @@ class Resumed:
 def resume(model: nn.Module, directory: str | Path, log: Callable[[int, dict], None]) -> Resumed:
     """Load the weights and train state a killed run left in `directory` (a loop that saved with
     `save_state(..., extra={"history": …, "tokens_seen": …})`), or report a fresh start."""
-    state = resume_point(directory)
-    if state is None:
+    from k3model.checkpoint import load_resume_state
+    # A damaged checkpoint is moved aside with a warning and the loop starts fresh, rather than
+    # failing every rerun until someone deletes it by hand.
+    found = load_resume_state(directory)
+    if found is None:
         return Resumed(None)
-    load_weights(model, directory)
+    weights, state = found
+    model.load_state_dict(weights)
     log(state.step, {"event/resumed_from_step": state.step})
     return Resumed(state, state.step, state.extra["history"], state.extra["tokens_seen"])
 
@@ -193,14 +197,19 @@ def save_state(directory: str | Path, model: nn.Module, manifest_extra: dict[str
 
 def log_and_checkpoint(done: int, total: int, log_every: int, ckpt_every: int, buffer: MetricBuffer,
                        history: list[dict], log: Callable[[int, dict], None],
-                       checkpoint: Callable[[int], None]) -> None:
+                       checkpoint: Callable[[int], None],
+                       check: Callable[[list[dict]], None] | None = None) -> None:
     """The end of a loop's step `done` (1-based) of `total`: at log and checkpoint steps the buffered
     metrics are read into `history`; every `log_every` steps and at the last the newest row is
-    logged; every `ckpt_every` steps before the last `checkpoint(done)` writes the resume point."""
+    logged; every `ckpt_every` steps before the last `checkpoint(done)` writes the resume point.
+    `check(rows)` sees each flushed window before anything is logged or saved (and may raise)."""
     log_now = done % log_every == 0 or done == total
     ckpt_now = done % ckpt_every == 0 and done < total
     if log_now or ckpt_now:
-        history.extend(buffer.flush())
+        rows = buffer.flush()
+        if check is not None:
+            check(rows)
+        history.extend(rows)
     if log_now:
         log(done, history[-1])
     if ckpt_now:

@@ -166,3 +166,48 @@ def test_train_state_is_hashed(tmp_path):
 def test_no_train_state_gives_none(tmp_path):
     save_checkpoint(tmp_path / "ckpt", _model().state_dict())
     assert load_train_state(tmp_path / "ckpt") is None
+
+
+def test_a_manifest_must_list_the_weights_under_the_checkpoints_hash(tmp_path):
+    """An empty `files` map used to verify: nothing was re-hashed."""
+    from k3model.checkpoint import TRAIN_STATE_TENSORS
+    save_checkpoint(tmp_path / "ckpt", _model().state_dict(), train_state=TrainState(step=1))
+    path = tmp_path / "ckpt" / MANIFEST_FILE
+    original = json.loads(path.read_text())
+    for change, expected in [({"files": {}}, "does not list model.safetensors"),
+                             ({"sha256": "0" * 64}, "is inconsistent"),
+                             ({"files": {k: v for k, v in original["files"].items() if k != TRAIN_STATE_TENSORS}},
+                              "records a train state but does not list train_state.safetensors")]:
+        path.write_text(json.dumps({**original, **change}))
+        with pytest.raises(CheckpointCorrupted, match=expected):
+            verify_checkpoint(tmp_path / "ckpt")
+
+
+def test_link_checkpoint_stages_then_renames(tmp_path):
+    from k3model.checkpoint import link_checkpoint
+    src = save_checkpoint(tmp_path / "src", _model().state_dict())
+    info = link_checkpoint(src.path, tmp_path / "out" / "base")
+    assert info.sha256 == src.sha256
+    assert os.stat(info.path / WEIGHTS_FILE).st_ino == os.stat(src.path / WEIGHTS_FILE).st_ino  # stored once
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["base"]  # no staging left
+    raw = bytearray((src.path / WEIGHTS_FILE).read_bytes())
+    raw[-1] ^= 0xFF
+    (src.path / WEIGHTS_FILE).write_bytes(bytes(raw))
+    with pytest.raises(CheckpointCorrupted):
+        link_checkpoint(src.path, tmp_path / "out" / "again")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["base"]
+
+
+def test_a_damaged_resume_checkpoint_is_set_aside_with_a_warning(tmp_path):
+    from k3model.checkpoint import load_resume_state
+    assert load_resume_state(tmp_path / "last") is None
+    save_checkpoint(tmp_path / "last", _model().state_dict(), train_state=TrainState(step=7))
+    weights, state = load_resume_state(tmp_path / "last")
+    assert state.step == 7 and set(weights) == set(_model().state_dict())
+    raw = bytearray((tmp_path / "last" / WEIGHTS_FILE).read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (tmp_path / "last" / WEIGHTS_FILE).write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match="is damaged .* starting the stage from its beginning"):
+        assert load_resume_state(tmp_path / "last") is None
+    [aside] = list(tmp_path.iterdir())
+    assert aside.name.startswith("last.damaged-") and (aside / WEIGHTS_FILE).exists()  # kept to inspect

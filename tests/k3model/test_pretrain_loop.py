@@ -93,3 +93,51 @@ def test_bad_config_names_the_field(field, value):
 def test_missing_data_says_which_asset_to_materialize(tmp_path):
     with pytest.raises(ValueError, match="tokenizer_path.*materialize"):
         PretrainData(tmp_path / "nope.json", tmp_path, tmp_path, tmp_path)
+
+
+SHORT_EVAL = dict(eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4, eval_max_length=64)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("lr", float("inf"), "lr must be a finite number, got inf"),
+    ("lr", float("nan"), "lr must be a finite number, got nan"),
+    ("warmup_frac", float("nan"), "warmup_frac must be a finite number"),
+    ("grad_clip", 0.0, "grad_clip must be > 0"),
+    ("weight_decay", -0.1, "weight_decay must be ≥ 0"),
+    ("min_lr_ratio", 2.0, r"min_lr_ratio must lie in \[0, 1\]")])
+def test_non_finite_or_out_of_range_floats_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PretrainConfig(profile="smoke", **{field: value})
+
+
+def test_steps_and_batch_size_are_bounded_by_the_machine():
+    with pytest.raises(ValueError, match=r"batch_size 1000000000 × seq_len 64 needs at least .* GiB per step .* "
+                                         r"more than this machine's .* lower batch_size"):
+        PretrainConfig(profile="smoke", batch_size=10**9).resolved()
+    with pytest.raises(ValueError, match=r"steps 10000000000000 × batch_size 4 rows of 64 tokens need at least "
+                                         r".* GiB to pack, more than this machine's .* lower steps"):
+        PretrainConfig(profile="smoke", steps=10**13).resolved()
+    assert PretrainConfig(profile="tiny", stage=4).resolved().steps == get_profile("tiny").stages[3].steps
+
+
+def test_a_diverging_stage_fails_and_keeps_no_checkpoint_of_it(smoke_data, tmp_path):
+    cfg = PretrainConfig(profile="smoke", stage=1, steps=4, lr=1e30, warmup_frac=1.0, **SHORT_EVAL)
+    with pytest.raises(FloatingPointError, match=r"stage 1 diverged: train/\w+ is (nan|inf) at step \d"):
+        train(cfg, smoke_data, tmp_path)
+    assert not (tmp_path / "final").exists()
+
+
+def test_a_damaged_resume_checkpoint_restarts_the_stage(smoke_data, tmp_path):
+    cfg = PretrainConfig(profile="smoke", stage=1, steps=4, ckpt_every=2, **SHORT_EVAL)
+    partial = train(cfg, smoke_data, tmp_path, stop_after=3)  # "killed" after step 3, last/ at step 2
+    weights = tmp_path / "last" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match="resume checkpoint .* is damaged"):
+        result = train(cfg, smoke_data, tmp_path)
+    assert result.resumed_from_step is None and [h["step"] for h in result.history] == [1, 2, 3, 4]
+    # Started over from the stage's start: the same steps as the first attempt.
+    assert [h["train/main"] for h in result.history[:3]] == [h["train/main"] for h in partial.history]
+    assert load_checkpoint(result.checkpoint_dir)[1]["metrics"]["train/final_loss"] > 0
+    assert any(p.name.startswith("last.damaged-") for p in tmp_path.iterdir())

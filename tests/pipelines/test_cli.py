@@ -1,4 +1,5 @@
-"""The `k3` command line: argument errors, params/report/bench, and headless runs (subprocess)."""
+"""The `k3` command line: argument errors, params/report/bench, headless runs (subprocess), and a
+rerun that materializes only what is missing or stale (`--force` redoes it)."""
 
 import json
 import os
@@ -86,3 +87,16 @@ def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
     assert run.job_name == "smoke_all_job" and run.tags["k3/profile"] == "smoke"
     assert {k.to_user_string() for k in run.asset_selection} == {"smoke/corpus", "smoke/tokenizer"}
 
+
+def test_a_rerun_skips_what_is_done_and_force_redoes_it(home, capsys):
+    assert main(["run", "--profile", "smoke", "--select", "corpus"]) == 0
+    assert "✓ smoke/corpus" in capsys.readouterr().out
+    assert main(["run", "--profile", "smoke", "--select", "corpus,image_data"]) == 0
+    out = capsys.readouterr().out
+    assert "up to date for profile smoke, skipped: corpus (--force redoes them)" in out
+    assert "image_data: never materialized for profile 'smoke'" in out
+    assert "✓ smoke/image_data" in out and "▶ smoke/corpus" not in out
+    assert main(["run", "--profile", "smoke", "--select", "corpus"]) == 0
+    assert "nothing to materialize" in capsys.readouterr().out
+    assert main(["run", "--profile", "smoke", "--select", "corpus", "--force"]) == 0
+    assert "✓ smoke/corpus" in capsys.readouterr().out

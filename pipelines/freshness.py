@@ -1,0 +1,75 @@
+"""Which selected assets a `k3 run` has to materialize: the missing and the stale, per profile.
+
+A plain Dagster run re-materializes everything it selects (research/orchestration.md §1), so a
+rerun after a crash retrained stages that the killed run had already finished. `k3 run` now skips
+an asset when, for the run's profile, all of these hold:
+
+- it has a materialization, and its files still verify (`assets/integrity.py`);
+- that materialization was made by the asset's current `code_version`;
+- each upstream's newest materialization is the one it consumed (Dagster records the consumed
+  versions as `dagster/input_data_version/<upstream>` tags);
+- no upstream is itself re-materialized by this run.
+
+`k3 run --force` materializes the whole selection regardless. Every asset exists once per profile
+(`<profile>/<name>`, assets/profiles.py), so "for the run's profile" is simply the profile's own
+keys: their newest materialization and the input versions it recorded (`<profile>/<upstream>`).
+Dagster's own staleness (`staleStatus` in the UI) knows neither the file checks nor this run's plan,
+which is why this is computed here.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.integrity import upstream_problem
+from assets.lineage import latest
+
+_INPUT_TAG = "dagster/input_data_version/"
+
+
+def stale_assets(instance: dg.DagsterInstance, asset_graph, selected: list[dg.AssetKey],
+                 profile: str) -> dict[dg.AssetKey, str]:
+    """{key: why it must be materialized} for the keys of `selected` (all of `profile`) that are
+    missing or stale, in lineage order."""
+    wanted = set(selected)
+    todo: dict[dg.AssetKey, str] = {}
+    for key in asset_graph.toposorted_asset_keys:
+        if key not in wanted:
+            continue
+        why = _why_stale(instance, asset_graph.get(key), profile, todo)
+        if why is not None:
+            todo[key] = why
+    return todo
+
+
+def _why_stale(instance: dg.DagsterInstance, node, profile: str, todo: dict[dg.AssetKey, str]) -> str | None:
+    up = latest(instance, profile, node.key.path[-1])
+    if up is None:
+        return f"never materialized for profile {profile!r}"
+    if not up.path.exists():
+        return f"its files are gone ({up.path})"
+    problem = upstream_problem(up)
+    if problem is not None:
+        return problem
+    tags = _tags_of(instance, node.key, up.run_id)
+    recorded_code = tags.get("dagster/code_version")
+    if node.code_version is not None and recorded_code != node.code_version:
+        return f"its code changed ({recorded_code} → {node.code_version})"
+    for parent in sorted(node.parent_keys, key=lambda k: k.to_user_string()):
+        parent_name = parent.path[-1]
+        if parent in todo:
+            return f"its upstream {parent_name} is re-materialized in this run"
+        current = latest(instance, parent.path[0], parent_name)
+        consumed = tags.get(_INPUT_TAG + parent.to_user_string())
+        if current is not None and consumed is not None and current.data_version != consumed:
+            return f"its upstream {parent_name} changed since"
+    return None
+
+
+def _tags_of(instance: dg.DagsterInstance, key: dg.AssetKey, run_id: str) -> dict[str, str]:
+    """The tags of `key`'s materialization in run `run_id`."""
+    for record in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        mat = record.event_log_entry.dagster_event.event_specific_data.materialization
+        if mat.asset_key == key:
+            return dict(mat.tags or {})
+    return {}
