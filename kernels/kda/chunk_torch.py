@@ -86,8 +86,8 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
     return full.reshape(B, H, N, C, C)
 
 
-def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """A_qk's and A_kk's decayed scores (before β, scale and masks) in one batched matmul: [B,H,N,C,C] each.
+def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK, beta_BHNC, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_qk and A_kk, masked, in one batched matmul: ([B,H,N,C,C], [B,H,N,C,C]).
 
     Rows in sub-chunk a factor through one reference point, G at a's first row (G_ref):
 
@@ -96,8 +96,8 @@ def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK) -> tuple[torch.Tensor, tor
     For columns i before the sub-chunk (every off-diagonal block) both factors are ≤ 1; inside it the
     right factor grows to at most the sub-chunk's own decay, which `_diagonal_factorization_is_safe`
     bounds (the same factorization the diagonal blocks of `_pairwise_decayed_scores` use). Columns
-    after the sub-chunk are masked by the caller. This
-    is `_pairwise_decayed_scores` with fewer, larger operations: one [2c, K] × [K, C] product per
+    after the sub-chunk are masked. The row factors carry β (A_kk) and the scale (A_qk). This is
+    `_pairwise_decayed_scores` with fewer, larger operations: one [2c, K] × [K, C] product per
     sub-chunk instead of the per-block-pair einsum (the CPU training step at T = 64 spent most of
     its KDA time in that einsum's elementwise factors).
     """
@@ -106,15 +106,19 @@ def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK) -> tuple[torch.Tensor, tor
     G = G_BHNCK.reshape(B, H, N, S, c, K)
     G_ref = G[..., :1, :]  # [B,H,N,S,1,K]
     to_ref = (G - G_ref).exp()  # rows of sub-chunk a back to its first row: ≤ 1
-    left = torch.cat([q_BHNCK.reshape(B, H, N, S, c, K) * to_ref,
-                      k_BHNCK.reshape(B, H, N, S, c, K) * to_ref], dim=-2)  # [B,H,N,S,2c,K]
+    left = torch.cat([q_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * scale),
+                      k_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * beta_BHNC.reshape(B, H, N, S, c, 1))],
+                     dim=-2)  # [B,H,N,S,2c,K]
     # Column i is used by sub-chunk a only up to a's last row; the exponent of later columns is
-    # zeroed (not clamped: a multiply is cheaper than clamp's backward) so they stay finite.
-    used_SC1 = (torch.arange(C, device=G.device) < (torch.arange(S, device=G.device) + 1).unsqueeze(-1) * c)
-    exponent = (G_ref - G_BHNCK.unsqueeze(3)) * used_SC1.unsqueeze(-1).to(G.dtype)  # [B,H,N,S,C,K]
-    right = k_BHNCK.unsqueeze(3) * exponent.exp()
-    scores = left @ right.transpose(-1, -2)  # [B,H,N,S,2c,C]
-    qk, kk = scores[..., :c, :], scores[..., c:, :]
+    # zeroed (a multiply: cheaper than a clamp's backward) so they stay finite.
+    col_C, row_S1 = torch.arange(C, device=G.device), torch.arange(S, device=G.device).unsqueeze(-1)
+    used_SC1 = (col_C < (row_S1 + 1) * c).unsqueeze(-1).to(G.dtype)
+    right = k_BHNCK.unsqueeze(3) * ((G_ref - G_BHNCK.unsqueeze(3)) * used_SC1).exp()  # [B,H,N,S,C,K]
+    # Row r = a·c + j of the chunk sees columns i ≤ r (A_qk) or i < r (A_kk).
+    r_S1c1 = (row_S1 * c + torch.arange(c, device=G.device)).unsqueeze(-1)
+    mask_S2cC = torch.stack([col_C <= r_S1c1, col_C < r_S1c1], dim=1).reshape(S, 2 * c, C).to(G.dtype)
+    scores = (left @ right.transpose(-1, -2)) * mask_S2cC  # [B,H,N,S,2c,C]
+    qk, kk = scores.view(B, H, N, S, 2, c, C).unbind(4)
     return qk.reshape(B, H, N, C, C), kk.reshape(B, H, N, C, C)
 
 
@@ -195,10 +199,7 @@ def chunk_kda_torch(
 
     G = g_c.cumsum(dim=3)  # chunk-local cumulative log decay, [B,H,N,C,K]
     if _diagonal_factorization_is_safe(G.reshape(B, H, N, CHUNK // SUB_CHUNK, SUB_CHUNK, K)):
-        qk, kk = _row_referenced_scores(q_c, k_c, G)
-        tri = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device)
-        A_kk = beta_c.unsqueeze(-1) * kk * tri.tril(-1)
-        A_qk = scale * qk * tri.tril(0)
+        A_qk, A_kk = _row_referenced_scores(q_c, k_c, G, beta_c, scale)
     else:
         A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
         A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
@@ -207,8 +208,9 @@ def chunk_kda_torch(
     WU = unit_lower_solve(A_kk, rhs)
     W, U = WU[..., :K], WU[..., K:]
     G_last = G[..., -1:, :]  # [B,H,N,1,K]
-    k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)
-    q_decayed = scale * q_c * exp_G
+    if N > 1 or initial_state is not None or output_final_state:  # else no state ever forms
+        k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)
+        q_decayed = scale * q_c * exp_G
 
     # None stands for the zero state: with no initial state the first chunk's W S and (Q ⊙ e^G) S
     # vanish and are skipped, as is the state after the last chunk when nobody asked for it (at
