@@ -86,38 +86,58 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
     return full.reshape(B, H, N, C, C)
 
 
-def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK, beta_BHNC, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_block(G_BHNCK: torch.Tensor) -> int | None:
+    """The longest row block (64, 32 or 16 tokens) in which no channel decays by more than
+    MAX_SUB_CHUNK_DECAY nats, or None. Gates bounded below by −5 always allow 16 (15 × 5 = 75); the
+    weak decays of an untrained or slowly forgetting layer allow the whole chunk, one reference
+    point and a quarter of the elementwise work. One host sync, as the old safety check had."""
+    C = G_BHNCK.shape[-2]
+    spans = [(size, (G_BHNCK.unflatten(-2, (C // size, size))[..., 0, :] -
+                     G_BHNCK.unflatten(-2, (C // size, size))[..., -1, :]).amax())
+             for size in (C, C // 2, SUB_CHUNK) if size >= SUB_CHUNK and C % size == 0]
+    for size, span in zip([z for z, _ in spans], torch.stack([s for _, s in spans]).tolist()):
+        if span <= MAX_SUB_CHUNK_DECAY:
+            return size
+    return None
+
+
+def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK, beta_BHNC, scale: float,
+                           block: int = SUB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """A_qk and A_kk, masked, in one batched matmul: ([B,H,N,C,C], [B,H,N,C,C]).
 
-    Rows in sub-chunk a factor through one reference point, G at a's first row (G_ref):
+    Rows in row block a (`block` tokens, from `_reference_block`) factor through one reference
+    point, G at a's first row (G_ref):
 
         Σ_d a_r[d] k_i[d] exp(G_r[d] − G_i[d]) = Σ_d (a_r[d] e^{G_r[d] − G_ref[d]}) (k_i[d] e^{G_ref[d] − G_i[d]})
 
-    For columns i before the sub-chunk (every off-diagonal block) both factors are ≤ 1; inside it the
-    right factor grows to at most the sub-chunk's own decay, which `_diagonal_factorization_is_safe`
-    bounds (the same factorization the diagonal blocks of `_pairwise_decayed_scores` use). Columns
-    after the sub-chunk are masked. The row factors carry β (A_kk) and the scale (A_qk). This is
-    `_pairwise_decayed_scores` with fewer, larger operations: one [2c, K] × [K, C] product per
-    sub-chunk instead of the per-block-pair einsum (the CPU training step at T = 64 spent most of
-    its KDA time in that einsum's elementwise factors).
+    For columns i before the block both factors are ≤ 1; inside it the right factor grows to at most
+    the block's own decay, which `_reference_block` bounds (the factorization the diagonal blocks of
+    `_pairwise_decayed_scores` use). Columns after the block are masked. The row factors carry β
+    (A_kk) and the scale (A_qk). This is `_pairwise_decayed_scores` with fewer, larger operations:
+    one [2·block, K] × [K, C] product per block instead of the per-block-pair einsum (the CPU
+    training step at T = 64 spent most of its KDA time in that einsum's elementwise factors).
     """
     B, H, N, C, K = q_BHNCK.shape
-    S, c = C // SUB_CHUNK, SUB_CHUNK
+    S, c = C // block, block
     G = G_BHNCK.reshape(B, H, N, S, c, K)
     G_ref = G[..., :1, :]  # [B,H,N,S,1,K]
-    to_ref = (G - G_ref).exp()  # rows of sub-chunk a back to its first row: ≤ 1
+    to_ref = (G - G_ref).exp()  # rows of block a back to its first row: ≤ 1
     left = torch.cat([q_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * scale),
                       k_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * beta_BHNC.reshape(B, H, N, S, c, 1))],
                      dim=-2)  # [B,H,N,S,2c,K]
-    # Column i is used by sub-chunk a only up to a's last row; the exponent of later columns is
+    # Column i is used by block a only up to a's last row; the exponent of later columns is
     # zeroed (a multiply: cheaper than a clamp's backward) so they stay finite.
     col_C, row_S1 = torch.arange(C, device=G.device), torch.arange(S, device=G.device).unsqueeze(-1)
     used_SC1 = (col_C < (row_S1 + 1) * c).unsqueeze(-1).to(G.dtype)
-    right = k_BHNCK.unsqueeze(3) * ((G_ref - G_BHNCK.unsqueeze(3)) * used_SC1).exp()  # [B,H,N,S,C,K]
+    # Built as [.., K, C] (columns innermost): the product and its backward then run on contiguous
+    # memory; in [.., C, K] the backward's transposed gradients made these the slowest multiplies.
+    k_BHNKC, G_BHNKC = k_BHNCK.transpose(-1, -2).contiguous(), G_BHNCK.transpose(-1, -2).contiguous()
+    exponent = (G_ref.transpose(-1, -2) - G_BHNKC.unsqueeze(3)) * used_SC1.transpose(-1, -2)  # [B,H,N,S,K,C]
+    right_T = k_BHNKC.unsqueeze(3) * exponent.exp()
     # Row r = a·c + j of the chunk sees columns i ≤ r (A_qk) or i < r (A_kk).
     r_S1c1 = (row_S1 * c + torch.arange(c, device=G.device)).unsqueeze(-1)
     mask_S2cC = torch.stack([col_C <= r_S1c1, col_C < r_S1c1], dim=1).reshape(S, 2 * c, C).to(G.dtype)
-    scores = (left @ right.transpose(-1, -2)) * mask_S2cC  # [B,H,N,S,2c,C]
+    scores = (left @ right_T) * mask_S2cC  # [B,H,N,S,2c,C]
     qk, kk = scores.view(B, H, N, S, 2, c, C).unbind(4)
     return qk.reshape(B, H, N, C, C), kk.reshape(B, H, N, C, C)
 
@@ -198,8 +218,9 @@ def chunk_kda_torch(
     N = q_c.shape[2]
 
     G = g_c.cumsum(dim=3)  # chunk-local cumulative log decay, [B,H,N,C,K]
-    if _diagonal_factorization_is_safe(G.reshape(B, H, N, CHUNK // SUB_CHUNK, SUB_CHUNK, K)):
-        A_qk, A_kk = _row_referenced_scores(q_c, k_c, G, beta_c, scale)
+    block = _reference_block(G)
+    if block is not None:
+        A_qk, A_kk = _row_referenced_scores(q_c, k_c, G, beta_c, scale, block)
     else:
         A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
         A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
