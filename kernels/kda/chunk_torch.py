@@ -15,10 +15,16 @@ and across chunks, S the state entering the chunk:
     S'    = Diag(exp(G_C)) S + (K ⊙ exp(G_C − G))ᵀ V_new
 
 Numerics: exp(G_r − G_i) is never formed as exp(G_r)·exp(−G_i), which overflows once the decay
-inside a chunk passes ~88 nats. The chunk is split into sub-chunks of 16 ("secondary chunking", as
-fla does): diagonal 16×16 blocks use exact pairwise differences, and an off-diagonal block (rows in
-sub-chunk a, columns in an earlier sub-chunk b) factors through a reference point at the end of b,
-so both factors are exp(non-positive) ≤ 1.
+inside a chunk passes ~88 nats. The rows are split into blocks of 64, 32 or 16 tokens — the longest
+in which no channel decays by more than 80 nats (`_reference_block`; the safe gate's −5 bound always
+allows 16) — and each row block factors through a reference point at its first row: both factors
+are ≤ 1 for earlier columns and bounded by the block's own decay inside it, so one batched matmul
+gives every score (`_row_referenced_scores`). Gates beyond that bound fall back to fla-style
+secondary chunking with exact pairwise differences on the diagonal 16×16 blocks
+(`_pairwise_decayed_scores`). The UT transform is one triangular solve (`unit_lower_solve`).
+Speed at the tiny profile's training shapes (issue 17, docs/log/tiny.md): these cut the CPU KDA
+chunk's forward + backward at T = 64 by about 2.5× against the einsum path and the row-by-row
+inverse (`unit_lower_inverse`, kept for the benchmarks that compare inverses).
 Legend: B batch, H heads, N chunks, S sub-chunks per chunk, c sub-chunk length, C = S·c, K/V widths.
 """
 
