@@ -14,7 +14,8 @@ Task kinds (every needed clue is a statement `NAME = VALUE.` or `NAME = NAME.`):
 - `sum` — aggregation: `v1 = x1. … vk = xk.`, question "What is v1 + … + vk?" (names in a random
   order), answer Σ xi. Dropping any term leaves the sum undefined.
 - `recall` — multi-key retrieval (RULER's multi-key NIAH): `v1 = x1. … vk = xk.`, question "What are
-  v3, v1, …?" (every needed name, in a random order), answer "x3 x1 …" in the question's order.
+  v3, v1, …?" (every needed name, in a random order), answer "v3 = x3, v1 = x1, …" in the question's
+  order (no final period, so an answer never reads as a statement).
   Dropping any clue leaves its value undefined. One lookup per clue and no arithmetic: the kind a
   2–3M-parameter model can learn (issue 17), still needing every clue.
 with k = n_clues in [min_clues, max_clues]. Distractors are chains of the same surface form over
@@ -238,7 +239,9 @@ def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, 
         clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
         order = [int(i) for i in rng.permutation(n_clues)]
         question = f"\nQuestion: What are {', '.join(needed[i] for i in order)}?\nAnswer:"
-        answer = " ".join(str(xs[i]) for i in order)
+        # Each value follows its name, as in the clue: retrieving it is one associative lookup
+        # ("name =" → the token after the earlier "name ="), the pattern small models learn first.
+        answer = ", ".join(f"{needed[i]} = {xs[i]}" for i in order)
     else:
         xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
         clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
@@ -283,8 +286,9 @@ def solve(text: str) -> str | None:
         return int(rhs) if rhs.isdigit() else value(rhs, seen | {name})
 
     if q.group(2) is not None:  # recall: every value, in the question's order
-        values = [value(name, frozenset()) for name in q.group(2).split(", ")]
-        return None if None in values else " ".join(map(str, values))
+        names = q.group(2).split(", ")
+        values = [value(name, frozenset()) for name in names]
+        return None if None in values else ", ".join(f"{n} = {v}" for n, v in zip(names, values))
     total = 0
     for name in q.group(1).split(" + "):
         v = value(name, frozenset())
@@ -489,6 +493,13 @@ def max_distance(enc: "_Encoded", length: int) -> int:
     return length - 2 - len(enc.clues[0]) - len(enc.question) - len(enc.answer)
 
 
+def _bare_tokens(cfg: CluesConfig, kind: str, n_clues: int, tokenizer: Tokenizer) -> int:
+    """Tokens of a `kind` problem with `n_clues` clues and nothing else (no distractors or filler)."""
+    problem = make_problem(cfg, kind, n_clues, 0, make_rng(cfg.seed, "clues-size", kind, n_clues),
+                           _name_pool(cfg, tokenizer))
+    return _encode_problem(problem, tokenizer).fixed_tokens
+
+
 def _num_distractors(cfg: CluesConfig, length: int) -> int:
     n = round(length / 1000 * cfg.distractors_per_1k)
     return int(min(max(n, cfg.min_distractors), cfg.max_distractors))
@@ -634,9 +645,11 @@ def _eval_examples(cfg, length, bucket, tokenizer, filler) -> list[ClueExample]:
         raise ValueError(f"distance_bucket must be in [0, {len(buckets)}), got {bucket}")
     out = []
     for i in range(cfg.eval_per_cell):
-        # Kinds and clue counts cycle so every cell has the same mix.
+        # Kinds and clue counts cycle so every cell has the same mix, over the counts whose
+        # statements, question and answer fit the length at all (4-clue recall needs 65+ tokens).
         kind = cfg.kinds[i % len(cfg.kinds)]
-        counts = range(cfg.min_clues, cfg.max_clues + 1)
+        counts = [n for n in range(cfg.min_clues, cfg.max_clues + 1)
+                  if _bare_tokens(cfg, kind, n, tokenizer) <= length] or [cfg.min_clues]
         n_clues = counts[(i // len(cfg.kinds)) % len(counts)]
         r = make_rng(cfg.seed, "clues-eval", length, bucket, i)
         out.extend(make_example(cfg, tokenizer, filler, length, r, buckets[bucket], kind, n_clues))

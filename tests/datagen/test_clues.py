@@ -45,7 +45,7 @@ def test_solver():
     # Statements after the question do not count; a name inside a longer one is not that name.
     assert solve(" XA1 = 5.\nQuestion: What is A1?\nAnswer: A1 = 5.") is None
     # recall: every value, in the question's order; one missing name leaves it undetermined.
-    assert solve(" B = 5. text Q7 = 2. A = 9.\nQuestion: What are A, B?\nAnswer:") == "9 5"
+    assert solve(" B = 5. text Q7 = 2. A = 9.\nQuestion: What are A, B?\nAnswer:") == "A = 9, B = 5"
     assert solve(" B = 5. Q7 = 2.\nQuestion: What are A, B?\nAnswer:") is None
 
 
@@ -134,7 +134,7 @@ def test_training_table(cfg, tok, corpus):
 def test_long_layout_hits_narrow_buckets(cfg, tok, heldout_filler):
     # A 4-clue problem in a long sequence, pushed into the nearest bucket and into the farthest.
     clues = replace(cfg.clues, max_clues=4)
-    for bucket in [(0, 32), (440, 460)]:
+    for bucket in [(0, 32), (400, 420)]:
         for kind in KINDS:
             s, c = make_example(clues, tok, heldout_filler, 512, rng(1, kind, bucket[0]), bucket, kind, 4)
             assert bucket[0] <= s.distance < bucket[1]
@@ -181,4 +181,4 @@ def test_recall_with_single_token_names(cfg, tok, heldout_filler):
         assert len(statements) == 2 + 2 * i + s.n_distractors and s.n_distractors > 0
         for name, value in statements:
             assert len(tok.encode(" " + name).ids) == 1 and value.isdigit() and len(value) == 1
-        assert len(s.answer.split()) == 2 + 2 * i
+        assert s.answer.count("=") == 2 + 2 * i
