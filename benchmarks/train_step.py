@@ -163,6 +163,52 @@ def time_interleaved(step_fns: dict, warmup: int, reps: int) -> dict[str, float]
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
+def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int,
+             device: str) -> None:
+    """The K3 model's steps alone, into `row` (on CUDA; the caller frees the model before the dense one)."""
+    B, T = ids.shape
+    try:
+        dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
+        row["k3_tokens_per_s"] = B * T / dt
+        row["k3_step_s"] = dt
+        row["k3_flops_per_token"] = model_flops_per_token(profile, T)
+        row["k3_activation_checkpointing"] = cfg.activation_checkpointing
+        if device == "cuda":
+            row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    except torch.OutOfMemoryError as e:
+        row["k3_error"] = f"out of memory: {e}"[:300]
+    except Exception as e:  # e.g. an op the GPU's torch lacks: keep the dense row and the JSON
+        row["k3_error"] = repr(e)[:500]
+
+
+def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int, device: str) -> None:
+    """The dense baseline's steps alone, into `row`."""
+    B, T = ids.shape
+    dense, info = dense_baseline_for(profile)
+    dense = dense.to(device)
+    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
+
+    def dense_step():
+        with dtype_ctx():
+            loss = dense.loss(ids)
+        dopt.zero_grad(set_to_none=True)
+        loss.backward()
+        dopt.step()
+
+    try:
+        dt = time_steps(dense_step, warmup, reps, device)
+        row["dense_tokens_per_s"] = B * T / dt
+        n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
+        attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
+        row["dense_flops_per_token"] = 6 * n_nonembed + attn
+        row["dense_info"] = info
+    except torch.OutOfMemoryError as e:
+        row["dense_error"] = f"out of memory: {e}"[:300]
+    del dense, dopt
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto") -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
@@ -210,53 +256,12 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
                         "dense_info": info, "timing": f"median of {reps} interleaved steps",
                         "dense_flops_per_token": 6 * (info["params"] - 2 * cfg.vocab_size * cfg.d_model)
                         + info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model})
-            row["k3_over_dense_tokens_per_s"] = row["k3_tokens_per_s"] / row["dense_tokens_per_s"]
-            print(json.dumps(row), flush=True)
-            results["rows"].append(row)
-            results["versions"] = {"torch": torch.__version__, "python": platform.python_version()}
-            if out:
-                with open(out, "w") as f:
-                    json.dump(results, f, indent=2)
-            continue
-        try:
-            dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
-            row["k3_tokens_per_s"] = B * T / dt
-            row["k3_step_s"] = dt
-            row["k3_flops_per_token"] = model_flops_per_token(profile, T)
-            row["k3_activation_checkpointing"] = cfg.activation_checkpointing
-            if device == "cuda":
-                row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-        except torch.OutOfMemoryError as e:
-            row["k3_error"] = f"out of memory: {e}"[:300]
-        except Exception as e:  # e.g. an op the GPU's torch lacks: keep the dense row and the JSON
-            row["k3_error"] = repr(e)[:500]
+        else:
+            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device)
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
-
-        dense, info = dense_baseline_for(profile)
-        dense = dense.to(device)
-        dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
-
-        def dense_step():
-            with dtype_ctx():
-                loss = dense.loss(ids)
-            dopt.zero_grad(set_to_none=True)
-            loss.backward()
-            dopt.step()
-
-        try:
-            dt = time_steps(dense_step, warmup, reps, device)
-            row["dense_tokens_per_s"] = B * T / dt
-            n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
-            attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
-            row["dense_flops_per_token"] = 6 * n_nonembed + attn
-            row["dense_info"] = info
-        except torch.OutOfMemoryError as e:
-            row["dense_error"] = f"out of memory: {e}"[:300]
-        del dense, dopt
-        if device == "cuda":
-            torch.cuda.empty_cache()
+            _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device)
         ceiling = results.get("bf16_matmul_tflops_ceiling")
         for who in ("k3", "dense"):
             if f"{who}_tokens_per_s" in row and ceiling:
