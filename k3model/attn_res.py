@@ -37,7 +37,10 @@ class AttnRes(nn.Module):
         # fp32 rounding; a third of AttnRes's CPU training time at the tiny size).
         v = v_NBTD.float()
         inv_rms_NBT = torch.rsqrt(v.pow(2).mean(-1) + self.key_norm.eps)
-        logits_NBT = inv_rms_NBT * (v @ (self.key_norm.weight.float() * self.query.float()))
+        # A broadcast product and sum, not a matvec: the query's gradient is then a pairwise-summed
+        # reduction over every token, as before (a matvec's sequential sum was ~10× less accurate,
+        # enough to move a zero-initialized query's first AdamW step by 1e-5).
+        logits_NBT = inv_rms_NBT * (v * (self.key_norm.weight.float() * self.query.float())).sum(-1)
         return logits_NBT.softmax(dim=0)
 
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
