@@ -83,18 +83,17 @@ def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -
 
 def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert and
-    projection pair: gate and up as one [n, L] × [L, 2H] product, SiTU-GLU once over all R rows
-    (it is elementwise), then the down projections. On the CPU the per-expert elementwise calls
-    were most of the layer's operations (issue 17)."""
+    projection, SiTU-GLU once over all R rows (it is elementwise: the same numbers as per expert).
+    On the CPU the per-expert elementwise calls were most of the layer's operations (issue 17).
+    The matmuls stay one per projection, bit for bit those of the expert-parallel path."""
     spans = [(e, n) for e, n in enumerate(counts_E.tolist()) if n > 0]
-    H = w_gate_EHL.shape[1]
-    w_gate_up_E2HL = torch.cat([w_gate_EHL, w_up_EHL], dim=1)
-    gate_up_chunks, start = [], 0
+    gates, ups, start = [], [], 0
     for e, n in spans:
-        gate_up_chunks.append(z_RL[start:start + n] @ w_gate_up_E2HL[e].t())
+        z_nL = z_RL[start:start + n]
+        gates.append(z_nL @ w_gate_EHL[e].t())
+        ups.append(z_nL @ w_up_EHL[e].t())
         start += n
-    gate_up_R2H = torch.cat(gate_up_chunks, 0).view(-1, 2, H)
-    h_RH = act(glu(gate_up_R2H[:, 0], gate_up_R2H[:, 1]))
+    h_RH = act(glu(torch.cat(gates, 0), torch.cat(ups, 0)))
     out_chunks, start = [], 0
     for e, n in spans:
         out_chunks.append(h_RH[start:start + n] @ w_down_ELH[e].t())
