@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,7 +29,7 @@ import torch
 
 from datagen.clues import CluesConfig
 from datagen.io import table_metadata
-from k3model.model import K3Model
+from k3model.model import IGNORE_INDEX, K3Model
 from k3model.pretrain import PretrainConfig, build_optimizer, train_step
 from k3model.pretrain_data import PretrainData, StageBatches
 from k3model.pretrain_eval import clue_accuracy
@@ -52,6 +53,17 @@ def newest_data(home: Path, profile: str) -> PretrainData:
     return PretrainData(clues=clues, **paths)
 
 
+def answer_only(batch, tokenizer):
+    """The batch with every label before each row's last "Answer:" set to ignore."""
+    marker = tokenizer.encode("\nAnswer:").ids
+    labels = batch.labels.clone()
+    for row, ids in enumerate(batch.input_ids.tolist()):
+        ends = [i + len(marker) for i in range(len(ids) - len(marker)) if ids[i:i + len(marker)] == marker]
+        # labels[t] is the target read at position t: the first answer token is read at the colon.
+        labels[row, :ends[-1] - 1 if ends else len(ids)] = IGNORE_INDEX
+    return replace(batch, labels=labels)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-home", default=".k3")
@@ -62,6 +74,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--pairs-per-cell", type=int, default=16)
+    parser.add_argument("--answer-only-loss", action="store_true",
+                        help="a diagnostic: train on the answer tokens only (after the last 'Answer:')")
     parser.add_argument("--out", default="benchmarks/results/clue_probe.json")
     args = parser.parse_args()
 
@@ -83,7 +97,10 @@ def main() -> None:
         lr = lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        metrics = train_step(model, optimizer, batches.batch(step), cfg.grad_clip, "cpu")
+        batch = batches.batch(step)
+        if args.answer_only_loss:
+            batch = answer_only(batch, data.tokenizer)
+        metrics = train_step(model, optimizer, batch, cfg.grad_clip, "cpu")
         result["losses"].append(round(metrics["train/main"], 4))
         if (step + 1) % args.eval_every == 0 or step + 1 == stage.steps:
             model.eval()

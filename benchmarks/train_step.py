@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import time
 from dataclasses import replace
@@ -146,6 +147,67 @@ def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def time_interleaved(step_fns: dict, warmup: int, reps: int) -> dict[str, float]:
+    """Median seconds per step of each function, run in turns (a, b, a, b, …): on a CPU shared with
+    other work, load that comes and goes then falls on both models alike (issue 17)."""
+    for _ in range(warmup):
+        for fn in step_fns.values():
+            fn()
+    times = {name: [] for name in step_fns}
+    for _ in range(reps):
+        for name, fn in step_fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int,
+             device: str) -> None:
+    """The K3 model's steps alone, into `row` (on CUDA; the caller frees the model before the dense one)."""
+    B, T = ids.shape
+    try:
+        dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
+        row["k3_tokens_per_s"] = B * T / dt
+        row["k3_step_s"] = dt
+        row["k3_flops_per_token"] = model_flops_per_token(profile, T)
+        row["k3_activation_checkpointing"] = cfg.activation_checkpointing
+        if device == "cuda":
+            row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    except torch.OutOfMemoryError as e:
+        row["k3_error"] = f"out of memory: {e}"[:300]
+    except Exception as e:  # e.g. an op the GPU's torch lacks: keep the dense row and the JSON
+        row["k3_error"] = repr(e)[:500]
+
+
+def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int, device: str) -> None:
+    """The dense baseline's steps alone, into `row`."""
+    B, T = ids.shape
+    dense, info = dense_baseline_for(profile)
+    dense = dense.to(device)
+    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
+
+    def dense_step():
+        with dtype_ctx():
+            loss = dense.loss(ids)
+        dopt.zero_grad(set_to_none=True)
+        loss.backward()
+        dopt.step()
+
+    try:
+        dt = time_steps(dense_step, warmup, reps, device)
+        row["dense_tokens_per_s"] = B * T / dt
+        n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
+        attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
+        row["dense_flops_per_token"] = 6 * n_nonembed + attn
+        row["dense_info"] = info
+    except torch.OutOfMemoryError as e:
+        row["dense_error"] = f"out of memory: {e}"[:300]
+    del dense, dopt
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto") -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
@@ -155,7 +217,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         (lambda: torch.autocast("cpu", enabled=False))
     cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
-               "moe_expert_matmuls": moe}
+               "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
+               "load_avg_1min_start": os.getloadavg()[0]}
     if device == "cuda":
         results["gpu"] = torch.cuda.get_device_name()
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
@@ -173,45 +236,31 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
 
-        try:
-            dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
-            row["k3_tokens_per_s"] = B * T / dt
-            row["k3_step_s"] = dt
-            row["k3_flops_per_token"] = model_flops_per_token(profile, T)
-            row["k3_activation_checkpointing"] = cfg.activation_checkpointing
-            if device == "cuda":
-                row["k3_peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-        except torch.OutOfMemoryError as e:
-            row["k3_error"] = f"out of memory: {e}"[:300]
-        except Exception as e:  # e.g. an op the GPU's torch lacks: keep the dense row and the JSON
-            row["k3_error"] = repr(e)[:500]
+        if device == "cpu":
+            # Both models live at once and take turns; rows report the median step.
+            dense, info = dense_baseline_for(profile)
+            dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4)
+
+            def dense_step():
+                loss = dense.loss(ids)
+                dopt.zero_grad(set_to_none=True)
+                loss.backward()
+                dopt.step()
+
+            dts = time_interleaved({"k3": lambda: k3_train_step(model, opt, ids, dtype_ctx), "dense": dense_step},
+                                   warmup, reps)
+            row.update({"k3_tokens_per_s": B * T / dts["k3"], "k3_step_s": dts["k3"],
+                        "k3_flops_per_token": model_flops_per_token(profile, T),
+                        "dense_tokens_per_s": B * T / dts["dense"], "dense_step_s": dts["dense"],
+                        "dense_info": info, "timing": f"median of {reps} interleaved steps",
+                        "dense_flops_per_token": 6 * (info["params"] - 2 * cfg.vocab_size * cfg.d_model)
+                        + info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model})
+        else:
+            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device)
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
-
-        dense, info = dense_baseline_for(profile)
-        dense = dense.to(device)
-        dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
-
-        def dense_step():
-            with dtype_ctx():
-                loss = dense.loss(ids)
-            dopt.zero_grad(set_to_none=True)
-            loss.backward()
-            dopt.step()
-
-        try:
-            dt = time_steps(dense_step, warmup, reps, device)
-            row["dense_tokens_per_s"] = B * T / dt
-            n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
-            attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
-            row["dense_flops_per_token"] = 6 * n_nonembed + attn
-            row["dense_info"] = info
-        except torch.OutOfMemoryError as e:
-            row["dense_error"] = f"out of memory: {e}"[:300]
-        del dense, dopt
-        if device == "cuda":
-            torch.cuda.empty_cache()
+            _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device)
         ceiling = results.get("bf16_matmul_tflops_ceiling")
         for who in ("k3", "dense"):
             if f"{who}_tokens_per_s" in row and ceiling:

@@ -13,8 +13,18 @@ Task kinds (every needed clue is a statement `NAME = VALUE.` or `NAME = NAME.`):
   answer x. Dropping any link leaves vk undefined.
 - `sum` — aggregation: `v1 = x1. … vk = xk.`, question "What is v1 + … + vk?" (names in a random
   order), answer Σ xi. Dropping any term leaves the sum undefined.
+- `recall` — multi-key retrieval (RULER's multi-key NIAH): `v1 = x1. … vk = xk.`, question "What are
+  v3, v1, …?" (every needed name, in a random order), answer "v3 = x3, v1 = x1, …" in the question's
+  order (no final period, so an answer never reads as a statement).
+  Dropping any clue leaves its value undefined. One lookup per clue and no arithmetic: the kind a
+  2–3M-parameter model can learn (issue 17), still needing every clue.
 with k = n_clues in [min_clues, max_clues]. Distractors are chains of the same surface form over
-fresh names (one chain may reuse the answer's value as a lure), placed anywhere in the filler.
+fresh names (one chain may reuse the answer's value as a lure; for `recall` every distractor is one
+`NAME = VALUE.` statement, the needed clues' exact form), placed anywhere in the filler.
+`single_token_names` draws names only from those the tokenizer writes as one token after a space
+(single capital letters in the byte-level BPE), and `value_max = 9` keeps each value one digit
+token: what a name or value is then never spans tokens, which a tiny model otherwise has to learn
+first.
 
 Geometry (token positions; `distance` is what the eval grid is bucketed by):
     distance = question_start − end of the first (farthest) needed clue
@@ -47,14 +57,17 @@ from datagen.io import with_metadata
 from datagen.seeding import rng as make_rng
 from datagen.tokenizer import BOS, EOS, decode, encode, encode_batch
 
-KINDS = ("chain", "sum")
+KINDS = ("chain", "sum", "recall")
 VARIANTS = ("scattered", "control")
 
-_NAME = r"[A-Z][0-9]{1,2}"
+_NAME = r"[A-Z][0-9]{0,2}"
 _STATEMENT_RE = re.compile(rf"(?<![A-Za-z0-9])({_NAME}) = ({_NAME}|[0-9]+)\.")
-_QUESTION_RE = re.compile(rf"\nQuestion: What is ({_NAME}(?: \+ {_NAME})*)\?\nAnswer:")
+_QUESTION_RE = re.compile(
+    rf"\nQuestion: What (?:is ({_NAME}(?: \+ {_NAME})*)|are ({_NAME}(?:, {_NAME})+))\?\nAnswer:")
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _NAMES = tuple(f"{a}{n}" for a in _LETTERS for n in range(1, 100))
+# Candidates for single_token_names: bare letters first, then letter-digit names.
+_SHORT_NAMES = tuple(_LETTERS) + _NAMES
 # Attempts per example before a cell is declared infeasible (a new filler window and layout each time).
 _MAX_ATTEMPTS = 64
 
@@ -78,6 +91,8 @@ class CluesConfig:
     max_distractors: int = 32
     # Examples per (length, bucket) eval cell, each with its control twin.
     eval_per_cell: int = 16
+    # Names only from those the tokenizer encodes as one token after a space (see the module docstring).
+    single_token_names: bool = False
 
     def __post_init__(self):
         if not self.context_lengths or list(self.context_lengths) != sorted(set(self.context_lengths)):
@@ -198,14 +213,20 @@ class Problem:
     answer: str  # with its leading space
 
 
-def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, rng) -> Problem:
+def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, rng,
+                 name_pool: tuple[str, ...] = _NAMES) -> Problem:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not 2 <= n_clues <= 4:
         raise ValueError(f"n_clues must be in [2, 4], got {n_clues}")
-    names = [_NAMES[int(i)] for i in rng.choice(len(_NAMES), n_clues + n_distractors, replace=False)]
+    if n_clues + n_distractors > len(name_pool):
+        raise ValueError(
+            f"{n_clues} clues and {n_distractors} distractors need {n_clues + n_distractors} distinct names "
+            f"but the name pool has {len(name_pool)}; lower max_distractors"
+        )
+    names = [name_pool[int(i)] for i in rng.choice(len(name_pool), n_clues + n_distractors, replace=False)]
     needed, spare = names[:n_clues], names[n_clues:]
-    vmax = cfg.value_max if kind == "chain" else cfg.sum_term_max
+    vmax = cfg.sum_term_max if kind == "sum" else cfg.value_max
     if kind == "chain":
         x = int(rng.integers(0, vmax + 1))
         clues = [f" {needed[0]} = {x}."] + [
@@ -213,6 +234,14 @@ def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, 
         ]
         question = f"\nQuestion: What is {needed[-1]}?\nAnswer:"
         answer = x
+    elif kind == "recall":
+        xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
+        clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
+        order = [int(i) for i in rng.permutation(n_clues)]
+        question = f"\nQuestion: What are {', '.join(needed[i] for i in order)}?\nAnswer:"
+        # Each value follows its name, as in the clue: retrieving it is one associative lookup
+        # ("name =" → the token after the earlier "name ="), the pattern small models learn first.
+        answer = ", ".join(f"{needed[i]} = {xs[i]}" for i in order)
     else:
         xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
         clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
@@ -221,7 +250,8 @@ def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, 
         answer = sum(xs)
     chains = []
     while spare:
-        k = min(len(spare), int(rng.integers(1, cfg.max_clues + 1)))
+        longest = 1 if kind == "recall" else cfg.max_clues
+        k = min(len(spare), int(rng.integers(1, longest + 1)))
         chain_names, spare = spare[:k], spare[k:]
         # RULER-style lure: the first distractor chain of a chain problem carries the answer's value.
         value = answer if (kind == "chain" and not chains) else int(rng.integers(0, vmax + 1))
@@ -255,6 +285,10 @@ def solve(text: str) -> str | None:
         rhs = assigned[name]
         return int(rhs) if rhs.isdigit() else value(rhs, seen | {name})
 
+    if q.group(2) is not None:  # recall: every value, in the question's order
+        names = q.group(2).split(", ")
+        values = [value(name, frozenset()) for name in names]
+        return None if None in values else ", ".join(f"{n} = {v}" for n, v in zip(names, values))
     total = 0
     for name in q.group(1).split(" + "):
         v = value(name, frozenset())
@@ -426,6 +460,46 @@ def _layout(
     return scattered, assemble(move_clues=True)
 
 
+_NAME_POOLS: dict[int, tuple[Tokenizer, tuple[str, ...]]] = {}
+
+
+def single_token_names(tokenizer: Tokenizer) -> tuple[str, ...]:
+    """The candidate names (bare letters, then letter-digit names) that `tokenizer` encodes as one
+    token after a space, in that order."""
+    cached = _NAME_POOLS.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        encoded = encode_batch(tokenizer, [" " + n for n in _SHORT_NAMES])
+        cached = (tokenizer, tuple(n for n, e in zip(_SHORT_NAMES, encoded) if len(e) == 1))
+        _NAME_POOLS[id(tokenizer)] = cached  # the tokenizer is kept alive, so its id is not reused
+    return cached[1]
+
+
+def _name_pool(cfg: CluesConfig, tokenizer: Tokenizer) -> tuple[str, ...]:
+    if not cfg.single_token_names:
+        return _NAMES
+    pool = single_token_names(tokenizer)
+    if len(pool) < cfg.max_clues + cfg.max_distractors:
+        raise ValueError(
+            f"single_token_names: the tokenizer writes {len(pool)} names as one token, fewer than "
+            f"max_clues + max_distractors = {cfg.max_clues + cfg.max_distractors}; lower max_distractors "
+            f"to at most {len(pool) - cfg.max_clues}"
+        )
+    return pool
+
+
+def max_distance(enc: "_Encoded", length: int) -> int:
+    """The farthest clue 1 can sit from the question in a `length`-token example of this problem:
+    right after <|bos|>, everything but itself, the question, the answer and <|eos|> in between."""
+    return length - 2 - len(enc.clues[0]) - len(enc.question) - len(enc.answer)
+
+
+def _bare_tokens(cfg: CluesConfig, kind: str, n_clues: int, tokenizer: Tokenizer) -> int:
+    """Tokens of a `kind` problem with `n_clues` clues and nothing else (no distractors or filler)."""
+    problem = make_problem(cfg, kind, n_clues, 0, make_rng(cfg.seed, "clues-size", kind, n_clues),
+                           _name_pool(cfg, tokenizer))
+    return _encode_problem(problem, tokenizer).fixed_tokens
+
+
 def _num_distractors(cfg: CluesConfig, length: int) -> int:
     n = round(length / 1000 * cfg.distractors_per_1k)
     return int(min(max(n, cfg.min_distractors), cfg.max_distractors))
@@ -446,17 +520,26 @@ def make_example(
     Kind and clue count are drawn from `rng` unless given. When the statements, question and answer
     do not fit in `length`, distractors are shed one at a time. Raises ValueError when no draw fits.
     """
+    names = _name_pool(cfg, tokenizer)
     for _ in range(_MAX_ATTEMPTS):
         k = kind if kind is not None else cfg.kinds[int(rng.integers(len(cfg.kinds)))]
         n = n_clues if n_clues is not None else int(rng.integers(cfg.min_clues, cfg.max_clues + 1))
         n_d = _num_distractors(cfg, length)
-        problem = make_problem(cfg, k, n, n_d, rng)
+        problem = make_problem(cfg, k, n, n_d, rng, names)
         enc = _encode_problem(problem, tokenizer)
         while enc.fixed_tokens > length and problem.distractors:
             problem = _drop_last_distractor(problem)
             enc = _encode_problem(problem, tokenizer)
         if enc.fixed_tokens > length:
             continue
+        if bucket is not None and bucket[0] > max_distance(enc, length):
+            # Fail loudly: placing the clues closer than asked would mislabel the eval cell.
+            raise ValueError(
+                f"could not lay out a clue example of length {length} with distance in {bucket}: "
+                f"distance {bucket[0]} needs more room than the {length} tokens give (clue 1 can sit at "
+                f"most {max_distance(enc, length)} tokens before the question); use a longer length or "
+                "a nearer bucket"
+            )
         pair = _layout(problem, enc, tokenizer, filler, length, bucket, rng)
         if pair is not None:
             return pair
@@ -562,9 +645,11 @@ def _eval_examples(cfg, length, bucket, tokenizer, filler) -> list[ClueExample]:
         raise ValueError(f"distance_bucket must be in [0, {len(buckets)}), got {bucket}")
     out = []
     for i in range(cfg.eval_per_cell):
-        # Kinds and clue counts cycle so every cell has the same mix.
+        # Kinds and clue counts cycle so every cell has the same mix, over the counts whose
+        # statements, question and answer fit the length at all (4-clue recall needs 65+ tokens).
         kind = cfg.kinds[i % len(cfg.kinds)]
-        counts = range(cfg.min_clues, cfg.max_clues + 1)
+        counts = [n for n in range(cfg.min_clues, cfg.max_clues + 1)
+                  if _bare_tokens(cfg, kind, n, tokenizer) <= length] or [cfg.min_clues]
         n_clues = counts[(i // len(cfg.kinds)) % len(counts)]
         r = make_rng(cfg.seed, "clues-eval", length, bucket, i)
         out.extend(make_example(cfg, tokenizer, filler, length, r, buckets[bucket], kind, n_clues))

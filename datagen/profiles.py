@@ -87,6 +87,13 @@ def _tiny(seed: int) -> DatagenConfig:
             seed=seed,
             context_lengths=(64, 512, 2048, 8192),
             distance_edges=(0, 32, 256, 1024, 4096, 8192),
+            # What a 2–3M-parameter model can learn (issue 17): multi-key recall of 2–4 one-token
+            # names and one-digit values; chains and sums stayed at chance even with the clues next
+            # to the question. 25 one-token names cap the distractors at 20.
+            kinds=("recall",),
+            single_token_names=True,
+            value_max=9,
+            max_distractors=20,
             eval_per_cell=16,
         ),
         images=ImagesConfig(seed=seed, image_size=32, n_images=4000),

@@ -52,6 +52,12 @@ class KDAState:
     positions: list | None = field(default=None, repr=False)
 
 
+def _l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.normalize(x, dim=-1, eps): x / max(‖x‖, eps), as x · rsqrt(max(Σx², eps²)) — the same value
+    in half the elementwise passes of F.normalize's norm, clamp, expand and divide (forward and backward)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True).clamp_min(eps * eps))
+
+
 class KDALayer(nn.Module):
     def __init__(self, cfg: KDAConfig):
         super().__init__()
@@ -96,8 +102,8 @@ class KDALayer(nn.Module):
         q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
         k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
         v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
-        q_BTHK = F.normalize(q.view(B, T, H, K).float(), dim=-1, eps=self.cfg.norm_eps)
-        k_BTHK = F.normalize(k.view(B, T, H, K).float(), dim=-1, eps=self.cfg.norm_eps)
+        q_BTHK = _l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
+        k_BTHK = _l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
         v_BTHK = v.view(B, T, H, K).float()
         beta_BTH = torch.sigmoid(self.b_proj(x_BTD).float())
         g_BTHK = self.decay(x_BTD)

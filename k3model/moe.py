@@ -90,15 +90,21 @@ def count_per_expert(ids_R: torch.Tensor, n_experts: int) -> torch.Tensor:
 
 
 def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
-    """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert."""
-    out_chunks = []
-    start = 0
-    for e, n in enumerate(counts_E.tolist()):
-        if n == 0:
-            continue
+    """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert and
+    projection, SiTU-GLU once over all R rows (it is elementwise: the same numbers as per expert).
+    On the CPU the per-expert elementwise calls were most of the layer's operations (issue 17).
+    The matmuls stay one per projection, bit for bit those of the expert-parallel path."""
+    spans = [(e, n) for e, n in enumerate(counts_E.tolist()) if n > 0]
+    gates, ups, start = [], [], 0
+    for e, n in spans:
         z_nL = z_RL[start:start + n]
-        h_nH = glu(z_nL @ w_gate_EHL[e].t(), z_nL @ w_up_EHL[e].t())
-        out_chunks.append(act(h_nH) @ w_down_ELH[e].t())
+        gates.append(z_nL @ w_gate_EHL[e].t())
+        ups.append(z_nL @ w_up_EHL[e].t())
+        start += n
+    h_RH = act(glu(torch.cat(gates, 0), torch.cat(ups, 0)))
+    out_chunks, start = [], 0
+    for e, n in spans:
+        out_chunks.append(h_RH[start:start + n] @ w_down_ELH[e].t())
         start += n
     return torch.cat(out_chunks, 0)
 

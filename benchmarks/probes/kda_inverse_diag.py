@@ -72,6 +72,7 @@ def main() -> None:
     ids = [t for doc in encode_batch(tokenizer, split_texts(corpus, "heldout")) for t in doc][:args.tokens]
     rows = []
     blocked = chunk_torch.unit_lower_inverse
+    solve = chunk_torch.unit_lower_solve
     for stage in (1, 2, 3, 4):
         checkpoint = newest(home, f"checkpoints/tiny/pretrain_stage_{stage}/*/manifest.json").parent
         model, _ = load_pretrained(checkpoint)
@@ -80,12 +81,16 @@ def main() -> None:
             reference, _ = naive_recurrent_kda(*(x.double() for x in (q, k, v, g, beta)))
             row = {"stage": stage, "kda_call": layer, "checkpoint": str(checkpoint),
                    "k_positive_frac": (k > 0).float().mean().item(), "g_mean": g.mean().item()}
-            for name, inverse in (("doubling", doubling_inverse), ("substitution", blocked)):
-                chunk_torch.unit_lower_inverse = inverse
+            # chunk_kda_torch solves (I + A) X = rhs with `unit_lower_solve`; each variant stands in
+            # for it as inverse(A) @ rhs ("solve" is the triangular solve the CPU path now uses).
+            variants = (("doubling", lambda A, r: doubling_inverse(A) @ r),
+                        ("substitution", lambda A, r: blocked(A) @ r), ("solve", solve))
+            for name, fn in variants:
+                chunk_torch.unit_lower_solve = fn
                 try:
                     o, _ = chunk_torch.chunk_kda_torch(q, k, v, g, beta)
                 finally:
-                    chunk_torch.unit_lower_inverse = blocked
+                    chunk_torch.unit_lower_solve = solve
                 row[f"rel_err_{name}"] = ((o.double() - reference).norm() / reference.norm()).item()
             print(json.dumps(row), flush=True)
             rows.append(row)

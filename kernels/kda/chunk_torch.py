@@ -15,10 +15,16 @@ and across chunks, S the state entering the chunk:
     S'    = Diag(exp(G_C)) S + (K ⊙ exp(G_C − G))ᵀ V_new
 
 Numerics: exp(G_r − G_i) is never formed as exp(G_r)·exp(−G_i), which overflows once the decay
-inside a chunk passes ~88 nats. The chunk is split into sub-chunks of 16 ("secondary chunking", as
-fla does): diagonal 16×16 blocks use exact pairwise differences, and an off-diagonal block (rows in
-sub-chunk a, columns in an earlier sub-chunk b) factors through a reference point at the end of b,
-so both factors are exp(non-positive) ≤ 1.
+inside a chunk passes ~88 nats. The rows are split into blocks of 64, 32 or 16 tokens — the longest
+in which no channel decays by more than 80 nats (`_reference_block`; the safe gate's −5 bound always
+allows 16) — and each row block factors through a reference point at its first row: both factors
+are ≤ 1 for earlier columns and bounded by the block's own decay inside it, so one batched matmul
+gives every score (`_row_referenced_scores`). Gates beyond that bound fall back to fla-style
+secondary chunking with exact pairwise differences on the diagonal 16×16 blocks
+(`_pairwise_decayed_scores`). The UT transform is one triangular solve (`unit_lower_solve`).
+Speed at the tiny profile's training shapes (issue 17, docs/log/tiny.md): these cut the CPU KDA
+chunk's forward + backward at T = 64 by about 2.5× against the einsum path and the row-by-row
+inverse (`unit_lower_inverse`, kept for the benchmarks that compare inverses).
 Legend: B batch, H heads, N chunks, S sub-chunks per chunk, c sub-chunk length, C = S·c, K/V widths.
 """
 
@@ -86,6 +92,62 @@ def _pairwise_decayed_scores(a_BHNCK, k_BHNCK, G_BHNCK, include_diagonal: bool) 
     return full.reshape(B, H, N, C, C)
 
 
+def _reference_block(G_BHNCK: torch.Tensor) -> int | None:
+    """The longest row block (64, 32 or 16 tokens) in which no channel decays by more than
+    MAX_SUB_CHUNK_DECAY nats, or None. Gates bounded below by −5 always allow 16 (15 × 5 = 75); the
+    weak decays of an untrained or slowly forgetting layer allow the whole chunk, one reference
+    point and a quarter of the elementwise work. One host sync, as the old safety check had."""
+    C = G_BHNCK.shape[-2]
+    spans = [(size, (G_BHNCK.unflatten(-2, (C // size, size))[..., 0, :] -
+                     G_BHNCK.unflatten(-2, (C // size, size))[..., -1, :]).amax())
+             for size in (C, C // 2, SUB_CHUNK) if size >= SUB_CHUNK and C % size == 0]
+    for size, span in zip([z for z, _ in spans], torch.stack([s for _, s in spans]).tolist()):
+        if span <= MAX_SUB_CHUNK_DECAY:
+            return size
+    return None
+
+
+def _row_referenced_scores(q_BHNCK, k_BHNCK, G_BHNCK, beta_BHNC, scale: float,
+                           block: int = SUB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_qk and A_kk, masked, in one batched matmul: ([B,H,N,C,C], [B,H,N,C,C]).
+
+    Rows in row block a (`block` tokens, from `_reference_block`) factor through one reference
+    point, G at a's first row (G_ref):
+
+        Σ_d a_r[d] k_i[d] exp(G_r[d] − G_i[d]) = Σ_d (a_r[d] e^{G_r[d] − G_ref[d]}) (k_i[d] e^{G_ref[d] − G_i[d]})
+
+    For columns i before the block both factors are ≤ 1; inside it the right factor grows to at most
+    the block's own decay, which `_reference_block` bounds (the factorization the diagonal blocks of
+    `_pairwise_decayed_scores` use). Columns after the block are masked. The row factors carry β
+    (A_kk) and the scale (A_qk). This is `_pairwise_decayed_scores` with fewer, larger operations:
+    one [2·block, K] × [K, C] product per block instead of the per-block-pair einsum (the CPU
+    training step at T = 64 spent most of its KDA time in that einsum's elementwise factors).
+    """
+    B, H, N, C, K = q_BHNCK.shape
+    S, c = C // block, block
+    G = G_BHNCK.reshape(B, H, N, S, c, K)
+    G_ref = G[..., :1, :]  # [B,H,N,S,1,K]
+    to_ref = (G - G_ref).exp()  # rows of block a back to its first row: ≤ 1
+    left = torch.cat([q_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * scale),
+                      k_BHNCK.reshape(B, H, N, S, c, K) * (to_ref * beta_BHNC.reshape(B, H, N, S, c, 1))],
+                     dim=-2)  # [B,H,N,S,2c,K]
+    # Column i is used by block a only up to a's last row; the exponent of later columns is
+    # zeroed (a multiply: cheaper than a clamp's backward) so they stay finite.
+    col_C, row_S1 = torch.arange(C, device=G.device), torch.arange(S, device=G.device).unsqueeze(-1)
+    used_SC1 = (col_C < (row_S1 + 1) * c).unsqueeze(-1).to(G.dtype)
+    # Built as [.., K, C] (columns innermost): the product and its backward then run on contiguous
+    # memory; in [.., C, K] the backward's transposed gradients made these the slowest multiplies.
+    k_BHNKC, G_BHNKC = k_BHNCK.transpose(-1, -2).contiguous(), G_BHNCK.transpose(-1, -2).contiguous()
+    exponent = (G_ref.transpose(-1, -2) - G_BHNKC.unsqueeze(3)) * used_SC1.transpose(-1, -2)  # [B,H,N,S,K,C]
+    right_T = k_BHNKC.unsqueeze(3) * exponent.exp()
+    # Row r = a·c + j of the chunk sees columns i ≤ r (A_qk) or i < r (A_kk).
+    r_S1c1 = (row_S1 * c + torch.arange(c, device=G.device)).unsqueeze(-1)
+    mask_S2cC = torch.stack([col_C <= r_S1c1, col_C < r_S1c1], dim=1).reshape(S, 2 * c, C).to(G.dtype)
+    scores = (left @ right_T) * mask_S2cC  # [B,H,N,S,2c,C]
+    qk, kk = scores.view(B, H, N, S, 2, c, C).unbind(4)
+    return qk.reshape(B, H, N, C, C), kk.reshape(B, H, N, C, C)
+
+
 def unit_lower_inverse(A_CC: torch.Tensor) -> torch.Tensor:
     """(I + A)⁻¹ for strictly lower-triangular A (batched), blockwise, as fla's solve_tril does:
     forward substitution inside the 16×16 diagonal blocks, then 2×2 block merges 16 → 32 → 64,
@@ -126,6 +188,16 @@ def unit_lower_inverse(A_CC: torch.Tensor) -> torch.Tensor:
     return inv.squeeze(-3)
 
 
+def unit_lower_solve(A_CC: torch.Tensor, rhs_CX: torch.Tensor) -> torch.Tensor:
+    """(I + A)⁻¹ rhs for strictly lower-triangular A (batched): forward substitution in one LAPACK
+    triangular solve (`torch.linalg.solve_triangular`, unit diagonal, the upper part unread), the
+    same substitution `unit_lower_inverse` runs row by row in Python, without forming the inverse.
+    Its backward is another triangular solve and keeps the gradient of A strictly lower. On the CPU
+    this replaced ~130 small operations per chunk (forward and backward) by two.
+    """
+    return torch.linalg.solve_triangular(A_CC, rhs_CX, upper=False, unitriangular=True)
+
+
 def chunk_kda_torch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -144,30 +216,43 @@ def chunk_kda_torch(
     pad = (-T) % CHUNK
     # Padded tokens carry k = 0 and g = 0: they neither decay nor write the state.
     def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, D] -> [B, H, N, C, D] fp32
-        x = F.pad(x.float(), (0, 0, 0, 0, 0, pad))
-        return x.view(B, -1, CHUNK, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
+        x = F.pad(x.float(), (0, 0, 0, 0, 0, pad)) if pad else x.float()
+        return x.view(B, -1, CHUNK, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
 
     q_c, k_c, v_c, g_c = to_chunks(q), to_chunks(k), to_chunks(v), to_chunks(g)
-    beta_c = F.pad(beta.float(), (0, 0, 0, pad)).view(B, -1, CHUNK, H).permute(0, 3, 1, 2)  # [B,H,N,C]
+    beta_c = (F.pad(beta.float(), (0, 0, 0, pad)) if pad else beta.float()).view(B, -1, CHUNK, H).permute(0, 3, 1, 2)  # [B,H,N,C]
     N = q_c.shape[2]
 
     G = g_c.cumsum(dim=3)  # chunk-local cumulative log decay, [B,H,N,C,K]
-    A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
-    A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
-    rhs = torch.cat([beta_c.unsqueeze(-1) * G.exp() * k_c, beta_c.unsqueeze(-1) * v_c], dim=-1)
-    WU = unit_lower_inverse(A_kk) @ rhs
+    block = _reference_block(G)
+    if block is not None:
+        A_qk, A_kk = _row_referenced_scores(q_c, k_c, G, beta_c, scale, block)
+    else:
+        A_kk = beta_c.unsqueeze(-1) * _pairwise_decayed_scores(k_c, k_c, G, include_diagonal=False)
+        A_qk = scale * _pairwise_decayed_scores(q_c, k_c, G, include_diagonal=True)
+    exp_G = G.exp()
+    rhs = torch.cat([beta_c.unsqueeze(-1) * exp_G * k_c, beta_c.unsqueeze(-1) * v_c], dim=-1)
+    WU = unit_lower_solve(A_kk, rhs)
     W, U = WU[..., :K], WU[..., K:]
     G_last = G[..., -1:, :]  # [B,H,N,1,K]
-    k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)
-    q_decayed = scale * q_c * G.exp()
+    if N > 1 or initial_state is not None or output_final_state:  # else no state ever forms
+        k_to_end = k_c * (G_last - G).exp()  # K ⊙ exp(G_C − G)
+        q_decayed = scale * q_c * exp_G
 
-    S_BHKV = q.new_zeros(B, H, K, V, dtype=torch.float32)
-    if initial_state is not None:
-        S_BHKV = S_BHKV + initial_state.float()
+    # None stands for the zero state: with no initial state the first chunk's W S and (Q ⊙ e^G) S
+    # vanish and are skipped, as is the state after the last chunk when nobody asked for it (at
+    # T ≤ 64 that leaves A_qk U alone).
+    S_BHKV = None if initial_state is None else initial_state.float()
     outputs = []
     for n in range(N):
-        v_new = U[:, :, n] - W[:, :, n] @ S_BHKV  # [B,H,C,V]
-        outputs.append(q_decayed[:, :, n] @ S_BHKV + A_qk[:, :, n] @ v_new)
-        S_BHKV = G_last[:, :, n].exp().transpose(-1, -2) * S_BHKV + k_to_end[:, :, n].transpose(-1, -2) @ v_new
+        if S_BHKV is None:
+            v_new = U[:, :, n]  # [B,H,C,V]
+            outputs.append(A_qk[:, :, n] @ v_new)
+        else:
+            v_new = U[:, :, n] - W[:, :, n] @ S_BHKV
+            outputs.append(q_decayed[:, :, n] @ S_BHKV + A_qk[:, :, n] @ v_new)
+        if n + 1 < N or output_final_state:
+            written = k_to_end[:, :, n].transpose(-1, -2) @ v_new
+            S_BHKV = written if S_BHKV is None else G_last[:, :, n].exp().transpose(-1, -2) * S_BHKV + written
     o = torch.stack(outputs, dim=2).reshape(B, H, N * CHUNK, V)[:, :, :T]
     return o.permute(0, 2, 1, 3).to(q.dtype), (S_BHKV if output_final_state else None)

@@ -44,6 +44,9 @@ def test_solver():
     assert solve(" A1 = 3. B22 = 4. Z9 = 1.\nQuestion: What is B22 + A1?\nAnswer:") == "7"
     # Statements after the question do not count; a name inside a longer one is not that name.
     assert solve(" XA1 = 5.\nQuestion: What is A1?\nAnswer: A1 = 5.") is None
+    # recall: every value, in the question's order; one missing name leaves it undetermined.
+    assert solve(" B = 5. text Q7 = 2. A = 9.\nQuestion: What are A, B?\nAnswer:") == "A = 9, B = 5"
+    assert solve(" B = 5. Q7 = 2.\nQuestion: What are A, B?\nAnswer:") is None
 
 
 def test_grid_cells_cover_reachable_buckets(cfg, grid):
@@ -131,7 +134,7 @@ def test_training_table(cfg, tok, corpus):
 def test_long_layout_hits_narrow_buckets(cfg, tok, heldout_filler):
     # A 4-clue problem in a long sequence, pushed into the nearest bucket and into the farthest.
     clues = replace(cfg.clues, max_clues=4)
-    for bucket in [(0, 32), (440, 460)]:
+    for bucket in [(0, 32), (400, 420)]:
         for kind in KINDS:
             s, c = make_example(clues, tok, heldout_filler, 512, rng(1, kind, bucket[0]), bucket, kind, 4)
             assert bucket[0] <= s.distance < bucket[1]
@@ -139,7 +142,8 @@ def test_long_layout_hits_narrow_buckets(cfg, tok, heldout_filler):
 
 
 def test_impossible_request_raises(cfg, tok, heldout_filler):
-    with pytest.raises(ValueError, match="could not lay out"):
+    # The message names the length and the distance asked for; nothing is placed closer instead.
+    with pytest.raises(ValueError, match=r"could not lay out .*length 64 .*distance 200 "):
         make_example(cfg.clues, tok, heldout_filler, 64, rng(0), (200, 300))
     with pytest.raises(ValueError, match="distance_bucket"):
         clue_eval_set(cfg.clues, 64, 99, tokenizer=tok, filler=heldout_filler)
@@ -160,3 +164,21 @@ def test_config_errors():
         CluesConfig(distance_edges=(10, 20))
     with pytest.raises(ValueError, match="kinds"):
         CluesConfig(kinds=("lookup",))
+
+
+def test_recall_with_single_token_names(cfg, tok, heldout_filler):
+    """The tiny profile's task: one-token names and one-digit values, every clue needed, distractors
+    of the needed clues' exact form, and a control twin with the same tokens."""
+    clues = replace(cfg.clues, kinds=("recall",), single_token_names=True, value_max=9, max_clues=4,
+                    max_distractors=4)
+    for i, bucket in enumerate([(0, 32), (300, 400)]):
+        s, c = make_example(clues, tok, heldout_filler, 512, rng(2, i), bucket, "recall", 2 + 2 * i)
+        assert bucket[0] <= s.distance < bucket[1]
+        assert needs_every_clue(tok, s) and needs_every_clue(tok, c)
+        assert Counter(s.input_ids.tolist()) == Counter(c.input_ids.tolist())
+        text = decode(tok, s.input_ids[: s.answer_start])
+        statements = _STATEMENT_RE.findall(text)
+        assert len(statements) == 2 + 2 * i + s.n_distractors and s.n_distractors > 0
+        for name, value in statements:
+            assert len(tok.encode(" " + name).ids) == 1 and value.isdigit() and len(value) == 1
+        assert s.answer.count("=") == 2 + 2 * i
