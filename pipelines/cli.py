@@ -587,6 +587,9 @@ def console_main() -> None:
     (SIGABRT instead of 130)."""
     code = main()
     if code == 130:
+        if os.environ.get("K3_HOME"):
+            from pipelines.resources import end_leftover_ray_processes
+            end_leftover_ray_processes(os.environ["K3_HOME"])
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

@@ -67,6 +67,42 @@ def local_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace_s`, every live Ray process whose environment holds
+    K3_HOME=`home`; returns their pids. For an interrupted `k3 run` only: a SIGTERM that cuts ray.init
+    short can leave Ray's DashboardAgent and RuntimeEnvAgent waiting for a raylet that never comes
+    (seen alive over 60 s later on a busy 2-core machine). The home lock makes this run the home's only
+    user, so a Ray process with its K3_HOME is one this run started. Linux /proc; elsewhere a no-op."""
+    needle = f"K3_HOME={home}".encode()
+    pids = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            pid = int(proc_dir.name)
+            if pid == os.getpid() or needle not in (proc_dir / "environ").read_bytes().split(b"\0"):
+                continue
+            args = (proc_dir / "cmdline").read_bytes().split(b"\0")
+            if (any(a.startswith(b"ray::") or b"/ray/" in a or a.endswith((b"raylet", b"gcs_server"))
+                    for a in args) or (proc_dir / "comm").read_text().startswith("ray::")):
+                os.kill(pid, signal.SIGTERM)
+                pids.append(pid)
+        except (OSError, ValueError):  # gone, or not ours to read
+            continue
+    deadline = time.monotonic() + grace_s
+    for pid in pids:
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 class RayResource(dg.ConfigurableResource):
     """A Ray cluster for the GPU-heavy steps: started locally once per run, or joined."""
 

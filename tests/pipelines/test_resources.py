@@ -109,3 +109,24 @@ def test_home_layout(tmp_path, monkeypatch):
     assert store.checkpoint_dir("tiny", "pretrain_stage_1", "r1") == \
         (tmp_path / "home" / "checkpoints" / "tiny" / "pretrain_stage_1" / "r1").resolve()
     assert MlflowResource().resolved_tracking_uri() == f"sqlite:///{(tmp_path / 'home' / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def test_end_leftover_ray_processes_ends_only_this_homes_ray_processes(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.resources import end_leftover_ray_processes
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen(sleep + ["ray::RuntimeEnvAgent"], env={**os.environ, "K3_HOME": str(tmp_path / "a")})
+    other_home = subprocess.Popen(sleep + ["ray::RuntimeEnvAgent"], env={**os.environ, "K3_HOME": str(tmp_path / "b")})
+    not_ray = subprocess.Popen(sleep + ["worker"], env={**os.environ, "K3_HOME": str(tmp_path / "a")})
+    try:
+        time.sleep(0.5)
+        assert end_leftover_ray_processes(str(tmp_path / "a"), grace_s=5.0) == [ours.pid]
+        assert ours.wait(timeout=10) is not None
+        assert other_home.poll() is None and not_ray.poll() is None
+    finally:
+        for p in (ours, other_home, not_ray):
+            p.kill()
+            p.wait()
