@@ -507,7 +507,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         names = sorted(p.stem for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
         _say(f"k3 bench: no benchmark {args.name!r}; available: {', '.join(names) or 'none yet'}")
         return 2
-    return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=REPO_ROOT)
+    # Benchmarks import `benchmarks.common` and the library from the checkout (they are scripts, not
+    # an installed package), as on the GPU machine where `PYTHONPATH=.` is how they run.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=REPO_ROOT, env=env)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -56,6 +56,13 @@ def test_bench_lists_what_exists(capsys):
     assert "no benchmark 'no_such_benchmark'" in capsys.readouterr().out
 
 
+def test_bench_runs_a_script_that_imports_benchmarks_common(monkeypatch, tmp_path):
+    # benchmarks/ is not an installed package: `k3 bench` must put the checkout on the path.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert main(["bench", "kda_cpu", "--help"]) == 0
+
+
 @pytest.mark.slow
 def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
     home = tmp_path / "home"
