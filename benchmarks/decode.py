@@ -1,6 +1,6 @@
 """Decode speed of the generation engine (k3model/engine.py) beside a peer measured in the same run.
 
-    python benchmarks/decode.py --device cpu --profile tiny --batches 1,64 --out benchmarks/results/decode/decode_tiny_cpu.json
+    python benchmarks/decode.py --device cpu --profile tiny --batches 1,64 --out benchmarks/results/decode/2026-12-01_decode_tiny_cpu.json
     python benchmarks/decode.py --device cuda --profile small --batches 1,16,64 --prompt 512 --out $OUT/decode_small_h200.json
 
 CPU: `engine.generate` (greedy, 128-token prompts, 128 new tokens) against a dense Llama-style

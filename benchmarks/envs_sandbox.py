@@ -1,6 +1,6 @@
 """What the envs sandbox costs and what it stops, measured in one run.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python3 benchmarks/envs_sandbox.py --out benchmarks/results/envs/sandbox.json
+    OMP_NUM_THREADS=1 PYTHONPATH=. python3 benchmarks/envs_sandbox.py --out benchmarks/results/envs/2026-12-01_sandbox.json
 
 - Cost per command: `true` and `python -c pass`, through the bubblewrap jail of this tree
   (envs/jail.py: cgroup join, prlimit, setpriv, bwrap) and through the jail of commit BASELINE

@@ -4,7 +4,7 @@ the expert weights, and decode speed of the quantized model against the QAT and 
 model (same weights) in the same run, alternated.
 
     OMP_NUM_THREADS=1 python benchmarks/quantize_export.py --profiles smoke tiny \
-        --out benchmarks/results/mx/quantize_export_cpu.json
+        --out benchmarks/results/mx/2026-12-01_quantize_export_cpu.json
 
 Measured profiles are random-initialised (prepare_qat on a fresh model): sizes and bit-equality do
 not depend on training; the output agreement and speed are those of a random model. Larger
@@ -15,6 +15,7 @@ MXFP4 experts take 17/32 byte a value (K/2 code bytes + K/32 scale bytes per row
 from __future__ import annotations
 
 import argparse
+import datetime
 import copy
 import json
 import os
@@ -115,7 +116,7 @@ def main() -> None:
     ap.add_argument("--sizes-only", nargs="+", default=["small", "k3"])
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/results/mx/quantize_export_cpu.json")
+    ap.add_argument("--out", default=f"benchmarks/results/mx/{datetime.date.today()}_quantize_export_cpu.json")
     args = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"benchmark": "quantize_export", "commit": commit,

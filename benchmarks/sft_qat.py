@@ -3,7 +3,7 @@ MXFP4-weight / MXFP8-activation fake quantization on its routed experts (`prepar
 alternately in one process so machine load hits both alike.
 
     OMP_NUM_THREADS=1 python benchmarks/sft_qat.py --profile tiny --batch 4 --seq-len 1024 \
-        --out benchmarks/results/train/sft_qat_tiny_cpu.json
+        --out benchmarks/results/train/2026-12-01_sft_qat_tiny_cpu.json
 
 Random tokens, labels on every position: this measures speed, not learning.
 """
@@ -11,6 +11,7 @@ Random tokens, labels on every position: this measures speed, not learning.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default="benchmarks/results/train/sft_qat_tiny_cpu.json")
+    ap.add_argument("--out", default=f"benchmarks/results/train/{datetime.date.today()}_sft_qat_tiny_cpu.json")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(get_profile(args.profile).model, vision=None)

@@ -1,7 +1,7 @@
 """Speculative decoding (k3model/speculative.py) against plain decoding through the same engine, in
 the same run: acceptance length τ and tokens/s at draft lengths 1–6, greedy, batch 1.
 
-    OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/speculative_tiny_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/2026-12-01_speculative_tiny_cpu.json
 
 Two targets of the profile's shape, both random weights (no trained base model exists yet):
   mtp        — a random target with its own (random) MTP module as the draft: the untrained case,
