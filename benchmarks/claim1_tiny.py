@@ -42,7 +42,7 @@ def train_stages(data_home: str, out_dir: str, steps: list[int] | None) -> list[
         cfg = PretrainConfig(profile="tiny", stage=stage, steps=steps[stage - 1] if steps else None)
         result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init,
                        log_fn=lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
-                           k: round(v, 4) for k, v in m.items() if k in ("train/main", "perf/tokens_per_s")}}),
+                           k: round(v, 4) for k, v in m.items() if k in ("train/main", "train/answer", "perf/tokens_per_s")}}),
                            flush=True))
         init = result.checkpoint_dir
         row = {"stage": stage, "checkpoint": str(result.checkpoint_dir), "wall_s": time.perf_counter() - t0,

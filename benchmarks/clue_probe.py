@@ -2,7 +2,7 @@
 
 The tiny `make run` answers clue questions near chance at every stage, the control twin (needed clues
 right before the question) included, so the claim cannot be judged from it. This probe trains one
-model from scratch on clue rows only (clue_fraction = 1, no images) at one context length and scores
+model from scratch on clue rows (clue_fraction = 1 by default, no images) at one context length and scores
 the clue eval grid (scattered and control, by distance bucket) every `--eval-every` steps. If the
 control stays at chance too, the failure is the task's difficulty at this size and budget, not
 long-range recall.
@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -29,7 +28,7 @@ import torch
 
 from datagen.clues import CluesConfig
 from datagen.io import table_metadata
-from k3model.model import IGNORE_INDEX, K3Model
+from k3model.model import K3Model
 from k3model.pretrain import PretrainConfig, build_optimizer, train_step
 from k3model.pretrain_data import PretrainData, StageBatches
 from k3model.pretrain_eval import clue_accuracy
@@ -53,17 +52,6 @@ def newest_data(home: Path, profile: str) -> PretrainData:
     return PretrainData(clues=clues, **paths)
 
 
-def answer_only(batch, tokenizer):
-    """The batch with every label before each row's last "Answer:" set to ignore."""
-    marker = tokenizer.encode("\nAnswer:").ids
-    labels = batch.labels.clone()
-    for row, ids in enumerate(batch.input_ids.tolist()):
-        ends = [i + len(marker) for i in range(len(ids) - len(marker)) if ids[i:i + len(marker)] == marker]
-        # labels[t] is the target read at position t: the first answer token is read at the colon.
-        labels[row, :ends[-1] - 1 if ends else len(ids)] = IGNORE_INDEX
-    return replace(batch, labels=labels)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-home", default=".k3")
@@ -74,20 +62,25 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-every", type=int, default=150)
     parser.add_argument("--pairs-per-cell", type=int, default=16)
-    parser.add_argument("--answer-only-loss", action="store_true",
-                        help="a diagnostic: train on the answer tokens only (after the last 'Answer:')")
+    parser.add_argument("--clue-loss", choices=("answer", "all"), default="answer",
+                        help="answer: clue rows train on their answers, with their own mean (the pipeline's "
+                             "default); all: every token, one mean")
+    parser.add_argument("--clue-fraction", type=float, default=1.0,
+                        help="clue rows per batch; the rest are text rows, as in the pipeline (no images)")
     parser.add_argument("--out", default="benchmarks/results/clue_probe.json")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     data = newest_data(Path(args.data_home), args.profile)
     cfg = PretrainConfig(profile=args.profile, stage=2, seq_len=args.seq_len, steps=args.steps,
-                         batch_size=args.batch_size, lr=args.lr, clue_fraction=1.0, image_fraction=0.0)
+                         batch_size=args.batch_size, lr=args.lr, clue_fraction=args.clue_fraction,
+                         image_fraction=0.0, clue_loss=args.clue_loss)
     stage = cfg.resolved()
     model = K3Model(stage.model)
     optimizer = build_optimizer(model, stage.lr, cfg.weight_decay)
     batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size,
-                           seed=cfg.seed, stage=cfg.stage, clue_fraction=1.0, image_fraction=0.0)
+                           seed=cfg.seed, stage=cfg.stage, clue_fraction=args.clue_fraction, image_fraction=0.0,
+                           clue_loss=args.clue_loss)
     batches.pack(stage.steps * stage.batch_size)
     result = {"args": vars(args), "threads": torch.get_num_threads(), "load_avg_start": os.getloadavg()[0],
               "evals": [], "losses": []}
@@ -98,8 +91,6 @@ def main() -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = batches.batch(step)
-        if args.answer_only_loss:
-            batch = answer_only(batch, data.tokenizer)
         metrics = train_step(model, optimizer, batch, cfg.grad_clip, "cpu")
         result["losses"].append(round(metrics["train/main"], 4))
         if (step + 1) % args.eval_every == 0 or step + 1 == stage.steps:

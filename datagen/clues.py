@@ -61,7 +61,8 @@ KINDS = ("chain", "sum", "recall")
 VARIANTS = ("scattered", "control")
 
 _NAME = r"[A-Z][0-9]{0,2}"
-_STATEMENT_RE = re.compile(rf"(?<![A-Za-z0-9])({_NAME}) = ({_NAME}|[0-9]+)\.")
+# A statement is `NAME = VALUE.`, or `NAME=VALUE.` with compact_statements; group 2 is the separator.
+_STATEMENT_RE = re.compile(rf"(?<![A-Za-z0-9])({_NAME})( = |=)({_NAME}|[0-9]+)\.")
 _QUESTION_RE = re.compile(
     rf"\nQuestion: What (?:is ({_NAME}(?: \+ {_NAME})*)|are ({_NAME}(?:, {_NAME})+))\?\nAnswer:")
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -93,6 +94,8 @@ class CluesConfig:
     eval_per_cell: int = 16
     # Names only from those the tokenizer encodes as one token after a space (see the module docstring).
     single_token_names: bool = False
+    # Statements and recall answers written `B=5` instead of `B = 5` (see the module docstring).
+    compact_statements: bool = False
 
     def __post_init__(self):
         if not self.context_lengths or list(self.context_lengths) != sorted(set(self.context_lengths)):
@@ -226,25 +229,26 @@ def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, 
         )
     names = [name_pool[int(i)] for i in rng.choice(len(name_pool), n_clues + n_distractors, replace=False)]
     needed, spare = names[:n_clues], names[n_clues:]
+    eq = "=" if cfg.compact_statements else " = "
     vmax = cfg.sum_term_max if kind == "sum" else cfg.value_max
     if kind == "chain":
         x = int(rng.integers(0, vmax + 1))
-        clues = [f" {needed[0]} = {x}."] + [
-            f" {needed[i]} = {needed[i - 1]}." for i in range(1, n_clues)
+        clues = [f" {needed[0]}{eq}{x}."] + [
+            f" {needed[i]}{eq}{needed[i - 1]}." for i in range(1, n_clues)
         ]
         question = f"\nQuestion: What is {needed[-1]}?\nAnswer:"
         answer = x
     elif kind == "recall":
         xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
-        clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
+        clues = [f" {v}{eq}{x}." for v, x in zip(needed, xs)]
         order = [int(i) for i in rng.permutation(n_clues)]
         question = f"\nQuestion: What are {', '.join(needed[i] for i in order)}?\nAnswer:"
         # Each value follows its name, as in the clue: retrieving it is one associative lookup
         # ("name =" → the token after the earlier "name ="), the pattern small models learn first.
-        answer = ", ".join(f"{needed[i]} = {xs[i]}" for i in order)
+        answer = ", ".join(f"{needed[i]}{eq}{xs[i]}" for i in order)
     else:
         xs = [int(v) for v in rng.integers(0, vmax + 1, size=n_clues)]
-        clues = [f" {v} = {x}." for v, x in zip(needed, xs)]
+        clues = [f" {v}{eq}{x}." for v, x in zip(needed, xs)]
         asked = [needed[int(i)] for i in rng.permutation(n_clues)]
         question = f"\nQuestion: What is {' + '.join(asked)}?\nAnswer:"
         answer = sum(xs)
@@ -255,8 +259,8 @@ def make_problem(cfg: CluesConfig, kind: str, n_clues: int, n_distractors: int, 
         chain_names, spare = spare[:k], spare[k:]
         # RULER-style lure: the first distractor chain of a chain problem carries the answer's value.
         value = answer if (kind == "chain" and not chains) else int(rng.integers(0, vmax + 1))
-        chain = [f" {chain_names[0]} = {value}."] + [
-            f" {chain_names[i]} = {chain_names[i - 1]}." for i in range(1, k)
+        chain = [f" {chain_names[0]}{eq}{value}."] + [
+            f" {chain_names[i]}{eq}{chain_names[i - 1]}." for i in range(1, k)
         ]
         chains.append(tuple(chain))
     return Problem(kind, tuple(clues), tuple(chains), question, f" {answer}")
@@ -272,12 +276,13 @@ def solve(text: str) -> str | None:
         return None
     q = questions[-1]
     assigned: dict[str, str] = {}
+    written: dict[str, str] = {}  # each name's separator, for the recall answer's form
     conflicted: set[str] = set()
     for m in _STATEMENT_RE.finditer(text, 0, q.start()):
-        name, rhs = m.group(1), m.group(2)
+        name, rhs = m.group(1), m.group(3)
         if name in assigned:
             conflicted.add(name)
-        assigned[name] = rhs
+        assigned[name], written[name] = rhs, m.group(2)
 
     def value(name: str, seen: frozenset) -> int | None:
         if name in conflicted or name not in assigned or name in seen:
@@ -288,7 +293,7 @@ def solve(text: str) -> str | None:
     if q.group(2) is not None:  # recall: every value, in the question's order
         names = q.group(2).split(", ")
         values = [value(name, frozenset()) for name in names]
-        return None if None in values else ", ".join(f"{n} = {v}" for n, v in zip(names, values))
+        return None if None in values else ", ".join(f"{n}{written[n]}{v}" for n, v in zip(names, values))
     total = 0
     for name in q.group(1).split(" + "):
         v = value(name, frozenset())

@@ -93,6 +93,9 @@ def _tiny(seed: int) -> DatagenConfig:
             kinds=("recall",),
             single_token_names=True,
             value_max=9,
+            # `B=5.`: name, "=" and value in three adjacent tokens (`B = 5.` is five, with a lone
+            # space before the digit), inside the KDA layers' 4-token short convolution.
+            compact_statements=True,
             max_distractors=20,
             eval_per_cell=16,
         ),

@@ -185,15 +185,34 @@ class K3Model(nn.Module):
         new_cache = cache if use_cache else None
         return ModelOutput(logits_BTV, hidden_BTD, new_cache)
 
-    def compute_loss(self, input_ids_BT, labels_BT=None, images_NCHW=None, image_mask_BT=None) -> dict:
+    def compute_loss(self, input_ids_BT, labels_BT=None, images_NCHW=None, image_mask_BT=None,
+                     answer_mask_BT=None) -> dict:
         """Next-token CE (+ λ·MTP). labels_BT[t] is the target at position t (IGNORE_INDEX skips);
-        by default the next input token, with image positions and the last position ignored."""
+        by default the next input token, with image positions and the last position ignored.
+
+        `answer_mask_BT` (bool, True where labels_BT[t] is a clue answer's token) makes the main loss
+        the mean over those targets plus the mean over the rest: a clue row's ~10 answer targets
+        would otherwise weigh ~1 % of a mixed batch, and the tiny model then never learns the task
+        (docs/log/tiny.md, 2026-12-01 session 8).
+        """
         if labels_BT is None:
             labels_BT = default_labels(input_ids_BT, image_mask_BT)
         out = self.forward(input_ids_BT, images_NCHW, image_mask_BT)
         V = self.cfg.vocab_size
-        main = F.cross_entropy(out.logits_BTV.float().reshape(-1, V), labels_BT.reshape(-1), ignore_index=IGNORE_INDEX)
-        losses = {"loss/main": main}
+        logits_NV, labels_N = out.logits_BTV.float().reshape(-1, V), labels_BT.reshape(-1)
+        if answer_mask_BT is None:
+            main = F.cross_entropy(logits_NV, labels_N, ignore_index=IGNORE_INDEX)
+            losses = {"loss/main": main}
+        else:
+            nll_N = F.cross_entropy(logits_NV, labels_N, ignore_index=IGNORE_INDEX, reduction="none")
+            valid_N = labels_N != IGNORE_INDEX
+            answer_N = answer_mask_BT.reshape(-1) & valid_N
+            rest_N = valid_N & ~answer_N
+            # Each group's mean (0 when the batch has none of it).
+            answer = (nll_N * answer_N).sum() / answer_N.sum().clamp(min=1)
+            rest = (nll_N * rest_N).sum() / rest_N.sum().clamp(min=1)
+            main = answer + rest
+            losses = {"loss/main": main, "loss/answer": answer, "loss/rest": rest}
         total = main
         if len(self.mtp):
             hidden, mtp_losses = out.hidden_BTD, []

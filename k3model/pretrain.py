@@ -63,6 +63,9 @@ class PretrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     clue_fraction: float = 0.5  # rows of each batch that are scattered-clue examples
+    # "answer": clue rows train on their answers only, with their own mean; "all": every token, one
+    # mean (pretrain_data.StageBatches).
+    clue_loss: str = "answer"
     image_fraction: float = 0.25  # rows that start with an image and its caption
     ckpt_every: int = 0  # 0: four times per stage
     log_every: int = 10
@@ -85,6 +88,8 @@ class PretrainConfig:
         for name in ("clue_fraction", "image_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.clue_loss not in ("answer", "all"):
+            raise ValueError(f"clue_loss must be 'answer' or 'all', got {self.clue_loss!r}")
         if self.clue_fraction + self.image_fraction > 1.0:
             raise ValueError("clue_fraction + image_fraction must not exceed 1")
         # `lr: .inf` used to train a stage to NaN weights and materialize them.
@@ -161,7 +166,8 @@ def step_metrics(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch,
     """One optimizer step and the MoE bias update; its metrics as 0-d tensors (no host sync)."""
     model.train()
     with autocast_for(device):
-        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask)
+        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask,
+                                    answer_mask_BT=batch.answer_mask)
     grad_norm = optimizer_step(model, optimizer, losses["loss/total"], grad_clip)
     balance = balance_experts(model)
     metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
@@ -205,7 +211,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     # ---- data
     batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size,
                            seed=cfg.seed, stage=cfg.stage, clue_fraction=cfg.clue_fraction,
-                           image_fraction=cfg.image_fraction, device=device)
+                           image_fraction=cfg.image_fraction, device=device, clue_loss=cfg.clue_loss)
     batches.pack(stage.steps * stage.batch_size)
     manifest_extra = {"config": {"pretrain": asdict(cfg), "model": asdict(stage.model),
                                  "resolved": {k: v for k, v in asdict(stage).items() if k != "model"}},

@@ -84,13 +84,29 @@ class Batch:
     labels: torch.Tensor  # [B, T], IGNORE_INDEX where nothing is predicted
     images: torch.Tensor | None  # [N, C, H, W] in slot order, or None
     image_mask: torch.Tensor | None  # [B, T] True on <|image|> slots
+    # [B, T] True where labels[t] is a clue answer's token (or its <|eos|>); None: no separate mean.
+    answer_mask: torch.Tensor | None = None
+
+
+CLUE_LOSSES = ("answer", "all")
 
 
 class StageBatches:
-    """The packed rows of one stage, served as deterministic batches."""
+    """The packed rows of one stage, served as deterministic batches.
+
+    `clue_loss`: "answer" trains a clue row on its answer and <|eos|> only and gives those targets
+    their own mean in the loss (`Batch.answer_mask`, `K3Model.compute_loss`); "all" trains every
+    token of every row with one mean. With "all" the tiny model never learned the clue task: the
+    filler and the clue statements (random names and values, unpredictable) outweigh the ~10 answer
+    targets of a row ~50 : 1 (docs/log/tiny.md, session 8).
+    """
 
     def __init__(self, data: PretrainData, model_cfg: ModelConfig, *, seq_len: int, batch_size: int,
-                 seed: int, stage: int, clue_fraction: float, image_fraction: float, device: str = "cpu"):
+                 seed: int, stage: int, clue_fraction: float, image_fraction: float, device: str = "cpu",
+                 clue_loss: str = "answer"):
+        if clue_loss not in CLUE_LOSSES:
+            raise ValueError(f"clue_loss must be one of {CLUE_LOSSES}, got {clue_loss!r}")
+        self.clue_loss = clue_loss
         if model_cfg.vision is None:
             image_fraction, image_tokens = 0.0, 1
         else:
@@ -116,9 +132,18 @@ class StageBatches:
         table = pack_pretraining(self._packing, self.data.clues, self.seq_len, n_rows,
                                  tokenizer=self.data.tokenizer, corpus=self.data.corpus,
                                  images=self.data.images)
+        loss_mask = np.stack(table.column("loss_mask").to_numpy(zero_copy_only=False)).astype(bool)
+        # answer_NT[r, t]: token t of row r is a clue answer's token or the <|eos|> after it.
+        t = np.arange(self.seq_len)
+        a0 = table.column("answer_start").to_numpy()[:, None]
+        a1 = table.column("answer_end").to_numpy()[:, None]
+        answer_NT = (a0 >= 0) & (t >= a0) & (t <= a1)
+        if self.clue_loss == "answer":
+            loss_mask &= answer_NT | (a0 < 0)
         self._rows = {
             "input_ids": np.stack(table.column("input_ids").to_numpy(zero_copy_only=False)).astype(np.int64),
-            "loss_mask": np.stack(table.column("loss_mask").to_numpy(zero_copy_only=False)).astype(bool),
+            "loss_mask": loss_mask,
+            "answer": answer_NT,
             "image_ids": table.column("image_ids").to_pylist(),
             "kind": table.column("kind").to_pylist(),
         }
@@ -131,8 +156,13 @@ class StageBatches:
         mask_BT = torch.from_numpy(self._rows["loss_mask"][lo:hi]).to(self.device)
         labels = torch.full_like(ids_BT, IGNORE_INDEX)
         labels[:, :-1] = ids_BT[:, 1:].masked_fill(~mask_BT[:, 1:], IGNORE_INDEX)
+        answer_BT = None
+        if self.clue_loss == "answer":
+            # labels[t] is token t + 1: the answer targets are read one position early.
+            answer_BT = torch.zeros_like(mask_BT)
+            answer_BT[:, :-1] = torch.from_numpy(self._rows["answer"][lo:hi, 1:]).to(self.device)
         image_ids = [i for row in self._rows["image_ids"][lo:hi] for i in row]
         if not image_ids:
-            return Batch(ids_BT, labels, None, None)
+            return Batch(ids_BT, labels, None, None, answer_BT)
         images = pixels_to_tensor(self.data.image_pixels_NHWC[image_ids], self.device)
-        return Batch(ids_BT, labels, images, ids_BT == self.image_token)
+        return Batch(ids_BT, labels, images, ids_BT == self.image_token, answer_BT)

@@ -247,7 +247,9 @@ def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, b
     device = batch.input_ids.device
     model.train()
     with autocast_for(device):
-        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask)
+        # The answer mean (pretrain_data.StageBatches clue_loss="answer") is this rank's.
+        losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask,
+                                    answer_mask_BT=getattr(batch, "answer_mask", None))
     grad_norm = optimizer_step(model, optimizer, losses["loss/total"], grad_clip,
                                reduce=lambda m: allreduce_gradients(m, group),
                                clip=lambda m, max_norm: clip_grad_norm(m, max_norm, group))

@@ -179,6 +179,20 @@ def test_recall_with_single_token_names(cfg, tok, heldout_filler):
         text = decode(tok, s.input_ids[: s.answer_start])
         statements = _STATEMENT_RE.findall(text)
         assert len(statements) == 2 + 2 * i + s.n_distractors and s.n_distractors > 0
-        for name, value in statements:
+        for name, _, value in statements:
             assert len(tok.encode(" " + name).ids) == 1 and value.isdigit() and len(value) == 1
         assert s.answer.count("=") == 2 + 2 * i
+
+
+def test_compact_statements(cfg, tok, heldout_filler):
+    """`B=5.` statements and a `B=5, F=3` answer: the solver reads them, every clue is still needed,
+    distractors have the same compact form, and the control twin keeps the tokens."""
+    clues = replace(cfg.clues, kinds=("recall",), single_token_names=True, value_max=9, max_clues=4,
+                    max_distractors=4, compact_statements=True)
+    s, c = make_example(clues, tok, heldout_filler, 256, rng(5, 0), (100, 200), "recall", 3)
+    assert needs_every_clue(tok, s) and needs_every_clue(tok, c)
+    assert Counter(s.input_ids.tolist()) == Counter(c.input_ids.tolist())
+    statements = _STATEMENT_RE.findall(decode(tok, s.input_ids[: s.answer_start]))
+    assert len(statements) == 3 + s.n_distractors and {sep for _, sep, _ in statements} == {"="}
+    assert " = " not in s.answer and s.answer.count("=") == 3
+    assert solve(" B=5. text Q7=2. A=9.\nQuestion: What are A, B?\nAnswer:") == "A=9, B=5"

@@ -9,6 +9,7 @@ from k3model.checkpoint import load_checkpoint
 from k3model.pretrain import PretrainConfig, train
 from k3model.pretrain_data import PretrainData, StageBatches
 from k3model.config import get_profile
+from k3model.model import K3Model
 from k3model.schedule import lr_at
 
 
@@ -141,3 +142,39 @@ def test_a_damaged_resume_checkpoint_restarts_the_stage(smoke_data, tmp_path):
     assert [h["train/main"] for h in result.history[:3]] == [h["train/main"] for h in partial.history]
     assert load_checkpoint(result.checkpoint_dir)[1]["metrics"]["train/final_loss"] > 0
     assert any(p.name.startswith("last.damaged-") for p in tmp_path.iterdir())
+
+
+def test_clue_rows_train_on_their_answers_with_their_own_mean(smoke_data):
+    """clue_loss="answer": a clue row's targets are its answer and <|eos|> only, text rows keep every
+    target, and the main loss is the answer targets' mean plus the rest's mean."""
+    cfg = get_profile("smoke").model
+    rows = {}
+    for clue_loss in ("answer", "all"):
+        b = StageBatches(smoke_data, cfg, seq_len=64, batch_size=8, seed=0, stage=1, clue_fraction=0.5,
+                         image_fraction=0.0, clue_loss=clue_loss)
+        b.pack(8)
+        rows[clue_loss] = (b, b.batch(0))
+    b, batch = rows["answer"]
+    _, full = rows["all"]
+    assert full.answer_mask is None and torch.equal(batch.input_ids, full.input_ids)
+    kinds = b._rows["kind"][:8]
+    assert "clue" in kinds and "text" in kinds
+    valid = batch.labels != -100
+    for r, kind in enumerate(kinds):
+        if kind == "text":
+            assert torch.equal(batch.labels[r], full.labels[r]) and not batch.answer_mask[r].any()
+        else:
+            # Exactly the answer's targets: read from one before the answer's first token to <|eos|>.
+            assert torch.equal(valid[r], batch.answer_mask[r])
+            eos = smoke_data.tokenizer.token_to_id("<|eos|>")
+            assert batch.labels[r][valid[r]][-1] == eos and 3 <= int(valid[r].sum()) < 30
+    torch.manual_seed(0)
+    model = K3Model(cfg)
+    losses = model.compute_loss(batch.input_ids, batch.labels, answer_mask_BT=batch.answer_mask)
+    logits = model(batch.input_ids).logits_BTV.float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch.labels, ignore_index=-100,
+                                            reduction="none")
+    answer, rest = batch.answer_mask & valid, valid & ~batch.answer_mask
+    expected = nll[answer].mean() + nll[rest].mean()
+    assert torch.allclose(losses["loss/main"], expected, rtol=1e-5)
+    assert torch.allclose(losses["loss/answer"], nll[answer].mean(), rtol=1e-5)
