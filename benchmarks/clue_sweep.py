@@ -11,6 +11,8 @@ where the machines have only torch and numpy. So it works in two steps:
     #    (`--jobs` at a time), scoring the eval rows every `eval_every` steps.
     python benchmarks/clue_sweep.py run --rows /tmp/clue_rows.npz --recipes recipes.json \\
         --jobs 8 --out sweep.json
+    # 3. Score saved checkpoints (a pipeline stage's) on the same eval rows.
+    python benchmarks/clue_sweep.py score --rows /tmp/clue_rows.npz --checkpoint DIR --out score.json
 
 A recipe: {"name", "lr", "stages": [{"seq_len", "steps", "batch_size", "clue_fraction"}, ...],
 "answer_only": bool (clue rows: loss on the answer only), "answer_mean": bool (the answer
@@ -254,6 +256,23 @@ def one(args) -> None:
     Path(args.out).write_text(json.dumps(result))
 
 
+def score_checkpoint(args) -> None:
+    """Score saved checkpoints (e.g. a pipeline stage's) on the packed eval rows."""
+    from k3model.pretrain import load_pretrained
+    with np.load(args.rows) as npz:
+        rows = dict(npz)
+    out = {"rows": args.rows, "checkpoints": []}
+    for path in args.checkpoint:
+        model, manifest = load_pretrained(path)
+        row = {"checkpoint": path, "step": manifest.get("step")}
+        for L in [int(k[5:]) for k in rows if k.startswith("eval_") and not k.endswith("_meta")]:
+            row.update({f"len{L}/{k}": v for k, v in score(model, rows[f"eval_{L}"], rows[f"eval_{L}_meta"],
+                                                           rows["value_token_ids"], "cpu").items()})
+        out["checkpoints"].append(row)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -276,8 +295,12 @@ def main() -> None:
     o.add_argument("--rows", required=True)
     o.add_argument("--recipe", required=True)
     o.add_argument("--out", required=True)
+    c = sub.add_parser("score")
+    c.add_argument("--rows", required=True)
+    c.add_argument("--checkpoint", action="append", required=True)
+    c.add_argument("--out", required=True)
     args = parser.parse_args()
-    {"pack": pack, "run": run, "one": one}[args.cmd](args)
+    {"pack": pack, "run": run, "one": one, "score": score_checkpoint}[args.cmd](args)
 
 
 if __name__ == "__main__":
