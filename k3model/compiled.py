@@ -38,7 +38,7 @@ _BOUNDARIES_SET = False
 
 def _set_boundaries() -> None:
     """Mark the eager islands once per process (see the module docstring). Both wrappers are no-ops
-    outside compiled code."""
+    outside compiled code, so eager models in the same process compute exactly as before."""
     global _BOUNDARIES_SET
     if _BOUNDARIES_SET:
         return
@@ -46,13 +46,13 @@ def _set_boundaries() -> None:
 
     kda_layer.chunk_kda = torch.compiler.disable(kda_layer.chunk_kda)
     LatentMoE._observe = torch.compiler.disable(LatentMoE._observe)
-    GatedMLA._attend_expanded = torch.compile(GatedMLA._attend_expanded)
     _BOUNDARIES_SET = True
 
 
 def compile_regions(model: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
     """Compile every AttnRes, RMSNorm, KDA layer, dense FFN and LatentMoE of `model` in place
-    (`module.compile(**compile_kwargs)`); returns the model. Idempotent."""
+    (`module.compile(**compile_kwargs)`) and each MLA layer's training attention; returns the model.
+    Idempotent; other models in the process stay eager."""
     import torch._dynamo
 
     for name in ("recompile_limit", "cache_size_limit"):
@@ -60,7 +60,14 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs) -> torch.nn.Module
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
     _set_boundaries()
     for module in model.modules():
-        if isinstance(module, _WHOLE) and not getattr(module, "_compiled_region", False):
+        if getattr(module, "_compiled_region", False):
+            continue
+        if isinstance(module, _WHOLE):
             module.compile(**compile_kwargs)
-            module._compiled_region = True
+        elif isinstance(module, GatedMLA):
+            # This instance only (an attribute, not the class): other models stay eager.
+            module._attend_expanded = torch.compile(module._attend_expanded, **compile_kwargs)
+        else:
+            continue
+        module._compiled_region = True
     return model

@@ -42,6 +42,8 @@ def test_compiled_regions_give_the_eager_loss_and_gradients_with_one_graph_per_k
         torch.testing.assert_close(m1._margin_hist_EX, m0._margin_hist_EX)
     # Six layers, a handful of graphs: the layers of one kind share their compiled code.
     assert counters["stats"]["unique_graphs"] < 6 * 4
+    # The eager model was not touched: no MLA layer of it carries a compiled attention.
+    assert all("_attend_expanded" not in vars(m) for m in eager.modules())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's Triton kernels need CUDA")
