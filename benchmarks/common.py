@@ -189,3 +189,39 @@ def tile_config_from_arg(text: str):
     if any(len(p) != 2 for p in pairs):
         raise ValueError(f"--tiles {text!r}: expected 'default', 'best:SWEEP.json' or 'name=value,...'")
     return dataclasses.replace(TileConfig(), **{k: int(v) for k, v in pairs})
+
+
+# Kernel-name patterns, first match wins: where the device time of a step goes.
+KERNEL_KINDS = (
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "grouped_mm", "cublas")),
+    ("attention (sdpa)", ("flash", "fmha", "attention", "cudnn")),
+    ("kda triton", ("_prep_", "_solve", "_state_", "_bwd_", "_chunk_", "_fwd_", "_decode_kernel", "kda")),
+    ("inductor fused", ("triton_",)),
+    ("copies", ("memcpy", "memset", "copy_kernel", "catarraybatchedcopy", "direct_copy")),
+    ("reductions / sort / index", ("reduce_kernel", "sort", "radix", "index", "scatter", "gather",
+                                   "topk", "cumsum", "scan")),
+    ("elementwise (aten)", ("elementwise", "vectorized", "unrolled")),
+)
+
+
+def kernel_breakdown(events) -> dict:
+    """Device time and launches per kind of kernel (KERNEL_KINDS), host synchronisations
+    (device-to-host copies and stream/device synchronize calls) and the launch calls' host time."""
+    kinds: dict[str, dict] = {}
+    syncs = {"calls": 0, "host_ms": 0.0}
+    launch_host_ms = 0.0
+    for e in events:
+        name = e.key.lower()
+        if e.device_type.name == "CUDA":
+            kind = next((k for k, pats in KERNEL_KINDS if any(p in name for p in pats)), "other")
+            row = kinds.setdefault(kind, {"ms": 0.0, "launches": 0})
+            row["ms"] += e.self_device_time_total / 1e3
+            row["launches"] += e.count
+        elif name in ("cudastreamsynchronize", "cudadevicesynchronize", "cudaeventsynchronize") or \
+                "dtoh" in name:
+            syncs["calls"] += e.count
+            syncs["host_ms"] += e.self_cpu_time_total / 1e3
+        if "launchkernel" in name:
+            launch_host_ms += e.self_cpu_time_total / 1e3
+    return {"kernels_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])),
+            "host_synchronisations": syncs, "launch_calls_host_ms": launch_host_ms}

@@ -328,6 +328,40 @@ def bench_cuda(args, model, out):
     out["decode"] = rows
 
 
+def step_profile(args, model, out):
+    """torch.profiler over one eager decode step and over 4 replays of the captured step at batch 1:
+    kernels per step, device time per kernel kind (benchmarks/common.KERNEL_KINDS), host syncs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.common import kernel_breakdown
+
+    prompts = random_prompts(1, args.prompt, model.cfg.vocab_size, seed=3)
+    cache, logits = prefill(model, prompts, 16)
+    tokens = logits.argmax(-1)
+    for _ in range(2):
+        tokens = model(tokens.unsqueeze(1), cache=cache).logits_BTV[:, 0].argmax(-1)
+    torch.cuda.synchronize()
+    res = {}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tokens = model(tokens.unsqueeze(1), cache=cache).logits_BTV[:, 0].argmax(-1)
+        torch.cuda.synchronize()
+    res["eager_step"] = kernel_breakdown(prof.key_averages())
+    cache, logits = prefill(model, prompts, 16)
+    step = GraphStep(model, cache.to_static(args.prompt + 32))
+    tokens = logits.argmax(-1)
+    for _ in range(3):
+        tokens = step(tokens).argmax(-1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            tokens = step(tokens).argmax(-1)
+        torch.cuda.synchronize()
+    res["graph_4_replays"] = kernel_breakdown(prof.key_averages())
+    out["step_profile_batch1"] = res
+    for name, r in res.items():
+        print(name, {k: (round(v["ms"], 3), v["launches"]) for k, v in r["kernels_by_kind"].items()}, flush=True)
+
+
 def replay(step, tokens, n):
     for _ in range(n):
         tokens = step(tokens).argmax(-1)
@@ -413,7 +447,10 @@ def main():
     ap.add_argument("--rollout-envs", type=int, default=8)
     ap.add_argument("--rollout-turns", type=int, default=2)
     ap.add_argument("--rollout-new", type=int, default=32)
-    ap.add_argument("--skip", default="", help="CUDA parts to skip: graph_check, decode, logprob_mismatch, mx_experts_batch1_eager")
+    ap.add_argument("--skip", default="", help="CUDA parts to skip: routing_flips, diagnose, graph_check, "
+                    "step_profile, decode, logprob_mismatch, mx_experts_batch1_eager")
+    ap.add_argument("--compile-regions", action="store_true",
+                    help="CUDA: k3model.compiled.compile_regions on the bf16 model first")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -428,11 +465,17 @@ def main():
         for moe in model.moe_layers():
             moe.expert_bias_E.data = moe.expert_bias_E.data.float()
         skip = set(args.skip.split(","))
+        if args.compile_regions:
+            from k3model.compiled import compile_regions
+
+            compile_regions(model)
         # Each part reports its own failure and the JSON is rewritten after each, so a late failure
         # or the call's time limit keeps the figures already measured.
         parts = [("routing_flips", lambda: routing_flips(model, model_fp32, out)),
                  ("diagnose", lambda: diagnose(model, model_fp32, out)),
-                 ("graph_check", lambda: check_graph(model, out)), ("decode", lambda: bench_cuda(args, model, out)),
+                 ("graph_check", lambda: check_graph(model, out)),
+                 ("step_profile", lambda: step_profile(args, model, out)),
+                 ("decode", lambda: bench_cuda(args, model, out)),
                  ("logprob_mismatch", lambda: bench_mismatch(args, model, model_fp32, out)),
                  ("mx_experts_batch1_eager", lambda: bench_mx_experts(args, model, out))]
         for name, part in parts:

@@ -2,12 +2,15 @@
 # The H200 calls of one device session, each a whole check-and-benchmark inside the 10-minute limit
 # of one `run` (docs/gpu_runbook.md). Usage on the device machine, from the repository root:
 #     bash benchmarks/h200_calls.sh kernels   # GPU tests of kernels/ (KDA, MX), MX host time per eager call
-#     bash benchmarks/h200_calls.sh fla [SHAPES]  # KDA strong-decay gradient check and timing vs fla-core
-#                                                # 0.6.0 (carry .whl); SHAPES: kda.py --shapes, e.g. 0
-#                                                # (the four shapes took 480-580 s, too near one call)
+#     bash benchmarks/h200_calls.sh fla [SHAPES] [strong]  # KDA timing vs fla-core 0.6.0 (carry .whl);
+#                                                # SHAPES: kda.py --shapes, e.g. 0; "strong": the strong-decay
+#                                                # gradient check first. fla compiles and autotunes per shape
+#                                                # (> 150 s at shape 0): one shape per call
 #     bash benchmarks/h200_calls.sh sweep     # KDA launch-shape sweep (benchmarks/kda_variants.py)
 #     bash benchmarks/h200_calls.sh mx        # MXFP4 matmul and grouped GEMV vs bf16
-#     bash benchmarks/h200_calls.sh step      # the small profile's training step, then its profile
+#     bash benchmarks/h200_calls.sh step      # the small profile's training step eager and compiled, with
+#                                                # its dense peer, and a profile of each
+#     bash benchmarks/h200_calls.sh decode    # the small profile's decode step eager and compiled, profiled
 # Results land in $OUT as JSON (and logs); copy them to benchmarks/results/<area>/<date>_<label>.json.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -16,7 +19,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx or step}" in
+case "${1:?which call: kernels, fla, sweep, mx, step or decode}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -31,8 +34,9 @@ fla)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PYTHONPATH
-    timeout $((580 - (SECONDS - T0))) python3 benchmarks/kda.py --strong-decay --shapes "${2:-all}" \
-        --out "$OUT/kda_vs_fla_h200.json"
+    # ${3:-}: "strong" adds the strong-decay gradient check first (fla compiles for it too: ~2 minutes)
+    timeout $((580 - (SECONDS - T0))) python3 benchmarks/kda.py ${3:+--strong-decay} --no-decode \
+        --shapes "${2:-all}" --out "$OUT/kda_vs_fla_h200.json"
     elapsed "kda.py exit $?"
     ;;
 sweep)
@@ -45,12 +49,31 @@ mx)
     timeout $((580 - (SECONDS - T0))) python3 benchmarks/mx_grouped.py --out "$OUT/mx_grouped_h200.json"
     elapsed "mx_grouped exit $?"
     ;;
-step)
-    timeout 150 python3 benchmarks/train_step.py --reps 3 --out "$OUT/train_step_small_h200.json"
-    elapsed "train_step exit $?"
-    timeout $((580 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
-        --tokens 65536 --out "$OUT/profile_step_small_h200.json"
-    elapsed "profile_step exit $?"
+step)  # eager, then with compiled regions (k3model/compiled.py), each with its dense peer; profiles
+    # at 512 × 128 of both (2026-12-01 with the fla timing before it: 360 s for all but the last profile)
+    timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
+    elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
+    timeout 120 python3 benchmarks/train_step.py --reps 3 --out "$OUT/train_step_small_h200_eager.json"
+    elapsed "train_step eager exit $?"
+    timeout 300 python3 benchmarks/train_step.py --reps 3 --compile-regions \
+        --out "$OUT/train_step_small_h200_regions.json"
+    elapsed "train_step regions exit $?"
+    timeout 60 python3 benchmarks/profile_step.py --profile small --seq-len 512 --tokens 65536 \
+        --out "$OUT/profile_step_small_h200_eager.json"
+    elapsed "profile_step eager exit $?"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+        --tokens 65536 --compile-regions --out "$OUT/profile_step_small_h200_regions.json"
+    elapsed "profile_step regions exit $?"
+    ;;
+decode)  # the small profile's decode step (issue 16 item 5), eager modules then compiled regions
+    skip=routing_flips,diagnose,logprob_mismatch,mx_experts_batch1_eager
+    timeout 240 python3 benchmarks/decode.py --device cuda --profile small --batches 1,16,64 --prompt 512 \
+        --new 128 --skip $skip --out "$OUT/decode_small_h200_eager.json"
+    elapsed "decode eager exit $?"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/decode.py --device cuda --profile small \
+        --batches 1,16,64 --prompt 512 --new 128 --skip $skip --compile-regions \
+        --out "$OUT/decode_small_h200_regions.json"
+    elapsed "decode regions exit $?"
     ;;
 *) echo "unknown call $1"; exit 2 ;;
 esac

@@ -160,6 +160,22 @@ def strong_decay_errors(fns: dict, seeds=(17, 18, 19), B=1, T=777, H=4, D=128) -
     return out
 
 
+def _time_decode(res: dict, kda_decode_step_, fla_dec) -> None:
+    """The one-token decode step, ours and fla's: B = 64 sequences, H = 16, a 128×128 fp32 state per head."""
+    B, H, D = 64, 16, 128
+    q, k, v, g, beta = (x[:, 0] for x in make_inputs(B, 1, H, D, requires_grad=False))
+    S = torch.randn(B, H, D, D, device="cuda")
+    res["decode_ours_ms"] = bench(lambda: kda_decode_step_(q, k, v, g, beta, S), warmup=50, rep=300)
+    state_bytes = 2 * S.numel() * 4
+    res["decode_ours_GBps"] = state_bytes / res["decode_ours_ms"] / 1e6
+    if fla_dec is not None:
+        S2 = torch.randn(B, H, D, D, device="cuda")
+        args5 = [x[:, None] for x in (q, k, v, g, beta)]
+        res["decode_fla_ms"] = bench(lambda: fla_dec(*args5, initial_state=S2, output_final_state=True),
+                                     warmup=50, rep=300)
+    print("decode:", res["decode_ours_ms"], res.get("decode_fla_ms"), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="e.g. benchmarks/results/kda/<date>_vs_fla_h200.json")
@@ -167,6 +183,7 @@ def main():
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of indices into SHAPES")
     ap.add_argument("--sweep", action="store_true", help="also time tile-config variants at (1, 16384, 16, 128)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--no-decode", action="store_true", help="skip the one-token decode timing")
     ap.add_argument("--tiles", default="default", help="TileConfig: 'default', 'best:SWEEP.json' (a "
                     "benchmarks/kda_variants.py run), or overrides such as 'bwd_pairs_warps=4,state_warps=4'")
     ap.add_argument("--commit", default=None)
@@ -204,32 +221,21 @@ def main():
     res["bf16_matmul_tflops"], res["copy_TBps"] = ceilings()
     print(f"ceilings: {res['bf16_matmul_tflops']:.0f} TFLOP/s bf16, {res['copy_TBps']:.2f} TB/s copy", flush=True)
 
-    # spot check against the fp32 reference before timing anything
-    q, k, v, g, beta = make_inputs(1, 512, 4, 64, requires_grad=False)
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    # spot check against the fp32 reference before timing anything, at the first timed shape's heads
+    # and width (fla compiles and autotunes per head width: one compile serves both)
+    q, k, v, g, beta = make_inputs(1, 512, shapes[0][2], shapes[0][3], requires_grad=False)
     o_ref, _ = naive_recurrent_kda(q.float(), k.float(), v.float(), g, beta.float())
     res["ours_vs_naive_relerr"] = rel(chunk_kda(q, k, v, g, beta)[0], o_ref)
     if fla_fn is not None:
         res["fla_vs_naive_relerr"] = rel(fla_fn(q, k, v, g, beta)[0], o_ref)
     print("spot check rel err:", res["ours_vs_naive_relerr"], res.get("fla_vs_naive_relerr"), flush=True)
 
-    # one-token decode first (cheap; a call cut short in the long shapes still has it):
-    # B = 64 sequences, H = 16, state 128×128 fp32 per head
-    B, H, D = 64, 16, 128
-    q, k, v, g, beta = (x[:, 0] for x in make_inputs(B, 1, H, D, requires_grad=False))
-    S = torch.randn(B, H, D, D, device="cuda")
-    res["decode_ours_ms"] = bench(lambda: kda_decode_step_(q, k, v, g, beta, S), warmup=50, rep=300)
-    state_bytes = 2 * S.numel() * 4
-    res["decode_ours_GBps"] = state_bytes / res["decode_ours_ms"] / 1e6
-    if fla_dec is not None:
-        S2 = torch.randn(B, H, D, D, device="cuda")
-        args5 = [x[:, None] for x in (q, k, v, g, beta)]
-        res["decode_fla_ms"] = bench(lambda: fla_dec(*args5, initial_state=S2, output_final_state=True),
-                                     warmup=50, rep=300)
-    print("decode:", res["decode_ours_ms"], res.get("decode_fla_ms"), flush=True)
+    # one-token decode first (cheap; a call cut short in the long shapes still has it)
+    if not args.no_decode:
+        _time_decode(res, kda_decode_step_, fla_dec)
     _write(res, args.out)
-    del q, k, v, g, beta, S
 
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
     rows = []
     for (B, T, H, D) in shapes:
         row = {"B": B, "T": T, "H": H, "D": D}

@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.common import kernel_breakdown
 from benchmarks.train_step import k3_train_step
 from k3model.config import get_profile
 from k3model.model import K3Model
@@ -95,11 +96,17 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", required=True)
     ap.add_argument("--by-module", action="store_true", help="also time each module kind in isolation")
+    ap.add_argument("--compile-regions", action="store_true", help="k3model.compiled.compile_regions first")
+    ap.add_argument("--trace", default=None, help="also write a chrome trace of the profiled step here")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(get_profile(args.profile).model, vision=None, mtp_depth=0)
     torch.manual_seed(0)
     model = K3Model(cfg).to(device)
+    if args.compile_regions:
+        from k3model.compiled import compile_regions
+
+        compile_regions(model, dynamic=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (max(args.tokens // args.seq_len, 1), args.seq_len), device=device)
 
@@ -122,6 +129,8 @@ def main() -> None:
         step()
         sync()
     events = prof.key_averages()
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     dev_attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
 
     def rows(attr):
@@ -137,7 +146,10 @@ def main() -> None:
         "kernel_launches": sum(e.count for e in events if getattr(e, dev_attr) > 0 and e.device_type.name == "CUDA"),
         "top_by_device_time": rows(dev_attr),
         "top_by_host_time": rows("self_cpu_time_total"),
+        "compiled_regions": args.compile_regions,
     }
+    if device == "cuda":
+        res.update(kernel_breakdown(events))
     if args.by_module:
         res["by_module"] = by_module(model, ids)
     with open(args.out, "w") as f:
@@ -145,6 +157,10 @@ def main() -> None:
     print(f"step {wall:.2f} s; device {res['device_ms_total']:.0f} ms; host {res['host_ms_total_self']:.0f} ms")
     for r in res["top_by_device_time"][:20]:
         print(f"  {r['self_ms']:9.1f} ms {r['calls']:6d}x  {r['op'][:90]}")
+    for kind, r in res.get("kernels_by_kind", {}).items():
+        print(f"  {kind:28s} {r['ms']:8.1f} ms {r['launches']:6d} launches")
+    if "host_synchronisations" in res:
+        print("  host syncs:", res["host_synchronisations"], "launch host ms:", round(res["launch_calls_host_ms"], 1))
     print("host:")
     for r in res["top_by_host_time"][:12]:
         print(f"  {r['self_ms']:9.1f} ms {r['calls']:6d}x  {r['op'][:90]}")

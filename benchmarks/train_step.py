@@ -167,6 +167,11 @@ def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: i
     """The K3 model's steps alone, into `row` (on CUDA; the caller frees the model before the dense one)."""
     B, T = ids.shape
     try:
+        t0 = time.perf_counter()
+        k3_train_step(model, opt, ids, dtype_ctx)  # the first step compiles (with compiled regions)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        row["k3_first_step_s"] = time.perf_counter() - t0
         dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
         row["k3_tokens_per_s"] = B * T / dt
         row["k3_step_s"] = dt
@@ -209,7 +214,8 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
-          out: str | None = None, compiled_glue: bool = False, moe: str = "auto") -> dict:
+          out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
+          compiled_regions: bool = False, dense: bool = True) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -217,6 +223,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         (lambda: torch.autocast("cpu", enabled=False))
     cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
+               "compiled_regions": compiled_regions,
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
     if device == "cuda":
@@ -232,6 +239,10 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         model = K3Model(cfg).to(device)
         for layer in model.moe_layers():
             layer.grouped_matmuls = {"auto": None, "loop": False, "grouped": True}[moe]
+        if compiled_regions:
+            from k3model.compiled import compile_regions
+
+            compile_regions(model, dynamic=True)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -260,7 +271,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
-            _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device)
+            if dense:
+                _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device)
         ceiling = results.get("bf16_matmul_tflops_ceiling")
         for who in ("k3", "dense"):
             if f"{who}_tokens_per_s" in row and ceiling:
@@ -286,6 +298,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     parser.add_argument("--moe", choices=("auto", "loop", "grouped"), default="auto",
                         help="expert matmuls: grouped GEMM or a loop over experts (auto: grouped on CUDA)")
+    parser.add_argument("--compile-regions", action="store_true",
+                        help="k3model.compiled.compile_regions: the model's modules compiled regionally")
+    parser.add_argument("--no-dense", action="store_true", help="time the K3 model only")
     parser.add_argument("--compile-glue", action="store_true",
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
     args = parser.parse_args()
@@ -296,7 +311,8 @@ def main() -> None:
     lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                else [stages[0].seq_len, stages[-1].seq_len])
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
-          compiled_glue=args.compile_glue, moe=args.moe)
+          compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
+          dense=not args.no_dense)
     print(f"wrote {args.out}")
 
 
