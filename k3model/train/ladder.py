@@ -175,10 +175,21 @@ class LadderReport:
         return {"config": asdict(self.config), "seconds": self.seconds,
                 "cells": [{**asdict(c), "pass_rate": c.pass_rate} for c in self.cells]}
 
+    @classmethod
+    def from_json(cls, d: dict) -> LadderReport:
+        """The report `to_json` wrote (the rl_tasks asset's output, read by each specialist)."""
+        c = d["config"]
+        cfg = LadderConfig(**{**c, "band": tuple(c["band"]), "domains": tuple(c["domains"]),
+                              "efforts": tuple(c["efforts"]), "families": tuple(c["families"])})
+        cells = [LadderCell(x["domain"], x["effort"], {f: tuple(v) for f, v in x["families"].items()},
+                            list(x["selected"]), x["in_band"], x["informative_frac"], x["tokens"]) for x in d["cells"]]
+        return cls(cfg, cells, d.get("seconds", 0.0))
 
-def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness=None) -> LadderReport:
+
+def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness=None, specs=None) -> LadderReport:
     """Pass rates of `model` (the SFT policy) per family and effort, and the selection per cell.
-    One `evaluate` call per effort over every candidate family (batched episodes)."""
+    One `evaluate` call per effort over every candidate family (batched episodes); `harness` and
+    `specs` (the per-effort budgets) are evaluate's."""
     import time
     t0 = time.perf_counter()
     report = LadderReport(cfg)
@@ -186,7 +197,7 @@ def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness
         families = [f for d in cfg.domains for f in domain_families(d, cfg.families)]
         tasks = tasks_of(families, cfg.tasks_per_family, RL_SEED_BASE)
         r = evaluate(model, tokenizer, tasks, effort, samples=cfg.samples, temperature=cfg.temperature,
-                     harness=harness, seed=cfg.seed)
+                     harness=harness, seed=cfg.seed, specs=specs)
         for domain in cfg.domains:
             rates = {f: r.per_family[f] for f in domain_families(domain, cfg.families) if f in r.per_family}
             selected, in_band = select_families(rates, cfg.band)
