@@ -384,12 +384,14 @@ def turn_tokens(tokenizer, effort: str) -> TurnTokens:
 
 def action_ids(turn: TurnTokens, ids: list[int]) -> list[int]:
     """The part of an assistant turn's ids the environment is given: after the scratchpad (the last
-    `<|think_end|>`; an unclosed `<|think|>` leaves nothing), without special tokens."""
+    `<|think_end|>`; an unclosed `<|think|>` ends it), without `<|end|>`. Other special ids stay:
+    kimi_code's call syntax writes `<|tool_call_end|>`, which the tokenizer encodes as that special
+    token, so dropping specials would break its calls."""
     if turn.think_end_id in ids:
         ids = ids[len(ids) - ids[::-1].index(turn.think_end_id):]
     if turn.think_id in ids:
         ids = ids[: ids.index(turn.think_id)]
-    return [i for i in ids if i >= turn.n_special]
+    return [i for i in ids if i != turn.stop_id]
 
 
 def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> tuple[list[int], list[int], int]:

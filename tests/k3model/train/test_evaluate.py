@@ -53,6 +53,11 @@ def test_the_env_sees_the_text_after_the_scratchpad(smoke_tok):
     assert action_ids(turn, [turn.think_id, *encode(smoke_tok, "3 + 4 = 7"), turn.think_end_id, *call]) == call
     assert action_ids(turn, [*call, turn.think_id, *encode(smoke_tok, "unclosed")]) == call
     assert action_ids(turn, [*call, turn.stop_id]) == call
+    # kimi_code's calls hold special ids (its <|tool_call_end|> is one): the env gets them back as text.
+    from envs.experts import demonstration
+    action = demonstration("echo_word", "kimi_code", 2)["steps"][0]["action"]
+    ids = encode(smoke_tok, action)
+    assert min(ids) < turn.n_special and sft_format(smoke_tok, "low").decode(ids) == action
 
 
 def _episode(reward: float, errors: list, n_tokens: int, stop: str) -> Episode:
