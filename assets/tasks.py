@@ -14,9 +14,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from k3model.pretrain import PretrainConfig, PretrainResult
-from k3model.pretrain_data import PretrainData
+if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
+    from k3model.pretrain import PretrainConfig, PretrainResult
+    from k3model.pretrain_data import PretrainData
+
+
+@dataclass(frozen=True)
+class RayCall:
+    """One Ray task for `context.resources.ray.run_all`: `fn(*args)`, its resources (`num_cpus` None:
+    the largest node's CPUs), how often a failure is submitted again, and a label for the log."""
+    fn: Callable[..., Any]
+    args: tuple
+    num_cpus: float | None = None
+    num_gpus: float = 0.0
+    retries: int = 0
+    label: str = ""
+
+
+def error_line(e: BaseException) -> str:
+    """A task error's own message: the last line of the worker's traceback Ray puts in it."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -93,8 +113,8 @@ class ProgressFeed:
             self.log(line)
 
 
-def train_stage_task(cfg: PretrainConfig, data: PretrainData, work_dir: str,
-                     init_checkpoint: str | None, live: LiveLog) -> PretrainResult:
+def train_stage_task(cfg: PretrainConfig, data: PretrainData, init_checkpoint: str | None, work_dir: str,
+                     live: LiveLog) -> PretrainResult:
     from k3model.pretrain import train
     return train(cfg, data, work_dir, init_checkpoint=init_checkpoint, log_fn=live)
 
