@@ -235,3 +235,42 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
     live(cfg.steps, headline)
     return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals,
                         start_evals, result.tokens_seen, result.resumed_from_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# RL: the task ladder and one specialist
+
+def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs: dict | None) -> dict:
+    """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
+    flat figures and its Markdown table."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.ladder import measure_ladder
+    model = load_policy(checkpoint_dir=policy_checkpoint)
+    report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
+    return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
+
+
+def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
+                          rl_tasks: list[tuple[str, int]], eval_tasks: list[tuple[str, int]], work_dir: str,
+                          live: LiveLog) -> PolicyResult:
+    """One RL specialist (`k3model.train.grpo.train` from the SFT policy on its ladder tasks), then
+    the specialist and the SFT policy played greedily on the same held-out tasks of its domain at its
+    effort. Tasks travel as (family, seed) pairs and are generated here."""
+    import envs
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.evaluate import evaluate
+    from k3model.train.grpo import train
+    tokenizer = load_tokenizer(tokenizer_path)
+    result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
+                   tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
+    held = [envs.generate(f, s) for f, s in eval_tasks]
+    cell = f"{domain}/{effort}"
+    t0 = time.perf_counter()
+    evals = {cell: evaluate(load_policy(result.checkpoint_dir), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    start = {cell: evaluate(load_policy(policy_checkpoint), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    headline = {"eval/success_rate": evals[cell]["success_rate"], "perf/eval_wall_s": time.perf_counter() - t0}
+    live(cfg.steps, headline)
+    return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals, start,
+                        int(result.metrics.get("rl/episodes_tokens", 0)), result.resumed_from_step)
