@@ -80,7 +80,19 @@ def training_harnesses() -> tuple[str, ...]:
     return envs.harness_split(HELD_OUT_HARNESS)[0]
 
 
+# The default families: every easy family whose rows fit ~1,300 tokens — the starter rungs of the RL
+# ladder (envs/tasks/starter.py) and the short originals. A tiny SFT budget (a few minutes on two
+# cores) spent on 2,000–3,600-token medium episodes would teach none of them (docs/log/posttrain.md).
+SFT_FAMILIES = ("echo_word", "compare_numbers", "arith_word", "file_lookup", "canvas_due_date",
+                "slack_ping", "slack_post", "gmail_label", "write_constant", "write_function")
+
+
 def default_families() -> tuple[str, ...]:
+    return SFT_FAMILIES
+
+
+def all_families() -> tuple[str, ...]:
+    """Every family whose episodes fit a tiny model's context (difficulty easy or medium)."""
     return tuple(f for f in envs.list_envs() if envs.env_info(f)["difficulty"] in SFT_DIFFICULTIES)
 
 
@@ -88,7 +100,7 @@ def default_families() -> tuple[str, ...]:
 class SFTDataConfig:
     seed: int = 0
     tasks_per_family: int = 8  # each task gives one row per effort
-    families: tuple[str, ...] | None = None  # None: every family of difficulty easy or medium
+    families: tuple[str, ...] | None = None  # None: SFT_FAMILIES (all_families() for every easy/medium one)
     harnesses: tuple[str, ...] | None = None  # None: every harness but HELD_OUT_HARNESS
     efforts: tuple[str, ...] = EFFORTS
     max_tokens: int = 4096  # longer rows are dropped (and counted in the metadata)
@@ -252,8 +264,26 @@ def _due_date_work(task: Task) -> Work:
                 {2: [f'"{title}" → {assignment.due}']})
 
 
+def _compare_work(task: Task) -> Work:
+    a, b = task.spec["numbers"]
+    word = "larger" if task.spec["larger"] else "smaller"
+    answer = max(a, b) if task.spec["larger"] else min(a, b)
+    _check(task, answer)
+    # The first digit place where the two differ decides; max names it, high states the order.
+    place = next(k for k in range(3) if str(a)[k] != str(b)[k])
+    name = ("hundreds", "tens", "units")[place]
+    lo, hi = sorted((a, b))
+    lines = [f"{name}: {str(a)[place]} vs {str(b)[place]}, so {lo} < {hi}", f"the {word} is {answer}"]
+    return Work({0: lines}, {0: [f"{lo} < {hi} → {answer}"]})
+
+
+def _echo_work(task: Task) -> Work:
+    return Work({0: [f'the word is "{task.spec["answer"]}"']}, {})
+
+
 FAMILY_WORK: dict[str, Callable[[Task], Work]] = {"arith_word": _arith_work, "file_lookup": _lookup_work,
-                                    "file_aggregate": _aggregate_work, "canvas_due_date": _due_date_work}
+                                    "file_aggregate": _aggregate_work, "canvas_due_date": _due_date_work,
+                                    "compare_numbers": _compare_work, "echo_word": _echo_work}
 
 
 def _short(value, limit: int = 48) -> str:
