@@ -16,8 +16,8 @@
 - `rl_tasks`, `rl_specialist`: see their builders below.
 
 Sizes per profile are in `SIZES` (smoke: seconds per asset; tiny: minutes). The held-out evaluation
-tasks come from `EVAL_SEED`, far from the RL prompts' seeds and from the SFT demonstrations'
-(`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was trained on.
+tasks come from `k3model.train.ladder.EVAL_SEED_BASE`, far from the RL prompts' seeds and from the
+SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was trained on.
 """
 
 
@@ -33,7 +33,7 @@ from pydantic import Field
 from assets.data import _result as data_result
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
 from assets.storage import publish
-from assets.tasks import EvalPlan, per_harness, train_sft_task
+from assets.tasks import EvalPlan, effort_specs, per_harness, train_sft_task
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
 
@@ -42,9 +42,6 @@ DOMAINS = ("general_tasks", "general_agents", "coding_agents")
 EFFORTS = ("low", "high", "max")
 GROUP = "posttraining"
 RESOURCES = {"store", "mlflow", "ray"}
-# Held-out evaluation tasks: envs.task_set(domain, n, EVAL_SEED), below the SFT seeds (1 000 000 +)
-# and above the RL prompts' (the ladder draws from 0 up).
-EVAL_SEED = 500_000
 # The nine specialists: one partition each, every one browsable on its own (`general_tasks|low`, …).
 SPECIALIST_PARTITIONS = dg.MultiPartitionsDefinition({
     "domain": dg.StaticPartitionsDefinition(list(DOMAINS)), "effort": dg.StaticPartitionsDefinition(list(EFFORTS))})
@@ -60,7 +57,7 @@ class PosttrainSizes:
     sft_steps: int
     sft_batch_size: int
     sft_lr: float
-    eval_tasks_per_domain: int
+    eval_tasks_per_family: int
     # The ladder: tasks per family, and the group size the pass rates are measured at.
     ladder_tasks_per_family: int
     ladder_samples: int
@@ -79,32 +76,35 @@ class PosttrainSizes:
 SIZES: dict[str, PosttrainSizes] = {
     # The shortest family of each domain, one task each, and a few generated tokens per episode:
     # every asset in seconds, so the lineage runs inside the test suite.
-    "smoke": PosttrainSizes(sft_families=("arith_word", "slack_post", "write_function"), sft_tasks_per_family=1,
+    "smoke": PosttrainSizes(sft_families=("echo_word", "slack_ping", "write_constant"), sft_tasks_per_family=1,
                             sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
-                            sft_lr=1e-3, eval_tasks_per_domain=1, ladder_tasks_per_family=1, ladder_samples=2,
+                            sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
                             rl_eval_tasks_per_family=1, rl_lr=3e-4,
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     "tiny": PosttrainSizes(sft_families=None, sft_tasks_per_family=8, sft_heldout_tasks_per_family=1,
                            sft_max_tokens=4096, sft_steps=120, sft_batch_size=4, sft_lr=1e-3,
-                           eval_tasks_per_domain=4, ladder_tasks_per_family=2, ladder_samples=8,
+                           eval_tasks_per_family=2, ladder_tasks_per_family=2, ladder_samples=8,
                            rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=8,
                            rl_eval_tasks_per_family=4, rl_lr=3e-4),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
-                            eval_tasks_per_domain=32, ladder_tasks_per_family=8, ladder_samples=8,
+                            eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
                             rl_steps=100, rl_group_size=8, rl_groups_per_step=8, rl_tasks_per_family=64,
                             rl_eval_tasks_per_family=32, rl_lr=3e-4),
 }
 
 
-def eval_plan(profile: str, tasks_per_domain: int | None = None, domains: tuple[str, ...] = DOMAINS,
-              efforts: tuple[str, ...] = EFFORTS) -> EvalPlan:
-    """The held-out evaluation of `profile`: the same tasks for every policy that is compared."""
-    from datagen.sft import SFT_DIFFICULTIES
+def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
+    """The held-out evaluation of `profile`: tasks of the families SFT trained on, seeds from
+    `k3model.train.ladder.EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
+    the same tasks for every policy compared."""
+    from datagen.sft import SFT_FAMILIES
+    from k3model.train.ladder import EVAL_SEED_BASE
     sizes = SIZES[profile]
-    return EvalPlan(domains=domains, efforts=efforts, tasks_per_domain=tasks_per_domain or sizes.eval_tasks_per_domain,
-                    seed=EVAL_SEED, difficulties=SFT_DIFFICULTIES, budgets=sizes.eval_budgets)
+    return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
+                    tasks_per_family=tasks_per_family or sizes.eval_tasks_per_family, seed=EVAL_SEED_BASE,
+                    budgets=sizes.eval_budgets)
 
 
 def check_cell(domain: str, effort: str) -> None:
@@ -124,16 +124,6 @@ def specialist_cell(partition_key: str) -> tuple[str, str]:
                          f"<domain>|<effort>, one of {', '.join(SPECIALIST_PARTITIONS.get_partition_keys())}")
     check_cell(*parts)
     return parts[0], parts[1]
-
-
-def effort_specs(profile: str) -> dict | None:
-    """The per-effort budgets of `profile` as `k3model.train.grpo.EffortSpec`s (None: the defaults)."""
-    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
-    budgets = SIZES[profile].eval_budgets
-    if budgets is None:
-        return None
-    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
-            for e, b, t in budgets}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,8 +189,8 @@ class SFTPolicyConfig(dg.Config):
     batch_size: int | None = Field(default=None, ge=1)
     lr: float | None = Field(default=None, gt=0, description="peak learning rate")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
-    eval_tasks_per_domain: int | None = Field(default=None, ge=1, description="held-out tasks per domain, "
-                                              "each played at every effort")
+    eval_tasks_per_family: int | None = Field(default=None, ge=1, description="held-out tasks per task "
+                                              "family, each played at every effort")
 
 
 def success_rows(evals: dict[str, dict], start: dict[str, dict], start_name: str) -> list[dict[str, Any]]:
@@ -237,11 +227,11 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
                          allow_retries=False) from e
     # base_model first: a missing one is named in the message, with the command that makes it.
     ups = require_upstreams(context, ["base_model", "sft_data", "tokenizer"], profile)
-    plan = eval_plan(profile, config.eval_tasks_per_domain)
+    plan = eval_plan(profile, config.eval_tasks_per_family)
     demos = ups["sft_data"].path
     ray = context.resources.ray
     context.log.info(f"{profile}/sft_policy: {cfg.steps} steps of {cfg.batch_size} demonstrations from base_model, "
-                     f"QAT on; then {plan.tasks_per_domain} held-out task(s) per domain at each effort")
+                     f"QAT on; then {plan.tasks_per_family} held-out task(s) per family at each effort")
 
     def report(result, mlflow_run_id: str, report_dir: Path) -> dict[str, Any]:
         mlflow = context.resources.mlflow
@@ -255,7 +245,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
               str(ups["tokenizer"].path), plan),
         config=cfg, inputs=ups, log_every=cfg.log_every,
         num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
-        params={"eval_tasks_per_domain": plan.tasks_per_domain, "eval_seed": plan.seed},
+        params={"eval_tasks_per_family": plan.tasks_per_family, "eval_seed": plan.seed},
         description=f"{profile} SFT policy: base_model fine-tuned {cfg.steps} steps on expert demonstrations "
                     "at three efforts, QAT (MXFP4 weights, MXFP8 activations on the routed experts) from step 1",
         headline=lambda r: {"eval/success_rate": _mean(r.evals, "success_rate"),
@@ -303,7 +293,7 @@ class RLTasksConfig(dg.Config):
 def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig, profile: str) -> dg.MaterializeResult:
     import json
 
-    from k3model.train.ladder import EVAL_SEED_BASE, RL_SEED_BASE, LadderConfig
+    from k3model.train.ladder import EVAL_SEED_BASE, RL_SEED_BASE, LadderConfig, tasks_of
 
     from assets.tasks import measure_ladder_task
 
@@ -316,15 +306,15 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     ray = context.resources.ray
     t0 = time.perf_counter()
     out = ray.run(measure_ladder_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), cfg,
-                  effort_specs(profile), log=context.log.info)
+                  effort_specs(sizes.eval_budgets), log=context.log.info)
     seconds = time.perf_counter() - t0
     ladder = out["json"]
     chosen: dict[str, dict[str, list]] = {}
     for cell in ladder["cells"]:
-        refs = {"rl": [(f, RL_SEED_BASE + i) for f in cell["selected"] for i in range(sizes.rl_tasks_per_family)],
-                "eval": [(f, EVAL_SEED_BASE + i) for f in cell["selected"]
-                         for i in range(sizes.rl_eval_tasks_per_family)]}
-        chosen[f"{cell['domain']}/{cell['effort']}"] = refs
+        chosen[f"{cell['domain']}/{cell['effort']}"] = {
+            "rl": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_tasks_per_family, RL_SEED_BASE)],
+            "eval": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_eval_tasks_per_family,
+                                                          EVAL_SEED_BASE)]}
     ladder["tasks"] = chosen
     text = json.dumps(ladder, indent=1, sort_keys=True, default=list)
     from datagen.io import write_text
@@ -389,7 +379,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
         raise dg.Failure(description=f"{profile}/rl_specialist: {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
     sizes = SIZES[profile]
-    specs = effort_specs(profile)
+    specs = effort_specs(SIZES[profile].eval_budgets)
     op = f"{profile}__rl_specialist"
     try:
         cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,

@@ -176,9 +176,10 @@ class LadderReport:
                 "cells": [{**asdict(c), "pass_rate": c.pass_rate} for c in self.cells]}
 
 
-def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness=None) -> LadderReport:
+def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness=None, specs=None) -> LadderReport:
     """Pass rates of `model` (the SFT policy) per family and effort, and the selection per cell.
-    One `evaluate` call per effort over every candidate family (batched episodes)."""
+    One `evaluate` call per effort over every candidate family (batched episodes); `specs` replaces
+    the per-effort budgets as in `evaluate`."""
     import time
     t0 = time.perf_counter()
     report = LadderReport(cfg)
@@ -186,7 +187,7 @@ def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness
         families = [f for d in cfg.domains for f in domain_families(d, cfg.families)]
         tasks = tasks_of(families, cfg.tasks_per_family, RL_SEED_BASE)
         r = evaluate(model, tokenizer, tasks, effort, samples=cfg.samples, temperature=cfg.temperature,
-                     harness=harness, seed=cfg.seed)
+                     harness=harness, seed=cfg.seed, specs=specs)
         for domain in cfg.domains:
             rates = {f: r.per_family[f] for f in domain_families(domain, cfg.families) if f in r.per_family}
             selected, in_band = select_families(rates, cfg.band)
