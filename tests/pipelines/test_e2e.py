@@ -172,9 +172,7 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
         assert f"◆ smoke/rl_specialist[{pk}] materialized" in out
     run_id = out.strip().splitlines()[-1].rsplit("(run ", 1)[1].rstrip(")")
 
-    os.environ["DAGSTER_HOME"] = str(dagster_home(home))
-    try:
-        instance = dg.DagsterInstance.get()
+    with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
         run = instance.get_run_by_id(run_id)
         logs = [e.user_message for e in instance.all_logs(run_id)]
         sft = instance.get_latest_materialization_event(asset_key("smoke", "sft_policy")).asset_materialization
@@ -186,10 +184,8 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
                 asset_key=asset_key("smoke", "rl_specialist"), asset_partitions=[pk]), limit=1).records
             assert record.run_id == run_id  # all nine in the one run
             specialists[pk] = record.asset_materialization
-    finally:
-        del os.environ["DAGSTER_HOME"]
     assert run.job_name == "smoke_all_job"
-    assert any("9 specialist(s)" in m and "as concurrent Ray tasks of 1 CPU" in m for m in logs)
+    assert any("9 specialist(s)" in m and "as concurrent Ray tasks of" in m for m in logs)
     # Progress lines of the specialists' tasks reached the run's event feed.
     assert any(m.startswith("[smoke/rl_specialist[coding_agents|max]] step 1") for m in logs)
 
@@ -241,12 +237,9 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
 @pytest.mark.slow
 def test_a_corrupted_stage_refuses_base_model(pretrained, ray_address):
     home = pretrained
-    os.environ["DAGSTER_HOME"] = str(dagster_home(home))
-    try:
-        stage4 = dg.DagsterInstance.get().get_latest_materialization_event(
+    with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
+        stage4 = instance.get_latest_materialization_event(
             asset_key("smoke", "pretrain_stage_4")).asset_materialization
-    finally:
-        del os.environ["DAGSTER_HOME"]
     # A corrupted stage-4 checkpoint: base_model refuses it with the file and both hashes, exit 1.
     weights = Path(stage4.metadata["path"].value) / WEIGHTS_FILE
     raw = bytearray(weights.read_bytes())
