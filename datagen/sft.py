@@ -318,12 +318,49 @@ def scratchpads(task: Task, actions: list[Action]) -> dict[str, list[str | None]
 
 
 # ----------------------------------------------------------------------------------------------
-# Rendering to token ids
+# Rendering to token ids. `turn_tokens` is the one definition of the conversation's special ids: the
+# SFT rows below and every rollout of the policy (k3model.train.rollout.sft_format: evaluation, RL)
+# are built from it, so the prompts the policy is evaluated and trained on are the ones it saw in SFT.
+
+@dataclass(frozen=True)
+class TurnTokens:
+    """The special ids around each segment of an episode at one effort (see the module docstring)."""
+    first_start: tuple[int, ...]  # <|bos|><|system|><|effort_E|>
+    first_end: tuple[int, ...]  # <|end|><|assistant|>
+    observation_start: tuple[int, ...]  # <|tool_result|>
+    observation_end: tuple[int, ...]  # <|tool_result_end|><|assistant|>
+    stop_id: int  # <|end|>: ends every assistant turn
+    think_id: int
+    think_end_id: int
+    n_special: int  # ids below this are special tokens
+
+
+def turn_tokens(tokenizer, effort: str) -> TurnTokens:
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}: choose from {EFFORTS}")
+    special = special_token_ids(tokenizer)
+    return TurnTokens(first_start=(special[BOS], special[SYSTEM], special[EFFORT_TOKENS[effort]]),
+                      first_end=(special[END_OF_TURN], special[ASSISTANT]),
+                      observation_start=(special[TOOL_RESULT],),
+                      observation_end=(special[TOOL_RESULT_END], special[ASSISTANT]),
+                      stop_id=special[END_OF_TURN], think_id=special[THINK], think_end_id=special[THINK_END],
+                      n_special=len(special))
+
+
+def action_ids(turn: TurnTokens, ids: list[int]) -> list[int]:
+    """The part of an assistant turn's ids the environment is given: after the scratchpad (the last
+    `<|think_end|>`; an unclosed `<|think|>` leaves nothing), without special tokens."""
+    if turn.think_end_id in ids:
+        ids = ids[len(ids) - ids[::-1].index(turn.think_end_id):]
+    if turn.think_id in ids:
+        ids = ids[: ids.index(turn.think_id)]
+    return [i for i in ids if i >= turn.n_special]
+
 
 def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> tuple[list[int], list[int], int]:
     """(input_ids, loss_mask, scratchpad tokens) of one episode record at one effort; see the module
     docstring. `thoughts[i]` is turn i's scratchpad (None: the turn answers directly)."""
-    special = special_token_ids(tokenizer)
+    turn = turn_tokens(tokenizer, effort)
     ids: list[int] = []
     mask: list[int] = []
     n_think = 0
@@ -332,18 +369,17 @@ def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> 
         ids.extend(segment)
         mask.extend([int(own)] * len(segment))
 
-    put([special[BOS], special[SYSTEM], special[EFFORT_TOKENS[effort]]], False)
-    put(encode(tokenizer, record["initial_observation"]) + [special[END_OF_TURN]], False)
+    # <|assistant|> closes each prompt segment: the caller writes it, as a rollout does.
+    put([*turn.first_start, *encode(tokenizer, record["initial_observation"]), *turn.first_end], False)
     steps = record["steps"]
     for i, step in enumerate(steps):
-        put([special[ASSISTANT]], False)
         if thoughts[i] is not None:
-            think = [special[THINK]] + encode(tokenizer, thoughts[i]) + [special[THINK_END]]
+            think = [turn.think_id] + encode(tokenizer, thoughts[i]) + [turn.think_end_id]
             put(think, True)
             n_think += len(think)
-        put(encode(tokenizer, step["action"]) + [special[END_OF_TURN]], True)
+        put(encode(tokenizer, step["action"]) + [turn.stop_id], True)
         if i + 1 < len(steps):
-            put([special[TOOL_RESULT]] + encode(tokenizer, step["observation"]) + [special[TOOL_RESULT_END]], False)
+            put([*turn.observation_start, *encode(tokenizer, step["observation"]), *turn.observation_end], False)
     return ids, mask, n_think
 
 

@@ -62,18 +62,22 @@ T_ = TypeVar("T_")
 
 @dataclass(frozen=True)
 class EffortSpec:
-    """Per-effort rollout budget (policy tokens per episode, all turns) and length-term weight."""
+    """Per-effort rollout budget (policy tokens per episode, all turns), the cap of one turn, and
+    the length-term weight."""
     budget_tokens: int
     length_coef: float
+    turn_tokens: int = 256
 
 
 # Budgets sized from the tiny-profile SFT data (docs/log/posttrain.md): the median demonstration
 # spends at most ~610 policy tokens per episode at low and ~1020 at max (canvas_submit_drafts);
-# each budget leaves room above that, and doubles from one effort to the next.
+# each budget leaves room above that, and doubles from one effort to the next. A turn's cap leaves
+# room above the longest demonstrated turn at that effort (a write_function call is ~200 tokens;
+# max's scratchpad adds up to ~150 on one turn).
 EFFORT_SPECS: dict[str, EffortSpec] = {
-    "low": EffortSpec(budget_tokens=1024, length_coef=0.2),
-    "high": EffortSpec(budget_tokens=2048, length_coef=0.1),
-    "max": EffortSpec(budget_tokens=4096, length_coef=0.0),
+    "low": EffortSpec(budget_tokens=1024, length_coef=0.2, turn_tokens=256),
+    "high": EffortSpec(budget_tokens=2048, length_coef=0.1, turn_tokens=384),
+    "max": EffortSpec(budget_tokens=4096, length_coef=0.0, turn_tokens=512),
 }
 
 
