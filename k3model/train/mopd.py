@@ -214,8 +214,11 @@ def tokenizer_sha256(tokenizer) -> str:
 
 
 def recorded_tokenizer(manifest: dict) -> str | None:
-    """The tokenizer fingerprint a checkpoint's manifest records (`data_versions.tokenizer_sha256`)."""
-    return (manifest.get("data_versions") or {}).get("tokenizer_sha256")
+    """The tokenizer fingerprint a checkpoint's manifest records: `data_versions.tokenizer_sha256`
+    (this module's), or `tokenizer_path` (pretraining's sha256 of the tokenizer file, which is
+    `Tokenizer.to_str()`, so the two agree)."""
+    versions = manifest.get("data_versions") or {}
+    return versions.get("tokenizer_sha256") or versions.get("tokenizer_path")
 
 
 def trained_efforts(manifest: dict) -> tuple[str, ...] | None:
