@@ -317,7 +317,7 @@ def position_logits(model: K3Model, ids_BT: torch.Tensor, row_N: torch.Tensor, p
 # ----------------------------------------------------------------------------------------------
 # Loading
 
-def _load(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
+def load_policy(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
     from k3model.pretrain import load_pretrained
     model, manifest = load_pretrained(checkpoint)
     if qat and (manifest.get("config") or {}).get("qat"):
@@ -335,7 +335,7 @@ def load_teachers(teachers: Mapping[Route, str | Path], qat: bool, device: str) 
     for route, ckpt in teachers.items():
         key = str(Path(ckpt).resolve())
         if key not in by_path:
-            model, manifest = _load(ckpt, qat)
+            model, manifest = load_policy(ckpt, qat)
             model.to(device).eval().requires_grad_(False)
             by_path[key] = (model, manifest)
         models[route] = by_path[key][0]
@@ -473,7 +473,7 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     harnesses = tuple(cfg.harnesses or training_harnesses())
 
     # ---- model
-    student, student_manifest = _load(student_checkpoint, cfg.qat)
+    student, student_manifest = load_policy(student_checkpoint, cfg.qat)
     used = {r: teachers[r] for r in cfg.routes}
     teacher_models, teacher_manifests = load_teachers(used, cfg.qat, device)
     check_compatible(student_manifest, student.cfg.vocab_size, tokenizer, teacher_manifests,
