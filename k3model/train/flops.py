@@ -21,12 +21,21 @@ matmuls). What each recipe counts:
 - training: one forward + backward over each sequence.
 
 `FlopCounter` keeps the totals by kind; `as_dict()` gives them (and their sum) as floats.
+`counting()` counts every K3Model forward run inside it (any trainer, unmodified: the GRPO
+specialists and the generalist control are counted exactly as MOPD is) from the ids each forward
+is given — padding included, since it is computed — with the cache's length as the context
+offset of a decode step; a forward with gradients enabled on a model that has trainable parameters
+is counted as forward + backward. (Calls through `model(...)` only: `K3Model.compute_loss` calls
+`forward` itself, which module hooks do not see — the post-training trainers call the model.)
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+import torch
 
 from k3model.config import ModelConfig
 
@@ -69,18 +78,18 @@ class FlopCounter:
     def for_model(cls, cfg: ModelConfig) -> FlopCounter:
         return cls(matmul_params(cfg), attention_width(cfg))
 
-    def _add(self, kind: str, value: float) -> None:
+    def add(self, kind: str, value: float) -> None:
         self.totals[kind] = self.totals.get(kind, 0.0) + value
 
     def add_forward(self, lengths: int | Iterable[int], kind: str) -> None:
         """One forward over each sequence (a length or several)."""
         for n in [lengths] if isinstance(lengths, int) else lengths:
-            self._add(kind, forward_flops(self.n_params, self.attn_width, n))
+            self.add(kind, forward_flops(self.n_params, self.attn_width, n))
 
     def add_train(self, lengths: int | Iterable[int]) -> None:
         """One forward + backward over each sequence."""
         for n in [lengths] if isinstance(lengths, int) else lengths:
-            self._add("train", train_flops(self.n_params, self.attn_width, n))
+            self.add("train", train_flops(self.n_params, self.attn_width, n))
 
     def add_rollout(self, episodes: Sequence) -> None:
         """The sampler's forwards over each episode's tokens (anything with `token_ids`)."""
@@ -93,3 +102,39 @@ class FlopCounter:
 
     def restore(self, saved: dict[str, float]) -> None:
         self.totals = {k: float(v) for k, v in saved.items() if k != "total"}
+
+
+def span_attention(attn_width: int, start: int, n: int) -> float:
+    """Σ_{t=start+1}^{start+n} attn_width·2t: attention FLOPs of n tokens after `start` cached ones."""
+    end = start + n
+    return float(attn_width) * (end * (end + 1) - start * (start + 1))
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[FlopCounter]:
+    """Count the FLOPs of every K3Model forward inside the block (kinds "forward" and "train");
+    models of other sizes than the first are counted with their own N."""
+    from k3model.model import K3Model
+    counter = FlopCounter(0, 0)
+    sizes: dict[int, tuple[int, int]] = {}
+
+    def hook(module, args, kwargs, output) -> None:
+        if not isinstance(module, K3Model):
+            return
+        ids = args[0] if args else kwargs["input_ids_BT"]
+        if id(module.cfg) not in sizes:
+            sizes[id(module.cfg)] = (matmul_params(module.cfg), attention_width(module.cfg))
+        n_params, width = sizes[id(module.cfg)]
+        B, T = ids.shape
+        cache = kwargs.get("cache") if kwargs else None
+        # The hook runs after the forward: the cache already holds this call's tokens.
+        starts = [n - T for n in cache.lengths] if cache is not None else [0] * B
+        flops = 2.0 * n_params * B * T + sum(span_attention(width, s, T) for s in starts)
+        train = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+        counter.add("train" if train else "forward", flops * ((1.0 + BACKWARD_FACTOR) if train else 1.0))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook, with_kwargs=True)
+    try:
+        yield counter
+    finally:
+        handle.remove()

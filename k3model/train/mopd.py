@@ -30,8 +30,9 @@ Bad input gets a ValueError: a (domain, effort) with no teacher (named as its pa
 `domain|effort`), a teacher whose vocabulary or recorded tokenizer differs from the student's, an
 effort the student's SFT data never showed it.
 
-No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)`. FLOPs are counted per
-forward/backward token (`k3model.train.flops`), for the equal-compute control.
+No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)`. FLOPs are counted on
+every forward and backward (`k3model.train.flops.counting`: rollout, teacher and training passes),
+for the equal-compute control.
 Legend: B rows (episodes), T tokens of the padded batch, N generated (scored) tokens, V vocabulary.
 """
 
@@ -51,7 +52,7 @@ from k3model.model import K3Model
 from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint, optimizer_step,
                                   restore_train_state, resume, save_state, set_lr)
-from k3model.train.flops import FlopCounter
+from k3model.train.flops import FlopCounter, counting
 from k3model.train.grpo import EFFORT_SPECS, EFFORTS, EffortSpec
 from k3model.train.qat import prepare_qat
 from k3model.train.rollout import Episode, TokenPolicy
@@ -488,7 +489,7 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
     # ---- data
     pools = route_tasks(cfg, tasks)
-    flops = FlopCounter.for_model(student.cfg)
+    flops = FlopCounter.for_model(student.cfg)  # totals of every step's `counting()`
     if run.state is not None:
         flops.restore(run.state.extra.get("flops", {}))
     teacher_manifest = {k: {"checkpoint": str(used[r]), "sha256": teacher_manifests[k]["sha256"]}
@@ -517,15 +518,14 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
         set_lr(optimizer, lr)
         # A per-step generator state makes a resumed run sample what the uninterrupted one did.
         generator.manual_seed(cfg.seed * 1_000_003 + step)
-        episodes, routes, groups = rollout(student, tokenizer, step_prompts(cfg, step, pools, harnesses), cfg,
-                                           generator)
-        loss, stats = distill_step(student, teacher_models, episodes, routes, groups, cfg, effort_ids, device)
-        grad_norm = optimizer_step(student, optimizer, loss, cfg.grad_clip)
-        lengths = [len(ep.token_ids) for ep in episodes]
+        with counting() as step_flops:
+            episodes, routes, groups = rollout(student, tokenizer, step_prompts(cfg, step, pools, harnesses), cfg,
+                                               generator)
+            loss, stats = distill_step(student, teacher_models, episodes, routes, groups, cfg, effort_ids, device)
+            grad_norm = optimizer_step(student, optimizer, loss, cfg.grad_clip)
+        for kind, value in step_flops.totals.items():
+            flops.add(kind, value)
         n_gen = sum(ep.n_generated for ep in episodes)
-        flops.add_rollout(episodes)
-        flops.add_forward(lengths, "teacher")
-        flops.add_train(lengths)
         run.tokens_seen += n_gen
         metrics = {"train/loss": loss.detach(), "train/grad_norm": grad_norm, "train/lr": lr, "step": step + 1,
                    "rollout/success": sum(ep.reward > 0 for ep in episodes) / len(episodes),

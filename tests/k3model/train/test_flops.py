@@ -33,3 +33,29 @@ def test_counter_totals_by_kind():
     d = FlopCounter(10, 3)
     d.restore(c.as_dict())
     assert d.as_dict() == c.as_dict()
+
+
+def test_counting_sees_every_forward_with_its_context():
+    import torch
+    from dataclasses import replace
+    from k3model.cache import ModelCache
+    from k3model.model import K3Model
+    from k3model.train.flops import counting, span_attention
+
+    cfg = replace(get_profile("smoke").model, name="smoke-unbounded")
+    model = K3Model(cfg)
+    N, W = matmul_params(cfg), attention_width(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 5))
+    with counting() as c:
+        with torch.no_grad():
+            model(ids)  # 2 rows of 5 tokens, no cache: positions 1..5
+            cache = ModelCache.empty(model, 1, capacity=8)
+            model(ids[:1, :3], cache=cache, logits=False)  # a prefill of 3
+            model(ids[:1, 3:4], cache=cache, logits=False)  # one decode step at position 4
+        model.train()
+        model(ids[:1])  # with gradients: forward + backward
+    fwd = 2 * (2 * N * 5 + span_attention(W, 0, 5)) + (2 * N * 3 + span_attention(W, 0, 3)) \
+        + (2 * N + span_attention(W, 3, 1))
+    assert c.totals["forward"] == pytest.approx(fwd)
+    assert c.totals["train"] == pytest.approx(3 * (2 * N * 5 + span_attention(W, 0, 5)))
+    assert span_attention(W, 0, 5) == W * 5 * 6

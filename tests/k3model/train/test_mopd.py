@@ -172,8 +172,9 @@ def test_a_short_run_learns_toward_its_teachers_and_resumes(sft_ckpts, smoke_tok
     assert [h["step"] for h in full.history] == [1, 2, 3]
     assert full.teacher_manifest[partition_key(ROUTES[0])]["sha256"]
     assert set(full.teacher_manifest) == {partition_key(r) for r in ROUTES}
-    assert full.flops["total"] == pytest.approx(full.flops["rollout"] + full.flops["teacher"] + full.flops["train"])
-    assert full.flops["train"] == pytest.approx(3 * full.flops["teacher"])
+    assert full.flops["total"] == pytest.approx(full.flops["forward"] + full.flops["train"])
+    # Training passes: forward + backward over the student's rows; forwards: its rollouts, the teacher.
+    assert full.flops["train"] > full.flops["forward"] / 2 > 0
     for h in full.history:
         assert h["kl/exact"] > 0 and torch.isfinite(torch.tensor(h["train/loss"]))
     # Killed after one step and called again: the same history and weights as the uninterrupted run.
