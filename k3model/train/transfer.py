@@ -3,7 +3,8 @@ harness styles carry over to a style it never trained on?
 
 One fold, held-out harness h (of `envs.HARNESSES`):
 - general: GRPO (`k3model.train.grpo.train`) from the SFT policy on one domain at one effort, its
-  episodes rendered round-robin in the four other harnesses;
+  episodes rendered round-robin in the four other harnesses (three when h is not
+  `datagen.sft.HELD_OUT_HARNESS`: that one is reserved by the main lineage and never trained on);
 - single-harness control: the same run (same config: the same steps, groups and episode budgets,
   i.e. the same rollout budget) in one of those four styles only;
 - each trained policy is evaluated (`k3model.train.evaluate`) on the same held-out tasks in its own
@@ -58,6 +59,7 @@ class Arm:
     in_harness: dict  # EvalReport.as_metadata()
     held_out: dict
     train_metrics: dict = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)
 
     def transfer(self) -> tuple[float | None, float, float]:
         return ratio_interval(self.held_out["successes"], self.held_out["n"],
@@ -98,8 +100,13 @@ class FoldResult:
 
 
 def fold_harnesses(held_out: str, single: str | None = None) -> tuple[tuple[str, ...], str]:
-    """(the four training harnesses of the fold, the single-harness control's one)."""
-    train, _ = envs.harness_split(held_out)
+    """(the fold's training harnesses, the single-harness control's one). `datagen.sft.HELD_OUT_HARNESS`
+    is reserved by the main lineage (grpo.train refuses it), so a fold that holds out another style
+    trains on the three remaining ones."""
+    from datagen.sft import HELD_OUT_HARNESS
+    if held_out not in envs.HARNESSES:
+        raise ValueError(f"held_out must be one of {envs.HARNESSES}, got {held_out!r}")
+    train = tuple(h for h in envs.HARNESSES if h not in (held_out, HELD_OUT_HARNESS))
     single = single or train[0]
     if single not in train:
         raise ValueError(f"the single-harness control must train on one of the fold's harnesses {train}, "
@@ -107,28 +114,40 @@ def fold_harnesses(held_out: str, single: str | None = None) -> tuple[tuple[str,
     return train, single
 
 
-def run_fold(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str | Path, *, held_out: str,
-             domain: str, effort: str, eval_tasks: Sequence, train_tasks: Sequence | None = None,
-             single: str | None = None, eval_specs: dict | None = None,
-             log_fn: Callable[[int, dict], None] | None = None) -> FoldResult:
-    """Train the general and the single-harness arm of one fold and evaluate both (module docstring)."""
-    from datagen.sft import HELD_OUT_HARNESS
+def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str | Path, *, name: str,
+              harnesses: Sequence[str], held_out: str, domain: str, effort: str, eval_tasks: Sequence,
+              train_tasks: Sequence | None = None, eval_specs: dict | None = None,
+              log_fn: Callable[[int, dict], None] | None = None) -> Arm:
+    """GRPO from the policy on `harnesses` only (FLOPs counted), then greedy evaluation on the same
+    tasks in those harnesses (round-robin) and in `held_out`."""
     from k3model.train.evaluate import evaluate
+    from k3model.train.flops import counting
     from k3model.train.grpo import train as grpo_train
     from k3model.train.mopd import load_policy
 
     if not eval_tasks:
         raise ValueError("eval_tasks is empty: pass the held-out envs tasks both arms are scored on")
+    if held_out in harnesses:
+        raise ValueError(f"the held-out harness {held_out!r} is among the arm's training harnesses {tuple(harnesses)}")
+    with counting() as flops:
+        result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
+                            harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
+    model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
+    reports = [evaluate(model, tokenizer, list(eval_tasks), effort, harness=list(h), specs=eval_specs).as_metadata()
+               for h in (tuple(harnesses), (held_out,))]
+    return Arm(name, tuple(harnesses), Path(result.checkpoint_dir), *reports,
+               train_metrics={**result.metrics, **{f"flops/{k}": v for k, v in flops.as_dict().items()}},
+               history=list(result.history))
+
+
+def run_fold(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str | Path, *, held_out: str,
+             domain: str, effort: str, eval_tasks: Sequence, train_tasks: Sequence | None = None,
+             single: str | None = None, eval_specs: dict | None = None) -> FoldResult:
+    """Train the general and the single-harness arm of one fold and evaluate both (module docstring)."""
+    from datagen.sft import HELD_OUT_HARNESS
     train_h, single_h = fold_harnesses(held_out, single)
-    out_dir = Path(out_dir)
-    arms = []
-    for name, harnesses in (("general", train_h), ("single", (single_h,))):
-        log = (lambda step, m, _n=name: log_fn(step, {f"{_n}/{k}": v for k, v in m.items()})) if log_fn else None
-        result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir / name, domain=domain, effort=effort,
-                            harnesses=harnesses, tasks=train_tasks, log_fn=log)
-        model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
-        reports = [evaluate(model, tokenizer, eval_tasks, effort, harness=list(h), specs=eval_specs).as_metadata()
-                   for h in (harnesses, (held_out,))]
-        arms.append(Arm(name, tuple(harnesses), Path(result.checkpoint_dir), *reports,
-                        train_metrics=dict(result.metrics)))
+    arms = [train_arm(grpo_cfg, policy_checkpoint, tokenizer, Path(out_dir) / name, name=name, harnesses=h,
+                      held_out=held_out, domain=domain, effort=effort, eval_tasks=eval_tasks,
+                      train_tasks=train_tasks, eval_specs=eval_specs)
+            for name, h in (("general", train_h), ("single", (single_h,)))]
     return FoldResult(held_out, domain, effort, arms[0], arms[1], sft_saw_held_out=held_out != HELD_OUT_HARNESS)
