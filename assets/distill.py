@@ -32,6 +32,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
+from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
 from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES, eval_plan
 from assets.training import TrainingJob, run_training, run_trainings
@@ -105,7 +106,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
             if mat is None or "path" not in mat.metadata:
                 missing.append(pk)
                 continue
-            found[pk] = Upstream(name=f"rl_specialist[{pk}]", path=Path(mat.metadata["path"].value),
+            found[pk] = Upstream(name=f"rl_specialist/{d}/{e}", path=Path(mat.metadata["path"].value),
                                                   data_version=(mat.tags or {}).get("dagster/data_version", ""),
                                  run_id=records[0].run_id, metadata={k: v.value for k, v in mat.metadata.items()})
     if missing:
@@ -113,6 +114,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
                                      f"{', '.join(missing)} have not been materialized for profile {profile!r}. "
                                      f"Materialize them first (`k3 run --profile {profile} --select "
                                      f"'*rl_specialist'`)", allow_retries=False)
+    verify_upstreams("mopd_student", found, profile)
     return found
 
 
@@ -210,7 +212,8 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
     hist = r.history
     kl_rows = []
     for pk in teachers:
-        values = [h[f"kl/{pk}"] for h in hist if f"kl/{pk}" in h]
+        name = "kl/" + pk.replace("|", "/")
+        values = [h[name] for h in hist if name in h]
         kl_rows.append({"teacher": pk, "sha256": r.teacher_manifest[pk]["sha256"][:12], "steps seen": len(values),
                         "KL first": values[0] if values else None, "KL last": values[-1] if values else None})
     tokens = {e: [f["mean_policy_tokens"] for c, f in r.evals.items() if c.endswith("/" + e)] for e in EFFORTS}
