@@ -144,39 +144,42 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """The held-out tasks a policy is scored on: `tasks_per_domain` tasks of each domain
-    (`envs.task_set(domain, n, seed, difficulties)`), each played once, greedily, at every effort in
-    the training harnesses round-robin. `budgets` replaces `k3model.train.grpo.EFFORT_SPECS`'s token
-    budgets as (effort, episode budget, turn cap) triples (the smoke profile's are a few tokens)."""
+    """The held-out tasks a policy is scored on: `tasks_per_family` tasks (seeds from `seed`) of each
+    of `families` (`k3model.train.ladder.tasks_of`), grouped by domain, each played once, greedily,
+    at every effort in the training harnesses round-robin. `budgets` replaces
+    `k3model.train.grpo.EFFORT_SPECS`'s token budgets as (effort, episode budget, turn cap) triples
+    (the smoke profile's are a few tokens)."""
     domains: tuple[str, ...]
     efforts: tuple[str, ...]
-    tasks_per_domain: int
+    families: tuple[str, ...]
+    tasks_per_family: int
     seed: int
-    difficulties: tuple[str, ...] | None = None
     budgets: tuple[tuple[str, int, int], ...] | None = None
     max_episodes_per_batch: int = 32
 
     def tasks(self, domain: str) -> list:
-        import envs
-        return envs.task_set(domain, self.tasks_per_domain, self.seed, self.difficulties)
+        from k3model.train.ladder import domain_families, tasks_of
+        return tasks_of(domain_families(domain, self.families), self.tasks_per_family, self.seed)
 
     def specs(self) -> dict | None:
-        from k3model.train.grpo import EFFORT_SPECS, EffortSpec
-        if self.budgets is None:
-            return None
-        return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
-                for e, b, t in self.budgets}
+        return effort_specs(self.budgets)
+
+
+def effort_specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
+    """(effort, episode budget, turn cap) triples as `k3model.train.grpo.EffortSpec`s, with the
+    default length terms; None stays None (the defaults, `grpo.EFFORT_SPECS`)."""
+    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
+    if budgets is None:
+        return None
+    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
+            for e, b, t in budgets}
 
 
 def load_policy(checkpoint_dir: str | Path):
-    """A policy checkpoint as a model (hashes verified), with QAT switched back on when it was trained
-    with it: the policy is scored through the quantizer it trained through."""
-    from k3model.pretrain import load_pretrained
-    from k3model.train.qat import prepare_qat
-    model, manifest = load_pretrained(checkpoint_dir)
-    if manifest["config"].get("qat"):
-        prepare_qat(model)
-    return model.eval()
+    """The policy model of a checkpoint (`k3model.train.evaluate.load_policy`: QAT back on when it
+    trained with it), in eval mode."""
+    from k3model.train.evaluate import load_policy as load
+    return load(checkpoint_dir)[0].eval()
 
 
 def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
@@ -235,3 +238,42 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
     live(cfg.steps, headline)
     return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals,
                         start_evals, result.tokens_seen, result.resumed_from_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# RL: the task ladder and one specialist
+
+def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs: dict | None) -> dict:
+    """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
+    flat figures and its Markdown table."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.ladder import measure_ladder
+    model = load_policy(policy_checkpoint)
+    report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
+    return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
+
+
+def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
+                          rl_tasks: list[tuple[str, int]], eval_tasks: list[tuple[str, int]], work_dir: str,
+                          live: LiveLog) -> PolicyResult:
+    """One RL specialist (`k3model.train.grpo.train` from the SFT policy on its ladder tasks), then
+    the specialist and the SFT policy played greedily on the same held-out tasks of its domain at its
+    effort. Tasks travel as (family, seed) pairs and are generated here."""
+    import envs
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.evaluate import evaluate
+    from k3model.train.grpo import train
+    tokenizer = load_tokenizer(tokenizer_path)
+    result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
+                   tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
+    held = [envs.generate(f, s) for f, s in eval_tasks]
+    cell = f"{domain}/{effort}"
+    t0 = time.perf_counter()
+    evals = {cell: evaluate(load_policy(result.checkpoint_dir), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    start = {cell: evaluate(load_policy(policy_checkpoint), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    headline = {"eval/success_rate": evals[cell]["success_rate"], "perf/eval_wall_s": time.perf_counter() - t0}
+    live(cfg.steps, headline)
+    return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals, start,
+                        int(result.metrics.get("rl/episodes_tokens", 0)), result.resumed_from_step)
