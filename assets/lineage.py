@@ -48,9 +48,15 @@ class Upstream:
     metadata: dict[str, Any]
 
 
-def latest(instance: dg.DagsterInstance, profile: str, name: str) -> Upstream | None:
-    """The newest materialization of `<profile>/<name>` that recorded a path, or None."""
-    event = instance.get_latest_materialization_event(key(profile, name))
+def latest(instance: dg.DagsterInstance, profile: str, name: str, partition: str | None = None) -> Upstream | None:
+    """The newest materialization of `<profile>/<name>` (of one partition of it, if given) that
+    recorded a path, or None."""
+    if partition is None:
+        event = instance.get_latest_materialization_event(key(profile, name))
+    else:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key(profile, name), asset_partitions=[partition]), limit=1).records
+        event = records[0].event_log_entry if records else None
     if event is None or event.asset_materialization is None:
         return None
     mat = event.asset_materialization

@@ -4,11 +4,12 @@
 
 `build(profile)` makes them for one profile (keys `<profile>/pretrain_stage_1`, …, group
 `<profile>_pretraining`) with their checks. Each stage asset calls `k3model.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
-starting from the previous stage's checkpoint with no positional change. While it trains, the task
-logs metrics to the asset's MLflow run and its progress lines reach the Dagster run's event feed;
-afterwards the asset moves the checkpoint to `checkpoints/<profile>/<asset>/<run id>/`, logs the
-whole loss history and the clue-accuracy grid (a table) to MLflow, registers the checkpoint as a
-model version (one per distinct checkpoint), plots the loss curve inline and reports the stage's evaluation: held-out perplexity, scattered-clue accuracy by distance
+starting from the previous stage's checkpoint with no positional change, through the training
+adapter (`assets.training`): while it trains, the task logs metrics to the asset's MLflow run and
+its progress lines reach the Dagster run's event feed; afterwards the checkpoint moves to
+`checkpoints/<profile>/<asset>/<run id>/`, the whole loss history goes to MLflow, the checkpoint is
+registered as a model version (one per distinct checkpoint). The stage itself logs the
+clue-accuracy grid (a table) to MLflow, plots the loss curve inline and reports the stage's evaluation: held-out perplexity, scattered-clue accuracy by distance
 and by length, VQA accuracy, expert load max/mean, tokens/s and wall time. The data version is the
 sha256 of the weights.
 
@@ -17,11 +18,6 @@ stages after it) and `loss_fell` compares the stage's last and first training lo
 below `LOSS_CHECK_MIN_STEPS` steps, where one noisy step decides it).
 """
 
-import dataclasses
-import hashlib
-import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +26,8 @@ from pydantic import Field
 
 from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
                             require_upstream, require_upstreams, run_id, sparkline, tag_run)
-from assets.tasks import LiveLog, ProgressFeed, grid_rows, train_stage_task
+from assets.tasks import grid_rows, train_stage_task
+from assets.training import TrainingJob, register, run_training
 from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 
 # Bumps whenever the library changes, so the UI marks checkpoints trained by older code as stale.
@@ -162,53 +159,33 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
                          allow_retries=False) from e
     data, ups = pretrain_data(context, profile)
     init = verified(context, stage_name(stage - 1), profile) if stage > 1 else None
-    inputs = {n: u.data_version for n, u in ups.items()}
-    if init is not None:
-        inputs[init.name] = init.data_version
-    inputs_key = hashlib.sha256(json.dumps({"cfg": dataclasses.asdict(cfg), "inputs": inputs},
-                                           sort_keys=True).encode()).hexdigest()[:16]
+    inputs = {**ups, **({init.name: init} if init is not None else {})}
 
-    store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
-    work_dir = store.work_dir(profile, name, inputs_key)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    progress = work_dir / f"progress-{run_id(context)}.log"
-    params = {**dataclasses.asdict(cfg), "seq_len": resolved.seq_len, "steps": resolved.steps,
-              "batch_size": resolved.batch_size, "lr": resolved.lr, "model": resolved.model.name,
-              **{f"data_version.{n}": v for n, v in inputs.items()}}
+    ray = context.resources.ray
     context.log.info(f"{profile}/{name}: {resolved.steps} steps of {resolved.batch_size} × {resolved.seq_len} "
                      f"tokens, model {resolved.model.name}, from {init.name if init else 'random weights'}")
-    with mlflow.start_run(context, params=params, tags=profile_tags(profile)) as run:
-        live = LiveLog(f"{profile}/{name}", mlflow.resolved_tracking_uri(), run.info.run_id, str(progress))
-        needs_gpu = get_profile(profile).device == "cuda" or ray.cluster_gpus(log=context.log.info) >= 1
-        result = ray.run(train_stage_task, cfg, data, str(work_dir), str(init.path) if init else None, live,
-                         num_gpus=1.0 if needs_gpu else 0.0, log=context.log.info,
-                         tick=ProgressFeed(progress, context.log.info))
+    needs_gpu = get_profile(profile).device == "cuda" or ray.cluster_gpus(log=context.log.info) >= 1
 
-        final = store.checkpoint_dir(profile, name, run_id(context))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(result.checkpoint_dir, final)
-        # The resumable state is only needed while the stage is unfinished.
-        shutil.rmtree(work_dir, ignore_errors=True)
-        info = verify_checkpoint(final)
+    def report(result, mlflow_run_id: str, report_dir: Path) -> dict[str, Any]:
+        mlflow = context.resources.mlflow
+        mlflow.log_rows(mlflow_run_id, grid_rows(result.eval), "eval/clue_acc_grid.json")
+        plot = _plot_losses(result.history, report_dir / "loss.png", f"{profile}/{name}")
+        mlflow.client().log_artifact(mlflow_run_id, str(plot))
+        return {"loss_plot": inline_png(plot, f"loss curve of {profile}/{name}")}
 
-        # The task logged every `log_every`-th step live; the rest of the curve goes in now.
-        live_steps = frozenset(h["step"] for h in result.history
-                               if h["step"] % cfg.log_every == 0 or h["step"] == resolved.steps)
-        mlflow.log_history(run.info.run_id, result.history, skip_steps=live_steps)
-        mlflow.log_rows(run.info.run_id, grid_rows(result.eval), "eval/clue_acc_grid.json")
-        report = store.report_dir(profile, name, run_id(context))
-        plot = _plot_losses(result.history, report / "loss.png", f"{profile}/{name}")
-        mlflow.client().log_artifact(run.info.run_id, str(plot))
-        ev = result.eval
-        version = register(context, profile, name, final, info.sha256, run.info.run_id, ev,
-                           f"{profile} pretraining stage {stage} of {NUM_STAGES} ({resolved.steps} steps at "
-                           f"sequence length {resolved.seq_len})")
+    trained = run_training(context, TrainingJob(
+        profile=profile, name=name, task=train_stage_task, args=(cfg, data, str(init.path) if init else None),
+        config=cfg, inputs=inputs, log_every=cfg.log_every, num_gpus=1.0 if needs_gpu else 0.0,
+        params={"seq_len": resolved.seq_len, "steps": resolved.steps, "batch_size": resolved.batch_size,
+                "lr": resolved.lr, "model": resolved.model.name},
+        description=f"{profile} pretraining stage {stage} of {NUM_STAGES} ({resolved.steps} steps at "
+                    f"sequence length {resolved.seq_len})",
+        headline=lambda result: {k: result.eval[k] for k in HEADLINE if k in result.eval}, report=report))
 
+    result = trained.result
+    ev = result.eval
     by_distance, by_length = clue_tables(ev)
-    metadata: dict[str, Any] = {
-        "path": dg.MetadataValue.path(str(final)),
-        "sha256": info.sha256,
-        "profile": profile,
+    return trained.materialize_result({
         "stage": stage,
         "seq_len": resolved.seq_len,
         "steps": resolved.steps,
@@ -220,42 +197,15 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
                           f"train/main {ev.get('train/first_loss', float('nan')):.4f} → "
                           f"{ev.get('train/final_loss', float('nan')):.4f} over {len(result.history)} steps "
                           "(full plot: loss_plot)"),
-        "loss_plot": inline_png(plot, f"loss curve of {profile}/{name}"),
         "clue_acc_by_distance": dg.MetadataValue.md(by_distance),
         "clue_acc_by_length": dg.MetadataValue.md(by_length),
         "loss_curve": dg.MetadataValue.md(markdown_table(_loss_points(result.history))),
         "eval": dg.MetadataValue.json({k: float(v) for k, v in ev.items()}),
-        "data_versions": dg.MetadataValue.json(inputs),
-        "checkpoint_bytes": info.size_bytes,
-        "code_version": dg.MetadataValue.json(info.manifest["code_version"]),
-        "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
-        "mlflow_model": dg.MetadataValue.url(mlflow.model_url(version.name, version.version)),
-        "model_version": f"{version.name}/{version.version}",
-    }
-    if result.resumed_from_step is not None:
-        metadata["resumed_from_step"] = result.resumed_from_step
-    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(info.sha256),
-                                tags=profile_tags(profile))
+    })
 
 
 # The eval figures a registered model version carries as tags.
 HEADLINE = ("eval/ppl", "eval/vqa_acc", "eval/clue_acc/scattered/all", "eval/clue_acc/control/all")
-
-
-def register(context: dg.AssetExecutionContext, profile: str, name: str, checkpoint: Path, sha256: str,
-             mlflow_run_id: str, ev: dict[str, float], description: str):
-    """Register `checkpoint` as a version of MLflow model `k3-<profile>-<name>` (the existing version
-    when the same bytes are already registered); logs which."""
-    store, mlflow = context.resources.store, context.resources.mlflow
-    source = checkpoint.relative_to(store.resolved_root()).as_posix()
-    tags = {"profile": profile, "asset": context.asset_key.to_user_string(), "dagster_run_id": run_id(context),
-            **{k: f"{ev[k]:.4g}" for k in HEADLINE if k in ev}}
-    version, created = mlflow.register_checkpoint(mlflow_run_id, f"k3-{profile}-{name}", source, sha256,
-                                                  tags, description)
-    context.log.info(f"{'registered' if created else 'already registered (same sha256)'}: MLflow model "
-                     f"{version.name} version {version.version}; load it with "
-                     f"pipelines.registry.load_model('{version.name}/{version.version}')")
-    return version
 
 
 def _stage_asset(profile: str, stage: int) -> dg.AssetsDefinition:
@@ -299,8 +249,9 @@ def materialize_base_model(context: dg.AssetExecutionContext, profile: str) -> d
             mlflow.log_metrics(run.info.run_id, {f"stages/{k}": row[k] for k in ("ppl", "vqa")
                                                  if isinstance(row[k], float)}, step=row["stage"])
         mlflow.log_rows(run.info.run_id, stages, "stages.json")
-        version = register(context, profile, "base", final, info.sha256, run.info.run_id,
-                           (latest(context.instance, profile, stage_name(NUM_STAGES)).metadata.get("eval", {})),
+        last_eval = latest(context.instance, profile, stage_name(NUM_STAGES)).metadata.get("eval", {})
+        version = register(context, profile, f"k3-{profile}-base", final, info.sha256, run.info.run_id,
+                           {k: last_eval[k] for k in HEADLINE if k in last_eval},
                            f"{profile} base model: the checkpoint of pretraining stage {NUM_STAGES}")
         mlflow.client().set_registered_model_alias(version.name, "champion", version.version)
     return dg.MaterializeResult(

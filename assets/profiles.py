@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, evaluation, pretrain
+from assets import data, evaluation, posttrain, pretrain
 from assets.lineage import PROFILES
 
 
@@ -40,7 +40,8 @@ class ProfileDefs:
             self.assets += built
 
 
-BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build)
+BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build,
+                                                                   posttrain.build)
 
 
 def build_profile(profile: str) -> ProfileDefs:

@@ -14,9 +14,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from k3model.pretrain import PretrainConfig, PretrainResult
-from k3model.pretrain_data import PretrainData
+if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
+    from k3model.pretrain import PretrainConfig, PretrainResult
+    from k3model.pretrain_data import PretrainData
+
+
+@dataclass(frozen=True)
+class RayCall:
+    """One Ray task for `context.resources.ray.run_all`: `fn(*args)`, its resources (`num_cpus` None:
+    the largest node's CPUs), how often a failure is submitted again, and a label for the log."""
+    fn: Callable[..., Any]
+    args: tuple
+    num_cpus: float | None = None
+    num_gpus: float = 0.0
+    retries: int = 0
+    label: str = ""
+
+
+def error_line(e: BaseException) -> str:
+    """A task error's own message: the last line of the worker's traceback Ray puts in it."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
 
 
 @dataclass(frozen=True)
@@ -69,7 +89,7 @@ def grid_rows(ev: dict[str, float]) -> list[dict]:
     return rows
 
 
-_SHOWN = ("train/main", "train/lr", "moe/load_max_over_mean", "perf/tokens_per_s", "eval/ppl",
+_SHOWN = ("train/main", "train/lr", "fit/loss", "eval/loss", "eval/success_rate", "reward/mean", "moe/load_max_over_mean", "perf/tokens_per_s", "eval/ppl",
           "eval/clue_acc/scattered/all", "eval/vqa_acc", "perf/wall_s")
 
 
@@ -93,8 +113,8 @@ class ProgressFeed:
             self.log(line)
 
 
-def train_stage_task(cfg: PretrainConfig, data: PretrainData, work_dir: str,
-                     init_checkpoint: str | None, live: LiveLog) -> PretrainResult:
+def train_stage_task(cfg: PretrainConfig, data: PretrainData, init_checkpoint: str | None, work_dir: str,
+                     live: LiveLog) -> PretrainResult:
     from k3model.pretrain import train
     return train(cfg, data, work_dir, init_checkpoint=init_checkpoint, log_fn=live)
 
@@ -117,3 +137,143 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
     metrics["perf/eval_wall_s"] = time.perf_counter() - t0
     live(step, metrics)
     return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# Post-training: SFT and the held-out evaluation of a policy
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """The held-out tasks a policy is scored on: `tasks_per_family` tasks (seeds from `seed`) of each
+    of `families` (`k3model.train.ladder.tasks_of`), grouped by domain, each played once, greedily,
+    at every effort in the training harnesses round-robin. `budgets` replaces
+    `k3model.train.grpo.EFFORT_SPECS`'s token budgets as (effort, episode budget, turn cap) triples
+    (the smoke profile's are a few tokens)."""
+    domains: tuple[str, ...]
+    efforts: tuple[str, ...]
+    families: tuple[str, ...]
+    tasks_per_family: int
+    seed: int
+    budgets: tuple[tuple[str, int, int], ...] | None = None
+    max_episodes_per_batch: int = 32
+
+    def tasks(self, domain: str) -> list:
+        from k3model.train.ladder import domain_families, tasks_of
+        return tasks_of(domain_families(domain, self.families), self.tasks_per_family, self.seed)
+
+    def specs(self) -> dict | None:
+        return effort_specs(self.budgets)
+
+
+def effort_specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
+    """(effort, episode budget, turn cap) triples as `k3model.train.grpo.EffortSpec`s, with the
+    default length terms; None stays None (the defaults, `grpo.EFFORT_SPECS`)."""
+    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
+    if budgets is None:
+        return None
+    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
+            for e, b, t in budgets}
+
+
+def load_policy(checkpoint_dir: str | Path):
+    """The policy model of a checkpoint (`k3model.train.evaluate.load_policy`: QAT back on when it
+    trained with it), in eval mode."""
+    from k3model.train.evaluate import load_policy as load
+    return load(checkpoint_dir)[0].eval()
+
+
+def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
+    """`k3model.train.evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
+    for every (domain, effort) of the plan, or only `cells`."""
+    from k3model.train.evaluate import evaluate
+    cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
+    out = {}
+    for domain, effort in cells:
+        report = evaluate(model, tokenizer, plan.tasks(domain), effort, seed=plan.seed,
+                          max_episodes_per_batch=plan.max_episodes_per_batch, specs=plan.specs())
+        out[f"{domain}/{effort}"] = report.as_metadata()
+    return out
+
+
+def per_harness(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Success rate and unparseable-action rate per harness over every (domain, effort) cell."""
+    acc: dict[str, list[float]] = {}
+    for figures in evals.values():
+        harnesses = {k.split("/")[1] for k in figures if k.startswith("harness/")}
+        for h in harnesses:
+            n = figures[f"harness/{h}/n"]
+            a = acc.setdefault(h, [0.0, 0.0, 0.0])
+            a[0] += figures[f"harness/{h}/success_rate"] * n
+            a[1] += figures[f"harness/{h}/unparseable_rate"] * n
+            a[2] += n
+    return {h: {"success_rate": s / n, "unparseable_rate": u / n, "n": int(n)} for h, (s, u, n) in sorted(acc.items())}
+
+
+@dataclass
+class PolicyResult:
+    """What a post-training task returns: the trainer's result and the held-out evaluation of the
+    trained policy (`evals`) and of its starting point on the same tasks (`start_evals`)."""
+    checkpoint_dir: Path
+    history: list[dict]
+    metrics: dict[str, float]
+    evals: dict[str, dict]
+    start_evals: dict[str, dict]
+    tokens_seen: int = 0
+    resumed_from_step: int | None = None
+
+
+def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str, tokenizer_path: str,
+                   plan: EvalPlan, work_dir: str, live: LiveLog) -> PolicyResult:
+    """SFT from the base model (`k3model.train.sft.train`, QAT as `cfg.qat`), then the held-out
+    evaluation of the policy and of the base model on the same tasks."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.sft import train
+    result = train(cfg, demos_path, work_dir, init_checkpoint=base_checkpoint, eval_demos=heldout_path, log_fn=live)
+    tokenizer = load_tokenizer(tokenizer_path)
+    t0 = time.perf_counter()
+    evals = evaluate_policy(load_policy(result.checkpoint_dir), tokenizer, plan)
+    start_evals = evaluate_policy(load_policy(base_checkpoint), tokenizer, plan)
+    headline = {f"eval/success/{cell}": f["success_rate"] for cell, f in evals.items()}
+    headline["perf/eval_wall_s"] = time.perf_counter() - t0
+    live(cfg.steps, headline)
+    return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals,
+                        start_evals, result.tokens_seen, result.resumed_from_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# RL: the task ladder and one specialist
+
+def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs: dict | None) -> dict:
+    """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
+    flat figures and its Markdown table."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.ladder import measure_ladder
+    model = load_policy(policy_checkpoint)
+    report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
+    return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
+
+
+def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
+                          rl_tasks: list[tuple[str, int]], eval_tasks: list[tuple[str, int]], work_dir: str,
+                          live: LiveLog) -> PolicyResult:
+    """One RL specialist (`k3model.train.grpo.train` from the SFT policy on its ladder tasks), then
+    the specialist and the SFT policy played greedily on the same held-out tasks of its domain at its
+    effort. Tasks travel as (family, seed) pairs and are generated here."""
+    import envs
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.evaluate import evaluate
+    from k3model.train.grpo import train
+    tokenizer = load_tokenizer(tokenizer_path)
+    result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
+                   tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
+    held = [envs.generate(f, s) for f, s in eval_tasks]
+    cell = f"{domain}/{effort}"
+    t0 = time.perf_counter()
+    evals = {cell: evaluate(load_policy(result.checkpoint_dir), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    start = {cell: evaluate(load_policy(policy_checkpoint), tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    headline = {"eval/success_rate": evals[cell]["success_rate"], "perf/eval_wall_s": time.perf_counter() - t0}
+    live(cfg.steps, headline)
+    return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals, start,
+                        int(result.metrics.get("rl/episodes_tokens", 0)), result.resumed_from_step)

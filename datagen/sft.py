@@ -80,7 +80,19 @@ def training_harnesses() -> tuple[str, ...]:
     return envs.harness_split(HELD_OUT_HARNESS)[0]
 
 
+# The default families: every easy family whose rows fit ~1,300 tokens — the starter rungs of the RL
+# ladder (envs/tasks/starter.py) and the short originals. A tiny SFT budget (a few minutes on two
+# cores) spent on 2,000–3,600-token medium episodes would teach none of them (docs/log/posttrain.md).
+SFT_FAMILIES = ("echo_word", "compare_numbers", "arith_word", "file_lookup", "canvas_due_date",
+                "slack_ping", "slack_post", "gmail_label", "write_constant", "write_function")
+
+
 def default_families() -> tuple[str, ...]:
+    return SFT_FAMILIES
+
+
+def all_families() -> tuple[str, ...]:
+    """Every family whose episodes fit a tiny model's context (difficulty easy or medium)."""
     return tuple(f for f in envs.list_envs() if envs.env_info(f)["difficulty"] in SFT_DIFFICULTIES)
 
 
@@ -88,7 +100,7 @@ def default_families() -> tuple[str, ...]:
 class SFTDataConfig:
     seed: int = 0
     tasks_per_family: int = 8  # each task gives one row per effort
-    families: tuple[str, ...] | None = None  # None: every family of difficulty easy or medium
+    families: tuple[str, ...] | None = None  # None: SFT_FAMILIES (all_families() for every easy/medium one)
     harnesses: tuple[str, ...] | None = None  # None: every harness but HELD_OUT_HARNESS
     efforts: tuple[str, ...] = EFFORTS
     max_tokens: int = 4096  # longer rows are dropped (and counted in the metadata)
@@ -252,8 +264,26 @@ def _due_date_work(task: Task) -> Work:
                 {2: [f'"{title}" → {assignment.due}']})
 
 
+def _compare_work(task: Task) -> Work:
+    a, b = task.spec["numbers"]
+    word = "larger" if task.spec["larger"] else "smaller"
+    answer = max(a, b) if task.spec["larger"] else min(a, b)
+    _check(task, answer)
+    # The first digit place where the two differ decides; max names it, high states the order.
+    place = next(k for k in range(3) if str(a)[k] != str(b)[k])
+    name = ("hundreds", "tens", "units")[place]
+    lo, hi = sorted((a, b))
+    lines = [f"{name}: {str(a)[place]} vs {str(b)[place]}, so {lo} < {hi}", f"the {word} is {answer}"]
+    return Work({0: lines}, {0: [f"{lo} < {hi} → {answer}"]})
+
+
+def _echo_work(task: Task) -> Work:
+    return Work({0: [f'the word is "{task.spec["answer"]}"']}, {})
+
+
 FAMILY_WORK: dict[str, Callable[[Task], Work]] = {"arith_word": _arith_work, "file_lookup": _lookup_work,
-                                    "file_aggregate": _aggregate_work, "canvas_due_date": _due_date_work}
+                                    "file_aggregate": _aggregate_work, "canvas_due_date": _due_date_work,
+                                    "compare_numbers": _compare_work, "echo_word": _echo_work}
 
 
 def _short(value, limit: int = 48) -> str:
@@ -318,12 +348,49 @@ def scratchpads(task: Task, actions: list[Action]) -> dict[str, list[str | None]
 
 
 # ----------------------------------------------------------------------------------------------
-# Rendering to token ids
+# Rendering to token ids. `turn_tokens` is the one definition of the conversation's special ids: the
+# SFT rows below and every rollout of the policy (k3model.train.rollout.sft_format: evaluation, RL)
+# are built from it, so the prompts the policy is evaluated and trained on are the ones it saw in SFT.
+
+@dataclass(frozen=True)
+class TurnTokens:
+    """The special ids around each segment of an episode at one effort (see the module docstring)."""
+    first_start: tuple[int, ...]  # <|bos|><|system|><|effort_E|>
+    first_end: tuple[int, ...]  # <|end|><|assistant|>
+    observation_start: tuple[int, ...]  # <|tool_result|>
+    observation_end: tuple[int, ...]  # <|tool_result_end|><|assistant|>
+    stop_id: int  # <|end|>: ends every assistant turn
+    think_id: int
+    think_end_id: int
+    n_special: int  # ids below this are special tokens
+
+
+def turn_tokens(tokenizer, effort: str) -> TurnTokens:
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}: choose from {EFFORTS}")
+    special = special_token_ids(tokenizer)
+    return TurnTokens(first_start=(special[BOS], special[SYSTEM], special[EFFORT_TOKENS[effort]]),
+                      first_end=(special[END_OF_TURN], special[ASSISTANT]),
+                      observation_start=(special[TOOL_RESULT],),
+                      observation_end=(special[TOOL_RESULT_END], special[ASSISTANT]),
+                      stop_id=special[END_OF_TURN], think_id=special[THINK], think_end_id=special[THINK_END],
+                      n_special=len(special))
+
+
+def action_ids(turn: TurnTokens, ids: list[int]) -> list[int]:
+    """The part of an assistant turn's ids the environment is given: after the scratchpad (the last
+    `<|think_end|>`; an unclosed `<|think|>` leaves nothing), without special tokens."""
+    if turn.think_end_id in ids:
+        ids = ids[len(ids) - ids[::-1].index(turn.think_end_id):]
+    if turn.think_id in ids:
+        ids = ids[: ids.index(turn.think_id)]
+    return [i for i in ids if i >= turn.n_special]
+
 
 def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> tuple[list[int], list[int], int]:
     """(input_ids, loss_mask, scratchpad tokens) of one episode record at one effort; see the module
     docstring. `thoughts[i]` is turn i's scratchpad (None: the turn answers directly)."""
-    special = special_token_ids(tokenizer)
+    turn = turn_tokens(tokenizer, effort)
     ids: list[int] = []
     mask: list[int] = []
     n_think = 0
@@ -332,18 +399,17 @@ def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> 
         ids.extend(segment)
         mask.extend([int(own)] * len(segment))
 
-    put([special[BOS], special[SYSTEM], special[EFFORT_TOKENS[effort]]], False)
-    put(encode(tokenizer, record["initial_observation"]) + [special[END_OF_TURN]], False)
+    # <|assistant|> closes each prompt segment: the caller writes it, as a rollout does.
+    put([*turn.first_start, *encode(tokenizer, record["initial_observation"]), *turn.first_end], False)
     steps = record["steps"]
     for i, step in enumerate(steps):
-        put([special[ASSISTANT]], False)
         if thoughts[i] is not None:
-            think = [special[THINK]] + encode(tokenizer, thoughts[i]) + [special[THINK_END]]
+            think = [turn.think_id] + encode(tokenizer, thoughts[i]) + [turn.think_end_id]
             put(think, True)
             n_think += len(think)
-        put(encode(tokenizer, step["action"]) + [special[END_OF_TURN]], True)
+        put(encode(tokenizer, step["action"]) + [turn.stop_id], True)
         if i + 1 < len(steps):
-            put([special[TOOL_RESULT]] + encode(tokenizer, step["observation"]) + [special[TOOL_RESULT_END]], False)
+            put([*turn.observation_start, *encode(tokenizer, step["observation"]), *turn.observation_end], False)
     return ids, mask, n_think
 
 

@@ -241,20 +241,23 @@ class AttackResult:
     usage: dict  # CPU seconds, peak memory and processes of the episode, workspace bytes
 
 
-def run_attack(attack: Attack, h: Host, harness: str = "hermes", seed: int = 0) -> AttackResult:
+def run_attack(attack: Attack, h: Host, harness: str = "hermes", seed: int = 0,
+               family: str = "write_function") -> AttackResult:
     """One attack episode through make_env/reset/step/state_digest/snapshot/restore/close, then the
-    host-side checks and the episode's resource use against its limits."""
+    host-side checks and the episode's resource use against its limits. `family` is any coding
+    family whose task asks for one function in solution.py (write_function, write_constant)."""
     import envs
 
     limits = attack_limits()
     t0 = time.monotonic()
-    env = envs.make_env("write_function", harness=harness, seed=seed, limits=limits)
+    env = envs.make_env(family, harness=harness, seed=seed, limits=limits)
     outputs: list[str] = []
     reward = 0.0
     wall = 0.0
     try:
         env.reset(seed=seed)
-        name = env.task.spec["snippet"]
+        spec = env.task.spec
+        name = spec["snippet"] if "snippet" in spec else spec["source"].split("(")[0].removeprefix("def ")
         wrong = f"{attack.solution}\n\ndef {name}(*args, **kwargs):\n    return None\n"
         turns = [Write("solution.py", wrong)] + [Run(c.format(secret=h.secret, **h.fields)) for c in attack.commands]
         turns.append(Read("."))

@@ -82,6 +82,24 @@ def _selection(select: str | None, profile: str, mine: dict):
     return sel
 
 
+def _chosen_partitions(text: str, graph, keys) -> dict:
+    """`--partition a|b,c|d`: the partitions of the selected partitioned asset to run; a SystemExit
+    naming the keys that exist for a key that does not."""
+    parted = [k for k in keys if graph.get(k).partitions_def is not None]
+    if not parted:
+        raise SystemExit("k3 run: --partition needs a partitioned asset in the selection (rl_specialist)")
+    chosen = [p.strip() for p in text.split(",") if p.strip()]
+    out = {}
+    for k in parted:
+        valid = graph.get(k).partitions_def.get_partition_keys()
+        unknown = [p for p in chosen if p not in valid]
+        if unknown:
+            raise SystemExit(f"k3 run: --partition {', '.join(unknown)}: no such partition of {k.path[-1]}; "
+                             f"its partitions are {', '.join(valid)}")
+        out[k] = chosen
+    return out
+
+
 def _label(step_key: str) -> str:
     """`smoke__corpus` (the op of asset `smoke/corpus`) → `smoke/corpus`."""
     return step_key.replace("__", "/", 1)
@@ -133,13 +151,14 @@ class _Progress(threading.Thread):
             mat = ev.event_specific_data.materialization
             md = mat.metadata
             shown = {"dagster/row_count": "rows", "eval/ppl": "ppl", "eval/clue_acc/scattered/all": "clue_acc",
-                     "perf/wall_s": "wall_s"}
+                     "eval/success_rate": "success", "perf/wall_s": "wall_s"}
             bits = [f"{label}={md[k].value:.4g}" if isinstance(md[k].value, float) else f"{label}={md[k].value}"
                     for k, label in shown.items() if k in md]
             version = (ev.event_specific_data.materialization.tags or {}).get("dagster/data_version", "")
             if version:
                 bits.append(f"version={version[:12]}")
-            self._line(f"  ◆ {mat.asset_key.to_user_string()} materialized {' '.join(bits)}")
+            where = f"[{mat.partition}]" if mat.partition else ""
+            self._line(f"  ◆ {mat.asset_key.to_user_string()}{where} materialized {' '.join(bits)}")
         elif ev.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
             check = ev.event_specific_data
             name = f"{check.asset_key.to_user_string()}:{check.check_name}"
@@ -267,9 +286,20 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     mine = {k.path[-1]: k for k in graph.get_all_asset_keys() if k.path[0] == profile}
     missing = [name for name in DESIGN_LINEAGE if name not in mine]
     keys = sorted(_selection(args.select, profile, mine).resolve(graph), key=lambda k: k.to_user_string())
+    # Partitioned assets (rl_specialist) run in the same run as the rest: the job's tags give the
+    # partition range (pipelines/jobs.py); these narrow it to what is asked for or stale.
+    partitions: dict = {}
+    if args.partition:
+        partitions = _chosen_partitions(args.partition, graph, keys)
     if not args.force:
-        from pipelines.freshness import stale_assets
-        todo = stale_assets(dg.DagsterInstance.get(), graph, keys, profile)
+        from pipelines.freshness import stale_plan
+        todo, stale_parts = stale_plan(dg.DagsterInstance.get(), graph, keys, profile)
+        if partitions:
+            # Only the chosen partitions count: a stale partition that was not asked for stays.
+            todo = {k: w for k, w in todo.items() if k not in partitions or set(stale_parts.get(k, ())) & set(partitions[k])}
+            partitions = {k: [p for p in ps if p in stale_parts.get(k, ())] for k, ps in partitions.items() if k in todo}
+        else:
+            partitions = {k: ps for k, ps in stale_parts.items() if k in todo}
         fresh = [k.path[-1] for k in keys if k not in todo]
         if fresh:
             _say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
@@ -280,6 +310,13 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
             _say(f"k3 run: {k.path[-1]}: {why}")
         keys = sorted(todo, key=lambda k: k.to_user_string())
     names = [k.path[-1] for k in keys]
+    tags = {"k3/profile": profile, "k3/cli": "run"}
+    if partitions:
+        from pipelines.jobs import partition_range_tags
+        [(pkey, chosen)] = partitions.items()  # one partitions definition per profile (pipelines/jobs.py)
+        tags.update(partition_range_tags(graph.get(pkey).partitions_def, chosen))
+        _say(f"k3 run: {pkey.path[-1]}: partition(s) {tags['dagster/asset_partition_range_start']} … "
+             f"{tags['dagster/asset_partition_range_end']} in one step ({len(chosen)} asked for)")
 
     _say(f"k3 run: profile {profile}, {len(keys)} asset(s): {', '.join(names)}")
     if missing:
@@ -299,8 +336,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "CRITICAL"}}}}
     try:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
-                                        asset_selection=keys, raise_on_error=False,
-                                        tags={"k3/profile": profile, "k3/cli": "run"})
+                                        asset_selection=keys, raise_on_error=False, tags=tags)
     except KeyboardInterrupt:
         result = None
     # Let the progress thread print the run's last events before the summary.
@@ -528,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--select", help="comma-separated asset names within the profile; *name adds its upstream, "
                      f"name* its downstream (default: every asset but {', '.join(SCHEDULED_ONLY)}, which the "
                      "nightly schedule runs)")
+    run.add_argument("--partition", help="comma-separated partitions of a partitioned asset in the selection "
+                     "(rl_specialist: <domain>|<effort>, e.g. 'coding_agents|max'); default: every missing or stale "
+                     "one (all with --force)")
     run.add_argument("--verbose", action="store_true", help="print Dagster's own log lines too (with the "
                      "stack traces of failed steps)")
     run.add_argument("--force", action="store_true", help="materialize every selected asset, even "

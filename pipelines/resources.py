@@ -32,6 +32,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from assets.lineage import PROFILES as RUNNABLE_PROFILES
+from assets.tasks import RayCall, error_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -175,7 +176,8 @@ class RayResource(dg.ConfigurableResource):
     def map(self, fn: Callable[..., Any], arg_tuples: list[tuple], num_gpus: float = 0.0,
             num_cpus: float | None = None, log: Callable[[str], None] | None = None,
             tick: Callable[[], None] | None = None) -> list[Any]:
-        """Run `fn(*args)` for every tuple as concurrent Ray tasks; results in the same order.
+        """Run `fn(*args)` for every tuple as concurrent Ray tasks; results in the same order, or the
+        first task's error raised (no retries).
 
         A task takes a whole node's CPUs by default: Ray sets OMP_NUM_THREADS to a task's CPU
         count, and torch would otherwise train on one thread. If the driver fails or is
@@ -184,28 +186,77 @@ class RayResource(dg.ConfigurableResource):
         second while the tasks run, and once after they end (the assets use it to copy the tasks'
         progress into the Dagster run's event feed).
         """
+        calls = [RayCall(fn, args, num_cpus=num_cpus, num_gpus=num_gpus) for args in arg_tuples]
+        results = self.run_all(calls, log=log, tick=tick, fail_fast=True)
+        return results
+
+    def run_all(self, calls: list[RayCall], *, log: Callable[[str], None] | None = None,
+                warn: Callable[[str], None] | None = None, tick: Callable[[], None] | None = None,
+                fail_fast: bool = False) -> list[Any]:
+        """Submit every call as a Ray task at once (Ray packs them onto the cluster's CPUs and GPUs
+        and queues the rest), then wait for all; results in the same order.
+
+        A task that raises is submitted again up to its `retries` times, each failure said through
+        `warn` (the asset's `context.log.warning`, so it reaches the Dagster run log). A call whose
+        last attempt failed leaves its exception (a `ray.exceptions.RayTaskError`, which is also an
+        instance of the task's own exception class) in its place of the result list; with
+        `fail_fast` the first failure instead cancels the other tasks and is raised. An interruption
+        (Ctrl-C, SIGTERM) or a driver error cancels every task and is raised.
+        """
         import ray
+        from ray.exceptions import RayError
         self._ensure(log)
-        if num_gpus > self.cluster_gpus():
-            raise ValueError(f"the task needs {num_gpus:g} GPU(s) but the Ray cluster has "
-                             f"{self.cluster_gpus():g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
-                             "to a cluster with GPUs")
+        gpus = self.cluster_gpus()
+        for call in calls:
+            if call.num_gpus > gpus:
+                raise ValueError(f"the task needs {call.num_gpus:g} GPU(s) but the Ray cluster has "
+                                 f"{gpus:g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
+                                 "to a cluster with GPUs")
         from pipelines.driver_watch import Driver, run_watched
-        cpus = self.node_cpus() if num_cpus is None else num_cpus
-        # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
-        remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=num_gpus, max_retries=0,
-                                                 name=getattr(fn, "__name__", "task"))
         driver = Driver.this_process()
-        refs = [remote.remote(driver, fn, *args) for args in arg_tuples]
+        node_cpus = self.node_cpus()
+
+        def submit(call: RayCall):
+            cpus = node_cpus if call.num_cpus is None else call.num_cpus
+            # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
+            remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
+                                                     name=getattr(call.fn, "__name__", "task"))
+            ref = remote.remote(driver, call.fn, *call.args)
+            refs.append(ref)
+            return ref
+
+        refs: list[Any] = []  # every task submitted, retries included: all are cancelled on an error
+        for c in calls:
+            submit(c)
+        attempts = [1] * len(calls)
+        results: list[Any] = [None] * len(calls)
         try:
             # Wait in short slices: a blocking ray.get can sit in Ray's C++ core for the whole task
             # and never run the driver's Python signal handlers (SIGTERM then did nothing).
-            pending = refs
+            pending = dict(enumerate(list(refs)))
             while pending:
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=1.0)
                 if tick is not None:
                     tick()
-            return ray.get(refs)
+                for i in [i for i, r in pending.items() if r in ready]:
+                    try:
+                        results[i] = ray.get(pending.pop(i))
+                    except RayError as e:
+                        call = calls[i]
+                        label = call.label or getattr(call.fn, "__name__", "task")
+                        if attempts[i] <= call.retries and not fail_fast:
+                            attempts[i] += 1
+                            if warn is not None:
+                                warn(f"{label}: attempt {attempts[i] - 1} of {call.retries + 1} failed, "
+                                     f"retrying: {error_line(e)}")
+                            pending[i] = submit(call)
+                            continue
+                        if fail_fast:
+                            raise
+                        if warn is not None and call.retries:
+                            warn(f"{label}: failed after {attempts[i]} attempt(s): {error_line(e)}")
+                        results[i] = e
+            return results
         except BaseException as e:
             for ref in refs:
                 ray.cancel(ref, force=True)
@@ -281,25 +332,38 @@ class MlflowResource(dg.ConfigurableResource):
 
     @contextlib.contextmanager
     def start_run(self, context: dg.AssetExecutionContext, params: dict[str, Any],
-                  tags: dict[str, str] | None = None) -> Iterator[Any]:
+                  tags: dict[str, str] | None = None, partition: str | None = None) -> Iterator[Any]:
         """An MLflow run for this asset, tagged with the Dagster run; FAILED if the body raises."""
+        run = self.create_run(context, params, tags, partition)
+        try:
+            yield run
+        except BaseException:
+            self.end_run(run, "FAILED")
+            raise
+        self.end_run(run, "FINISHED")
+
+    def create_run(self, context: dg.AssetExecutionContext, params: dict[str, Any],
+                   tags: dict[str, str] | None = None, partition: str | None = None):
+        """A new MLflow run for this asset (or one partition of it: `partition`, else the context's
+        own partition key), named `<asset>[<partition>]-<dagster run>`; end it with `end_run`."""
         from mlflow.entities import Param
         client = self.client()
         asset = context.asset_key.to_user_string()
         # `context.run` is unset when an asset is called directly; the op context always has an id.
         dagster_run_id = context.op_execution_context.run_id
         all_tags = {"dagster_run_id": dagster_run_id, "asset": asset, **(tags or {})}
-        if context.has_partition_key:
-            all_tags["partition"] = context.partition_key
-        run = client.create_run(self.experiment_id(), tags=all_tags,
-                                run_name=f"{asset}-{dagster_run_id[:8]}")
+        if partition is None and context.has_partition_key:
+            partition = context.partition_key
+        if partition is not None:
+            all_tags["partition"] = partition
+        name = f"{asset}[{partition}]" if partition is not None else asset
+        run = client.create_run(self.experiment_id(), tags=all_tags, run_name=f"{name}-{dagster_run_id[:8]}")
         client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-        try:
-            yield run
-        except BaseException:
-            client.set_terminated(run.info.run_id, "FAILED")
-            raise
-        client.set_terminated(run.info.run_id, "FINISHED")
+        return run
+
+    def end_run(self, run, status: str) -> None:
+        """Mark an MLflow run FINISHED or FAILED."""
+        self.client().set_terminated(run.info.run_id, status)
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
@@ -369,21 +433,29 @@ class CheckpointStore(dg.ConfigurableResource):
     def resolved_root(self) -> Path:
         return Path(self.root).resolve() if self.root else k3_home()
 
-    def checkpoint_dir(self, profile: str, asset: str, run_id: str) -> Path:
-        return self.resolved_root() / "checkpoints" / profile / asset / run_id
+    def checkpoint_dir(self, profile: str, asset: str, run_id: str, partition: str | None = None) -> Path:
+        """`checkpoints/<profile>/<asset>/[<partition dims>/]<run id>`; a partition key
+        `general_tasks|low` becomes the folders `general_tasks/low`."""
+        return self.resolved_root() / "checkpoints" / profile / asset / partition_path(partition) / run_id
 
     def data_dir(self, profile: str, asset: str) -> Path:
         return self.resolved_root() / "data" / profile / asset
 
-    def work_dir(self, profile: str, asset: str, inputs_key: str) -> Path:
+    def work_dir(self, profile: str, asset: str, inputs_key: str, partition: str | None = None) -> Path:
         """Where a training task writes while it runs. Keyed by its inputs, not the run: a run
         killed midway leaves its resumable `last/` checkpoint here, and the next run with the same
-        config and data continues from it."""
-        return self.resolved_root() / "work" / profile / asset / inputs_key
+        config and data continues from it. Each partition has its own, so concurrent tasks never
+        share a staging directory."""
+        return self.resolved_root() / "work" / profile / asset / partition_path(partition) / inputs_key
 
-    def report_dir(self, profile: str, asset: str, run_id: str) -> Path:
+    def report_dir(self, profile: str, asset: str, run_id: str, partition: str | None = None) -> Path:
         """Plots and tables an asset writes beside its checkpoint (not part of it)."""
-        return self.resolved_root() / "reports" / profile / asset / run_id
+        return self.resolved_root() / "reports" / profile / asset / partition_path(partition) / run_id
+
+
+def partition_path(partition: str | None) -> str:
+    """The relative folder of a partition key: `general_tasks|low` → `general_tasks/low`, none → `.`."""
+    return "." if partition is None else partition.replace("|", "/")
 
 
 def resources_for(home: Path | None = None) -> dict[str, dg.ConfigurableResource]:

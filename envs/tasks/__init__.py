@@ -8,13 +8,15 @@ Families by domain (difficulty in brackets; tables in each module):
   assistant_2week [hard], assistant_term [marathon]
 - coding_agents (coding.py): write_function [easy], fix_bug [easy], fix_bugs_multi [medium],
   implement_stubs [medium], rename_api [hard]
+- starter rungs of the RL task ladder (starter.py), one short answer or one call: echo_word,
+  compare_numbers (general_tasks), slack_ping (general_agents), write_constant (coding_agents), all easy
 
 `register_family` adds an outside family (any `Family` subclass) to the registry.
 """
 
 from __future__ import annotations
 
-from envs.tasks import assistant, coding, general
+from envs.tasks import assistant, coding, general, starter
 from envs.tasks.base import DIFFICULTIES, DOMAINS, Family, Final, Task, Verdict
 
 _FAMILIES: dict[str, Family] = {}
@@ -32,7 +34,7 @@ def register_family(family: Family) -> None:
     _FAMILIES[family.name] = family
 
 
-for _f in general.FAMILIES + assistant.FAMILIES + coding.FAMILIES:
+for _f in general.FAMILIES + assistant.FAMILIES + coding.FAMILIES + starter.FAMILIES:
     register_family(_f)
 
 

@@ -50,7 +50,8 @@ Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -62,18 +63,22 @@ T_ = TypeVar("T_")
 
 @dataclass(frozen=True)
 class EffortSpec:
-    """Per-effort rollout budget (policy tokens per episode, all turns) and length-term weight."""
+    """Per-effort rollout budget (policy tokens per episode, all turns), the cap of one turn, and
+    the length-term weight."""
     budget_tokens: int
     length_coef: float
+    turn_tokens: int = 256
 
 
 # Budgets sized from the tiny-profile SFT data (docs/log/posttrain.md): the median demonstration
 # spends at most ~610 policy tokens per episode at low and ~1020 at max (canvas_submit_drafts);
-# each budget leaves room above that, and doubles from one effort to the next.
+# each budget leaves room above that, and doubles from one effort to the next. A turn's cap leaves
+# room above the longest demonstrated turn at that effort (a write_function call is ~200 tokens;
+# max's scratchpad adds up to ~150 on one turn).
 EFFORT_SPECS: dict[str, EffortSpec] = {
-    "low": EffortSpec(budget_tokens=1024, length_coef=0.2),
-    "high": EffortSpec(budget_tokens=2048, length_coef=0.1),
-    "max": EffortSpec(budget_tokens=4096, length_coef=0.0),
+    "low": EffortSpec(budget_tokens=1024, length_coef=0.2, turn_tokens=256),
+    "high": EffortSpec(budget_tokens=2048, length_coef=0.1, turn_tokens=384),
+    "max": EffortSpec(budget_tokens=4096, length_coef=0.0, turn_tokens=512),
 }
 
 
@@ -88,8 +93,26 @@ class GRPOConfig:
     tis_cap: float = 2.0
     kl_coef: float = 0.0
     efforts: dict[str, EffortSpec] = field(default_factory=lambda: dict(EFFORT_SPECS))
+    # The loop (`train`): one policy update per step on the kept groups (π_old = the policy that
+    # sampled them, so the ratio starts at 1 and the clip acts from the second micro-batch on).
+    steps: int = 6
+    lr: float = 3e-4
+    warmup_steps: int = 1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    temperature: float = 1.0  # sampling; no top-k/top-p, so the sampler's log-probs are unrenormalised
+    seed: int = 0
+    micro_batch_tokens: int = 16384  # padded tokens per training forward (the loss uses the global count)
+    max_episodes_per_batch: int = 32
+    ckpt_every: int = 0  # 0: no resume point before the end
+    log_every: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("steps", "log_every", "micro_batch_tokens", "max_episodes_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.temperature <= 0:
+            raise ValueError(f"lr and temperature must be > 0 (RL samples), got {self.lr}, {self.temperature}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be ≥ 2 (advantages are relative to the group), "
                              f"got {self.group_size}")
@@ -233,3 +256,246 @@ def policy_loss(logp_BT: torch.Tensor, logp_old_BT: torch.Tensor, logp_rollout_B
                  "rl/ratio_mean": (ratio * m).sum() / safe,
                  "rl/policy_tokens": n_tokens}
     return loss, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop: train(cfg, policy_checkpoint, tokenizer, out_dir, domain=, effort=) -> GRPOResult
+
+@dataclass
+class GRPOResult:
+    checkpoint_dir: Path
+    history: list[dict] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    resumed_from_step: int | None = None
+
+
+def freeze_router_bias(model) -> None:
+    """Stop every LatentMoE's bias updates (DESIGN.md §4: the router bias is frozen during RL)."""
+    from k3model.train.common import moe_layers
+    for moe in moe_layers(model):
+        moe.freeze_bias = True
+
+
+def training_harnesses(harnesses: Sequence[str] | None) -> tuple[str, ...]:
+    """The harness styles RL may sample: None = datagen.sft's training harnesses. The held-out
+    harness is never trained on (it is kept for the cross-harness evaluation, claim 7)."""
+    import envs
+    from datagen.sft import HELD_OUT_HARNESS, training_harnesses as sft_harnesses
+    if harnesses is None:
+        return sft_harnesses()
+    names = tuple(harnesses)
+    if not names:
+        raise ValueError("harnesses must name at least one harness (or be None for the training ones)")
+    for name in names:
+        if name not in envs.HARNESSES:
+            raise ValueError(f"unknown harness {name!r}: choose from {envs.HARNESSES}")
+        if name == HELD_OUT_HARNESS:
+            raise ValueError(f"harness {HELD_OUT_HARNESS!r} is held out of all main-lineage training (claim 7): "
+                             "drop it from harnesses")
+    return names
+
+
+def _sequence_logprobs(model, ids: list[list[int]], masks: list[list[bool]], device) -> torch.Tensor:
+    """log π(token) through the training forward (chunked, no cache) at the masked positions of each
+    sequence, concatenated in order [N]. Only those positions go through the output head."""
+    from k3model.train.sft import PAD_ID
+    T = max(len(x) for x in ids)
+    ids_BT = torch.full((len(ids), T), PAD_ID, dtype=torch.long)
+    mask_BT = torch.zeros((len(ids), T), dtype=torch.bool)
+    for b, (x, m) in enumerate(zip(ids, masks)):
+        ids_BT[b, : len(x)] = torch.tensor(x)
+        mask_BT[b, : len(m)] = torch.tensor(m)
+    ids_BT, mask_BT = ids_BT.to(device), mask_BT.to(device)
+    hidden_BTD = model(ids_BT, logits=False).hidden_BTD
+    # Token t is predicted at position t − 1; a generated token is never the first of a sequence.
+    h_ND = hidden_BTD[:, :-1][mask_BT[:, 1:]]
+    logits_NV = model.lm_head(model.final_norm(h_ND))
+    return token_logprobs(logits_NV.unsqueeze(0), ids_BT[:, 1:][mask_BT[:, 1:]].unsqueeze(0))[0]
+
+
+def _micro_batches(lengths: list[int], budget_tokens: int) -> list[list[int]]:
+    """Sequence indices grouped (sorted by length) so each group's padded size stays within budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = [[]]
+    for i in order:
+        if out[-1] and (len(out[-1]) + 1) * lengths[i] > budget_tokens:
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
+def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str, effort: str,
+          harnesses: Sequence[str] | None = None, tasks: Sequence | None = None,
+          log_fn: Callable[[int, dict], None] | None = None, eval_tasks: Sequence | None = None,
+          stop_after: int | None = None) -> GRPOResult:
+    """Train one specialist (domain × effort) from `policy_checkpoint` (sft_policy's), see the module
+    docstring. `tasks`: the RL prompts (envs Tasks of `domain`; None: `ladder.default_rl_tasks`);
+    `harnesses`: the styles sampled, round-robin over groups (None: every training harness);
+    `eval_tasks`: held-out tasks scored after training (`eval/…` metrics, one sample each at the
+    sampling temperature). Checkpoints: `out_dir/last` (resume point), `out_dir/final`."""
+    import copy
+    import random
+    import time
+
+    from k3model.engine import SamplingConfig
+    from k3model.train.common import (MetricBuffer, _clip_local, autocast_for, build_optimizer, log_and_checkpoint,
+                                      restore_train_state, resume, save_state, set_lr, tail_mean)
+    from k3model.train.evaluate import evaluate, load_policy
+    from k3model.train.ladder import check_domain, default_rl_tasks
+    from k3model.train.rollout import play_tasks, sft_format
+
+    # ---- setup
+    spec = cfg.effort(effort)
+    check_domain(domain)
+    harness_names = training_harnesses(harnesses)
+    pool = list(tasks) if tasks is not None else default_rl_tasks(domain)
+    if not pool:
+        raise ValueError("tasks is empty: give the RL prompts (k3model.train.ladder's rl_tasks) or None")
+    for task in pool:
+        if task.domain != domain:
+            raise ValueError(f"task {task.id} is of domain {task.domain!r}, not {domain!r}: a specialist trains "
+                             "on its own domain's tasks")
+    out_dir = Path(out_dir)
+    last_dir = out_dir / "last"
+    log = log_fn or (lambda step, metrics: None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(cfg.seed)
+
+    # ---- model (QAT stays on when the policy was trained with it; the router bias is frozen)
+    model, manifest = load_policy(policy_checkpoint)
+    qat = manifest.get("config", {}).get("qat")
+    freeze_router_bias(model)
+    run = resume(model, last_dir, log)
+    model.to(device)
+    ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    if run.state is not None:
+        restore_train_state(run.state, optimizer)
+    fmt = sft_format(tokenizer, effort)
+    sampling = SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=cfg.temperature)
+    G, P = cfg.group_size, cfg.groups_per_step
+    manifest_extra = {"config": {"grpo": asdict(cfg), "model": asdict(model.cfg), "qat": qat, "domain": domain,
+                                 "effort": effort, "harnesses": list(harness_names),
+                                 "tasks": [t.id for t in pool]},
+                      "data_versions": {"policy_checkpoint": manifest.get("sha256", "")}}
+
+    def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
+        save_state(path, model, dict(manifest_extra, metrics=metrics or {}), optimizer if with_state else None,
+                   step, {"history": run.history, "tokens_seen": run.tokens_seen})
+
+    # ---- loop
+    buffer = MetricBuffer()
+    ckpt_every = cfg.ckpt_every or cfg.steps
+    for step in range(run.step, cfg.steps):
+        if stop_after is not None and step >= run.step + stop_after:
+            run.history.extend(buffer.flush())
+            return GRPOResult(last_dir, run.history, {}, run.from_step)
+        set_lr(optimizer, cfg.lr * min(1.0, (step + 1) / max(cfg.warmup_steps, 1)))
+        # Everything random in a step is a function of (seed, step): a resumed run draws the same.
+        rng = random.Random(f"{cfg.seed}/{step}")
+        order = rng.sample(range(len(pool)), len(pool))
+        generator = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
+        drawn: list[list] = []
+        t_roll = time.perf_counter()
+
+        def draw(k: int) -> list[list]:
+            picks = [order[(len(drawn) + j) % len(order)] for j in range(k)]
+            hs = [harness_names[(step * P + len(drawn) + j) % len(harness_names)] for j in range(k)]
+            played = play_tasks(model, fmt, [pool[i] for i in picks], hs, sampling, samples=G,
+                                episode_budget=spec.budget_tokens, generator=generator,
+                                max_episodes_per_batch=cfg.max_episodes_per_batch)
+            groups = [[ep for _, _, ep in played[j * G:(j + 1) * G]] for j in range(k)]
+            drawn.extend(groups)
+            return groups
+
+        def rewards_of(group) -> list[float]:
+            correct = torch.tensor([[float(ep.reward >= 1.0) for ep in group]])
+            lengths = torch.tensor([[ep.n_generated for ep in group]])
+            return shaped_rewards(correct, lengths, spec.length_coef)[0].tolist()
+
+        kept, stats = refill_groups(draw, rewards_of, n_groups=P, max_draws=P * cfg.max_draw_factor)
+        t_roll = time.perf_counter() - t_roll
+        episodes = [ep for g in drawn for ep in g]
+        gen_tokens = sum(ep.n_generated for ep in episodes)
+        metrics: dict = {"step": step + 1, **stats,
+                         "rl/success": sum(ep.reward >= 1.0 for ep in episodes) / len(episodes),
+                         "rl/tokens_per_episode": gen_tokens / len(episodes),
+                         "rl/frac_budget_stop": sum(ep.stop_reason == "budget" for ep in episodes) / len(episodes),
+                         "perf/rollout_s": t_roll, "perf/rollout_tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+                         "train/lr": optimizer.param_groups[0]["lr"]}
+        t_upd = time.perf_counter()
+        if kept:
+            metrics.update(_update(model, ref, optimizer, kept, rewards_of, cfg, device, autocast_for, _clip_local))
+            t_upd = time.perf_counter() - t_upd
+            metrics["perf/update_s"] = t_upd
+            metrics["perf/update_tokens_per_s"] = metrics.pop("_padded_tokens") / max(t_upd, 1e-9)
+        run.tokens_seen += gen_tokens
+        buffer.append(metrics)
+        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
+                           lambda done: save(done, last_dir, with_state=True))
+
+    # ---- final metrics and checkpoint
+    hist = run.history
+    metrics = {"rl/steps": float(cfg.steps), "rl/episodes_tokens": float(run.tokens_seen)}
+    for key in ("rl/success", "rl/frac_zero_variance", "rl/tokens_per_episode", "perf/rollout_tokens_per_s",
+                "perf/update_tokens_per_s", "rl/logp_diff_abs_mean"):
+        values = [h[key] for h in hist if key in h]
+        if values:
+            metrics[f"{key}/mean"] = sum(values) / len(values)
+    if hist:
+        metrics["rl/success/first"] = hist[0]["rl/success"]
+        metrics["rl/success/last"] = tail_mean(hist, "rl/success", frac=0.34)
+    if eval_tasks is not None:
+        report = evaluate(model, tokenizer, list(eval_tasks), effort, samples=1, temperature=cfg.temperature,
+                          harness=harness_names, seed=cfg.seed)
+        metrics.update({k: float(v) for k, v in report.as_metadata("eval/").items() if not isinstance(v, str)})
+    log(cfg.steps, metrics)
+    final_dir = out_dir / "final"
+    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
+    return GRPOResult(final_dir, hist, metrics, run.from_step)
+
+
+def _update(model, ref, optimizer, groups, rewards_of, cfg: GRPOConfig, device, autocast_for, clip) -> dict:
+    """One policy update on the kept groups: advantages, then the loss over micro-batches with the
+    batch's global token count as denominator, one clipped optimizer step."""
+    adv_PG = group_advantages(torch.tensor([rewards_of(g) for g in groups]), cfg.advantage_scale)
+    seqs = [ep for g in groups for ep in g]
+    adv = adv_PG.reshape(-1).tolist()
+    total = sum(ep.n_generated for ep in seqs)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    parts, stats_sum, diffs, padded = [], {}, [], 0
+    loss_total = torch.zeros((), device=device)
+    for mb in _micro_batches([len(ep.token_ids) for ep in seqs], cfg.micro_batch_tokens):
+        ids = [seqs[i].token_ids for i in mb]
+        masks = [seqs[i].generated for i in mb]
+        padded += len(mb) * max(len(x) for x in ids)
+        with autocast_for(device):
+            logp_N = _sequence_logprobs(model, ids, masks, device)
+        # Per token: the sampler's log-prob (the behaviour policy) and the episode's advantage.
+        rollout_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].logprobs, seqs[i].generated) if g],
+                                 device=device)
+        untempered_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].model_logprobs, seqs[i].generated)
+                                     if g], device=device)
+        adv_N = torch.tensor([adv[i] for i in mb for g in seqs[i].generated if g], device=device)
+        ref_N = None
+        if ref is not None:
+            with torch.no_grad(), autocast_for(device):
+                ref_N = _sequence_logprobs(ref, ids, masks, device)[:, None]
+        # Each token is its own row: [N, 1] tensors give the loss per-token advantages.
+        loss, stats = policy_loss(logp_N[:, None], logp_N.detach()[:, None], rollout_N[:, None], adv_N,
+                                  torch.ones_like(adv_N)[:, None], cfg.clip_low, cfg.clip_high, cfg.tis_cap,
+                                  cfg.kl_coef, ref_N, denominator=total)
+        loss.backward()
+        loss_total = loss_total + loss.detach()
+        diffs.append((logp_N.detach() - untempered_N))
+        for k, v in stats.items():
+            stats_sum[k] = stats_sum.get(k, 0.0) + v * (len(adv_N) if k != "rl/policy_tokens" else 1)
+    grad_norm = clip(model, cfg.grad_clip)
+    optimizer.step()
+    d = torch.cat(diffs)
+    out = {"train/loss": loss_total, "train/grad_norm": grad_norm, "_padded_tokens": padded,
+           "rl/adv_abs_mean": adv_PG.abs().mean()}
+    out.update({k: (v / total if k != "rl/policy_tokens" else v) for k, v in stats_sum.items()})
+    out.update(logprob_mismatch(d[:, None], torch.zeros_like(d)[:, None], torch.ones_like(d)[:, None], cfg.tis_cap))
+    return out

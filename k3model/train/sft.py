@@ -10,9 +10,9 @@ One call trains the SFT cold start:  setup → model → optimizer → data → 
       loss      = mean over labelled positions of CE(logits[t], labels[t])   (+ λ·MTP, as pretraining)
 
   so the mean runs over own tokens of the whole batch (token-level, not per-row). Batch `step`
-  holds rows `perm_e[(step·B + j) mod N]` of a per-epoch permutation seeded by (seed, epoch), right-
-  padded to the batch's longest row with `<|pad|>` (never a target): a pure function of (seed, step),
-  which is what lets a killed run resume exactly.
+  holds rows of a per-epoch permutation seeded by (seed, epoch), rows of similar length together
+  (`Demonstrations.rows`), right-padded to the batch's longest row with `<|pad|>` (never a
+  target): a pure function of (seed, step), which is what lets a killed run resume exactly.
 - QAT from the first step: `k3model.train.qat.prepare_qat` before the optimizer exists — MXFP4
   weights and MXFP8 activations on the routed experts through `kernels.mx.fake_quant_mx`,
   straight-through.
@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 LogFn = Callable[[int, dict], None]
 PAD_ID = 0  # datagen.tokenizer.PAD: special tokens take ids 0… in SPECIAL_TOKENS order
+BUCKET_WINDOW = 8  # batches per length-sorted window (Demonstrations.rows)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Demonstrations:
         self.harnesses = table.column("harness").to_pylist()
         self.ids = [torch.tensor(x, dtype=torch.long) for x in table.column("input_ids").to_pylist()]
         self.own = [torch.tensor(x, dtype=torch.bool) for x in table.column("loss_mask").to_pylist()]
+        self._epochs: dict[tuple[int, int, int], list[list[int]]] = {}
         top = max(int(x.max()) for x in self.ids)
         if top >= vocab_size:
             raise ValueError(f"the demonstrations hold token id {top} but the model's vocabulary has "
@@ -114,17 +116,32 @@ class Demonstrations:
         return len(self.ids)
 
     def rows(self, seed: int, step: int, batch_size: int) -> list[int]:
-        """The row indices of batch `step`: positions step·B … step·B + B−1 of the epochs' permutations."""
+        """The row indices of batch `step`. Each epoch is a permutation seeded by (seed, epoch), cut
+        into windows of `BUCKET_WINDOW` batches whose rows are sorted by length before they are split
+        into batches, and the epoch's batches are then shuffled: rows of similar length share a batch,
+        so little of it is padding (the demonstrations run from ~300 to ~1,200 tokens). The rows left
+        over by the last full batch sit out that epoch. With batch_size ≥ N, batch `step` holds
+        positions step·B … step·B + B−1 of consecutive epochs' permutations."""
         n = len(self)
-        perms: dict[int, list[int]] = {}
-        out = []
-        for p in range(step * batch_size, (step + 1) * batch_size):
-            epoch = p // n
-            if epoch not in perms:
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-                perms[epoch] = torch.randperm(n, generator=gen).tolist()
-            out.append(perms[epoch][p % n])
-        return out
+        if batch_size >= n:
+            return [self._perm(seed, p // n)[p % n] for p in range(step * batch_size, (step + 1) * batch_size)]
+        per_epoch = n // batch_size
+        epoch, k = divmod(step, per_epoch)
+        key = (seed, epoch, batch_size)
+        if key not in self._epochs:
+            perm = self._perm(seed, epoch)
+            window = batch_size * BUCKET_WINDOW
+            batches = []
+            for at in range(0, per_epoch * batch_size, window):
+                chunk = sorted(perm[at: min(at + window, per_epoch * batch_size)], key=lambda r: len(self.ids[r]))
+                batches += [chunk[b: b + batch_size] for b in range(0, len(chunk), batch_size)]
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch + 7)
+            self._epochs = {key: [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]}
+        return self._epochs[key][k]
+
+    def _perm(self, seed: int, epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        return torch.randperm(len(self), generator=gen).tolist()
 
     def batch(self, rows: list[int], device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids_BT, labels_BT), right-padded; labels are the next token where it is the model's own."""

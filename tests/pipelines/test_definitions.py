@@ -8,6 +8,7 @@ from pipelines.definitions import defs
 
 DATA = {"corpus", "tokenizer", "clue_data", "image_data"}
 PRETRAIN = {"pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model"}
+POSTTRAIN = {"sft_data", "sft_policy", "rl_tasks", "rl_specialist"}
 
 
 def _graph():
@@ -20,9 +21,10 @@ def test_every_asset_once_per_profile_in_its_groups():
     assert {k.path[0] for k in keys} == set(PROFILES) and all(len(k.path) == 2 for k in keys)
     for p in PROFILES:
         mine = {k.path[-1]: graph.get(k) for k in keys if k.path[0] == p}
-        assert set(mine) == DATA | PRETRAIN | {"checkpoint_evals"}
+        assert set(mine) == DATA | PRETRAIN | POSTTRAIN | {"checkpoint_evals"}
         assert {n for n, a in mine.items() if a.group_name == f"{p}_data"} == DATA
         assert {n for n, a in mine.items() if a.group_name == f"{p}_pretraining"} == PRETRAIN
+        assert {n for n, a in mine.items() if a.group_name == f"{p}_posttraining"} == POSTTRAIN
         assert all(a.tags.get("k3/profile") == p for a in mine.values())
 
 
@@ -40,6 +42,24 @@ def test_lineage_stays_within_a_profile():
         for s in (2, 3, 4):
             assert parents(p, f"pretrain_stage_{s}") == DATA | {f"pretrain_stage_{s - 1}"}
         assert parents(p, "base_model") == {"pretrain_stage_4"}
+        assert parents(p, "sft_data") == {"tokenizer"}
+        assert parents(p, "sft_policy") == {"base_model", "sft_data", "tokenizer"}
+        assert parents(p, "rl_tasks") == {"sft_policy", "tokenizer"}
+        assert parents(p, "rl_specialist") == {"sft_policy", "rl_tasks", "tokenizer"}
+
+
+def test_specialists_are_one_asset_with_nine_browsable_partitions():
+    graph = _graph()
+    for p in PROFILES:
+        node = graph.get(key(p, "rl_specialist"))
+        assert isinstance(node.partitions_def, dg.MultiPartitionsDefinition)
+        assert {d.name for d in node.partitions_def.partitions_defs} == {"domain", "effort"}
+        assert len(node.partitions_def.get_partition_keys()) == 9
+        assert "coding_agents|max" in node.partitions_def.get_partition_keys()
+        assert node.backfill_policy == dg.BackfillPolicy.single_run()
+        # Only the specialists are partitioned: the profile's job holds them with the rest.
+        assert [k.path[-1] for k in graph.get_all_asset_keys()
+                if k.path[0] == p and graph.get(k).partitions_def is not None] == ["rl_specialist"]
 
 
 def test_checks_attached():
@@ -56,7 +76,10 @@ def test_jobs_are_per_profile_and_tag_their_runs():
     def selected(name):
         return {k.to_user_string() for k in jobs[name].asset_layer.executable_asset_keys}
     for p in PROFILES:
-        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | {"checkpoint_evals"}}
+        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | POSTTRAIN | {"checkpoint_evals"}}
+        # A run of the job trains all nine specialists: the range from the first to the last of each dimension.
+        assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_start"] == "general_tasks|low"
+        assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_end"] == "coding_agents|max"
         assert selected(f"{p}_eval_job") == {f"{p}/checkpoint_evals"}
         assert jobs[f"{p}_all_job"].tags["k3/profile"] == p == jobs[f"{p}_eval_job"].tags["k3/profile"]
     # One process per run: one Ray cluster per run, not per step.

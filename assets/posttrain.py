@@ -1,0 +1,476 @@
+"""Post-training assets: the SFT cold start, the RL task ladder and the nine RL specialists
+(docs/design.md §1, issue 18).
+
+    tokenizer ─> sft_data ─┐
+    base_model ────────────┴─> sft_policy ─> rl_tasks ─> rl_specialist[domain × effort]
+
+`build(profile)` makes them for one profile (keys `<profile>/sft_data`, …, group
+`<profile>_posttraining`):
+
+- `sft_data`: `datagen.sft.build_sft` with the profile's tokenizer (Parquet): expert demonstrations
+  of every domain at the three efforts, and a held-out table of other task seeds (`heldout.parquet`
+  beside it) for the own-token loss.
+- `sft_policy`: `k3model.train.sft.train` from base_model, QAT on from the first step, through the
+  training adapter (`assets.training`); then the policy and base_model are both played on the same
+  held-out tasks (`k3model.train.evaluate`) per (domain, effort) and per harness.
+- `rl_tasks`, `rl_specialist`: see their builders below.
+
+Sizes per profile are in `SIZES` (smoke: seconds per asset; tiny: minutes). The held-out evaluation
+tasks come from `k3model.train.ladder.EVAL_SEED_BASE`, far from the RL prompts' seeds and from the
+SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was trained on.
+"""
+
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets.data import _result as data_result
+from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.storage import publish
+from assets.tasks import EvalPlan, effort_specs, per_harness, train_sft_task
+from assets.training import TrainingJob, run_training
+from k3model.checkpoint import source_tree_sha256
+
+POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
+DOMAINS = ("general_tasks", "general_agents", "coding_agents")
+EFFORTS = ("low", "high", "max")
+GROUP = "posttraining"
+RESOURCES = {"store", "mlflow", "ray"}
+# The nine specialists: one partition each, every one browsable on its own (`general_tasks|low`, …).
+SPECIALIST_PARTITIONS = dg.MultiPartitionsDefinition({
+    "domain": dg.StaticPartitionsDefinition(list(DOMAINS)), "effort": dg.StaticPartitionsDefinition(list(EFFORTS))})
+
+
+@dataclass(frozen=True)
+class PosttrainSizes:
+    """How much post-training a profile does."""
+    sft_families: tuple[str, ...] | None  # None: every easy and medium family
+    sft_tasks_per_family: int
+    sft_heldout_tasks_per_family: int
+    sft_max_tokens: int
+    sft_steps: int
+    sft_batch_size: int
+    sft_lr: float
+    eval_tasks_per_family: int
+    # The ladder: tasks per family, and the group size the pass rates are measured at.
+    ladder_tasks_per_family: int
+    ladder_samples: int
+    # Each specialist: GRPO steps, group size G, informative groups per step P, RL prompts and
+    # held-out tasks per selected family.
+    rl_steps: int
+    rl_group_size: int
+    rl_groups_per_step: int
+    rl_tasks_per_family: int
+    rl_eval_tasks_per_family: int
+    rl_lr: float
+    # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
+    eval_budgets: tuple[tuple[str, int, int], ...] | None = None
+
+
+SIZES: dict[str, PosttrainSizes] = {
+    # The shortest family of each domain, one task each, and a few generated tokens per episode:
+    # every asset in seconds, so the lineage runs inside the test suite.
+    "smoke": PosttrainSizes(sft_families=("echo_word", "slack_ping", "write_constant"), sft_tasks_per_family=1,
+                            sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
+                            sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
+                            rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4,
+                            eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
+    "tiny": PosttrainSizes(sft_families=None, sft_tasks_per_family=8, sft_heldout_tasks_per_family=1,
+                           sft_max_tokens=4096, sft_steps=120, sft_batch_size=4, sft_lr=1e-3,
+                           eval_tasks_per_family=2, ladder_tasks_per_family=2, ladder_samples=8,
+                           rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=8,
+                           rl_eval_tasks_per_family=4, rl_lr=3e-4),
+    "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
+                            sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
+                            eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
+                            rl_steps=100, rl_group_size=8, rl_groups_per_step=8, rl_tasks_per_family=64,
+                            rl_eval_tasks_per_family=32, rl_lr=3e-4),
+}
+
+
+def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
+    """The held-out evaluation of `profile`: tasks of the families SFT trained on, seeds from
+    `k3model.train.ladder.EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
+    the same tasks for every policy compared."""
+    from datagen.sft import SFT_FAMILIES
+    from k3model.train.ladder import EVAL_SEED_BASE
+    sizes = SIZES[profile]
+    return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
+                    tasks_per_family=tasks_per_family or sizes.eval_tasks_per_family, seed=EVAL_SEED_BASE,
+                    budgets=sizes.eval_budgets)
+
+
+def check_cell(domain: str, effort: str) -> None:
+    """A ValueError naming the valid values, for an unknown domain or effort."""
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown domain {domain!r}: choose one of {', '.join(DOMAINS)}")
+    if effort not in EFFORTS:
+        raise ValueError(f"unknown effort {effort!r}: choose one of {', '.join(EFFORTS)}")
+
+
+def specialist_cell(partition_key: str) -> tuple[str, str]:
+    """(domain, effort) of an rl_specialist partition key `<domain>|<effort>`; a ValueError that lists
+    the keys for one that does not exist."""
+    parts = partition_key.split("|")
+    if len(parts) != 2:
+        raise ValueError(f"partition key {partition_key!r} does not exist: rl_specialist's keys are "
+                         f"<domain>|<effort>, one of {', '.join(SPECIALIST_PARTITIONS.get_partition_keys())}")
+    check_cell(*parts)
+    return parts[0], parts[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# sft_data
+
+class SFTDataAssetConfig(dg.Config):
+    seed: int = Field(default=0, ge=0, description="seeds the demonstration tasks (same seed → same bytes); "
+                      "the held-out table uses seed + 1")
+    tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (SIZES)")
+
+
+def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig,
+                         profile: str) -> dg.MaterializeResult:
+    from datagen.io import write_parquet
+    from datagen.sft import HELD_OUT_HARNESS, SFTDataConfig, build_sft
+    from datagen.tokenizer import load_tokenizer
+
+    tag_run(context, profile)
+    tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
+    sizes = SIZES[profile]
+    cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
+                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens)
+    heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family)
+    t0 = time.perf_counter()
+    tok = load_tokenizer(tokenizer_up.path)
+    table, heldout = build_sft(cfg, tok), build_sft(heldout_cfg, tok)
+    path, sha = publish(context.resources.store.data_dir(profile, "sft_data"), "sft.parquet",
+                        lambda p: write_parquet(table, p),
+                        extra=lambda d: write_parquet(heldout, d / "heldout.parquet"))
+    seconds = time.perf_counter() - t0
+
+    cols = {c: table.column(c).to_pylist() for c in ("domain", "effort", "n_tokens", "n_own_tokens", "n_think_tokens")}
+    rows = []
+    for d in DOMAINS:
+        for e in EFFORTS:
+            idx = [i for i, (dd, ee) in enumerate(zip(cols["domain"], cols["effort"])) if (dd, ee) == (d, e)]
+            n = max(len(idx), 1)
+            rows.append({"domain": d, "effort": e, "rows": len(idx),
+                         "tokens": sum(cols["n_tokens"][i] for i in idx) / n,
+                         "own_tokens": sum(cols["n_own_tokens"][i] for i in idx) / n,
+                         "think_tokens": sum(cols["n_think_tokens"][i] for i in idx) / n})
+    from datagen.io import table_metadata
+    meta = table_metadata(table)
+    preview = table.select(["family", "domain", "harness", "effort", "n_tokens", "n_own_tokens",
+                            "n_think_tokens"]).slice(0, 6).to_pylist()
+    return data_result(context, profile, path, sha, table.num_rows, seconds, dataclasses.asdict(cfg), preview, {
+        "by_domain_effort": dg.MetadataValue.md(markdown_table(rows)),
+        "heldout_rows": heldout.num_rows,
+        "heldout_path": dg.MetadataValue.path(str(path.parent / "heldout.parquet")),
+        "held_out_harness": HELD_OUT_HARNESS,
+        "harnesses": dg.MetadataValue.json(meta.get("harnesses", [])),
+        "dropped_too_long": dg.MetadataValue.json(meta.get("dropped_too_long", {})),
+    })
+
+
+# ----------------------------------------------------------------------------------------------
+# sft_policy
+
+class SFTPolicyConfig(dg.Config):
+    """Overrides for the SFT run; unset fields take the profile's values (SIZES)."""
+    seed: int = Field(default=0, ge=0)
+    steps: int | None = Field(default=None, ge=1, description="optimizer steps")
+    batch_size: int | None = Field(default=None, ge=1)
+    lr: float | None = Field(default=None, gt=0, description="peak learning rate")
+    log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
+    eval_tasks_per_family: int | None = Field(default=None, ge=1, description="held-out tasks per task "
+                                              "family, each played at every effort")
+
+
+def success_rows(evals: dict[str, dict], start: dict[str, dict], start_name: str) -> list[dict[str, Any]]:
+    """One row per (domain, effort) cell: the policy's success (with its 95 % interval) and tokens per
+    answer beside the starting policy's on the same tasks."""
+    rows = []
+    for cell, f in evals.items():
+        domain, effort = cell.split("/")
+        s = start.get(cell, {})
+        rows.append({"domain": domain, "effort": effort, "n": f["n"], "success": f["success_rate"],
+                     "ci95": f"[{f['ci95_low']:.2f}, {f['ci95_high']:.2f}]", "tokens/answer": f["mean_policy_tokens"],
+                     f"{start_name} success": s.get("success_rate"),
+                     f"{start_name} tokens/answer": s.get("mean_policy_tokens")})
+    return rows
+
+
+def _mean(evals: dict[str, dict], field_name: str) -> float:
+    return sum(f[field_name] for f in evals.values()) / max(len(evals), 1)
+
+
+def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig,
+                           profile: str) -> dg.MaterializeResult:
+    from k3model.train.sft import SFTConfig
+
+    tag_run(context, profile)
+    op = f"{profile}__sft_policy"
+    sizes = SIZES[profile]
+    try:
+        cfg = SFTConfig(profile=profile, seed=config.seed, steps=config.steps or sizes.sft_steps,
+                        batch_size=config.batch_size or sizes.sft_batch_size, lr=config.lr or sizes.sft_lr,
+                        qat=True, log_every=config.log_every)
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {profile}/sft_policy (ops.{op}.config): {e}",
+                         allow_retries=False) from e
+    # base_model first: a missing one is named in the message, with the command that makes it.
+    ups = require_upstreams(context, ["base_model", "sft_data", "tokenizer"], profile)
+    plan = eval_plan(profile, config.eval_tasks_per_family)
+    demos = ups["sft_data"].path
+    ray = context.resources.ray
+    context.log.info(f"{profile}/sft_policy: {cfg.steps} steps of {cfg.batch_size} demonstrations from base_model, "
+                     f"QAT on; then {plan.tasks_per_family} held-out task(s) per family at each effort")
+
+    def report(result, mlflow_run_id: str, report_dir: Path) -> dict[str, Any]:
+        mlflow = context.resources.mlflow
+        mlflow.log_rows(mlflow_run_id, success_rows(result.evals, result.start_evals, "base_model"),
+                        "eval/success_by_domain_effort.json")
+        return {}
+
+    trained = run_training(context, TrainingJob(
+        profile=profile, name="sft_policy", task=train_sft_task,
+        args=(cfg, str(demos), str(demos.parent / "heldout.parquet"), str(ups["base_model"].path),
+              str(ups["tokenizer"].path), plan),
+        config=cfg, inputs=ups, log_every=cfg.log_every,
+        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        params={"eval_tasks_per_family": plan.tasks_per_family, "eval_seed": plan.seed},
+        description=f"{profile} SFT policy: base_model fine-tuned {cfg.steps} steps on expert demonstrations "
+                    "at three efforts, QAT (MXFP4 weights, MXFP8 activations on the routed experts) from step 1",
+        headline=lambda r: {"eval/success_rate": _mean(r.evals, "success_rate"),
+                            **{k: r.metrics[k] for k in ("fit/loss", "eval/loss") if k in r.metrics}},
+        report=report))
+
+    r = trained.result
+    m = r.metrics
+    harness = per_harness(r.evals)
+    base_harness = per_harness(r.start_evals)
+    loss_rows = [{"domain": d, "effort": e, "fit": m.get(f"fit/loss/{d}/{e}"), "held-out": m.get(f"eval/loss/{d}/{e}")}
+                 for d in DOMAINS for e in EFFORTS]
+    own: dict[str, Any] = {
+        "steps": cfg.steps,
+        "tokens_seen": r.tokens_seen,
+        "qat": True,
+        "eval/success_rate": _mean(r.evals, "success_rate"),
+        "eval/mean_policy_tokens": _mean(r.evals, "mean_policy_tokens"),
+        "base_model/success_rate": _mean(r.start_evals, "success_rate"),
+        "base_model/mean_policy_tokens": _mean(r.start_evals, "mean_policy_tokens"),
+        "success_by_domain_effort": dg.MetadataValue.md(markdown_table(success_rows(r.evals, r.start_evals,
+                                                                                    "base_model"))),
+        "success_by_harness": dg.MetadataValue.md(markdown_table([
+            {"harness": h, "n": f["n"], "success": f["success_rate"], "unparseable": f["unparseable_rate"],
+             "base_model success": base_harness.get(h, {}).get("success_rate")} for h, f in harness.items()])),
+        "own_token_loss": dg.MetadataValue.md(markdown_table(loss_rows)),
+        **{k: float(m[k]) for k in ("fit/loss", "eval/loss", "train/first_loss", "train/final_loss",
+                                    "perf/own_tokens_per_s", "perf/eval_wall_s") if k in m},
+        "loss": sparkline([h.get("train/main", float("nan")) for h in r.history], "train/main",
+                          f"train/main over {len(r.history)} steps"),
+        "evals": dg.MetadataValue.json({"sft_policy": r.evals, "base_model": r.start_evals}),
+    }
+    return trained.materialize_result(own)
+
+
+# ----------------------------------------------------------------------------------------------
+# rl_tasks: the ladder
+
+class RLTasksConfig(dg.Config):
+    tasks_per_family: int | None = Field(default=None, ge=1, description="ladder tasks per family "
+                                         "(default: the profile's, SIZES)")
+    samples: int | None = Field(default=None, ge=2, description="episodes per task (G)")
+
+
+def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig, profile: str) -> dg.MaterializeResult:
+    import json
+
+    from k3model.train.ladder import EVAL_SEED_BASE, RL_SEED_BASE, LadderConfig, tasks_of
+
+    from assets.tasks import measure_ladder_task
+
+    tag_run(context, profile)
+    ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
+    sizes = SIZES[profile]
+    families = {"families": sizes.sft_families} if sizes.sft_families is not None else {}
+    cfg = LadderConfig(tasks_per_family=config.tasks_per_family or sizes.ladder_tasks_per_family,
+                       samples=config.samples or sizes.ladder_samples, **families)
+    ray = context.resources.ray
+    t0 = time.perf_counter()
+    out = ray.run(measure_ladder_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), cfg,
+                  effort_specs(sizes.eval_budgets), log=context.log.info)
+    seconds = time.perf_counter() - t0
+    ladder = out["json"]
+    chosen: dict[str, dict[str, list]] = {}
+    for cell in ladder["cells"]:
+        chosen[f"{cell['domain']}/{cell['effort']}"] = {
+            "rl": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_tasks_per_family, RL_SEED_BASE)],
+            "eval": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_eval_tasks_per_family,
+                                                          EVAL_SEED_BASE)]}
+    ladder["tasks"] = chosen
+    text = json.dumps(ladder, indent=1, sort_keys=True, default=list)
+    from datagen.io import write_text
+    path, sha = publish(context.resources.store.data_dir(profile, "rl_tasks"), "ladder.json",
+                        lambda p: write_text(text, p))
+    md = out["metadata"]
+    mlflow = context.resources.mlflow
+    with mlflow.start_run(context, params={"profile": profile, **dataclasses.asdict(cfg)},
+                          tags=profile_tags(profile)) as run:
+        mlflow.log_metrics(run.info.run_id, {f"ladder/{k}": float(v) for k, v in md.items()
+                                             if isinstance(v, (int, float))})
+        mlflow.client().log_artifact(run.info.run_id, str(path))
+    rows = [{"domain": c["domain"], "effort": c["effort"], "selected": ", ".join(c["selected"]),
+             "pass": c["pass_rate"], "in band": c["in_band"], "informative": c["informative_frac"],
+             "rl tasks": len(chosen[f"{c['domain']}/{c['effort']}"]["rl"])} for c in ladder["cells"]]
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(str(path)), "sha256": sha, "profile": profile,
+        "ladder": dg.MetadataValue.md(out["table"]),
+        "chosen": dg.MetadataValue.md(markdown_table(rows)),
+        "cells_in_band": sum(bool(c["in_band"]) for c in ladder["cells"]),
+        "pass_rates": dg.MetadataValue.json({k: v for k, v in md.items() if k.endswith("/pass_rate")}),
+        "perf/wall_s": round(seconds, 3),
+        "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+    }, data_version=dg.DataVersion(sha), tags=profile_tags(profile))
+
+
+# ----------------------------------------------------------------------------------------------
+# rl_specialist: nine partitions, trained concurrently
+
+class RLSpecialistConfig(dg.Config):
+    """Overrides for every specialist of the run; unset fields take the profile's values (SIZES)."""
+    steps: int | None = Field(default=None, ge=1, description="GRPO updates per specialist")
+    group_size: int | None = Field(default=None, ge=2, description="episodes per prompt (G)")
+    groups_per_step: int | None = Field(default=None, ge=1, description="informative groups per update (P)")
+    lr: float | None = Field(default=None, gt=0)
+    seed: int = Field(default=0, ge=0)
+    retries: int = Field(default=1, ge=0, description="how often a failed specialist's Ray task is run again")
+
+
+def task_share(n_tasks: int, cpus: float, gpus: float) -> tuple[float, float]:
+    """(num_cpus, num_gpus) per task that packs `n_tasks` concurrent tasks onto a node: on GPUs, an
+    equal share of them each (Ray schedules fractions of a GPU); on CPUs, one core each at least, so a
+    2-core machine runs two at a time and queues the rest."""
+    if gpus >= 1:
+        return 1.0, min(1.0, int(gpus / n_tasks * 10_000) / 10_000)
+    return float(max(1, int(cpus // n_tasks))), 0.0
+
+
+def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpecialistConfig, profile: str):
+    import json
+
+    from k3model.train.grpo import GRPOConfig
+
+    from assets.tasks import train_specialist_task
+    from assets.training import partitioned_result, run_trainings
+
+    tag_run(context, profile)
+    keys = list(context.partition_keys)
+    try:
+        cells = {pk: specialist_cell(pk) for pk in keys}
+    except ValueError as e:
+        raise dg.Failure(description=f"{profile}/rl_specialist: {e}", allow_retries=False) from e
+    ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
+    sizes = SIZES[profile]
+    specs = effort_specs(SIZES[profile].eval_budgets)
+    op = f"{profile}__rl_specialist"
+    try:
+        cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,
+                         groups_per_step=config.groups_per_step or sizes.rl_groups_per_step,
+                         lr=config.lr or sizes.rl_lr, seed=config.seed, **({"efforts": specs} if specs else {}))
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {profile}/rl_specialist (ops.{op}.config): {e}",
+                         allow_retries=False) from e
+    ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
+    ray = context.resources.ray
+    num_cpus, num_gpus = task_share(len(keys), ray.node_cpus(), ray.cluster_gpus(log=context.log.info))
+    context.log.info(f"{profile}/rl_specialist: {len(keys)} specialist(s) ({', '.join(keys)}), {cfg.steps} GRPO "
+                     f"steps each, as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")
+
+    jobs = []
+    for pk, (domain, effort) in cells.items():
+        tasks = ladder["tasks"][f"{domain}/{effort}"]
+        jobs.append(TrainingJob(
+            profile=profile, name="rl_specialist", partition=pk, task=train_specialist_task,
+            args=(cfg, str(ups["sft_policy"].path), str(ups["tokenizer"].path), domain, effort,
+                  [tuple(t) for t in tasks["rl"]], [tuple(t) for t in tasks["eval"]]),
+            config=cfg, inputs=ups, log_every=cfg.log_every, num_cpus=num_cpus, num_gpus=num_gpus,
+            retries=config.retries, params={"domain": domain, "effort": effort, "rl_tasks": len(tasks["rl"])},
+            description=f"{profile} RL specialist {domain} at effort {effort}: GRPO from sft_policy, {cfg.steps} "
+                        "steps on its rl_tasks cell",
+            headline=lambda r: {"eval/success_rate": r.metrics.get("eval/success_rate", float("nan"))}))
+    outcomes = dict(zip(keys, run_trainings(context, jobs)))
+
+    own = {}
+    for pk, trained in outcomes.items():
+        if isinstance(trained, BaseException):
+            continue
+        domain, effort = cells[pk]
+        r, cell = trained.result, f"{domain}/{effort}"
+        mine, sft = r.evals[cell], r.start_evals[cell]
+        curve = [h.get("rl/success", float("nan")) for h in r.history]
+        zero_var = [h["rl/frac_zero_variance"] for h in r.history if "rl/frac_zero_variance" in h]
+        own[pk] = {
+            "domain": domain, "effort": effort, "steps": cfg.steps,
+            "eval/success_rate": mine["success_rate"], "eval/ci95": f"[{mine['ci95_low']:.2f}, {mine['ci95_high']:.2f}]",
+            "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
+            "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
+            "gain": mine["success_rate"] - sft["success_rate"],
+            "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),
+            "reward_curve": sparkline(curve, "rl/success", f"rollout success over {len(curve)} steps"),
+            "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),
+            **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/")) and isinstance(v, (int, float))},
+        }
+    yield from partitioned_result(context, profile, outcomes, own, POSTTRAIN_CODE_VERSION)
+
+
+# ----------------------------------------------------------------------------------------------
+# Builders
+
+def build(profile: str) -> list[dg.AssetsDefinition]:
+    """The post-training assets of `profile`."""
+    common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile))
+
+    @dg.asset(name="sft_data", kinds={"python", "parquet"}, deps=[key(profile, "tokenizer")],
+              code_version=source_tree_sha256(packages=("datagen", "envs"))[:12],
+              required_resource_keys={"store", "mlflow"}, **common,
+              description="SFT demonstrations from the scripted experts of all three domains, in the training "
+                          "harnesses, at three efforts (low answers at once; high and max think first), loss "
+                          "on the model's own tokens; a held-out table of other task seeds beside it.")
+    def sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig) -> dg.MaterializeResult:
+        return materialize_sft_data(context, config, profile)
+
+    @dg.asset(name="sft_policy", kinds={"pytorch", "ray"},
+              deps=[key(profile, n) for n in ("base_model", "sft_data", "tokenizer")],
+              code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
+              description="The SFT cold start: base_model fine-tuned on sft_data with QAT on from the first "
+                          "step; held-out task success per (domain, effort) and per harness beside base_model's.")
+    def sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig) -> dg.MaterializeResult:
+        return materialize_sft_policy(context, config, profile)
+
+    @dg.asset(name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+              code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
+              description="The RL task ladder: sft_policy's pass rate per task family and effort (G samples "
+                          "per task), and per (domain, effort) the families in the 10–90 % band the specialist "
+                          "trains on, with its RL prompts and held-out tasks.")
+    def rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig) -> dg.MaterializeResult:
+        return materialize_rl_tasks(context, config, profile)
+
+    @dg.asset(name="rl_specialist", kinds={"pytorch", "ray"},
+              deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "tokenizer")],
+              partitions_def=SPECIALIST_PARTITIONS, backfill_policy=dg.BackfillPolicy.single_run(),
+              code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
+              description="Nine GRPO specialists, domain × effort, one partition each, trained from sft_policy on "
+                          "their rl_tasks cell. A run of several partitions trains them as concurrent Ray tasks "
+                          "(one step: BackfillPolicy.single_run).")
+    def rl_specialist(context: dg.AssetExecutionContext, config: RLSpecialistConfig):
+        yield from materialize_rl_specialists(context, config, profile)
+
+    return [sft_data, sft_policy, rl_tasks, rl_specialist]

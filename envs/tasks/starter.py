@@ -1,0 +1,124 @@
+"""Starter families: the lowest rungs of the RL task ladder, one per skill a 2–3M-parameter policy can
+reach after a short SFT (docs/log/posttrain.md, the ladder). Every one is a full envs task — harness
+prompt, tools, budget, real verifier — with a short answer or a single tool call:
+
+| family          | domain         | difficulty | tools       | expert calls | what it takes                 |
+|-----------------|----------------|------------|-------------|--------------|-------------------------------|
+| echo_word       | general_tasks  | easy       | finish only | 1            | copy one word from the task   |
+| compare_numbers | general_tasks  | easy       | finish only | 1            | the larger of two 3-digit ints|
+| slack_ping      | general_agents | easy       | slack       | 2            | one post: channel + one word  |
+| write_constant  | coding_agents  | easy       | files, run  | 2            | a one-line function           |
+
+The verifiers are the ones of the families they shrink (general.py's answer check with the
+unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
+loosened. The words are drawn from a list disjoint from what the random policy of envs.experts
+writes, and the numbers have three digits, so a random or empty policy scores 0
+(tests/envs/test_envs_starter.py).
+"""
+
+from __future__ import annotations
+
+import random
+
+from envs.actions import AppCall, Finish, Write
+from envs.harnesses.base import ToolSet
+from envs.tasks import worldgen as wg
+from envs.tasks.assistant import SlackPost, budget
+from envs.tasks.base import Family, Final, Task, files_changed, verdict
+from envs.tasks.coding import CodingFamily, case
+from envs.tasks.general import FINISH_NOTE, _answer_goal
+
+WORDS = ("falcon", "maple", "cobalt", "river", "orbit", "lantern", "quartz", "meadow", "harbor", "ember",
+         "glacier", "violet", "summit", "copper", "willow", "thunder", "saffron", "pebble", "canyon", "juniper")
+
+
+class _AnswerFamily(Family):
+    domain = "general_tasks"
+    difficulty = "easy"
+
+    def _task(self, seed: int, question: str, answer: str, extra: dict | None = None) -> Task:
+        t = Task(self.name, seed, self.domain, self.difficulty, question + FINISH_NOTE, ToolSet(), 0, 0,
+                 {"answer": answer, **(extra or {})})
+        return budget(t, 1)
+
+    def solution(self, task):
+        return [Finish(task.spec["answer"])]
+
+    def verify(self, task: Task, final: Final):
+        return verdict(_answer_goal(task, final.answer), files_changed(final.sandbox, {}), [], final.finished)
+
+
+class EchoWord(_AnswerFamily):
+    name = "echo_word"
+    description = "Answer with the one word the task names (a copy from the prompt)."
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        word = rng.choice(WORDS)
+        question = rng.choice([f'The password is "{word}". What is the password?',
+                               f'Repeat this word: "{word}".',
+                               f'{rng.choice(wg.FIRST)} picked the word "{word}". Which word did they pick?'])
+        return self._task(seed, question, word)
+
+
+class CompareNumbers(_AnswerFamily):
+    name = "compare_numbers"
+    description = "Answer with the larger (or smaller) of two three-digit numbers."
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        a, b = rng.sample(range(100, 1000), 2)
+        larger = rng.random() < 0.5
+        word = "larger" if larger else "smaller"
+        answer = max(a, b) if larger else min(a, b)
+        return self._task(seed, f"Which number is {word}: {a} or {b}?", str(answer),
+                          {"numbers": [a, b], "larger": larger})
+
+
+class SlackPing(SlackPost):
+    name = "slack_ping"
+    difficulty = "easy"
+    description = "Post one given word in a given Slack channel (slack_post with a one-word message)."
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        ids = wg.Ids()
+        w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
+        channel = rng.choice(sorted(w.slack.channels))
+        text = rng.choice(WORDS)
+        spec = {"world": w.to_json(), "channel": channel, "text": text}
+        t = Task(self.name, seed, self.domain, self.difficulty,
+                 f'Post the word "{text}" in the #{channel} Slack channel.', ToolSet(apps=("slack",),
+                 only=("slack.list_channels", "slack.post")), 0, 0, spec)
+        return budget(t, 2)
+
+
+class WriteConstant(CodingFamily):
+    name = "write_constant"
+    difficulty = "easy"
+    description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        name = rng.choice(["value", "answer", "result", "magic", "score"])
+        k = rng.randint(2, 99)
+        kind = rng.randrange(3)
+        if kind == 0:
+            instruction, params, body, cases = (f"returns the number {k}", "", f"return {k}",
+                                                [case("test_solution_hidden::test_1", f"from solution import {name}",
+                                                      f"{name}()", k)])
+        else:
+            op = "+" if kind == 1 else "*"
+            instruction = f"returns x {'plus' if op == '+' else 'times'} {k}"
+            params, body = "x", f"return x {op} {k}"
+            cases = [case(f"test_solution_hidden::test_{i + 1}", f"from solution import {name}", f"{name}({x})",
+                          x + k if op == "+" else x * k) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
+        text = (f"Create a file solution.py that defines {name}({params}), a function that {instruction}. "
+                "Hidden tests will check it.")
+        return self._finish_task(seed, text, {}, cases, [], {"source": f"def {name}({params}):\n    {body}\n"})
+
+    def solution(self, task):
+        return [Write("solution.py", task.spec["source"]), Finish()]
+
+
+FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant()]

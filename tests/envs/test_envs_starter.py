@@ -1,0 +1,80 @@
+"""The starter families (envs/tasks/starter.py): real verifiers that a random, empty or nearly-right
+policy cannot pass, and the adversarial battery on the coding one."""
+
+import pytest
+
+import envs
+from envs.actions import AppCall, Finish, Write
+from envs.adversarial import ATTACKS, host, run_attack
+from envs.experts import random_policy
+from envs.rollout import rollout
+from envs.tasks import generate, get_family
+from envs.tasks.starter import FAMILIES, WORDS
+
+STARTERS = [f.name for f in FAMILIES]
+
+
+def _play(family, actions, task, harness="codex"):
+    with envs.make_env(family, harness=harness) as env:
+        env.reset(task=task)
+        for i, a in enumerate(actions):
+            obs, reward, terminated, truncated, info = env.step(env.harness.render_calls([a], start_index=i))
+            if terminated or truncated:
+                return reward, info
+    raise AssertionError("the episode did not end")
+
+
+@pytest.mark.parametrize("family", STARTERS)
+def test_random_and_empty_policies_score_zero(family):
+    for seed in range(12):
+        harness = envs.HARNESSES[seed % len(envs.HARNESSES)]
+        with envs.make_env(family, harness=harness) as env:
+            assert rollout(env, random_policy(harness, seed), seed=seed)["reward"] == 0.0
+        with envs.make_env(family, harness=harness) as env:
+            env.reset(seed=seed)
+            _, r, *_ = env.step("")  # no call at all
+            assert r == 0.0 and not env.done
+    assert get_family(family).info()["difficulty"] == "easy"
+
+
+def test_nearly_right_answers_fail():
+    for seed in range(6):
+        t = generate("echo_word", seed)
+        other = next(w for w in WORDS if w != t.spec["answer"])
+        assert _play("echo_word", [Finish(other)], t)[0] == 0.0
+        assert _play("echo_word", [Finish(t.spec["answer"].upper())], t)[0] == 1.0  # case is normalized
+        t = generate("compare_numbers", seed)
+        a, b = t.spec["numbers"]
+        wrong = min(a, b) if t.spec["larger"] else max(a, b)
+        assert _play("compare_numbers", [Finish(str(wrong))], t)[0] == 0.0
+        assert _play("compare_numbers", [Finish(f"{a} or {b}")], t)[0] == 0.0
+    t = generate("slack_ping", 1)
+    others = [c for c in t.spec["world"]["slack"]["channels"] if c["name"] != t.spec["channel"]]
+    wrong_channel = AppCall("slack", "post", {"channel": others[0]["name"], "text": t.spec["text"]})
+    right = AppCall("slack", "post", {"channel": t.spec["channel"], "text": t.spec["text"]})
+    assert _play("slack_ping", [wrong_channel, Finish()], t)[0] == 0.0
+    assert _play("slack_ping", [right, right, Finish()], t)[0] == 0.0  # posted twice
+    assert _play("slack_ping", [right, Finish()], t)[0] == 1.0
+    for seed in range(3):
+        t = generate("write_constant", seed)
+        src = t.spec["source"]
+        k = int(src.rsplit(" ", 1)[-1])
+        off_by_one = src.rsplit(" ", 1)[0] + f" {k + 1}\n"
+        reward, info = _play("write_constant", [Write("solution.py", off_by_one), Finish()], t)
+        assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] < info["verifier"]["details"]["hidden_total"]
+
+
+@pytest.fixture(scope="module")
+def h():
+    with host() as hst:
+        yield hst
+
+
+# One attack of each kind on the starter coding family (the full battery runs on write_function).
+KINDS = list({a.kind: a for a in ATTACKS}.values())
+
+
+@pytest.mark.parametrize("attack", KINDS, ids=[a.kind for a in KINDS])
+def test_attacks_on_write_constant_earn_nothing_and_stay_inside(attack, h):
+    r = run_attack(attack, h, family="write_constant")
+    assert r.reward == 0.0 and r.escapes == [], r.outputs

@@ -1,0 +1,109 @@
+"""The GRPO loop on a smoke model: real envs episodes, refill, the update, checkpoints and resume."""
+
+from dataclasses import asdict, replace
+
+import pytest
+import torch
+
+import envs
+from datagen.sft import turn_tokens
+from k3model.checkpoint import load_checkpoint
+from k3model.config import get_profile
+from k3model.model import K3Model
+from k3model.train.common import save_state
+from k3model.train.evaluate import load_policy
+from k3model.train.grpo import EFFORT_SPECS, EffortSpec, GRPOConfig, _update, train
+from k3model.train.qat import QAT_SCHEME, prepare_qat, qat_enabled
+from k3model.train.rollout import Episode, PolicyTurn
+
+# Budgets of a few tokens per turn keep a random model's episodes short; the smoke context (512) is
+# shorter than a smoke-tokenized prompt, so the policy is the smoke shape under another name.
+SPECS = {e: EffortSpec(budget_tokens=64, length_coef=s.length_coef, turn_tokens=8) for e, s in EFFORT_SPECS.items()}
+CFG = GRPOConfig(group_size=4, groups_per_step=2, max_draw_factor=3, steps=2, efforts=SPECS, lr=1e-3, ckpt_every=1)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, smoke_tok):
+    torch.manual_seed(0)
+    model = prepare_qat(K3Model(replace(get_profile("smoke").model, name="smoke-unbounded")))
+    # A policy whose output head only knows <|end|>: every other id has logit 0 and <|end|> a logit
+    # that depends on the context, so turns end early at random and a group's episodes (8 turns at
+    # most: the env's step budget) differ in length — the length term's signal at low effort.
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[turn_tokens(smoke_tok, "low").stop_id] = 0.5
+    path = tmp_path_factory.mktemp("policy") / "sft"
+    save_state(path, model, {"config": {"model": asdict(model.cfg), "qat": QAT_SCHEME}})
+    return path
+
+
+def test_the_loop_trains_on_informative_groups_and_resumes_exactly(policy, smoke_tok, tmp_path):
+    tasks = [envs.generate("echo_word", s) for s in range(3)]
+    logs = []
+    result = train(CFG, policy, smoke_tok, tmp_path / "a", domain="general_tasks", effort="low",
+                   harnesses=("codex", "hermes"), tasks=tasks, log_fn=lambda s, m: logs.append((s, m)),
+                   eval_tasks=tasks[:2])
+    h = result.history
+    assert [row["step"] for row in h] == [1, 2]
+    for row in h:
+        # Random policy: nothing solved, so only the length term (low: c = 0.2) separates episodes.
+        assert row["rl/success"] == 0.0 and 0 <= row["rl/frac_zero_variance"] <= 1
+        assert row["rl/tokens_per_episode"] <= 64 and row["perf/rollout_tokens_per_s"] > 0
+    updated = [row for row in h if "train/loss" in row]
+    assert updated, "seeded so that some group's lengths differ"
+    assert all(abs(row["rl/logp_diff_abs_mean"]) < 1e-3 and row["rl/ratio_mean"] == pytest.approx(1.0)
+               for row in updated)
+    assert result.metrics["eval/n"] == 2 and logs[-1][1] is not None
+    # The checkpoint keeps QAT on and names its policy and specialist.
+    _, manifest = load_checkpoint(result.checkpoint_dir)
+    assert manifest["config"]["qat"] == QAT_SCHEME and manifest["config"]["effort"] == "low"
+    model, _ = load_policy(result.checkpoint_dir)
+    assert qat_enabled(model)
+    before, _ = load_checkpoint(policy)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if k.endswith("expert_bias_E"))
+    assert any(not torch.equal(before[k], after[k]) for k in before if "experts" in k or "lm_head" in k)
+    # A run killed after one step and called again ends where the uninterrupted one did.
+    train(CFG, policy, smoke_tok, tmp_path / "b", domain="general_tasks", effort="low",
+          harnesses=("codex", "hermes"), tasks=tasks, stop_after=1)
+    again = train(CFG, policy, smoke_tok, tmp_path / "b", domain="general_tasks", effort="low",
+                  harnesses=("codex", "hermes"), tasks=tasks)
+    assert again.resumed_from_step == 1
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]  # noqa: E731
+    assert strip(again.history) == strip(h)
+    wa, _ = load_checkpoint(result.checkpoint_dir)
+    wb, _ = load_checkpoint(again.checkpoint_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_update_is_the_token_sum_loss_with_tis_weights(policy):
+    model, _ = load_policy(policy)
+    # Two episodes of one group: 3 and 1 generated tokens, rewards 1 and 0 → A = +0.5, −0.5.
+    eps = []
+    for reward, gen in ((1.0, [7, 8, 9]), (0.0, [7])):
+        ep = Episode(reward=reward)
+        ep.append([1, 2, 3, 4], generated=False)
+        ep.append(gen, generated=True, logprobs=[0.0] * len(gen), model_logprobs=[0.0] * len(gen))
+        ep.turns = [PolicyTurn(4, gen, [0.0] * len(gen), [0.0] * len(gen), "stop", "")]
+        eps.append(ep)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    from k3model.train.common import _clip_local, autocast_for
+    from k3model.engine import score
+    lp = [score(model, [ep.token_ids], [4])[0] for ep in eps]
+    out = _update(model, None, opt, [eps], lambda g: [ep.reward for ep in g], CFG, "cpu", autocast_for, _clip_local)
+    # ratio 1; w = min(exp(logp − 0), 2) = p (all p < 2); loss = −Σ w·A / 4 tokens.
+    expected = -(0.5 * sum(torch.tensor(lp[0]).exp()) - 0.5 * torch.tensor(lp[1]).exp().sum()) / 4
+    torch.testing.assert_close(out["train/loss"], expected.float(), rtol=1e-4, atol=1e-6)
+    assert out["rl/policy_tokens"] == 4 and out["_padded_tokens"] == 2 * 7  # one micro-batch, padded to 7
+    assert out["rl/logp_diff_mean"] == pytest.approx(sum(lp[0] + lp[1]) / 4, abs=1e-5)
+    assert float(out["train/grad_norm"]) > 0
+
+
+@pytest.mark.parametrize("kwargs, match", [({"domain": "poetry"}, "unknown domain"),
+                                           ({"effort": "medium"}, "unknown effort"),
+                                           ({"harnesses": ("openclaw",)}, "held out"),
+                                           ({"tasks": [envs.generate("slack_ping", 0)]}, "not 'general_tasks'")])
+def test_bad_input_says_what_to_change(policy, smoke_tok, tmp_path, kwargs, match):
+    args = {"domain": "general_tasks", "effort": "low", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        train(CFG, policy, smoke_tok, tmp_path, **args)
