@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from k3model.config import get_profile
+from k3model.config import ModelConfig, get_profile
 from k3model.model import K3Model
 from k3model.moe import LatentMoE, moe_param_counts
 
@@ -42,8 +42,13 @@ def _part_of(name: str, model: K3Model) -> str:
 
 def count_params(profile: str) -> dict:
     """Counts for `profile`: totals, active, a per-part breakdown and the MoE split."""
+    return count_config(get_profile(profile).model, profile)
+
+
+def count_config(cfg: ModelConfig, profile: str | None = None) -> dict:
+    """`count_params` for a model config (e.g. the one a checkpoint's manifest records)."""
     # Fake quantization adds no parameters, and counting must not need the MX kernels.
-    cfg = replace(get_profile(profile).model, qat=False)
+    cfg = replace(cfg, qat=False)
     with torch.device("meta"):
         model = K3Model(cfg)
     parts: dict[str, int] = defaultdict(int)
@@ -59,7 +64,7 @@ def count_params(profile: str) -> dict:
     total = total_with_mtp - parts.get("mtp", 0)
     inactive = moe["routed"] - moe["routed_active"] if moe else 0
     result = {
-        "profile": profile,
+        "profile": profile or cfg.name,
         "total": total,
         "active": total - inactive,
         "mtp": parts.get("mtp", 0),

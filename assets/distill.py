@@ -1,0 +1,363 @@
+"""Distillation assets: the MOPD student and the cross-harness transfer folds (DESIGN.md §1, §5 claims
+4 and 7; issue 19).
+
+    sft_policy ─┬─> mopd_student      (all nine rl_specialist partitions are its teachers)
+    rl_specialist[domain × effort] ─┘
+    sft_policy ──> cross_harness      (GRPO arms per fold: four harnesses vs one, the fifth held out)
+
+`build(profile)` makes them (keys `<profile>/mopd_student`, `<profile>/cross_harness`, group
+`<profile>_distillation`), each through the training adapter (`assets.training`):
+
+- `mopd_student`: `k3model.train.mopd.train` from sft_policy, each prompt routed by (domain, effort)
+  to that rl_specialist partition; then the student and each teacher are played on the same
+  held-out tasks (`assets.posttrain.eval_plan`, sft_policy's tasks). Metadata: the teacher-retention
+  matrix (student ÷ teacher success, 95 % interval, the ≥ 90 % target per cell), tokens per answer
+  per effort, the KL to each teacher over training, the sampled estimators' bias and variance
+  against the exact KL, counted FLOPs; the manifest names the nine teachers by checkpoint sha256.
+  With `control` on, the equal-compute generalist GRPO run (`k3model.train.control`) is trained on
+  the specialists' + MOPD's counted FLOPs and evaluated on the same cells.
+- `cross_harness`: per fold (held-out harness), a general arm (GRPO on the fold's training
+  harnesses) and a single-harness arm (one of them, same config and budget), concurrent Ray tasks;
+  each arm evaluated in its harnesses and in the held-out one. Metadata per fold: held-out ÷
+  in-harness success with its 95 % interval for both arms, per-harness unparseable-action rates.
+"""
+
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
+from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES, eval_plan
+from assets.training import TrainingJob, run_training, run_trainings
+
+GROUP = "distillation"
+RESOURCES = {"store", "mlflow", "ray"}
+RETENTION_TARGET = 0.9
+TRANSFER_TARGET = 0.8
+# Held-out tasks of the cross-harness folds: far from the RL prompts and from sft_policy's
+# evaluation seeds (assets.posttrain.EVAL_SEED = 500 000).
+TRANSFER_EVAL_SEED = 600_000
+
+
+@dataclass(frozen=True)
+class DistillSizes:
+    """How much distillation and transfer training a profile does."""
+    mopd_steps: int
+    mopd_episodes_per_step: int
+    mopd_lr: float
+    # (effort, episode budget, turn cap) for MOPD's rollouts; None: grpo.EFFORT_SPECS (the teachers')
+    mopd_budgets: tuple[tuple[str, int, int], ...] | None
+    folds: tuple[str, ...]  # held-out harness of each cross-harness fold
+    transfer_domain: str
+    transfer_effort: str
+    transfer_steps: int
+    transfer_group_size: int
+    transfer_groups_per_step: int
+    transfer_rl_tasks: int
+    transfer_eval_tasks: int
+    transfer_budgets: tuple[tuple[str, int, int], ...] | None
+
+
+SIZES_DISTILL: dict[str, DistillSizes] = {
+    "smoke": DistillSizes(mopd_steps=1, mopd_episodes_per_step=3, mopd_lr=1e-4,
+                          mopd_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4)), folds=("openclaw",),
+                          transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
+                          transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
+                          transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
+    "tiny": DistillSizes(mopd_steps=8, mopd_episodes_per_step=9, mopd_lr=5e-5, mopd_budgets=None,
+                         folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
+                         transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
+                         transfer_eval_tasks=8, transfer_budgets=None),
+    "small": DistillSizes(mopd_steps=200, mopd_episodes_per_step=36, mopd_lr=2e-5, mopd_budgets=None,
+                          folds=("openclaw", "hermes", "codex", "claude_code", "kimi_code"),
+                          transfer_domain="general_agents", transfer_effort="low", transfer_steps=100,
+                          transfer_group_size=8, transfer_groups_per_step=8, transfer_rl_tasks=128,
+                          transfer_eval_tasks=64, transfer_budgets=None),
+}
+
+
+def _specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
+    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
+    if budgets is None:
+        return None
+    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
+            for e, b, t in budgets}
+
+
+def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> dict[str, Upstream]:
+    """The newest materialization of every rl_specialist partition ("domain|effort"); a Failure naming
+    each missing one."""
+    asset = key(profile, "rl_specialist")
+    found: dict[str, Upstream] = {}
+    missing = []
+    for d in DOMAINS:
+        for e in EFFORTS:
+            pk = f"{d}|{e}"
+            records = context.instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=asset, asset_partitions=[pk]), limit=1).records
+            mat = records[0].event_log_entry.asset_materialization if records else None
+            if mat is None or "path" not in mat.metadata:
+                missing.append(pk)
+                continue
+            found[pk] = Upstream(name=f"rl_specialist[{pk}]", path=Path(mat.metadata["path"].value),
+                                                  data_version=(mat.tags or {}).get("dagster/data_version", ""),
+                                 run_id=records[0].run_id, metadata={k: v.value for k, v in mat.metadata.items()})
+    if missing:
+        raise dg.Failure(description=f"{profile}/mopd_student needs every teacher: rl_specialist partition(s) "
+                                     f"{', '.join(missing)} have not been materialized for profile {profile!r}. "
+                                     f"Materialize them first (`k3 run --profile {profile} --select "
+                                     f"'*rl_specialist'`)", allow_retries=False)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# mopd_student
+
+class MOPDStudentConfig(dg.Config):
+    """Overrides for the distillation; unset fields take the profile's values (SIZES_DISTILL)."""
+    seed: int = Field(default=0, ge=0)
+    steps: int | None = Field(default=None, ge=1)
+    episodes_per_step: int | None = Field(default=None, ge=1, description="student episodes per update, "
+                                          "round-robin over the nine (domain, effort) routes")
+    lr: float | None = Field(default=None, gt=0)
+    outcome_coef: float = Field(default=0.0, ge=0, description="α on the outcome-reward advantage (0: pure "
+                                "distillation; > 0 needs samples_per_task ≥ 2)")
+    samples_per_task: int = Field(default=1, ge=1)
+    log_every: int = Field(default=2, ge=1)
+    control: bool = Field(default=False, description="also train the equal-compute generalist GRPO control "
+                          "(needs the specialists' counted FLOPs in their metadata, `flops/total`)")
+
+
+def retention_rows(kept: dict[str, dict]) -> list[dict[str, Any]]:
+    rows = []
+    for cell, r in kept.items():
+        domain, effort = cell.split("/")
+        rows.append({"domain": domain, "effort": effort, "n": r["n"], "student": r["student"],
+                     "teacher": r["teacher"],
+                     "student ÷ teacher": r["retention"] if r["retention"] is not None else "undefined (teacher 0)",
+                     "ci95": f"[{r['ci95_low']:.2f}, {r['ci95_high']:.2f}]" if r["retention"] is not None else "",
+                     f"≥ {RETENTION_TARGET:.0%}": ("yes" if r["retention"] >= RETENTION_TARGET else "no")
+                     if r["retention"] is not None else "n/a",
+                     "tokens/answer (student, teacher)": f"{r['student_tokens']:.0f}, {r['teacher_tokens']:.0f}"})
+    return rows
+
+
+def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStudentConfig,
+                             profile: str) -> dg.MaterializeResult:
+    from k3model.train.grpo import GRPOConfig
+    from k3model.train.mopd import MOPDConfig
+
+    tag_run(context, profile)
+    sizes = SIZES_DISTILL[profile]
+    try:
+        cfg = MOPDConfig(seed=config.seed, steps=config.steps or sizes.mopd_steps,
+                         episodes_per_step=config.episodes_per_step or sizes.mopd_episodes_per_step,
+                         lr=config.lr or sizes.mopd_lr, outcome_coef=config.outcome_coef,
+                         samples_per_task=config.samples_per_task, specs=_specs(sizes.mopd_budgets),
+                         log_every=config.log_every)
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {profile}/mopd_student "
+                                     f"(ops.{profile}__mopd_student.config): {e}", allow_retries=False) from e
+    ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
+    teachers = specialist_partitions(context, profile)
+    plan = eval_plan(profile)
+    spec_flops = [t.metadata.get("flops/total") for t in teachers.values()]
+    specialist_flops = sum(spec_flops) if all(isinstance(f, (int, float)) for f in spec_flops) else None
+    control_cfg = None
+    if config.control:
+        if specialist_flops is None:
+            raise dg.Failure(description=f"{profile}/mopd_student: control=True needs each rl_specialist's counted "
+                                         "FLOPs (`flops/total` in its metadata), which "
+                                         + ", ".join(p for p, t in teachers.items() if "flops/total" not in t.metadata)
+                                         + " lack", allow_retries=False)
+        specs = _specs(sizes.mopd_budgets)
+        control_cfg = dataclasses.replace(GRPOConfig(), efforts=specs) if specs else GRPOConfig()
+    context.log.info(f"{profile}/mopd_student: {cfg.steps} steps × {cfg.episodes_per_step} student episodes routed "
+                     f"to {len(teachers)} teachers; then {plan.tasks_per_domain} held-out task(s) per domain, "
+                     "student at every effort and each teacher at its own")
+
+    def report(result, mlflow_run_id: str, report_dir) -> dict[str, Any]:
+        context.resources.mlflow.log_rows(mlflow_run_id, retention_rows(result.retention),
+                                          "eval/teacher_retention.json")
+        return {}
+
+    ray = context.resources.ray
+    inputs = {**ups, **{t.name: t for t in teachers.values()}}
+    trained = run_training(context, TrainingJob(
+        profile=profile, name="mopd_student", task=train_mopd_task,
+        args=(cfg, str(ups["sft_policy"].path), {pk: str(t.path) for pk, t in teachers.items()},
+              str(ups["tokenizer"].path), plan, control_cfg, specialist_flops),
+        config=cfg, inputs=inputs, log_every=cfg.log_every,
+        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        params={"eval_tasks_per_domain": plan.tasks_per_domain, "eval_seed": plan.seed, "control": config.control},
+        description=f"{profile} MOPD student: sft_policy distilled on-policy from the nine rl_specialist teachers "
+                    "(routed by domain × effort), one checkpoint for every effort",
+        headline=lambda r: {k: r.metrics[k] for k in ("eval/success_rate", "eval/retention_min") if k in r.metrics},
+        report=report))
+    return trained.materialize_result(mopd_metadata(trained.result, cfg, teachers, specialist_flops))
+
+
+def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float | None) -> dict[str, Any]:
+    kept = r.retention
+    ratios = {c: k["retention"] for c, k in kept.items()}
+    defined = [v for v in ratios.values() if v is not None]
+    hist = r.history
+    kl_rows = []
+    for pk in teachers:
+        values = [h[f"kl/{pk}"] for h in hist if f"kl/{pk}" in h]
+        kl_rows.append({"teacher": pk, "sha256": r.teacher_manifest[pk]["sha256"][:12], "steps seen": len(values),
+                        "KL first": values[0] if values else None, "KL last": values[-1] if values else None})
+    tokens = {e: [f["mean_policy_tokens"] for c, f in r.evals.items() if c.endswith("/" + e)] for e in EFFORTS}
+    own: dict[str, Any] = {
+        "steps": cfg.steps,
+        "teacher_retention": dg.MetadataValue.md(markdown_table(retention_rows(kept))),
+        "retention/min": min(defined) if defined else "undefined",
+        "retention/cells_at_target": sum(v >= RETENTION_TARGET for v in defined),
+        "retention/cells_defined": len(defined),
+        "retention/target": RETENTION_TARGET,
+        "retention_matrix": dg.MetadataValue.json(kept),
+        "eval/success_rate": r.metrics.get("eval/success_rate"),
+        **{f"tokens_per_answer/{e}": sum(v) / len(v) for e, v in tokens.items() if v},
+        **{f"train/tokens_per_answer/{e}": sum(h[f"rollout/tokens_per_answer/{e}"] for h in hist
+                                               if f"rollout/tokens_per_answer/{e}" in h)
+           / max(sum(f"rollout/tokens_per_answer/{e}" in h for h in hist), 1) for e in EFFORTS},
+        "kl_to_each_teacher": dg.MetadataValue.md(markdown_table(kl_rows)),
+        "kl_exact": sparkline([h.get("kl/exact", float("nan")) for h in hist], "kl/exact",
+                              f"exact reverse KL to the routed teacher over {len(hist)} steps"),
+        **{k: float(v) for k, v in r.metrics.items() if k.startswith(("kl/", "mopd/"))},
+        "teachers": dg.MetadataValue.json(r.teacher_manifest),
+        **{f"flops/{k}": v for k, v in r.flops.items()},
+    }
+    if specialist_flops is not None:
+        own["flops/specialists_rl"] = specialist_flops
+    if r.control is not None:
+        c = r.control
+        ctl = sum(f["success_rate"] for f in c["evals"].values()) / max(len(c["evals"]), 1)
+        own.update({"control/success_rate": ctl, "control/flops": c["flops"]["total"], "control/budget": c["budget"],
+                    "control/turns": len(c["turns"]),
+                    "control/verdict": "MOPD consolidates better" if r.metrics["eval/success_rate"] > ctl else
+                    ("the generalist consolidates better" if ctl > r.metrics["eval/success_rate"] else "tie"),
+                    "control/evals": dg.MetadataValue.json(c["evals"])})
+    return own
+
+
+# ----------------------------------------------------------------------------------------------
+# cross_harness
+
+@dataclass(frozen=True)
+class ArmConfig:
+    """One arm of one fold: what the training adapter hashes into its inputs key and logs as params."""
+    grpo: Any  # GRPOConfig
+    held_out: str
+    arm: str
+    harnesses: tuple[str, ...]
+    domain: str
+    effort: str
+
+
+class CrossHarnessConfig(dg.Config):
+    seed: int = Field(default=0, ge=0)
+    folds: list[str] | None = Field(default=None, description="held-out harness of each fold (default: the "
+                                    "profile's); the single-harness control trains on the fold's first style")
+    steps: int | None = Field(default=None, ge=1, description="GRPO steps of each arm")
+    log_every: int = Field(default=1, ge=1)
+
+
+def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHarnessConfig,
+                              profile: str) -> dg.MaterializeResult:
+    import envs
+    from datagen.sft import HELD_OUT_HARNESS
+    from k3model.train.grpo import GRPOConfig
+    from k3model.train.ladder import default_rl_tasks
+    from k3model.train.transfer import FoldResult, fold_harnesses
+
+    tag_run(context, profile)
+    sizes = SIZES_DISTILL[profile]
+    folds = tuple(config.folds or sizes.folds)
+    try:
+        specs = _specs(sizes.transfer_budgets)
+        grpo = GRPOConfig(group_size=sizes.transfer_group_size, groups_per_step=sizes.transfer_groups_per_step,
+                          steps=config.steps or sizes.transfer_steps, seed=config.seed, log_every=config.log_every,
+                          **({"efforts": specs} if specs else {}))
+        arms = [(h, name, hs) for h in folds for name, hs in zip(("general", "single"),
+                                                               (fold_harnesses(h)[0], (fold_harnesses(h)[1],)))]
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {profile}/cross_harness "
+                                     f"(ops.{profile}__cross_harness.config): {e}", allow_retries=False) from e
+    ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
+    domain, effort = sizes.transfer_domain, sizes.transfer_effort
+    rl_tasks = [(t.family, t.seed) for t in default_rl_tasks(domain)[: sizes.transfer_rl_tasks]]
+    eval_tasks = [(t.family, t.seed) for t in envs.task_set(domain, sizes.transfer_eval_tasks, TRANSFER_EVAL_SEED,
+                                                            ("easy", "medium"))]
+    context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
+                     f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
+    ray = context.resources.ray
+    jobs = [TrainingJob(
+        profile=profile, name="cross_harness", partition=f"{h}|{name}", task=train_transfer_arm_task,
+        args=(grpo, str(ups["sft_policy"].path), str(ups["tokenizer"].path), name, domain, effort, tuple(hs), h,
+              rl_tasks, eval_tasks, specs),
+        config=ArmConfig(grpo, h, name, tuple(hs), domain, effort), inputs=ups, log_every=grpo.log_every,
+        num_cpus=1.0, num_gpus=0.0,
+        description=f"{profile} cross-harness fold (held out: {h}), {name} arm: GRPO on {', '.join(hs)}",
+        headline=lambda r: {"held_out_success": r.arm.held_out["success_rate"],
+                            "in_harness_success": r.arm.in_harness["success_rate"]})
+        for h, name, hs in arms]
+    outcomes = run_trainings(context, jobs)
+    failed = [(j.partition, o) for j, o in zip(jobs, outcomes) if isinstance(o, BaseException)]
+    if failed:
+        raise dg.Failure(description=f"{profile}/cross_harness: arm(s) failed: "
+                                     + "; ".join(f"{p}: {str(e)[:300]}" for p, e in failed), allow_retries=False)
+    by_arm = {j.partition: o for j, o in zip(jobs, outcomes)}
+    results = []
+    for h in folds:
+        g, s = by_arm[f"{h}|general"].result.arm, by_arm[f"{h}|single"].result.arm
+        results.append(FoldResult(h, domain, effort, g, s, sft_saw_held_out=h != HELD_OUT_HARNESS))
+    rows = []
+    own: dict[str, Any] = {"folds": ",".join(folds), "steps": grpo.steps, "target": TRANSFER_TARGET}
+    for fold in results:
+        for arm in (fold.general, fold.single):
+            ratio, lo, hi = arm.transfer()
+            rows.append({"held out": fold.held_out, "arm": arm.name, "trained on": ", ".join(arm.harnesses),
+                         "in-harness": arm.in_harness["success_rate"], "held-out": arm.held_out["success_rate"],
+                         "held-out ÷ in-harness": ratio if ratio is not None else "undefined",
+                         "ci95": f"[{lo:.2f}, {hi:.2f}]" if ratio is not None else "",
+                         "unparseable (in, held-out)": f"{arm.in_harness['unparseable_rate']:.2f}, "
+                                                       f"{arm.held_out['unparseable_rate']:.2f}",
+                         "SFT saw held-out": fold.sft_saw_held_out})
+        own.update({f"{fold.held_out}/{k}": v for k, v in fold.as_metadata().items()})
+    own["transfer"] = dg.MetadataValue.md(markdown_table(rows))
+    own["arms"] = dg.MetadataValue.json({p: {"checkpoint": str(o.checkpoint), "sha256": o.info.sha256,
+                                             "model_version": f"{o.version.name}/{o.version.version}"}
+                                         for p, o in by_arm.items()})
+    return by_arm[f"{folds[0]}|general"].materialize_result(own)
+
+
+# ----------------------------------------------------------------------------------------------
+# Builders
+
+def build(profile: str) -> list[dg.AssetsDefinition]:
+    """The distillation assets of `profile`."""
+    common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
+                  code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, kinds={"pytorch", "ray"})
+
+    @dg.asset(name="mopd_student", deps=[key(profile, n) for n in ("sft_policy", "rl_specialist", "tokenizer")],
+              description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
+                          "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
+                          "advantage); teacher-retention matrix, KL to each teacher, counted FLOPs.", **common)
+    def mopd_student(context: dg.AssetExecutionContext, config: MOPDStudentConfig) -> dg.MaterializeResult:
+        return materialize_mopd_student(context, config, profile)
+
+    @dg.asset(name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+              description="Claim 7: GRPO on four harness styles vs on one (same budget), each evaluated on the "
+                          "held-out fifth; held-out ÷ in-harness success with 95 % intervals, unparseable rates.",
+              **common)
+    def cross_harness(context: dg.AssetExecutionContext, config: CrossHarnessConfig) -> dg.MaterializeResult:
+        return materialize_cross_harness(context, config, profile)
+
+    return [mopd_student, cross_harness]
