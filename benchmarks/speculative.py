@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--prompts-table", help="held-out prompts: a datagen.sft Parquet table")
     ap.add_argument("--max-prompt-tokens", type=int, default=400)
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions over the prompts")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the target and draft move there)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     draft_lens = [int(k) for k in args.draft_lens.split(",")]
@@ -105,6 +106,7 @@ def main() -> None:
     cfg = SamplingConfig(max_new_tokens=args.new)
     cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed)
     for name, (target, draft) in cases.items():
+        target, draft = target.to(args.device), draft.to(args.device)
         V = target.cfg.vocab_size
         if args.prompts_table:
             prompts = table_prompts(args.prompts_table, args.prompts, args.max_prompt_tokens)
