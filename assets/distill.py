@@ -1,7 +1,8 @@
 """Distillation assets: the MOPD student and the cross-harness transfer folds (DESIGN.md §1, §5 claims
 4 and 7; issue 19).
 
-    sft_policy ─┬─> mopd_student      (all nine rl_specialist partitions are its teachers)
+    sft_policy ─┬─> mopd_student      (all nine rl_specialist partitions are its teachers,
+    rl_tasks ───┤                      rl_tasks' ladder its prompts and held-out tasks per cell)
     rl_specialist[domain × effort] ─┘
     sft_policy ──> cross_harness      (GRPO arms per fold: four harnesses vs one, the fifth held out)
 
@@ -9,8 +10,9 @@
 `<profile>_distillation`), each through the training adapter (`assets.training`):
 
 - `mopd_student`: `k3model.train.mopd.train` from sft_policy, each prompt routed by (domain, effort)
-  to that rl_specialist partition; then the student and each teacher are played on the same
-  held-out tasks (`assets.posttrain.eval_plan`, sft_policy's tasks). Metadata: the teacher-retention
+  to that rl_specialist partition, on the rl_tasks ladder's prompts; then the student is played on
+  each cell's held-out tasks with the budgets its specialist was evaluated with (the specialist's
+  own figures are reused; a teacher without them is played here). Metadata: the teacher-retention
   matrix (student ÷ teacher success, 95 % interval, the ≥ 90 % target per cell), tokens per answer
   per effort, the KL to each teacher over training, the sampled estimators' bias and variance
   against the exact KL, counted FLOPs; the manifest names the nine teachers by checkpoint sha256.
@@ -23,7 +25,7 @@
 """
 
 
-import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,16 +34,18 @@ import dagster as dg
 from pydantic import Field
 
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
+from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES, eval_plan
+from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES
+from assets.tasks import effort_specs
 from assets.training import TrainingJob, run_training, run_trainings
 
 GROUP = "distillation"
 RESOURCES = {"store", "mlflow", "ray"}
 RETENTION_TARGET = 0.9
 TRANSFER_TARGET = 0.8
-# Held-out tasks of the cross-harness folds: far from the RL prompts and from sft_policy's
-# evaluation seeds (assets.posttrain.EVAL_SEED = 500 000).
+# Held-out tasks of the cross-harness folds: far from the RL prompts (ladder.RL_SEED_BASE = 0) and
+# from the other held-out evaluations' seeds (ladder.EVAL_SEED_BASE = 500 000).
 TRANSFER_EVAL_SEED = 600_000
 
 
@@ -70,7 +74,10 @@ SIZES_DISTILL: dict[str, DistillSizes] = {
                           transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
                           transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
                           transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    "tiny": DistillSizes(mopd_steps=8, mopd_episodes_per_step=9, mopd_lr=5e-5, mopd_budgets=None,
+    # MOPD's rollouts on tiny: budgets cut to 256/384/512 policy tokens (the teachers' are 1024-4096;
+    # docs/log/mopd.md: ~1 min per 9-episode step on the loaded 2-core machine with these).
+    "tiny": DistillSizes(mopd_steps=6, mopd_episodes_per_step=9, mopd_lr=5e-5,
+                         mopd_budgets=(("low", 256, 128), ("high", 384, 192), ("max", 512, 256)),
                          folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
                          transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
                          transfer_eval_tasks=8, transfer_budgets=None),
@@ -80,14 +87,6 @@ SIZES_DISTILL: dict[str, DistillSizes] = {
                           transfer_group_size=8, transfer_groups_per_step=8, transfer_rl_tasks=128,
                           transfer_eval_tasks=64, transfer_budgets=None),
 }
-
-
-def _specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
-    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
-    if budgets is None:
-        return None
-    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
-            for e, b, t in budgets}
 
 
 def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> dict[str, Upstream]:
@@ -105,7 +104,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
             if mat is None or "path" not in mat.metadata:
                 missing.append(pk)
                 continue
-            found[pk] = Upstream(name=f"rl_specialist[{pk}]", path=Path(mat.metadata["path"].value),
+            found[pk] = Upstream(name=f"rl_specialist/{d}/{e}", path=Path(mat.metadata["path"].value),
                                                   data_version=(mat.tags or {}).get("dagster/data_version", ""),
                                  run_id=records[0].run_id, metadata={k: v.value for k, v in mat.metadata.items()})
     if missing:
@@ -113,6 +112,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
                                      f"{', '.join(missing)} have not been materialized for profile {profile!r}. "
                                      f"Materialize them first (`k3 run --profile {profile} --select "
                                      f"'*rl_specialist'`)", allow_retries=False)
+    verify_upstreams("mopd_student", found, profile)
     return found
 
 
@@ -159,14 +159,24 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
         cfg = MOPDConfig(seed=config.seed, steps=config.steps or sizes.mopd_steps,
                          episodes_per_step=config.episodes_per_step or sizes.mopd_episodes_per_step,
                          lr=config.lr or sizes.mopd_lr, outcome_coef=config.outcome_coef,
-                         samples_per_task=config.samples_per_task, specs=_specs(sizes.mopd_budgets),
+                         samples_per_task=config.samples_per_task, specs=effort_specs(sizes.mopd_budgets),
                          log_every=config.log_every)
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/mopd_student "
                                      f"(ops.{profile}__mopd_student.config): {e}", allow_retries=False) from e
-    ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
+    ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
     teachers = specialist_partitions(context, profile)
-    plan = eval_plan(profile)
+    ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
+    cells = {pk: ladder["tasks"][pk.replace("|", "/")] for pk in teachers}
+    # The specialists' own held-out evaluation (same tasks, same budgets): reused, not replayed.
+    figures = {}
+    for pk, t in teachers.items():
+        m = t.metadata
+        if all(k in m for k in ("eval/success_rate", "eval/n", "eval/mean_policy_tokens")):
+            figures[pk] = {"success_rate": m["eval/success_rate"], "n": int(m["eval/n"]),
+                           "successes": round(m["eval/success_rate"] * m["eval/n"]),
+                           "mean_policy_tokens": m["eval/mean_policy_tokens"]}
+    specs = effort_specs(SIZES[profile].eval_budgets)
     spec_flops = [t.metadata.get("flops/total") for t in teachers.values()]
     specialist_flops = sum(spec_flops) if all(isinstance(f, (int, float)) for f in spec_flops) else None
     control_cfg = None
@@ -176,11 +186,12 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                                          "FLOPs (`flops/total` in its metadata), which "
                                          + ", ".join(p for p, t in teachers.items() if "flops/total" not in t.metadata)
                                          + " lack", allow_retries=False)
-        specs = _specs(sizes.mopd_budgets)
-        control_cfg = dataclasses.replace(GRPOConfig(), efforts=specs) if specs else GRPOConfig()
+        sizes_rl = SIZES[profile]
+        control_cfg = GRPOConfig(group_size=sizes_rl.rl_group_size, groups_per_step=sizes_rl.rl_groups_per_step,
+                                 lr=sizes_rl.rl_lr, seed=config.seed, **({"efforts": specs} if specs else {}))
     context.log.info(f"{profile}/mopd_student: {cfg.steps} steps × {cfg.episodes_per_step} student episodes routed "
-                     f"to {len(teachers)} teachers; then {plan.tasks_per_domain} held-out task(s) per domain, "
-                     "student at every effort and each teacher at its own")
+                     f"to {len(teachers)} teachers on the rl_tasks prompts; then the student on each cell's held-out "
+                     f"tasks ({len(figures)} teacher evaluation(s) reused from rl_specialist)")
 
     def report(result, mlflow_run_id: str, report_dir) -> dict[str, Any]:
         context.resources.mlflow.log_rows(mlflow_run_id, retention_rows(result.retention),
@@ -192,10 +203,10 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     trained = run_training(context, TrainingJob(
         profile=profile, name="mopd_student", task=train_mopd_task,
         args=(cfg, str(ups["sft_policy"].path), {pk: str(t.path) for pk, t in teachers.items()},
-              str(ups["tokenizer"].path), plan, control_cfg, specialist_flops),
+              str(ups["tokenizer"].path), cells, specs, figures, control_cfg, specialist_flops),
         config=cfg, inputs=inputs, log_every=cfg.log_every,
         num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
-        params={"eval_tasks_per_domain": plan.tasks_per_domain, "eval_seed": plan.seed, "control": config.control},
+        params={"control": config.control, "teacher_evals_reused": len(figures)},
         description=f"{profile} MOPD student: sft_policy distilled on-policy from the nine rl_specialist teachers "
                     "(routed by domain × effort), one checkpoint for every effort",
         headline=lambda r: {k: r.metrics[k] for k in ("eval/success_rate", "eval/retention_min") if k in r.metrics},
@@ -210,7 +221,8 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
     hist = r.history
     kl_rows = []
     for pk in teachers:
-        values = [h[f"kl/{pk}"] for h in hist if f"kl/{pk}" in h]
+        name = "kl/" + pk.replace("|", "/")
+        values = [h[name] for h in hist if name in h]
         kl_rows.append({"teacher": pk, "sha256": r.teacher_manifest[pk]["sha256"][:12], "steps seen": len(values),
                         "KL first": values[0] if values else None, "KL last": values[-1] if values else None})
     tokens = {e: [f["mean_policy_tokens"] for c, f in r.evals.items() if c.endswith("/" + e)] for e in EFFORTS}
@@ -271,17 +283,16 @@ class CrossHarnessConfig(dg.Config):
 
 def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHarnessConfig,
                               profile: str) -> dg.MaterializeResult:
-    import envs
-    from datagen.sft import HELD_OUT_HARNESS
+    from datagen.sft import HELD_OUT_HARNESS, SFT_FAMILIES
     from k3model.train.grpo import GRPOConfig
-    from k3model.train.ladder import default_rl_tasks
+    from k3model.train.ladder import RL_SEED_BASE, domain_families, tasks_of
     from k3model.train.transfer import FoldResult, fold_harnesses
 
     tag_run(context, profile)
     sizes = SIZES_DISTILL[profile]
     folds = tuple(config.folds or sizes.folds)
     try:
-        specs = _specs(sizes.transfer_budgets)
+        specs = effort_specs(sizes.transfer_budgets)
         grpo = GRPOConfig(group_size=sizes.transfer_group_size, groups_per_step=sizes.transfer_groups_per_step,
                           steps=config.steps or sizes.transfer_steps, seed=config.seed, log_every=config.log_every,
                           **({"efforts": specs} if specs else {}))
@@ -292,9 +303,11 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
                                      f"(ops.{profile}__cross_harness.config): {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
     domain, effort = sizes.transfer_domain, sizes.transfer_effort
-    rl_tasks = [(t.family, t.seed) for t in default_rl_tasks(domain)[: sizes.transfer_rl_tasks]]
-    eval_tasks = [(t.family, t.seed) for t in envs.task_set(domain, sizes.transfer_eval_tasks, TRANSFER_EVAL_SEED,
-                                                            ("easy", "medium"))]
+    # The domain's families SFT was shown (the profile's), as the specialists' ladder uses.
+    families = domain_families(domain, SIZES[profile].sft_families or SFT_FAMILIES)
+    per = -(-max(sizes.transfer_rl_tasks, sizes.transfer_eval_tasks) // len(families))
+    rl_tasks = [(t.family, t.seed) for t in tasks_of(families, per, RL_SEED_BASE)[: sizes.transfer_rl_tasks]]
+    eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]
     context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
                      f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
     ray = context.resources.ray
@@ -346,7 +359,8 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, kinds={"pytorch", "ray"})
 
-    @dg.asset(name="mopd_student", deps=[key(profile, n) for n in ("sft_policy", "rl_specialist", "tokenizer")],
+    @dg.asset(name="mopd_student",
+              deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "rl_specialist", "tokenizer")],
               description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
                           "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
                           "advantage); teacher-retention matrix, KL to each teacher, counted FLOPs.", **common)

@@ -1,10 +1,10 @@
 """The Ray tasks of the distillation assets (assets/distill.py): no Dagster import, so a Ray worker
 loads only the library. Each is `task(*args, work_dir, live) -> result` for `assets.training`.
 
-- `train_mopd_task`: `k3model.train.mopd.train`, then the student on every (domain, effort) cell of
-  the held-out plan and each teacher on its own cell, the same tasks; the teacher-retention matrix
-  (student ÷ teacher success, Katz 95 % interval) from them; optionally the equal-compute generalist
-  GRPO control (`k3model.train.control`), evaluated on the same cells.
+- `train_mopd_task`: `k3model.train.mopd.train` on the rl_tasks ladder's prompts, then the student on
+  every (domain, effort) cell's held-out tasks, the ones each teacher was evaluated on; the
+  teacher-retention matrix (student ÷ teacher success, Katz 95 % interval) from them; optionally
+  the equal-compute generalist GRPO control (`k3model.train.control`), evaluated on the same cells.
 - `train_transfer_arm_task`: one arm of one cross-harness fold (`k3model.train.grpo.train` on the
   arm's harnesses), evaluated in those harnesses and in the fold's held-out one.
 """
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import EvalPlan, LiveLog, evaluate_policy, load_policy
+from assets.tasks import LiveLog, load_policy
 
 
 def retention(student: dict[str, dict], teachers: dict[str, dict]) -> dict[str, dict]:
@@ -45,24 +45,36 @@ class StudentResult:
     resumed_from_step: int | None = None
 
 
-def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], tokenizer_path: str, plan: EvalPlan,
-                    control_cfg, specialist_flops: float | None, work_dir: str, live: LiveLog) -> StudentResult:
-    """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint), then the evaluations.
-    With `control_cfg` (a GRPOConfig) and the specialists' counted FLOPs, the generalist control
-    is trained on specialists + MOPD FLOPs and evaluated too."""
+def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], tokenizer_path: str,
+                    cells: dict[str, dict], specs, teacher_figures: dict[str, dict], control_cfg,
+                    specialist_flops: float | None, work_dir: str, live: LiveLog) -> StudentResult:
+    """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint) on each cell's RL prompts
+    (`cells[pk]["rl"]`, the rl_tasks ladder's (family, seed) pairs), then the student on each cell's
+    held-out tasks (`cells[pk]["eval"]`, greedy, `specs` budgets) — the tasks and budgets each
+    specialist was evaluated on. A teacher's figures come from `teacher_figures[pk]` (its own
+    materialization's evaluation) or, when absent, are measured here on the same tasks. With
+    `control_cfg` (a GRPOConfig) and the specialists' counted FLOPs, the generalist control is
+    trained on specialists + MOPD FLOPs and evaluated on the same cells."""
+    import envs
     from datagen.tokenizer import load_tokenizer
+    from k3model.train.evaluate import evaluate
     from k3model.train.mopd import train
+
+    def generate(pairs) -> list:
+        return [envs.generate(f, s) for f, s in pairs]
+
+    def play(checkpoint: str, pk: str) -> dict:
+        effort = pk.split("|")[1]
+        return evaluate(load_policy(checkpoint), tokenizer, generate(cells[pk]["eval"]), effort,
+                        specs=specs).as_metadata()
 
     tokenizer = load_tokenizer(tokenizer_path)
     routes = {tuple(k.split("|")): v for k, v in teachers.items()}
-    result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, log_fn=live)
+    tasks = {tuple(k.split("|")): generate(c["rl"]) for k, c in cells.items()}
+    result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, tasks=tasks, log_fn=live)
     t0 = time.perf_counter()
-    evals = evaluate_policy(load_policy(result.checkpoint_dir), tokenizer, plan)
-    teacher_evals = {}
-    for key, ckpt in teachers.items():
-        domain, effort = key.split("|")
-        if domain in plan.domains and effort in plan.efforts:
-            teacher_evals.update(evaluate_policy(load_policy(ckpt), tokenizer, plan, cells=[(domain, effort)]))
+    evals = {pk.replace("|", "/"): play(str(result.checkpoint_dir), pk) for pk in teachers}
+    teacher_evals = {pk.replace("|", "/"): teacher_figures.get(pk) or play(ckpt, pk) for pk, ckpt in teachers.items()}
     kept = retention(evals, teacher_evals)
     headline = {"eval/success_rate": sum(e["success_rate"] for e in evals.values()) / max(len(evals), 1),
                 "perf/eval_wall_s": time.perf_counter() - t0}
@@ -74,9 +86,9 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
         from k3model.train.control import generalist_control
         budget = specialist_flops + result.flops["total"]
         ctl = generalist_control(control_cfg, student_checkpoint, tokenizer, Path(work_dir) / "control",
-                                 flop_budget=budget, routes=list(routes), log_fn=live)
+                                 flop_budget=budget, routes=list(routes), tasks=tasks, log_fn=live)
         control = {"flops": ctl.flops, "budget": budget, "turns": ctl.turns,
-                   "evals": evaluate_policy(load_policy(ctl.checkpoint_dir), tokenizer, plan)}
+                   "evals": {pk.replace("|", "/"): play(str(ctl.checkpoint_dir), pk) for pk in teachers}}
         headline["control/success_rate"] = (sum(e["success_rate"] for e in control["evals"].values())
                                             / max(len(control["evals"]), 1))
     live(cfg.steps, headline)

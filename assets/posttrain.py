@@ -426,7 +426,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),
             "reward_curve": sparkline(curve, "rl/success", f"rollout success over {len(curve)} steps"),
             "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),
-            **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/")) and isinstance(v, (int, float))},
+            **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/", "flops/")) and isinstance(v, (int, float))},
         }
     yield from partitioned_result(context, profile, outcomes, own, POSTTRAIN_CODE_VERSION)
 

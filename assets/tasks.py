@@ -264,8 +264,12 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     from k3model.train.evaluate import evaluate
     from k3model.train.grpo import train
     tokenizer = load_tokenizer(tokenizer_path)
-    result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
-                   tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
+    from k3model.train.flops import counting
+    # Counted FLOPs of the RL (rollouts and updates), for mopd_student's equal-compute control.
+    with counting() as flops:
+        result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
+                       tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
+    result.metrics.update({f"flops/{k}": v for k, v in flops.as_dict().items()})
     held = [envs.generate(f, s) for f, s in eval_tasks]
     cell = f"{domain}/{effort}"
     t0 = time.perf_counter()

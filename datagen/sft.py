@@ -5,9 +5,9 @@ harness's own syntax, each observation produced by the real environment, verifie
 task, rendered as one token sequence:
 
     <|bos|><|system|><|effort_E|>{first observation: harness prompt, tools, task}<|end|>
-    <|assistant|>[<|think|>{scratchpad}<|think_end|>]{action in the harness's syntax}<|end|>
+    <|effort_E|><|assistant|>[<|think|>{scratchpad}<|think_end|>]{action in the harness's syntax}<|end|>
     <|tool_result|>{observation}<|tool_result_end|>
-    <|assistant|> …                                     one assistant turn per expert call
+    <|effort_E|><|assistant|> …                         one assistant turn per expert call
     … the last assistant turn calls the finish tool; its observation is not part of the row
 
 `loss_mask[t] = 1` exactly on the model's own tokens — each turn's scratchpad, action and `<|end|>`
@@ -16,7 +16,10 @@ predict prompts or tool results. Each segment is encoded once with the project's
 concatenated: the ids stored are the ids trained on, and special tokens are single ids whatever the
 text around them. Nothing downstream re-tokenizes decoded text (BPE is not a bijection; TRL #5224).
 
-Effort (the control token `<|effort_low|>`, `<|effort_high|>` or `<|effort_max|>` after `<|system|>`):
+Effort (the control token `<|effort_low|>`, `<|effort_high|>` or `<|effort_max|>` after `<|system|>`,
+and again right before every `<|assistant|>`: a 2–3M-parameter model trained for a few minutes does
+not carry a token from hundreds of positions back — with the tag only at the start, session 8's
+SFT policy opened a scratchpad at low effort on every turn — so the tag sits where the choice is made):
 
 - low: no scratchpad; every turn is the call alone.
 - high: a scratchpad on the first turn (the plan: which tools, in order), on the turns that need
@@ -73,18 +76,19 @@ SFT_TASK_SEED_BASE = 1_000_000
 SEEDS_PER_CONFIG = 100_000
 # The difficulties whose episodes fit a tiny model's context; hard and marathon run 30-1100 turns.
 SFT_DIFFICULTIES = ("easy", "medium")
-FORMAT = "k3-sft/1"
+FORMAT = "k3-sft/2"  # 2: the effort tag before every <|assistant|>
 
 
 def training_harnesses() -> tuple[str, ...]:
     return envs.harness_split(HELD_OUT_HARNESS)[0]
 
 
-# The default families: every easy family whose rows fit ~1,300 tokens — the starter rungs of the RL
-# ladder (envs/tasks/starter.py) and the short originals. A tiny SFT budget (a few minutes on two
-# cores) spent on 2,000–3,600-token medium episodes would teach none of them (docs/log/posttrain.md).
-SFT_FAMILIES = ("echo_word", "compare_numbers", "arith_word", "file_lookup", "canvas_due_date",
-                "slack_ping", "slack_post", "gmail_label", "write_constant", "write_function")
+# The default families: the starter rungs of the RL ladder (envs/tasks/starter.py) and, per domain,
+# the short original family of its hard split (k3model.train.ladder.HARD_FAMILIES) and one more.
+# A tiny SFT budget (a few minutes on two cores) spent on 2,000–3,600-token medium episodes would
+# teach none of them (docs/log/posttrain.md).
+SFT_FAMILIES = ("echo_word", "compare_numbers", "arith_word", "slack_ping", "slack_post", "gmail_label",
+                "write_constant", "write_function")
 
 
 def default_families() -> tuple[str, ...]:
@@ -356,9 +360,9 @@ def scratchpads(task: Task, actions: list[Action]) -> dict[str, list[str | None]
 class TurnTokens:
     """The special ids around each segment of an episode at one effort (see the module docstring)."""
     first_start: tuple[int, ...]  # <|bos|><|system|><|effort_E|>
-    first_end: tuple[int, ...]  # <|end|><|assistant|>
+    first_end: tuple[int, ...]  # <|end|><|effort_E|><|assistant|>
     observation_start: tuple[int, ...]  # <|tool_result|>
-    observation_end: tuple[int, ...]  # <|tool_result_end|><|assistant|>
+    observation_end: tuple[int, ...]  # <|tool_result_end|><|effort_E|><|assistant|>
     stop_id: int  # <|end|>: ends every assistant turn
     think_id: int
     think_end_id: int
@@ -369,10 +373,11 @@ def turn_tokens(tokenizer, effort: str) -> TurnTokens:
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}: choose from {EFFORTS}")
     special = special_token_ids(tokenizer)
-    return TurnTokens(first_start=(special[BOS], special[SYSTEM], special[EFFORT_TOKENS[effort]]),
-                      first_end=(special[END_OF_TURN], special[ASSISTANT]),
+    tag = special[EFFORT_TOKENS[effort]]
+    return TurnTokens(first_start=(special[BOS], special[SYSTEM], tag),
+                      first_end=(special[END_OF_TURN], tag, special[ASSISTANT]),
                       observation_start=(special[TOOL_RESULT],),
-                      observation_end=(special[TOOL_RESULT_END], special[ASSISTANT]),
+                      observation_end=(special[TOOL_RESULT_END], tag, special[ASSISTANT]),
                       stop_id=special[END_OF_TURN], think_id=special[THINK], think_end_id=special[THINK_END],
                       n_special=len(special))
 
@@ -399,7 +404,7 @@ def render(tokenizer, record: dict, effort: str, thoughts: list[str | None]) -> 
         ids.extend(segment)
         mask.extend([int(own)] * len(segment))
 
-    # <|assistant|> closes each prompt segment: the caller writes it, as a rollout does.
+    # <|effort_E|><|assistant|> closes each prompt segment: the caller writes it, as a rollout does.
     put([*turn.first_start, *encode(tokenizer, record["initial_observation"]), *turn.first_end], False)
     steps = record["steps"]
     for i, step in enumerate(steps):

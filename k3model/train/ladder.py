@@ -175,11 +175,21 @@ class LadderReport:
         return {"config": asdict(self.config), "seconds": self.seconds,
                 "cells": [{**asdict(c), "pass_rate": c.pass_rate} for c in self.cells]}
 
+    @classmethod
+    def from_json(cls, d: dict) -> LadderReport:
+        """The report `to_json` wrote (the rl_tasks asset's output, read by each specialist)."""
+        c = d["config"]
+        cfg = LadderConfig(**{**c, "band": tuple(c["band"]), "domains": tuple(c["domains"]),
+                              "efforts": tuple(c["efforts"]), "families": tuple(c["families"])})
+        cells = [LadderCell(x["domain"], x["effort"], {f: tuple(v) for f, v in x["families"].items()},
+                            list(x["selected"]), x["in_band"], x["informative_frac"], x["tokens"]) for x in d["cells"]]
+        return cls(cfg, cells, d.get("seconds", 0.0))
+
 
 def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness=None, specs=None) -> LadderReport:
     """Pass rates of `model` (the SFT policy) per family and effort, and the selection per cell.
-    One `evaluate` call per effort over every candidate family (batched episodes); `specs` replaces
-    the per-effort budgets as in `evaluate`."""
+    One `evaluate` call per effort over every candidate family (batched episodes); `harness` and
+    `specs` (the per-effort budgets) are evaluate's."""
     import time
     t0 = time.perf_counter()
     report = LadderReport(cfg)

@@ -446,7 +446,7 @@ def distill_step(student: K3Model, teachers: Mapping[Route, K3Model], episodes: 
     with torch.no_grad():
         for route in dict.fromkeys(route_of_row):
             sel_N = torch.isin(row_N, torch.tensor([b for b, r in enumerate(route_of_row) if r == route], device=device))
-            stats[f"kl/{partition_key(route)}"] = kl_N[sel_N].mean()
+            stats[f"kl/{route[0]}/{route[1]}"] = kl_N[sel_N].mean()
         stats["mopd/logp_diff_abs_mean"] = (logp_N.detach() - logp_rollout_N).abs().mean()
     return loss, stats
 

@@ -1,0 +1,125 @@
+"""Distillation assets through Dagster with real Ray and MLflow: mopd_student on two differently seeded
+smoke SFT checkpoints (the student's and the nine teachers'), its metadata and manifest; a missing
+teacher partition named."""
+
+from dataclasses import asdict, replace
+
+import dagster as dg
+import pytest
+import torch
+
+from assets import distill
+from assets.lineage import PROFILE_TAG, key
+from datagen.profiles import presets
+from datagen.corpus import build_corpus
+from datagen.sft import SFTDataConfig, build_sft
+from datagen.tokenizer import train_tokenizer
+from k3model.checkpoint import load_checkpoint, verify_checkpoint
+from k3model.config import get_profile
+from k3model.model import K3Model
+from k3model.train.common import save_state
+from k3model.train.sft import SFTConfig
+from k3model.train.sft import train as sft_train
+
+PARTITIONS = [f"{d}|{e}" for d in distill.DOMAINS for e in distill.EFFORTS]
+MOPD, CROSS = distill.build("smoke")
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory):
+    """A smoke tokenizer file and two smoke SFT checkpoints (seeds 0, 1) from one unbounded base."""
+    root = tmp_path_factory.mktemp("distill")
+    cfg = presets("smoke")
+    tok = train_tokenizer(cfg.tokenizer, build_corpus(cfg.corpus))
+    tok.save(str(root / "tokenizer.json"))
+    demos = build_sft(SFTDataConfig(tasks_per_family=1, families=("arith_word",)), tok)
+    torch.manual_seed(0)
+    base = K3Model(replace(get_profile("smoke").model, name="smoke-unbounded"))
+    save_state(root / "base", base, {"config": {"model": asdict(base.cfg)}})
+    ckpts = [sft_train(SFTConfig(profile="smoke", seed=s, steps=2, batch_size=2, qat=False), demos, root / f"sft{s}",
+                       init_checkpoint=root / "base").checkpoint_dir for s in (0, 1)]
+    return root / "tokenizer.json", ckpts
+
+
+def _report(instance, name, path, partition=None, **metadata):
+    from k3model.checkpoint import sha256_file
+    sha = verify_checkpoint(path).sha256 if path.is_dir() else sha256_file(path)
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=key("smoke", name), partition=partition,
+        metadata={"path": dg.MetadataValue.path(str(path)), "sha256": sha, **metadata},
+        tags={PROFILE_TAG: "smoke", "dagster/data_version": sha}))
+
+
+# The specialists' own held-out figures: given for all but general_agents|high, which the task plays.
+FIGURES = {"eval/success_rate": 0.5, "eval/n": 2, "eval/mean_policy_tokens": 7.0}
+
+
+def _instance(upstreams, partitions, tmp_path):
+    import json
+    import envs
+    tok_path, (student, teacher) = upstreams
+    ladder = {"tasks": {f"{d}/{e}": {"rl": [[t.family, t.seed] for t in envs.task_set(d, 2, seed=0)],
+                                     "eval": [[t.family, t.seed] for t in envs.task_set(d, 2, seed=900)]}
+                        for d in distill.DOMAINS for e in distill.EFFORTS}}
+    (tmp_path / "ladder.json").write_text(json.dumps(ladder))
+    instance = dg.DagsterInstance.ephemeral()
+    _report(instance, "tokenizer", tok_path)
+    _report(instance, "sft_policy", student)
+    _report(instance, "rl_tasks", tmp_path / "ladder.json")
+    for pk in partitions:
+        _report(instance, "rl_specialist", teacher, partition=pk,
+                **({} if pk == "general_agents|high" else FIGURES))
+    return instance
+
+
+def test_a_missing_teacher_partition_is_named(upstreams, smoke_resources, tmp_path):
+    instance = _instance(upstreams, [p for p in PARTITIONS if p != "coding_agents|max"], tmp_path)
+    result = dg.materialize([MOPD], instance=instance, resources=smoke_resources, raise_on_error=False,
+                            selection=[MOPD.key])
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    message = failure.step_failure_data.error.message
+    assert "rl_specialist partition(s) coding_agents|max have not been materialized" in message
+
+
+def test_mopd_student_materializes_through_ray(upstreams, smoke_resources, tmp_path):
+    instance = _instance(upstreams, PARTITIONS, tmp_path)
+    result = dg.materialize([MOPD], instance=instance, resources=smoke_resources, selection=[MOPD.key])
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("smoke__mopd_student")[0].metadata.items()}
+    teacher_sha = verify_checkpoint(upstreams[1][1]).sha256
+    # The manifest and the metadata name the nine teachers by checkpoint hash.
+    _, manifest = load_checkpoint(meta["path"])
+    assert set(manifest["teachers"]) == set(PARTITIONS)
+    assert {t["sha256"] for t in manifest["teachers"].values()} == {teacher_sha}
+    assert manifest["data_versions"]["student_init"] == verify_checkpoint(upstreams[1][0]).sha256
+    assert set(meta["teachers"]) == set(PARTITIONS)
+    assert len(meta["retention_matrix"]) == 9
+    for cell, r in meta["retention_matrix"].items():
+        assert r["n"] == 2 and 0 <= r["student"] <= 1
+        # Reused figures where the specialist recorded them; played here (2 episodes) where not.
+        if cell != "general_agents/high":
+            assert r["teacher"] == 0.5 and r["teacher_tokens"] == 7.0
+            assert r["retention"] == pytest.approx(r["student"] / 0.5)
+        else:
+            assert r["teacher_tokens"] > 0
+    for e in distill.EFFORTS:
+        assert meta[f"tokens_per_answer/{e}"] > 0
+    assert meta["flops/total"] > 0 and meta["kl/exact/first"] > 0
+    assert "kl_to_each_teacher" in meta and "teacher_retention" in meta
+
+
+def test_one_cross_harness_fold_materializes_through_ray(upstreams, smoke_resources, tmp_path):
+    instance = _instance(upstreams, [], tmp_path)
+    result = dg.materialize([CROSS], instance=instance, resources=smoke_resources, selection=[CROSS.key])
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("smoke__cross_harness")[0].metadata.items()}
+    assert meta["folds"] == "openclaw"
+    assert meta["openclaw/general/harnesses"] == "kimi_code,claude_code,codex,hermes"
+    assert meta["openclaw/single/harnesses"] == "kimi_code"
+    for arm in ("general", "single"):
+        assert meta[f"openclaw/{arm}/held_out/n"] == 2 and meta[f"openclaw/{arm}/in_harness/n"] == 2
+        assert 0 <= meta[f"openclaw/{arm}/harness/openclaw/unparseable_rate"] <= 1
+    # Both arms' checkpoints are kept and registered, each its own model.
+    assert set(meta["arms"]) == {"openclaw|general", "openclaw|single"}
+    assert meta["openclaw/sft_saw_held_out"] == "False"
