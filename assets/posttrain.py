@@ -69,6 +69,7 @@ class PosttrainSizes:
     rl_tasks_per_family: int
     rl_eval_tasks_per_family: int
     rl_lr: float
+    rl_max_draw_factor: int  # refill draws at most this many times P groups per step
     # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
     eval_budgets: tuple[tuple[str, int, int], ...] | None = None
 
@@ -80,18 +81,23 @@ SIZES: dict[str, PosttrainSizes] = {
                             sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
                             sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1,
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
+    # Sized for `make run` on 2 cores (docs/log/posttrain-assets.md): about 4 min for sft_data and
+    # sft_policy, 2 for the ladder, 8 for the nine specialists. The episode budgets keep
+    # low < high < max but are a quarter of grpo.EFFORT_SPECS': a tiny policy that never calls
+    # finish would otherwise decode 1–4K tokens per episode.
     "tiny": PosttrainSizes(sft_families=None, sft_tasks_per_family=8, sft_heldout_tasks_per_family=1,
-                           sft_max_tokens=4096, sft_steps=120, sft_batch_size=4, sft_lr=1e-3,
-                           eval_tasks_per_family=2, ladder_tasks_per_family=2, ladder_samples=8,
-                           rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=8,
-                           rl_eval_tasks_per_family=4, rl_lr=3e-4),
+                           sft_max_tokens=4096, sft_steps=60, sft_batch_size=4, sft_lr=2e-3,
+                           eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=4,
+                           rl_steps=2, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
+                           rl_eval_tasks_per_family=2, rl_lr=3e-4, rl_max_draw_factor=1,
+                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
                             eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
                             rl_steps=100, rl_group_size=8, rl_groups_per_step=8, rl_tasks_per_family=64,
-                            rl_eval_tasks_per_family=32, rl_lr=3e-4),
+                            rl_eval_tasks_per_family=32, rl_lr=3e-4, rl_max_draw_factor=4),
 }
 
 
@@ -384,7 +390,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     try:
         cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,
                          groups_per_step=config.groups_per_step or sizes.rl_groups_per_step,
-                         lr=config.lr or sizes.rl_lr, seed=config.seed, **({"efforts": specs} if specs else {}))
+                         lr=config.lr or sizes.rl_lr, seed=config.seed,
+                         max_draw_factor=sizes.rl_max_draw_factor, **({"efforts": specs} if specs else {}))
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/rl_specialist (ops.{op}.config): {e}",
                          allow_retries=False) from e

@@ -1,6 +1,8 @@
-"""End to end through Dagster's own command line: `dagster asset materialize` of the data and
-pretraining groups on the smoke profile, with real Ray (the run joins this module's cluster through
-RAY_ADDRESS) and a real sqlite MLflow store, everything under a temporary directory."""
+"""End to end on the smoke profile, with real Ray (the runs join this module's cluster through
+RAY_ADDRESS) and a real sqlite MLflow store, everything under one temporary home: Dagster's own
+command line (`dagster asset materialize`) for the data and pretraining groups, then `k3 run` for
+the post-training lineage on top of that base model (base_model → sft_policy → rl_tasks → the nine
+rl_specialist partitions in one run), then a corrupted checkpoint."""
 
 import json
 import os
@@ -45,13 +47,20 @@ def _materialize(home: Path, select: list[str], ray_address: str, ops: dict | No
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
-    home = tmp_path / "home"
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, ray_address):
+    """A home with the smoke data and pretraining groups materialized through the Dagster CLI."""
+    home = tmp_path_factory.mktemp("e2e") / "home"
     proc = _materialize(home, [*DATA, *STAGES, "base_model"], ray_address,
                         ops={s: {"config": SHORT} for s in STAGES})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return home
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
+    home = pretrained
 
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
     try:
@@ -132,8 +141,107 @@ def test_smoke_graph_through_the_dagster_cli(tmp_path, ray_address):
     assert "| stage | sha256 | ppl | vqa |" in evals["clue_acc_by_distance"].value
     assert evals["evals"].value["pretrain_stage_1"]["eval/ppl"] == pytest.approx(md["eval"]["eval/ppl"], rel=1e-4)
 
+
+def _k3_run(home: Path, ray_address: str, *args: str):
+    env = {**os.environ, "K3_HOME": str(home), "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "disabled"}
+    env.pop("DAGSTER_HOME", None)
+    return subprocess.run([str(Path(sys.executable).parent / "k3"), "run", "--profile", "smoke", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=1500)
+
+
+POSTTRAIN = ["sft_data", "sft_policy", "rl_tasks", "rl_specialist"]
+SPECIALISTS = [f"{d}|{e}" for d in ("general_tasks", "general_agents", "coding_agents") for e in ("low", "high", "max")]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
+    """`k3 run` on the pretrained home: the fresh data and pretraining assets are skipped, and one run
+    of smoke_all_job trains SFT, measures the ladder and trains all nine specialists in one step."""
+    home = pretrained
+    proc = _k3_run(home, ray_address)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-6000:] + proc.stderr[-6000:]
+    skipped = next(line for line in out.splitlines() if "up to date for profile smoke, skipped:" in line)
+    assert all(n in skipped for n in [*DATA, *STAGES, "base_model"])
+    assert "rl_specialist: 9 partition(s) to materialize" in out
+    assert "rl_specialist: partition(s) general_tasks|low … coding_agents|max in one step (9 asked for)" in out
+    for name in POSTTRAIN:
+        assert f"▶ smoke/{name}" in out and f"✓ smoke/{name} (" in out
+    for pk in SPECIALISTS:
+        assert f"◆ smoke/rl_specialist[{pk}] materialized" in out
+    run_id = out.strip().splitlines()[-1].rsplit("(run ", 1)[1].rstrip(")")
+
+    with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
+        run = instance.get_run_by_id(run_id)
+        logs = [e.user_message for e in instance.all_logs(run_id)]
+        sft = instance.get_latest_materialization_event(asset_key("smoke", "sft_policy")).asset_materialization
+        base = instance.get_latest_materialization_event(asset_key("smoke", "base_model")).asset_materialization
+        ladder = instance.get_latest_materialization_event(asset_key("smoke", "rl_tasks")).asset_materialization
+        specialists = {}
+        for pk in SPECIALISTS:
+            [record] = instance.fetch_materializations(dg.AssetRecordsFilter(
+                asset_key=asset_key("smoke", "rl_specialist"), asset_partitions=[pk]), limit=1).records
+            assert record.run_id == run_id  # all nine in the one run
+            specialists[pk] = record.asset_materialization
+    assert run.job_name == "smoke_all_job"
+    assert any("9 specialist(s)" in m and "as concurrent Ray tasks of" in m for m in logs)
+    # Progress lines of the specialists' tasks reached the run's event feed.
+    assert any(m.startswith("[smoke/rl_specialist[coding_agents|max]] step 1") for m in logs)
+
+    # sft_policy: trained from base_model with QAT, and scored beside it per (domain, effort) and harness.
+    md = {k: v.value for k, v in sft.metadata.items()}
+    info = verify_checkpoint(md["path"])
+    assert info.manifest["config"]["qat"]["weights"] == "fp4_e2m1"
+    assert md["data_versions"]["base_model"] == base.tags["dagster/data_version"]
+    table = md["success_by_domain_effort"].splitlines()
+    assert table[0].startswith("| domain | effort | n | success | ci95 | tokens/answer | base_model success |")
+    assert len(table) == 2 + 9 and len(md["evals"]["sft_policy"]) == 9
+    assert set(md["evals"]["base_model"]) == set(md["evals"]["sft_policy"])
+    assert "| harness | n | success | unparseable | base_model success |" in md["success_by_harness"]
+    assert isinstance(md["eval/loss"], float) and isinstance(md["base_model/success_rate"], float)
+    assert "| domain | effort | selected | pass |" in ladder.metadata["chosen"].value
+
+    # Nine specialists: each its own checkpoint, model version and metadata.
+    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    paths = set()
+    for pk, mat in specialists.items():
+        domain, effort = pk.split("|")
+        smd = {k: v.value for k, v in mat.metadata.items()}
+        path = Path(smd["path"])
+        assert path.parent.parent.name == domain and path.parent.name == effort and path.name == run_id
+        verify_checkpoint(path)
+        paths.add(path)
+        for k in ("eval/success_rate", "eval/mean_policy_tokens", "sft_policy/success_rate",
+                  "sft_policy/mean_policy_tokens", "rl/frac_zero_variance"):
+            assert isinstance(smd[k], float), (pk, k)
+        assert smd["reward_curve"].startswith("![rl/success](data:image/png;base64,")
+        [version] = client.search_model_versions(f"name = 'k3-smoke-rl_specialist-{domain}-{effort}'")
+        assert version.tags["partition"] == pk and version.tags["sha256"] == smd["sha256"]
+    assert len(paths) == 9
+    runs = client.search_runs([client.get_experiment_by_name("k3").experiment_id],
+                              filter_string="tags.asset = 'smoke/rl_specialist'")
+    assert sorted(r.data.tags["partition"] for r in runs) == sorted(SPECIALISTS)
+    assert all(r.info.status == "FINISHED" and r.data.tags["dagster_run_id"] == run_id for r in runs)
+
+    # Everything is fresh now, partitions included; a partition that does not exist is refused.
+    again = _k3_run(home, ray_address)
+    assert again.returncode == 0 and "nothing to materialize" in again.stdout, again.stdout[-3000:]
+    bad = _k3_run(home, ray_address, "--select", "rl_specialist", "--partition", "coding_agents|huge")
+    assert bad.returncode == 1
+    assert "--partition coding_agents|huge: no such partition of rl_specialist; its partitions are " \
+           "general_tasks|low, general_tasks|high" in bad.stdout + bad.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_corrupted_stage_refuses_base_model(pretrained, ray_address):
+    home = pretrained
+    with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
+        stage4 = instance.get_latest_materialization_event(
+            asset_key("smoke", "pretrain_stage_4")).asset_materialization
     # A corrupted stage-4 checkpoint: base_model refuses it with the file and both hashes, exit 1.
-    weights = Path(latest["pretrain_stage_4"].metadata["path"].value) / WEIGHTS_FILE
+    weights = Path(stage4.metadata["path"].value) / WEIGHTS_FILE
     raw = bytearray(weights.read_bytes())
     raw[-1] ^= 0xFF
     weights.write_bytes(bytes(raw))
