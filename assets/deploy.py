@@ -49,6 +49,7 @@ class DeploySizes:
     compare_batch_size: int
     compare_eval_tasks_per_family: int  # 0: claim 5 on held-out loss and KL only
     compare_max_rows: int | None  # the comparison on the shortest demonstrations only (None: all)
+    compare_roundings: tuple[str, ...]  # the scale roundings of the ablation (each repeats arms a and c)
     draft_steps: int
     draft_batch_size: int
     draft_ttt_steps: int
@@ -61,16 +62,18 @@ class DeploySizes:
 
 
 SIZES_DEPLOY: dict[str, DeploySizes] = {
-    "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_eval_tasks_per_family=0, compare_max_rows=3, draft_steps=2,
+    "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_eval_tasks_per_family=0, compare_max_rows=3,
+                         compare_roundings=("ceil",), draft_steps=2,
                          draft_batch_size=2, draft_ttt_steps=3, draft_gen_tokens=6, draft_train_prompts=4,
                          draft_eval_prompts=2, draft_measure_prompts=1, draft_measure_tokens=6,
                          max_prompt_tokens=4096),
-    "tiny": DeploySizes(compare_steps=12, compare_batch_size=4, compare_eval_tasks_per_family=0, compare_max_rows=None, draft_steps=60,
+    "tiny": DeploySizes(compare_steps=10, compare_batch_size=4, compare_eval_tasks_per_family=0, compare_max_rows=48,
+                        compare_roundings=("ceil", "floor"), draft_steps=60,
                         draft_batch_size=8, draft_ttt_steps=6, draft_gen_tokens=48, draft_train_prompts=96,
                         draft_eval_prompts=16, draft_measure_prompts=4, draft_measure_tokens=48,
                         max_prompt_tokens=400),
     "small": DeploySizes(compare_steps=500, compare_batch_size=16, compare_eval_tasks_per_family=8, compare_max_rows=None,
-                          draft_steps=2000,
+                         compare_roundings=("ceil", "floor"), draft_steps=2000,
                          draft_batch_size=32, draft_ttt_steps=6, draft_gen_tokens=256, draft_train_prompts=4096,
                          draft_eval_prompts=128, draft_measure_prompts=32, draft_measure_tokens=256,
                          max_prompt_tokens=4096),
@@ -111,7 +114,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
     steps = config.compare_steps or sizes.compare_steps
     job = QuantizeJob(scale_rounding=config.scale_rounding, compare_steps=steps,
                       compare_batch_size=sizes.compare_batch_size, compare_lr=post.sft_lr, short_frac=config.short_frac,
-                      scale_roundings=("ceil", "floor"), gen_tokens=config.gen_tokens,
+                      scale_roundings=sizes.compare_roundings, gen_tokens=config.gen_tokens,
                       eval_tasks_per_family=sizes.compare_eval_tasks_per_family, max_rows=sizes.compare_max_rows)
     sft_cfg = SFTConfig(profile=profile, steps=steps, batch_size=sizes.compare_batch_size, lr=post.sft_lr,
                         log_every=max(steps // 2, 1))
@@ -119,7 +122,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
     plan = eval_plan(profile, sizes.compare_eval_tasks_per_family or None)
     demos = ups["sft_data"].path
     context.log.info(f"{profile}/quantized_student: export mopd_student as packed MXFP4 ({config.scale_rounding}); "
-                     f"claim 5 on SFT from base_model, {steps} steps per arm, FLOOR and RCEIL")
+                     f"claim 5 on SFT from base_model, {steps} steps per arm, scale roundings {sizes.compare_roundings}")
     trained = run_training(context, TrainingJob(
         profile=profile, name="quantized_student", task=quantize_student_task,
         args=(job, str(ups["mopd_student"].path), str(ups["base_model"].path), str(demos),
