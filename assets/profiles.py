@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, distill, evaluation, posttrain, pretrain
+from assets import data, deploy, distill, evaluation, posttrain, pretrain
 from assets.lineage import PROFILES
 
 
@@ -41,7 +41,7 @@ class ProfileDefs:
 
 
 BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build,
-                                                                   posttrain.build, distill.build)
+                                                                   posttrain.build, distill.build, deploy.build)
 
 
 def build_profile(profile: str) -> ProfileDefs:

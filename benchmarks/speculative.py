@@ -1,9 +1,18 @@
 """Speculative decoding (k3model/speculative.py) against plain decoding through the same engine, in
 the same run: acceptance length τ and tokens/s at draft lengths 1–6, greedy, batch 1.
 
-    OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/2026-12-01_speculative_tiny_cpu.json
+    # a trained target and draft, held-out prompts (the assistant-turn prompts of a datagen.sft table):
+    OMP_NUM_THREADS=1 python benchmarks/speculative.py --target CKPT --draft DRAFT_CKPT \
+        --prompts-table heldout.parquet --out benchmarks/results/decode/<date>_speculative_tiny_trained_cpu.json
+    # random weights (no checkpoints given):
+    OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/<date>_speculative_tiny_cpu.json
 
-Two targets of the profile's shape, both random weights (no trained base model exists yet):
+With --target, two cases on the same target and prompts: `mtp_untrained` (draft_from_mtp(target),
+the MTP module as a draft without training) and `trained` (the --draft checkpoint, k3model.draft.
+load_draft). Tokens/s is end to end (prefill included, the same prompt for both); the per-round
+figures (`decode_tokens_per_s`, prefill excluded) come from timing the prefill alone.
+
+Without --target, two targets of the profile's shape, both random weights:
   mtp        — a random target with its own (random) MTP module as the draft: the untrained case,
                τ ≈ 1, so this measures the overhead a useless draft costs;
   predictable — the same shape with a large embedding that the output head reads through a fixed
@@ -27,7 +36,7 @@ import time
 import torch
 
 from k3model.config import get_profile
-from k3model.draft import draft_from_mtp
+from k3model.draft import draft_from_mtp, load_draft
 from k3model.engine import SamplingConfig, generate
 from k3model.model import K3Model
 from k3model.speculative import speculative_generate
@@ -50,6 +59,25 @@ def targets(profile: str, seed: int):
     return {"mtp": (random_target, draft_from_mtp(random_target)), "predictable": (predictable, aligned)}
 
 
+def trained_cases(target_dir: str, draft_dir: str | None):
+    from k3model.pretrain import load_pretrained
+    target, _ = load_pretrained(target_dir)
+    target.eval()
+    cases = {"mtp_untrained": (target, draft_from_mtp(target).eval())}
+    if draft_dir:
+        cases["trained"] = (target, load_draft(draft_dir, target)[0].eval())
+    return cases
+
+
+def table_prompts(path: str, n: int, max_prompt_tokens: int) -> list[list[int]]:
+    from datagen.io import read_parquet
+    from k3model.train.draft import prompts_from_demonstrations
+    table = read_parquet(path)
+    prompts = prompts_from_demonstrations(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(),
+                                          max_prompt_tokens)
+    return prompts[:n]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="tiny")
@@ -58,6 +86,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--draft-lens", default="1,2,3,4,5,6")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target", help="a target checkpoint (k3model.pretrain.load_pretrained reads it)")
+    ap.add_argument("--draft", help="a trained draft checkpoint for --target (k3model.train.draft)")
+    ap.add_argument("--prompts-table", help="held-out prompts: a datagen.sft Parquet table")
+    ap.add_argument("--max-prompt-tokens", type=int, default=400)
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions over the prompts")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the target and draft move there)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     draft_lens = [int(k) for k in args.draft_lens.split(",")]
@@ -66,17 +100,26 @@ def main() -> None:
               "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
               "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-              "weights": "random (no trained base model); see the module docstring", "cases": {}}
+              "weights": (f"target {args.target}, draft {args.draft}" if args.target else
+                          "random; see the module docstring"), "cases": {}}
     g = torch.Generator().manual_seed(args.seed)
     cfg = SamplingConfig(max_new_tokens=args.new)
-    for name, (target, draft) in targets(args.profile, args.seed).items():
+    cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed)
+    for name, (target, draft) in cases.items():
+        target, draft = target.to(args.device), draft.to(args.device)
         V = target.cfg.vocab_size
-        prompts = [torch.randint(0, V, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
+        if args.prompts_table:
+            prompts = table_prompts(args.prompts_table, args.prompts, args.max_prompt_tokens)
+        else:
+            prompts = [torch.randint(0, V, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
         generate(target, prompts[:1], SamplingConfig(max_new_tokens=4))  # warm-up
-        plain_s, tokens = 0.0, 0
+        plain_s, tokens, prefill_s = 0.0, 0, 0.0
         per_k = {k: {"seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0,
                      "reached": [0] * k, "accepted": [0] * k} for k in draft_lens}
-        for prompt in prompts:
+        for prompt in [p for _ in range(args.reps) for p in prompts]:
+            t = time.perf_counter()
+            generate(target, [prompt], SamplingConfig(max_new_tokens=1))
+            prefill_s += time.perf_counter() - t
             t = time.perf_counter()
             expected = generate(target, [prompt], cfg)[0].token_ids
             plain_s += time.perf_counter() - t
@@ -93,16 +136,22 @@ def main() -> None:
                 row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
                 row["accepted"] = [a + b for a, b in zip(row["accepted"], stats.accepted_at_depth)]
         plain_tps = tokens / plain_s
-        case = {"plain_tokens_per_s": plain_tps, "by_draft_len": {}}
+        plain_decode_tps = tokens / max(plain_s - prefill_s, 1e-9)
+        case = {"plain_tokens_per_s": plain_tps, "plain_decode_tokens_per_s": plain_decode_tps,
+                "prefill_s_per_prompt": prefill_s / (len(prompts) * args.reps), "by_draft_len": {}}
         for k, row in per_k.items():
             tps = row["tokens"] / row["seconds"]
+            decode_tps = row["tokens"] / max(row["seconds"] - prefill_s, 1e-9)
             case["by_draft_len"][str(k)] = {
                 "acceptance_length": sum(row["tau"]) / len(row["tau"]), "tokens_per_s": tps,
-                "speedup": tps / plain_tps, "greedy_parity": f"{row['parity']}/{len(prompts)}",
+                "speedup": tps / plain_tps, "decode_tokens_per_s": decode_tps,
+                "decode_speedup": decode_tps / plain_decode_tps,
+                "greedy_parity": f"{row['parity']}/{len(prompts) * args.reps}",
                 "tokens_per_target_forward": row["tokens"] / row["forwards"],
                 "acceptance_by_depth": [a / r if r else None for a, r in zip(row["accepted"], row["reached"])]}
             print(f"{name} k={k}: tau {case['by_draft_len'][str(k)]['acceptance_length']:.2f}  "
-                  f"{tps:.1f} tok/s vs plain {plain_tps:.1f} ({tps / plain_tps:.2f}x)  parity {row['parity']}/{len(prompts)}",
+                  f"{tps:.1f} tok/s vs plain {plain_tps:.1f} ({tps / plain_tps:.2f}x; decode only {decode_tps / plain_decode_tps:.2f}x)  "
+                  f"parity {row['parity']}/{len(prompts) * args.reps}",
                   flush=True)
         result["cases"][name] = case
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from k3model.attn_res import BlockResidualStream
 
@@ -75,7 +76,109 @@ class DraftModel(nn.Module):
         cache.set_layer(0, self.layers[0](stream, cache.layers[0], use_cache=True))
         cache.advance(next_ids_BT.shape[1])
         g_BTD = self.out_res(stream.sources())
-        return g_BTD, self.lm_head(self.final_norm(g_BTD))
+        return g_BTD, self.head(g_BTD)
+
+    def head(self, g_BTD: torch.Tensor) -> torch.Tensor:
+        """The draft's logits of the token after next from its output g [..., D] → [..., V]."""
+        return self.lm_head(self.final_norm(g_BTD))
+
+
+    def unroll(self, f_BTD: torch.Tensor, next_ids_BT: torch.Tensor, steps: int, start: int = 0) -> list[torch.Tensor]:
+        """EAGLE-3's training-time test without a cache: `steps` draft passes over every position at
+        once, pass s reading the draft's own g of pass s−1 at the previous position. Returns g of
+        each pass [B, T, D] (`head(g)` gives its logits, which a trainer computes only where it needs
+        them); pass s at position i is the s-th chained draft after the target's true features of
+        positions ≤ i − s, i.e. what `forward` over a cache gives there (tested), so a loss on it
+        trains exactly what speculative decoding runs:
+
+            pass 0: (f_i, x_{i+1}) → g⁰_i, q⁰_i(x_{i+2})
+            pass s: (g^{s−1}_{i−1}, x_{i+1}) → g^s_i, q^s_i(x_{i+2})
+            pass s, position i attends to pass-0 keys at j ≤ i − s and to pass-t keys at i − s + t (t = 1…s)
+
+        The attention mask is what the inference cache holds at that draft step (NoPE: no positions,
+        so the set of keys is all that matters). Positions i < s have no true prefix; their values are
+        defined but meaningless (the trainer masks them). Passes s ≥ 1 run only on positions ≥ `start`
+        (zeros before it): pass s at i is exact when i − s + 1 ≥ start, so a trainer that needs
+        positions ≥ P only passes start = P − steps + 1 and saves the work on long prompts."""
+        if steps < 1:
+            raise ValueError(f"steps must be ≥ 1 (pass 0 reads the target's features), got {steps}")
+        B, T, D = f_BTD.shape
+        start = max(0, min(start, T - 1))
+        block = self.layers[0]
+        mla = block.mixer
+        e_BTD = self.embed_norm(self.embed(next_ids_BT))
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+        hidden_BQD, outs = f_BTD, []
+        for s in range(steps):
+            offset = 0 if s == 0 else start
+            stream = BlockResidualStream(self.merge(torch.cat([self.hidden_norm(hidden_BQD), e_BTD[:, offset:]], dim=-1)))
+            a_BQD = block.mixer_norm(block.mixer_res(stream.sources()))
+            latent_BQL = mla.kv_down(a_BQD)
+            keys.append((mla.kv_norm(latent_BQL[..., : mla.cfg.kv_rank]), latent_BQL[..., mla.cfg.kv_rank:]))
+            stream.add(_unrolled_attention(mla, a_BQD, keys, offset))
+            stream.add(block.ffn(block.ffn_norm(block.ffn_res(stream.sources()))))
+            g_BQD = self.out_res(stream.sources())
+            outs.append(g_BQD if offset == 0 else torch.cat([g_BQD.new_zeros(B, offset, D), g_BQD], dim=1))
+            # The next pass reads g at the previous position, over its window [start, T).
+            hidden_BQD = outs[-1][:, start - 1: T - 1] if start > 0 else torch.cat([g_BQD.new_zeros(B, 1, D), outs[-1][:, :-1]], dim=1)
+        return outs
+
+
+def unrolled_mask(T: int, s: int, device=None) -> torch.Tensor:
+    """[T, (s+1)·T] bool, True where pass s's query at position i sees a key: pass-0 keys at
+    j ≤ i − s, pass-t keys (t = 1…s) at j = i − s + t."""
+    i_T1 = torch.arange(T, device=device).unsqueeze(1)
+    j_1T = torch.arange(T, device=device).unsqueeze(0)
+    blocks = [j_1T <= i_T1 - s] + [j_1T == i_T1 - s + t for t in range(1, s + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def _unrolled_attention(mla, x_BQD: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]],
+                        offset: int) -> torch.Tensor:
+    """GatedMLA's expanded attention (mla._attend_expanded) for the queries of the newest pass s at
+    positions offset … offset + Q − 1, over pass 0's keys (all T positions) and the earlier passes'
+    (over the same window as the queries), under `unrolled_mask`, computed by its structure: a
+    Q × T block over pass 0's keys (j ≤ i − s) and one key per earlier pass t (at i − s + t), so a
+    pass costs one Q × T attention rather than (s + 1)·T × T under a dense mask. Q: window length."""
+    cfg = mla.cfg
+    B, Q, _ = x_BQD.shape
+    H, nope, rope, dv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+    s = len(keys) - 1
+
+    def expand(c_hat_BTR, k_rope_BTr):
+        n = c_hat_BTR.shape[1]
+        kv_BTHX = mla.kv_up(c_hat_BTR).view(B, n, H, nope + dv)
+        k_BTHQ = torch.cat([kv_BTHX[..., :nope], k_rope_BTr.unsqueeze(2).expand(B, n, H, rope)], dim=-1)
+        return k_BTHQ, kv_BTHX[..., nope:]
+
+    q_BQHK = mla.queries(x_BQD).view(B, Q, H, nope + rope) * (nope + rope) ** -0.5
+    k0_BTHK, v0_BTHV = expand(*keys[0])
+    T = k0_BTHK.shape[1]
+    scores_BHQT = torch.einsum("bihq,bjhq->bhij", q_BQHK, k0_BTHK).float()
+    i_Q1 = offset + torch.arange(Q, device=x_BQD.device).unsqueeze(1)
+    scores_BHQT = scores_BHQT.masked_fill(torch.arange(T, device=x_BQD.device).unsqueeze(0) > i_Q1 - s, float("-inf"))
+    # Pass t's key for query r of the window sits at window index r − (s − t) (none for r < s − t).
+    diag_k, diag_v = [], []
+    for t in range(1, s + 1):
+        k_BQHK, v_BQHV = expand(*keys[t])
+        pad = s - t
+        diag_k.append(torch.cat([k_BQHK.new_zeros(B, pad, H, nope + rope), k_BQHK[:, : Q - pad]], dim=1))
+        diag_v.append(torch.cat([v_BQHV.new_zeros(B, pad, H, dv), v_BQHV[:, : Q - pad]], dim=1))
+    if diag_k:
+        dk_BQHSK, dv_BQHSV = torch.stack(diag_k, dim=3), torch.stack(diag_v, dim=3)
+        dscore_BQHS = torch.einsum("bthq,bthsq->bths", q_BQHK, dk_BQHSK).float()
+        r_Q1 = torch.arange(Q, device=x_BQD.device).unsqueeze(1)
+        missing_QS = r_Q1 < s - torch.arange(1, s + 1, device=x_BQD.device).unsqueeze(0)
+        dscore_BQHS = dscore_BQHS.masked_fill(missing_QS.view(1, Q, 1, s), float("-inf"))
+        all_BHQX = torch.cat([scores_BHQT, dscore_BQHS.permute(0, 2, 1, 3)], dim=-1)
+    else:
+        all_BHQX = scores_BHQT
+    p_BHQX = all_BHQX.softmax(-1).to(q_BQHK.dtype)
+    a_BQHV = torch.einsum("bhij,bjhv->bihv", p_BHQX[..., :T], v0_BTHV)
+    if diag_k:
+        a_BQHV = a_BQHV + torch.einsum("bhts,bthsv->bthv", p_BHQX[..., T:], dv_BQHSV)
+    gate_BQHV = torch.sigmoid(mla.g_proj(x_BQD)).view(B, Q, H, dv)
+    return mla.o_proj((a_BQHV * gate_BQHV).reshape(B, Q, H * dv))
 
 
 def draft_from_mtp(target) -> DraftModel:
@@ -135,3 +238,38 @@ def target_features(target, draft: DraftModel):
     finally:
         for handle in handles:
             handle.remove()
+
+
+def draft_manifest(draft: DraftModel, target_manifest: dict | None = None) -> dict:
+    """What a draft checkpoint's manifest records about the target it was trained for."""
+    return {"draft": {"config": {"vocab_size": draft.cfg.vocab_size, "d_model": draft.cfg.d_model,
+                                 "feature_layers": list(draft.cfg.feature_layers)},
+                      "target_sha256": (target_manifest or {}).get("sha256")}}
+
+
+def load_draft(directory, target, verify: bool = True) -> tuple[DraftModel, dict]:
+    """A trained draft (a checkpoint written by k3model.train.draft) for `target`: built with
+    draft_from_mtp(target), its weights loaded. ValueError when the checkpoint was trained for a
+    target of another vocabulary, width or depth. Returns (draft, manifest)."""
+    from k3model.checkpoint import load_checkpoint, read_manifest
+
+    manifest = read_manifest(directory)
+    recorded = manifest.get("draft", {}).get("config")
+    if recorded is None:
+        raise ValueError(f"{directory} is not a draft checkpoint (its manifest has no 'draft' block): "
+                         "train one with k3model.train.draft.train")
+    draft = draft_from_mtp(target)
+    check_draft(target, _config_only(recorded))
+    if tuple(recorded["feature_layers"]) != draft.cfg.feature_layers:
+        raise ValueError(f"{directory} reads target layers {tuple(recorded['feature_layers'])} but a draft for this "
+                         f"target reads {draft.cfg.feature_layers}: it was trained for another target; retrain it")
+    weights, _ = load_checkpoint(directory, verify=verify, device=next(target.parameters()).device)
+    draft.load_state_dict(weights)
+    return draft, manifest
+
+
+class _config_only:
+    """Just enough of a DraftModel (its cfg) for check_draft to judge a recorded config."""
+
+    def __init__(self, recorded: dict):
+        self.cfg = DraftConfig(int(recorded["vocab_size"]), int(recorded["d_model"]), tuple(recorded["feature_layers"]))

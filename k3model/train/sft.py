@@ -65,6 +65,7 @@ class SFTConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     qat: bool = True  # MXFP4 weights / MXFP8 activations on the routed experts from the first step
+    qat_scale_rounding: str = "ceil"  # kernels.mx's E8M0 scale rounding: "ceil" (RCEIL) or "floor" (OCP)
     ckpt_every: int = 0  # 0: four times per run
     log_every: int = 10
 
@@ -217,7 +218,7 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
     # ---- model (QAT before the optimizer: the first step already trains through the quantizer)
     model, data_versions = _initial_model(cfg, init_checkpoint)
     if cfg.qat:
-        prepare_qat(model)
+        prepare_qat(model, cfg.qat_scale_rounding)
     run = resume(model, last_dir, log)
     model.to(device)
 

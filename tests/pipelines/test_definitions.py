@@ -10,6 +10,7 @@ DATA = {"corpus", "tokenizer", "clue_data", "image_data"}
 PRETRAIN = {"pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model"}
 POSTTRAIN = {"sft_data", "sft_policy", "rl_tasks", "rl_specialist"}
 DISTILL = {"mopd_student", "cross_harness"}
+DEPLOY = {"quantized_student", "draft_model"}
 
 
 def _graph():
@@ -22,11 +23,12 @@ def test_every_asset_once_per_profile_in_its_groups():
     assert {k.path[0] for k in keys} == set(PROFILES) and all(len(k.path) == 2 for k in keys)
     for p in PROFILES:
         mine = {k.path[-1]: graph.get(k) for k in keys if k.path[0] == p}
-        assert set(mine) == DATA | PRETRAIN | POSTTRAIN | DISTILL | {"checkpoint_evals"}
+        assert set(mine) == DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals"}
         assert {n for n, a in mine.items() if a.group_name == f"{p}_data"} == DATA
         assert {n for n, a in mine.items() if a.group_name == f"{p}_pretraining"} == PRETRAIN
         assert {n for n, a in mine.items() if a.group_name == f"{p}_posttraining"} == POSTTRAIN
         assert {n for n, a in mine.items() if a.group_name == f"{p}_distillation"} == DISTILL
+        assert {n for n, a in mine.items() if a.group_name == f"{p}_deployment"} == DEPLOY
         assert all(a.tags.get("k3/profile") == p for a in mine.values())
 
 
@@ -78,7 +80,7 @@ def test_jobs_are_per_profile_and_tag_their_runs():
     def selected(name):
         return {k.to_user_string() for k in jobs[name].asset_layer.executable_asset_keys}
     for p in PROFILES:
-        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | POSTTRAIN | DISTILL | {"checkpoint_evals"}}
+        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals"}}
         # A run of the job trains all nine specialists: the range from the first to the last of each dimension.
         assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_start"] == "general_tasks|low"
         assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_end"] == "coding_agents|max"

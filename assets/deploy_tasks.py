@@ -1,0 +1,230 @@
+"""The Ray tasks of the deployment assets (assets/deploy.py): no Dagster import, so a Ray worker loads
+only the library. Each is `task(*args, work_dir, live) -> result` for `assets.training`.
+
+- `quantize_student_task`: the student exported with packed MXFP4 routed experts
+  (`k3model.quantize.export_quantized`, the rest bf16), loaded back (`load_quantized`), audited
+  (every routed expert weight through the MX op in a prefill and a decode step), a greedy generation
+  through the engine beside the float student's; then claim 5's comparison
+  (`k3model.train.quant_compare.compare_qat_ptq`) on the SFT step at matched tokens.
+- `train_draft_task`: `k3model.train.draft.train` on the student's own generations from sft_data's
+  prompts (held-out prompts from its held-out table), then measured speculative decoding
+  (`k3model.speculative.speculative_generate`, greedy) at draft lengths 1–6 on held-out prompts,
+  with the untrained MTP draft beside it, and greedy parity with plain decoding checked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from assets.tasks import LiveLog
+
+
+def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:
+    """The first `limit` assistant-turn prompts of a datagen.sft table (k3model.train.draft)."""
+    from datagen.io import read_parquet
+    from k3model.train.draft import prompts_from_demonstrations
+    table = read_parquet(path)
+    prompts = prompts_from_demonstrations(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(),
+                                          max_prompt_tokens)
+    return prompts[:limit]
+
+
+# ----------------------------------------------------------------------------------------------
+# quantized_student
+
+def shortest_rows(path: str, n: int | None):
+    """The table at `path`, or its `n` shortest rows (a cheaper comparison on small profiles)."""
+    from datagen.io import read_parquet
+    table = read_parquet(path)
+    if n is None or table.num_rows <= n:
+        return table
+    lengths = table.column("n_tokens").to_pylist()
+    keep = sorted(sorted(range(len(lengths)), key=lambda i: lengths[i])[:n])
+    return table.take(keep).replace_schema_metadata(table.schema.metadata)
+
+
+@dataclass(frozen=True)
+class QuantizeJob:
+    """What quantized_student does (hashed into the adapter's inputs key, logged as params)."""
+    scale_rounding: str
+    compare_steps: int  # SFT steps of each arm of the QAT/PTQ comparison
+    compare_batch_size: int
+    compare_lr: float
+    short_frac: float
+    scale_roundings: tuple[str, ...]
+    gen_tokens: int
+    eval_tasks_per_family: int  # 0: no task success, loss and KL only
+    max_rows: int | None = None  # the comparison on the shortest rows of each table only (None: all)
+
+
+@dataclass
+class QuantizedResult:
+    checkpoint_dir: Path
+    history: list[dict]
+    metrics: dict[str, float]
+    export: dict
+    audit: dict
+    comparison: dict
+    sample: dict
+    resumed_from_step: int | None = None
+
+
+def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkpoint: str, demos_path: str,
+                          heldout_path: str, tokenizer_path: str, sft_cfg, plan, work_dir: str,
+                          live: LiveLog) -> QuantizedResult:
+    import torch
+
+    from k3model.engine import SamplingConfig, generate
+    from k3model.pretrain import load_pretrained
+    from k3model.quantize import audit_quantized, export_quantized, load_quantized
+    from k3model.train.quant_compare import compare_qat_ptq
+
+    t0 = time.perf_counter()
+    student, manifest = load_pretrained(student_checkpoint)
+    student.eval()
+    out = Path(work_dir) / "mxfp4"
+    info = export_quantized(student, out, job.scale_rounding, other_dtype=torch.bfloat16,
+                            manifest_extra={"data_versions": {"student": manifest["sha256"]}}, overwrite=True)
+    qmodel, _ = load_quantized(out)
+    prompts = table_prompts(heldout_path, 256, 2) or [[1, 2, 3, 4]]
+    report = audit_quantized(qmodel, torch.tensor([prompts[0]]))
+    sampling = SamplingConfig(max_new_tokens=job.gen_tokens)
+    q_ids = generate(qmodel, prompts, sampling)
+    f_ids = generate(student, prompts, sampling)
+    agree = [sum(a == b for a, b in zip(q.token_ids, f.token_ids)) / max(len(f.token_ids), 1)
+             for q, f in zip(q_ids, f_ids)]
+    export = {"file_bytes": info.file_bytes, "bf16_file_bytes": info.bf16_file_bytes, "ratio_to_bf16": info.ratio_to_bf16,
+              "expert_bytes": info.expert_bytes, "expert_bf16_bytes": info.expert_bf16_bytes,
+              "scale_rounding": info.scale_rounding, "sha256": info.sha256, "export_s": time.perf_counter() - t0}
+    audit = {"expected": len(report.expected), "quantized": len(report.quantized),
+             "not_quantized": list(report.not_quantized), "ok": report.ok}
+    sample = {"prompts": len(prompts), "tokens": [len(c.token_ids) for c in q_ids],
+              "greedy_agreement_with_float": sum(agree) / len(agree), "first_ids": q_ids[0].token_ids[:16]}
+    live(0, {"export/ratio_to_bf16": info.ratio_to_bf16, "audit/quantized": float(len(report.quantized))})
+
+    evaluate_fn = None
+    if job.eval_tasks_per_family:
+        from datagen.tokenizer import load_tokenizer
+
+        from assets.tasks import evaluate_policy
+        tokenizer = load_tokenizer(tokenizer_path)
+
+        def evaluate_fn(model) -> float:
+            evals = evaluate_policy(model, tokenizer, plan)
+            return sum(e["success_rate"] for e in evals.values()) / max(len(evals), 1)
+
+    t1 = time.perf_counter()
+    demos, heldout = shortest_rows(demos_path, job.max_rows), shortest_rows(heldout_path, job.max_rows)
+    comparison = compare_qat_ptq(sft_cfg, demos, heldout, Path(work_dir) / "compare", base_checkpoint,
+                                 short_frac=job.short_frac, scale_roundings=job.scale_roundings,
+                                 tasks=plan if evaluate_fn else None, evaluate_fn=evaluate_fn,
+                                 log_fn=lambda arm, m: live(0, {f"compare/{arm}/{k}": v for k, v in m.items()}))
+    flat = comparison.as_metadata()
+    metrics = {"export/ratio_to_bf16": info.ratio_to_bf16, "export/file_bytes": float(info.file_bytes),
+               "audit/ok": float(report.ok), "perf/compare_s": time.perf_counter() - t1,
+               **{f"compare/{k}": float(v) for k, v in flat.items()}}
+    live(1, metrics)
+    return QuantizedResult(out, [], metrics, export, audit,
+                           {"arms": comparison.arms, "reference_loss": comparison.reference_loss,
+                            "tokens": comparison.tokens}, sample)
+
+
+# ----------------------------------------------------------------------------------------------
+# draft_model
+
+@dataclass(frozen=True)
+class DraftJob:
+    """What draft_model does (hashed into the adapter's inputs key, logged as params)."""
+    train: object  # k3model.train.draft.DraftTrainConfig
+    max_prompt_tokens: int
+    train_prompts: int
+    eval_prompts: int
+    measure_prompts: int  # held-out prompts speculative decoding is measured on
+    measure_tokens: int
+    draft_lens: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+
+
+@dataclass
+class DraftResult:
+    checkpoint_dir: Path
+    history: list[dict]
+    metrics: dict[str, float]
+    evals: list[dict]
+    measured: dict = field(default_factory=dict)  # {"trained"|"mtp_untrained": {draft_len: {...}}}
+    resumed_from_step: int | None = None
+
+
+def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_tokens: int,
+                        draft_lens: tuple[int, ...]) -> dict:
+    """Greedy speculative decoding of every prompt at every draft length, per draft: τ (acceptance
+    length, pooled over rounds), conditional acceptance by depth, parity with plain greedy output,
+    tokens/s against plain decoding timed in the same loop."""
+    from k3model.engine import SamplingConfig, generate
+    from k3model.speculative import speculative_generate
+
+    cfg = SamplingConfig(max_new_tokens=new_tokens)
+    plain_s, plain_tokens, expected = 0.0, 0, []
+    for p in prompts:
+        t = time.perf_counter()
+        expected.append(generate(target, [p], cfg)[0].token_ids)
+        plain_s += time.perf_counter() - t
+        plain_tokens += len(expected[-1])
+    out = {}
+    for name, draft in drafts.items():
+        rows = {}
+        for k in draft_lens:
+            seconds, tokens, rounds, accepted, parity = 0.0, 0, 0, 0, 0
+            reached, acc = [0] * k, [0] * k
+            for p, e in zip(prompts, expected):
+                t = time.perf_counter()
+                ids, stats = speculative_generate(target, draft, p, cfg, k)
+                seconds += time.perf_counter() - t
+                tokens += len(ids)
+                rounds, accepted, parity = rounds + stats.rounds, accepted + stats.accepted, parity + (ids == e)
+                reached = [a + b for a, b in zip(reached, stats.reached_at_depth)]
+                acc = [a + b for a, b in zip(acc, stats.accepted_at_depth)]
+            rows[k] = {"acceptance_length": (accepted + rounds) / rounds if rounds else 0.0,
+                       "acceptance_by_depth": [a / r if r else None for a, r in zip(acc, reached)],
+                       "greedy_parity": parity / len(prompts),
+                       "speedup": (tokens / seconds) / (plain_tokens / plain_s) if seconds and plain_s else None}
+        out[name] = rows
+    return out
+
+
+def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, heldout_path: str, work_dir: str,
+                     live: LiveLog) -> DraftResult:
+    from k3model.draft import draft_from_mtp, load_draft
+    from k3model.pretrain import load_pretrained
+    from k3model.train.draft import train
+
+    from k3model.engine import context_length
+
+    target, manifest = load_pretrained(student_checkpoint)
+    target.eval()
+    # A prompt and its generation must fit the student's context.
+    limit = context_length(target)
+    cap = job.max_prompt_tokens if limit is None else min(job.max_prompt_tokens, limit - job.train.gen_tokens - 1)
+    prompts = table_prompts(demos_path, cap, job.train_prompts)
+    held_out = table_prompts(heldout_path, cap, job.eval_prompts + job.measure_prompts)
+    if not prompts or not held_out:
+        raise ValueError(f"sft_data holds no assistant-turn prompt of at most {cap} tokens "
+                         f"({len(prompts)} for training, {len(held_out)} held out): raise max_prompt_tokens")
+    eval_prompts, measure = held_out[: job.eval_prompts] or held_out, held_out[job.eval_prompts:] or held_out
+    result = train(job.train, target, prompts, work_dir, eval_prompts=eval_prompts, target_manifest=manifest,
+                   log_fn=live)
+    draft, _ = load_draft(result.checkpoint_dir, target)
+    t0 = time.perf_counter()
+    measured = measure_speculative(target, {"trained": draft.eval(), "mtp_untrained": draft_from_mtp(target).eval()},
+                                   measure, job.measure_tokens, job.draft_lens)
+    metrics = {**result.metrics, "perf/measure_s": time.perf_counter() - t0}
+    for name, rows in measured.items():
+        for k, row in rows.items():
+            metrics[f"spec/{name}/tau_k{k}"] = row["acceptance_length"]
+            if row["speedup"] is not None:
+                metrics[f"spec/{name}/speedup_k{k}"] = row["speedup"]
+            metrics[f"spec/{name}/parity_k{k}"] = row["greedy_parity"]
+    live(job.train.steps, {k: v for k, v in metrics.items() if k.startswith("spec/")})
+    return DraftResult(Path(result.checkpoint_dir), result.history, metrics, result.evals, measured,
+                       result.resumed_from_step)

@@ -1,0 +1,78 @@
+"""Deployment assets on the smoke profile: quantized_student and draft_model materialized through
+Ray, MLflow and Dagster from real upstream files. sft_data is the real asset; base_model and
+mopd_student are a smoke-shaped checkpoint reported as their materializations (training the whole
+post-training lineage here would cost minutes: tests/pipelines' end-to-end run covers the chain)."""
+
+from dataclasses import asdict
+
+import dagster as dg
+import pytest
+import torch
+from conftest import error_text
+
+from assets import deploy, posttrain
+from assets.lineage import PROFILE_TAG, key, latest
+from k3model.checkpoint import save_checkpoint
+from k3model.config import get_profile
+from k3model.draft import load_draft
+from k3model.model import K3Model
+from k3model.quantize import load_quantized
+
+QUANTIZED, DRAFT = deploy.build("smoke")
+SFT_DATA = posttrain.build("smoke")[0]
+
+
+def _student(path):
+    torch.manual_seed(0)
+    model = K3Model(get_profile("smoke").model)
+    return save_checkpoint(path, model.state_dict(), {"config": {"model": asdict(model.cfg)}})
+
+
+def _report(instance, name, info):
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=key("smoke", name), metadata={"path": dg.MetadataValue.path(str(info.path)), "sha256": info.sha256},
+        tags={PROFILE_TAG: "smoke", "dagster/data_version": info.sha256}))
+
+
+def test_quantized_student_and_draft_model_materialize(data_run, smoke_resources, tmp_path):
+    instance, _ = data_run
+    assert dg.materialize([SFT_DATA], instance=instance, resources=smoke_resources,
+                          selection=[SFT_DATA.key]).success
+    info = _student(tmp_path / "student")
+    _report(instance, "base_model", info)
+    _report(instance, "mopd_student", info)
+    result = dg.materialize([QUANTIZED, DRAFT], instance=instance, resources=smoke_resources)
+    assert result.success
+
+    q = latest(instance, "smoke", "quantized_student").metadata
+    assert q["audit/ok"] is True and q["ratio_to_bf16"] < 1.0
+    assert q["expert_bytes"] * 64 == q["expert_bf16_bytes"] * 17  # 17/32 byte a value against 2
+    arms = q["claim5/arms"]
+    # The smoke profile runs the RCEIL arms only (FLOOR repeats them: tiny and small run both).
+    assert set(arms) == {"ceil"} and set(arms["ceil"]) == {"qat", "ptq", "qat_short"}
+    assert all(a["kl_to_bf16"] >= 0 for r in arms.values() for a in r.values())
+    model, manifest = load_quantized(latest(instance, "smoke", "quantized_student").path)
+    assert manifest["quantization"]["scale_rounding"] == "ceil"
+
+    d = latest(instance, "smoke", "draft_model")
+    assert d.metadata["greedy_parity_all"] is True
+    assert 1.0 <= d.metadata["tau_sim"] <= 4.0 and d.metadata["tau_sim_untrained"] >= 1.0
+    assert d.metadata["model_version"].startswith("k3-smoke-draft_model/")
+    target = K3Model(get_profile("smoke").model)
+    draft, _ = load_draft(d.path, target)
+    assert draft.cfg.vocab_size == 512
+
+
+def test_deployment_assets_name_their_missing_upstream(smoke_resources):
+    result = dg.materialize([DRAFT], instance=dg.DagsterInstance.ephemeral(), resources=smoke_resources,
+                            raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "mopd_student" in failure.event_specific_data.error.message
+
+
+def test_quantized_student_refuses_an_unknown_rounding(smoke_resources):
+    with pytest.raises(Exception) as err:
+        dg.materialize([QUANTIZED], instance=dg.DagsterInstance.ephemeral(), resources=smoke_resources,
+                       run_config={"ops": {"smoke__quantized_student": {"config": {"scale_rounding": "even"}}}})
+    assert "scale_rounding='even'" in error_text(err.value)
