@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, evaluation, pretrain
+from assets import data, evaluation, pretrain, report
 from assets.lineage import PROFILES
 
 
@@ -40,7 +40,9 @@ class ProfileDefs:
             self.assets += built
 
 
-BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build)
+# report.build comes last: the report reads every other asset (and depends on those that exist).
+BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build,
+                                                                   report.build)
 
 
 def build_profile(profile: str) -> ProfileDefs:
