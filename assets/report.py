@@ -17,7 +17,6 @@ when the claim fails: a failing claim is reported, never hidden. Files go to
 `reports/<profile>/report/<run id>/report.md` with the PNGs beside it.
 """
 
-from __future__ import annotations
 
 import hashlib
 import importlib.util
