@@ -20,7 +20,7 @@ def test_every_asset_once_per_profile_in_its_groups():
     assert {k.path[0] for k in keys} == set(PROFILES) and all(len(k.path) == 2 for k in keys)
     for p in PROFILES:
         mine = {k.path[-1]: graph.get(k) for k in keys if k.path[0] == p}
-        assert set(mine) == DATA | PRETRAIN | {"checkpoint_evals"}
+        assert set(mine) == DATA | PRETRAIN | {"checkpoint_evals", "report"}
         assert {n for n, a in mine.items() if a.group_name == f"{p}_data"} == DATA
         assert {n for n, a in mine.items() if a.group_name == f"{p}_pretraining"} == PRETRAIN
         assert all(a.tags.get("k3/profile") == p for a in mine.values())
@@ -48,6 +48,7 @@ def test_checks_attached():
         for s in range(1, 5):
             assert {(f"{p}/pretrain_stage_{s}", "checkpoint_intact"), (f"{p}/pretrain_stage_{s}", "loss_fell")} <= checks
         assert (f"{p}/base_model", "checkpoint_intact") in checks
+        assert {(f"{p}/report", f"claim_{n}") for n in range(1, 9)} <= checks
 
 
 def test_jobs_are_per_profile_and_tag_their_runs():
@@ -56,7 +57,7 @@ def test_jobs_are_per_profile_and_tag_their_runs():
     def selected(name):
         return {k.to_user_string() for k in jobs[name].asset_layer.executable_asset_keys}
     for p in PROFILES:
-        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | {"checkpoint_evals"}}
+        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | {"checkpoint_evals", "report"}}
         assert selected(f"{p}_eval_job") == {f"{p}/checkpoint_evals"}
         assert jobs[f"{p}_all_job"].tags["k3/profile"] == p == jobs[f"{p}_eval_job"].tags["k3/profile"]
     # One process per run: one Ray cluster per run, not per step.
