@@ -337,11 +337,13 @@ def claim_6(acceptance: dict[int, float], speedup: float | None, lossless: bool 
         {True: ", output identical", False: ", output DIFFERS", None: ", losslessness not measured"}[lossless]
     problems = []
     if at4 is None or at4 < ACCEPTANCE_AT_4:
-        problems.append("acceptance at draft length 4 " + ("not measured" if at4 is None else f"{at4:.2f} < {ACCEPTANCE_AT_4}"))
+        problems.append("acceptance at draft length 4 "
+                        + ("not measured" if at4 is None else f"{at4:.2f} < {ACCEPTANCE_AT_4}"))
     if speedup is None or speedup <= 1.0:
         problems.append("no speedup" if speedup is not None else "speedup not measured")
     if lossless is not True:
-        problems.append("losslessness not measured" if lossless is None else "speculative output differs from the target's")
+        problems.append("losslessness not measured" if lossless is None
+                        else "speculative output differs from the target's")
     if not problems:
         return _claim(6, PASS, figure, target, "accepted, faster and lossless", profile, checkpoints, figures)
     return _claim(6, FAIL, figure, target, "; ".join(problems), profile, checkpoints, figures)

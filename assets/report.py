@@ -163,7 +163,8 @@ def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str,
                                          str(dg.MultiPartitionKey({"domain": d, "effort": e})))
                 if part is not None:
                     figs["specialists"][(d, e)] = part["metadata"]
-                    figs["checkpoints"][f"rl_specialist[{d}|{e}]"] = part["metadata"].get("sha256", part["data_version"])
+                    figs["checkpoints"][f"rl_specialist[{d}|{e}]"] = part["metadata"].get("sha256",
+                                                                                          part["data_version"])
     figs["ablation"] = balancing_ablation(profile)
     return figs
 
@@ -220,7 +221,8 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
 
     with_b = {f"stage {s}": st["load"] for s, st in stages.items()
               if st["load"] is not None and st["balancing"] not in (None, "none")}
-    without = {f"stage {s}": st["load"] for s, st in stages.items() if st["load"] is not None and st["balancing"] == "none"}
+    without = {f"stage {s}": st["load"] for s, st in stages.items()
+               if st["load"] is not None and st["balancing"] == "none"}
     source = ""
     ablation = figs.get("ablation")
     if not without and ablation and "none" in ablation["arms"]:
@@ -250,18 +252,21 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
     q = figs.get("quantized_student") or {}
     out.append(C.claim_5({k: q[f"quant/qat/{k}"] for k in ("bf16", "mxfp4") if f"quant/qat/{k}" in q},
                          {k: q[f"quant/ptq/{k}"] for k in ("bf16", "mxfp4") if f"quant/ptq/{k}" in q},
-                         metric=str(q.get("quant/metric", "its metric")), higher_is_better=bool(q.get("quant/higher_is_better", True)),
+                         metric=str(q.get("quant/metric", "its metric")),
+                         higher_is_better=bool(q.get("quant/higher_is_better", True)),
                          profile=profile, checkpoints=_pick(ck, "quantized_student")))
 
     draft = figs.get("draft_model") or {}
-    acceptance = {int(m.group(1)): v for k, v in draft.items() if (m := re.fullmatch(r"spec/acceptance_length/k(\d+)", k))}
+    acceptance = {int(m.group(1)): v for k, v in draft.items()
+                  if (m := re.fullmatch(r"spec/acceptance_length/k(\d+)", k))}
     out.append(C.claim_6(acceptance, draft.get("spec/speedup/k4"), draft.get("spec/lossless"), profile=profile,
                          checkpoints=_pick(ck, "draft_model")))
 
     cross = figs.get("cross_harness") or {}
     harness = {m.group(1): {"success_rate": v, "n": cross.get(f"harness/{m.group(1)}/n")}
                for k, v in cross.items() if (m := re.fullmatch(r"harness/([\w-]+)/success_rate", k))}
-    out.append(C.claim_7(harness, cross.get("harness/held_out"), profile=profile, checkpoints=_pick(ck, "cross_harness")))
+    out.append(C.claim_7(harness, cross.get("harness/held_out"), profile=profile,
+                         checkpoints=_pick(ck, "cross_harness")))
 
     if kernelsuite is None:
         out.append(C.not_measured(8, "every planted hack flagged, every honest submission passed",
@@ -294,126 +299,113 @@ def plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict[str, P
     got: dict[str, Path | str] = {}
     by = {c.number: c for c in verdicts}
 
-    if figs["losses"]:
-        def losses(ax):
-            for name, (metric, points) in figs["losses"].items():
-                ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
-            ax.set_xlabel("step")
-            ax.set_ylabel("training loss")
-            ax.set_yscale("log")
-            ax.legend(fontsize=7)
-        got["loss_curves"] = _figure(out / "loss_curves.png", losses)
-    else:
-        got["loss_curves"] = "not measured: no asset's MLflow run has a training-loss history"
+    def put(name: str, draw, missing: str, size=(6, 3.5)) -> None:
+        got[name] = _figure(out / f"{name}.png", draw, size) if draw else f"not measured: {missing}"
+
+    def losses(ax):
+        for name, (metric, points) in figs["losses"].items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    put("loss_curves", losses if figs["losses"] else None, "no asset's MLflow run has a training-loss history")
 
     by_distance = by[1].figures.get("by_distance", {})
-    if by_distance:
-        buckets = sorted(by_distance, key=lambda b: int(b.split("-")[0]))
+    buckets = sorted(by_distance, key=lambda b: int(b.split("-")[0]))
 
-        def clue(ax):
-            stages = sorted({int(s) for row in by_distance.values() for s in row})
-            for s in stages:
-                rows = [by_distance[b].get(str(s)) for b in buckets]
-                xs = [i for i, r in enumerate(rows) if r]
-                acc = [rows[i]["acc"] for i in xs]
-                err = [[max(rows[i]["acc"] - rows[i]["lo"], 0.0) for i in xs], [max(rows[i]["hi"] - rows[i]["acc"], 0.0) for i in xs]]
-                line = ax.errorbar([x + 0.05 * s for x in xs], acc, yerr=err, marker="o", capsize=2,
-                                   label=f"stage {s} scattered")
-                ax.plot(xs, [rows[i]["control"] for i in xs], ls="--", color=line[0].get_color(), alpha=0.6,
-                        label=f"stage {s} control")
-            ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
-            ax.set_xlabel("clue distance (tokens)")
-            ax.set_ylabel("accuracy (95 % interval)")
-            ax.set_ylim(-0.05, 1.05)
-            ax.legend(fontsize=6, ncol=2)
-        got["clue_accuracy"] = _figure(out / "clue_accuracy.png", clue)
-    else:
-        got["clue_accuracy"] = "not measured: no stage reports clue accuracy with counts"
+    def clue(ax):
+        stages = sorted({int(s) for row in by_distance.values() for s in row})
+        for s in stages:
+            rows = [by_distance[b].get(str(s)) for b in buckets]
+            xs = [i for i, r in enumerate(rows) if r]
+            acc = [rows[i]["acc"] for i in xs]
+            err = [[max(rows[i]["acc"] - rows[i]["lo"], 0.0) for i in xs],
+                   [max(rows[i]["hi"] - rows[i]["acc"], 0.0) for i in xs]]
+            line = ax.errorbar([x + 0.05 * s for x in xs], acc, yerr=err, marker="o", capsize=2,
+                               label=f"stage {s} scattered")
+            ax.plot(xs, [rows[i]["control"] for i in xs], ls="--", color=line[0].get_color(), alpha=0.6,
+                    label=f"stage {s} control")
+        ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
+        ax.set_xlabel("clue distance (tokens)")
+        ax.set_ylabel("accuracy (95 % interval)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=6, ncol=2)
+    put("clue_accuracy", clue if by_distance else None, "no stage reports clue accuracy with counts")
 
     ablation = figs.get("ablation")
-    if figs["load_curves"] or ablation:
-        def load(ax):
-            for name, points in figs["load_curves"].items():
-                ax.plot([p[0] for p in points], [p[1] for p in points], lw=1, label=f"{name} (lineage)")
-            for arm, rec in (ablation or {}).get("arms", {}).items():
-                if arm in ("quantile", "none"):
-                    ax.plot(range(1, len(rec["load_max_over_mean"]) + 1), rec["load_max_over_mean"], lw=1, ls=":",
-                            label=f"probe, {'no balancing' if arm == 'none' else arm}")
-            ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-            ax.axhline(C.LOAD_NEAR, color="red", lw=0.6, ls="--")
-            ax.set_xlabel("step")
-            ax.set_ylabel("expert load max / mean")
-            ax.legend(fontsize=6)
-        got["expert_load"] = _figure(out / "expert_load.png", load)
-    else:
-        got["expert_load"] = "not measured: no expert-load history"
+
+    def load(ax):
+        for name, points in figs["load_curves"].items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1, label=f"{name} (lineage)")
+        for arm, rec in (ablation or {}).get("arms", {}).items():
+            if arm in ("quantile", "none"):
+                ax.plot(range(1, len(rec["load_max_over_mean"]) + 1), rec["load_max_over_mean"], lw=1, ls=":",
+                        label=f"probe, {'no balancing' if arm == 'none' else arm}")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.axhline(C.LOAD_NEAR, color="red", lw=0.6, ls="--")
+        ax.set_xlabel("step")
+        ax.set_ylabel("expert load max / mean")
+        ax.legend(fontsize=6)
+    put("expert_load", load if figs["load_curves"] or ablation else None, "no expert-load history")
 
     gains = by[3].figures.get("gains", {})
-    if gains:
-        def vs_sft(ax):
-            names = list(gains)
-            xs = range(len(names))
-            ax.bar([x - 0.2 for x in xs], [gains[n]["sft"] for n in names], width=0.4, label="SFT")
-            ax.bar([x + 0.2 for x in xs], [gains[n]["specialist"] for n in names], width=0.4, label="specialist")
-            ax.set_xticks(list(xs), [n.replace("general_", "g_").replace("coding_", "c_") for n in names],
-                          rotation=45, fontsize=6)
-            ax.set_ylabel("success rate")
-            ax.legend(fontsize=7)
-        got["specialists_vs_sft"] = _figure(out / "specialists_vs_sft.png", vs_sft)
-    else:
-        got["specialists_vs_sft"] = "not measured: no specialist and SFT evaluations"
+
+    def vs_sft(ax):
+        names = list(gains)
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [gains[n]["sft"] for n in names], width=0.4, label="SFT")
+        ax.bar([x + 0.2 for x in xs], [gains[n]["specialist"] for n in names], width=0.4, label="specialist")
+        ax.set_xticks(list(xs), [n.replace("general_", "g_").replace("coding_", "c_") for n in names],
+                      rotation=45, fontsize=6)
+        ax.set_ylabel("success rate")
+        ax.legend(fontsize=7)
+    put("specialists_vs_sft", vs_sft if gains else None, "no specialist and SFT evaluations")
 
     tokens = {d: t for d, t in by[3].figures.get("tokens", {}).items() if any(v is not None for v in t)}
-    if tokens:
-        def spent(ax):
-            for d, t in tokens.items():
-                ax.plot(EFFORTS, [float("nan") if v is None else v for v in t], marker="o", label=d)
-            ax.set_xlabel("effort")
-            ax.set_ylabel("policy tokens per episode")
-            ax.legend(fontsize=7)
-        got["tokens_by_effort"] = _figure(out / "tokens_by_effort.png", spent)
-    else:
-        got["tokens_by_effort"] = "not measured: no specialist reports its token use"
+
+    def spent(ax):
+        for d, t in tokens.items():
+            ax.plot(EFFORTS, [float("nan") if v is None else v for v in t], marker="o", label=d)
+        ax.set_xlabel("effort")
+        ax.set_ylabel("policy tokens per episode")
+        ax.legend(fontsize=7)
+    put("tokens_by_effort", spent if tokens else None, "no specialist reports its token use")
 
     retention = by[4].figures.get("retention", {})
-    if any(v is not None for v in retention.values()):
-        def matrix(ax):
-            grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
-            values = [[float("nan") if v is None else v for v in row] for row in grid]
-            im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
-            for i, row in enumerate(grid):
-                for j, v in enumerate(row):
-                    ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
-            ax.set_xticks(range(3), EFFORTS)
-            ax.set_yticks(range(3), DOMAINS, fontsize=7)
-            ax.set_title("student / teacher success")
-            ax.figure.colorbar(im, ax=ax)
-        got["teacher_retention"] = _figure(out / "teacher_retention.png", matrix, size=(5, 3.5))
-    else:
-        got["teacher_retention"] = "not measured: no student and teacher evaluations"
+
+    def matrix(ax):
+        grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
+        values = [[float("nan") if v is None else v for v in row] for row in grid]
+        im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
+        ax.set_xticks(range(3), EFFORTS)
+        ax.set_yticks(range(3), DOMAINS, fontsize=7)
+        ax.set_title("student / teacher success")
+        ax.figure.colorbar(im, ax=ax)
+    put("teacher_retention", matrix if any(v is not None for v in retention.values()) else None,
+        "no student and teacher evaluations", size=(5, 3.5))
 
     q = by[5].figures
-    if q:
-        def quant(ax):
-            labels = ["QAT bf16", "QAT MXFP4", "PTQ bf16", "PTQ MXFP4"]
-            ax.bar(labels, [q["qat"]["bf16"], q["qat"]["mxfp4"], q["ptq"]["bf16"], q["ptq"]["mxfp4"]],
-                   color=["C0", "C0", "C1", "C1"])
-            ax.set_ylabel(q["metric"])
-        got["quantization"] = _figure(out / "quantization.png", quant)
-    else:
-        got["quantization"] = "not measured: no QAT / PTQ / bf16 figures"
+
+    def quant(ax):
+        labels = ["QAT bf16", "QAT MXFP4", "PTQ bf16", "PTQ MXFP4"]
+        ax.bar(labels, [q["qat"]["bf16"], q["qat"]["mxfp4"], q["ptq"]["bf16"], q["ptq"]["mxfp4"]],
+               color=["C0", "C0", "C1", "C1"])
+        ax.set_ylabel(q["metric"])
+    put("quantization", quant if q else None, "no QAT / PTQ / bf16 figures")
 
     acceptance = by[6].figures.get("acceptance", {})
-    if acceptance:
-        def accept(ax):
-            ks = sorted(acceptance)
-            ax.plot(ks, [acceptance[k] for k in ks], marker="o")
-            ax.axhline(C.ACCEPTANCE_AT_4, color="red", lw=0.6, ls="--")
-            ax.set_xlabel("draft length")
-            ax.set_ylabel("mean acceptance length")
-        got["acceptance"] = _figure(out / "acceptance.png", accept)
-    else:
-        got["acceptance"] = "not measured: the draft model reports no acceptance lengths"
+
+    def accept(ax):
+        ks = sorted(acceptance)
+        ax.plot(ks, [acceptance[k] for k in ks], marker="o")
+        ax.axhline(C.ACCEPTANCE_AT_4, color="red", lw=0.6, ls="--")
+        ax.set_xlabel("draft length")
+        ax.set_ylabel("mean acceptance length")
+    put("acceptance", accept if acceptance else None, "the draft model reports no acceptance lengths")
     return got
 
 
