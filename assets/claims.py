@@ -12,12 +12,12 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 1 | `pretrain_stage_{1..4}` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>`; `eval/clue_n/{scattered,control}/d<lo>-<hi>` if recorded; `sha256` | clue accuracy by distance and its count (else n = examples per cell × cells, from the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, checked against the accuracies) |
 | 2 | `pretrain_stage_{1..4}` | `moe/load_max_over_mean`; manifest `config.model.balancing` | expert load max/mean over the stage's last 10 % of steps, and the balancing it trained with |
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
-| 3 | `sft_policy` | `eval/<domain>/<effort>/success_rate`, `eval/<domain>/<effort>/n`, `sha256` | the SFT policy in each domain at each effort |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
-| 4 | `mopd_student` | `eval/<domain>/<effort>/success_rate`, `eval/<domain>/<effort>/n`, `sha256` | the one student at every (domain, effort); teachers: the specialists above |
+| 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate` (SFT on the specialist's own tasks); else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
+| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; `sha256` | the one student and its teacher at every (domain, effort) |
 | 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model, each before and after MXFP4 |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | mean accepted tokens per round by draft length, wall-clock speedup at draft length 4, greedy output equal to the target's |
-| 7 | `cross_harness` | `harness/<name>/success_rate`, `harness/<name>/n`, `harness/held_out` (name), `sha256` | success per harness, the one held out of training |
+| 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's success in its harnesses and in the held-out one |
 | 8 | (the report itself) | `envs.kernelsuite.report.run_entry` over `submissions.CORPUS` | planted hacks flagged with their rules, honest submissions passed |
 
 Intervals are 95 % Wilson score intervals for a rate and Newcombe's hybrid score interval for the
@@ -349,28 +349,29 @@ def claim_6(acceptance: dict[int, float], speedup: float | None, lossless: bool 
     return _claim(6, FAIL, figure, target, "; ".join(problems), profile, checkpoints, figures)
 
 
-def claim_7(harness: dict[str, dict[str, Any]], held_out: str | list[str] | None, *, profile: str,
-            checkpoints: dict[str, str] | None = None) -> Claim:
-    """`harness[name] = {"success_rate", "n"}` for every harness; `held_out` the one(s) not trained on."""
-    target = f"held-out harness success ≥ {TRANSFER:.0%} of the mean in-harness success"
-    held = [held_out] if isinstance(held_out, str) else list(held_out or [])
-    rates = {h: f["success_rate"] for h, f in harness.items() if f and f.get("success_rate") is not None}
-    if not held or not any(h in rates for h in held):
+def claim_7(folds: dict[str, dict[str, float]], *, profile: str, checkpoints: dict[str, str] | None = None,
+            control: dict[str, float] | None = None) -> Claim:
+    """`folds[held-out harness] = {"in_harness": success in the trained harnesses, "held_out": success in
+    the held-out one}` for a policy trained on several harnesses; `control[held-out harness]`, if given,
+    the same ratio for a policy trained on one harness (shown, not judged)."""
+    target = f"held-out harness success ≥ {TRANSFER:.0%} of the in-harness success, in every fold"
+    measured = {h: f for h, f in folds.items() if f.get("in_harness") is not None and f.get("held_out") is not None}
+    if not measured:
         return not_measured(7, target, "no held-out harness evaluated", profile, checkpoints)
-    inside = [r for h, r in rates.items() if h not in held]
-    if not inside:
-        return not_measured(7, target, "no in-harness evaluation to compare with", profile, checkpoints)
-    mean_in = sum(inside) / len(inside)
-    worst = min(rates[h] for h in held if h in rates)
-    figures = {"harness": rates, "held_out": held, "mean_in": mean_in}
-    figure = f"held-out {worst:.2f} vs in-harness mean {mean_in:.2f} over {len(inside)} harness(es)"
-    if mean_in <= 0:
-        return _claim(7, FAIL, figure, target, "the policy succeeds on no trained harness, so nothing transfers",
-                      profile, checkpoints, figures)
-    share = worst / mean_in
-    figures["share"] = share
-    status = PASS if share >= TRANSFER else FAIL
-    return _claim(7, status, figure, target, f"the held-out harness keeps {share:.0%}", profile, checkpoints, figures)
+    share = {h: f["held_out"] / f["in_harness"] if f["in_harness"] > 0 else None for h, f in measured.items()}
+    figures = {"folds": measured, "share": share, "control": dict(control or {})}
+    figure = "; ".join(f"held out {h}: {f['held_out']:.2f} vs in-harness {f['in_harness']:.2f}"
+                       + (f" ({share[h]:.0%})" if share[h] is not None else "") for h, f in measured.items())
+    if control:
+        figure += " — single-harness control " + ", ".join(f"{h} {v:.0%}" for h, v in control.items())
+    undefined = [h for h, v in share.items() if v is None]
+    if undefined:
+        return _claim(7, FAIL, figure, target, f"no in-harness success in fold(s) {', '.join(undefined)}, so "
+                      "nothing to transfer", profile, checkpoints, figures)
+    worst = min(share, key=lambda h: share[h])
+    status = PASS if share[worst] >= TRANSFER else FAIL
+    return _claim(7, status, figure, target, f"the worst fold ({worst} held out) keeps {share[worst]:.0%}",
+                  profile, checkpoints, figures)
 
 
 def claim_8(rows: list[dict[str, Any]], *, corpus_size: dict[str, int] | None = None, profile: str,

@@ -232,22 +232,39 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
         source = f"without balancing: ablation probe {ablation['file']}, not this lineage's checkpoints"
     out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES), without_source=source))
 
+    # SFT at each (domain, effort): scored by the specialist's own evaluation on its tasks when it
+    # reports it (the same tasks for both), else the sft_policy asset's own evaluation.
     sft = figs.get("sft_policy") or {}
-    sft_rates = {(d, e): _rate(sft, f"eval/{d}/{e}/") for d in DOMAINS for e in EFFORTS}
-    specs = {}
-    for cell, md in figs["specialists"].items():
-        spec = _rate(md, "eval/")
-        if spec is not None:
+    sft_evals = (sft.get("evals") or {}).get("sft_policy", {})
+    specs, sft_rates = {}, {}
+    for d in DOMAINS:
+        for e in EFFORTS:
+            own = sft_evals.get(f"{d}/{e}") or _rate(sft, f"eval/{d}/{e}/")
+            if own:
+                sft_rates[(d, e)] = {"success_rate": own.get("success_rate"), "n": own.get("n")}
+            md = figs["specialists"].get((d, e))
+            spec = _rate(md, "eval/")
+            if spec is None:
+                continue
             spec["hard"] = _rate(md, "eval/hard/")
-            specs[cell] = spec
-    out.append(C.claim_3({k: v for k, v in sft_rates.items() if v}, specs, profile=profile,
-                         checkpoints=_pick(ck, "sft_policy", "rl_specialist")))
+            specs[(d, e)] = spec
+            if md.get("sft_policy/success_rate") is not None:
+                sft_rates[(d, e)] = {"success_rate": md["sft_policy/success_rate"], "n": spec["n"]}
+    out.append(C.claim_3(sft_rates, specs, profile=profile, checkpoints=_pick(ck, "sft_policy", "rl_specialist")))
 
+    # The student against each teacher: the student asset's own retention matrix (both scored on the
+    # same tasks) when it has one, else its per-cell success against the specialists' evaluations.
     student = figs.get("mopd_student") or {}
-    out.append(C.claim_4({c: s["success_rate"] for c, s in specs.items()},
-                         {(d, e): student[f"eval/{d}/{e}/success_rate"] for d in DOMAINS for e in EFFORTS
-                          if f"eval/{d}/{e}/success_rate" in student},
-                         profile=profile, checkpoints=_pick(ck, "mopd_student", "rl_specialist")))
+    matrix = student.get("retention_matrix") or {}
+    if matrix:
+        teachers = {tuple(c.split("/")): r["teacher"] for c, r in matrix.items() if r.get("teacher") is not None}
+        students = {tuple(c.split("/")): r["student"] for c, r in matrix.items() if r.get("student") is not None}
+    else:
+        teachers = {c: s["success_rate"] for c, s in specs.items()}
+        students = {(d, e): student[f"eval/{d}/{e}/success_rate"] for d in DOMAINS for e in EFFORTS
+                    if f"eval/{d}/{e}/success_rate" in student}
+    out.append(C.claim_4(teachers, students, profile=profile,
+                         checkpoints=_pick(ck, "mopd_student", "rl_specialist")))
 
     q = figs.get("quantized_student") or {}
     out.append(C.claim_5({k: q[f"quant/qat/{k}"] for k in ("bf16", "mxfp4") if f"quant/qat/{k}" in q},
@@ -263,10 +280,13 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
                          checkpoints=_pick(ck, "draft_model")))
 
     cross = figs.get("cross_harness") or {}
-    harness = {m.group(1): {"success_rate": v, "n": cross.get(f"harness/{m.group(1)}/n")}
-               for k, v in cross.items() if (m := re.fullmatch(r"harness/([\w-]+)/success_rate", k))}
-    out.append(C.claim_7(harness, cross.get("harness/held_out"), profile=profile,
-                         checkpoints=_pick(ck, "cross_harness")))
+    held = [h for h in str(cross.get("folds") or "").split(",") if h]
+    folds = {h: {"in_harness": cross.get(f"{h}/general/in_harness/success_rate"),
+                 "held_out": cross.get(f"{h}/general/held_out/success_rate")} for h in held}
+    control = {h: cross[f"{h}/single/held_out/success_rate"] / cross[f"{h}/single/in_harness/success_rate"]
+               for h in held if (cross.get(f"{h}/single/in_harness/success_rate") or 0) > 0
+               and cross.get(f"{h}/single/held_out/success_rate") is not None}
+    out.append(C.claim_7(folds, profile=profile, checkpoints=_pick(ck, "cross_harness"), control=control))
 
     if kernelsuite is None:
         out.append(C.not_measured(8, "every planted hack flagged, every honest submission passed",

@@ -141,12 +141,14 @@ def test_claim_6():
 
 
 def test_claim_7():
-    harness = {h: {"success_rate": 0.5, "n": 40} for h in ("a", "b", "c", "d")}
-    assert claims.claim_7({**harness, "e": {"success_rate": 0.42, "n": 40}}, "e", **P).status == PASS
-    c = claims.claim_7({**harness, "e": {"success_rate": 0.3, "n": 40}}, "e", **P)
-    assert c.status == FAIL and "keeps 60%" in c.reason
-    assert claims.claim_7(harness, "e", **P).status == NOT_MEASURED
-    assert claims.claim_7(harness, None, **P).status == NOT_MEASURED
+    assert claims.claim_7({"e": {"in_harness": 0.5, "held_out": 0.42}}, **P).status == PASS
+    c = claims.claim_7({"e": {"in_harness": 0.5, "held_out": 0.45}, "d": {"in_harness": 0.5, "held_out": 0.3}},
+                       control={"e": 0.2}, **P)
+    assert c.status == FAIL and c.reason == "the worst fold (d held out) keeps 60%"
+    assert "single-harness control e 20%" in c.figure
+    assert "no in-harness success" in claims.claim_7({"e": {"in_harness": 0.0, "held_out": 0.0}}, **P).reason
+    assert claims.claim_7({"e": {"in_harness": 0.5}}, **P).status == NOT_MEASURED
+    assert claims.claim_7({}, **P).status == NOT_MEASURED
 
 
 def test_claim_8():

@@ -108,25 +108,32 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
             asset_key=key("smoke", name), partition=partition, tags={PROFILE_TAG: "smoke"},
             metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": f"{name}{partition or ''}", **metadata}))
     cells = [(d, e) for d in DOMAINS for e in EFFORTS]
-    put("sft_policy", {f"eval/{d}/{e}/{k}": v for d, e in cells for k, v in (("success_rate", 0.2), ("n", 100))})
+    put("sft_policy", {"evals": dg.MetadataValue.json({"sft_policy": {f"{d}/{e}": {"success_rate": 0.9, "n": 100}
+                                                                      for d, e in cells}})})
     for i, (d, e) in enumerate(cells):
+        # The specialist's own SFT figure (its tasks) wins over sft_policy's (0.9 would fail claim 3).
         put("rl_specialist", {"eval/success_rate": 0.6, "eval/n": 100, "eval/mean_policy_tokens": 10.0 * (1 + i % 3),
-                              "eval/hard/success_rate": 0.3, "eval/hard/n": 40},
+                              "eval/hard/success_rate": 0.3, "eval/hard/n": 40, "sft_policy/success_rate": 0.2},
             partition=str(dg.MultiPartitionKey({"domain": d, "effort": e})))
-    put("mopd_student", {f"eval/{d}/{e}/success_rate": 0.5 for d, e in cells})
+    put("mopd_student", {"retention_matrix": dg.MetadataValue.json(
+        {f"{d}/{e}": {"student": 0.5, "teacher": 0.6, "n": 30} for d, e in cells})})
     put("quantized_student", {"quant/metric": "ppl", "quant/higher_is_better": False, "quant/qat/bf16": 50.0,
                               "quant/qat/mxfp4": 50.5, "quant/ptq/bf16": 50.0, "quant/ptq/mxfp4": 53.0})
     put("draft_model", {"spec/acceptance_length/k1": 1.6, "spec/acceptance_length/k4": 2.2,
                         "spec/speedup/k4": 1.3, "spec/lossless": True})
-    put("cross_harness", {**{f"harness/{h}/success_rate": 0.5 for h in ("a", "b", "c", "d")},
-                          "harness/e/success_rate": 0.45, "harness/held_out": "e"})
+    put("cross_harness", {"folds": "xml,json", "xml/general/in_harness/success_rate": 0.5,
+                          "xml/general/held_out/success_rate": 0.45, "json/general/in_harness/success_rate": 0.4,
+                          "json/general/held_out/success_rate": 0.34, "xml/single/in_harness/success_rate": 0.5,
+                          "xml/single/held_out/success_rate": 0.1})
     by = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}
     assert by[3].status == PASS and by[3].checkpoints["sft_policy"] == "sft_policy"
     assert len([n for n in by[3].checkpoints if n.startswith("rl_specialist[")]) == 9
     assert by[4].status == FAIL and "keeps 83%" in by[4].reason  # 0.5 of 0.6
     assert by[5].status == PASS and by[5].figures["drop_ptq"] == pytest.approx(3.0)
     assert by[6].status == FAIL and "2.20 < 2.5" in by[6].reason
-    assert by[7].status == PASS and by[1].status == NOT_MEASURED and by[8].status == NOT_MEASURED
+    assert by[7].status == PASS and by[7].reason == "the worst fold (json held out) keeps 85%"
+    assert "single-harness control xml 20%" in by[7].figure
+    assert by[1].status == NOT_MEASURED and by[8].status == NOT_MEASURED
     drawn = report.plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
     assert all(isinstance(drawn[n], Path) for n in ("specialists_vs_sft", "tokens_by_effort", "teacher_retention",
                                                     "quantization", "acceptance"))
@@ -172,3 +179,10 @@ def test_claims_json_beside_the_report(reported):
     _, md = _claims(reported[0])
     saved = json.loads((Path(md["path"]).parent / "claims.json").read_text())
     assert [c["number"] for c in saved] == list(range(1, 9)) and "figures" in saved[0]
+
+
+def test_every_asset_it_reads_is_in_the_definitions():
+    """A name in report.SOURCES that no builder makes would be a dangling key in the graph."""
+    from pipelines.definitions import defs
+    graph = defs.resolve_asset_graph()
+    assert {key("smoke", n) for n in report.upstream_names()} <= graph.materializable_asset_keys
