@@ -323,9 +323,13 @@ def plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict[str, P
         got[name] = _figure(out / f"{name}.png", draw, size) if draw else f"not measured: {missing}"
 
     def losses(ax):
+        # One after another in lineage order, each stage's steps after the last one's.
+        offset = 0
         for name, (metric, points) in figs["losses"].items():
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
-        ax.set_xlabel("step")
+            ax.plot([offset + p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
+            offset += points[-1][0]
+            ax.axvline(offset, color="gray", lw=0.5, ls=":")
+        ax.set_xlabel("step (the stages one after another)")
         ax.set_ylabel("training loss")
         ax.set_yscale("log")
         ax.legend(fontsize=7)
@@ -364,7 +368,7 @@ def plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict[str, P
                         label=f"probe, {'no balancing' if arm == 'none' else arm}")
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
         ax.axhline(C.LOAD_NEAR, color="red", lw=0.6, ls="--")
-        ax.set_xlabel("step")
+        ax.set_xlabel("step (each stage and probe arm from its own start)")
         ax.set_ylabel("expert load max / mean")
         ax.legend(fontsize=6)
     put("expert_load", load if figs["load_curves"] or ablation else None, "no expert-load history")
