@@ -18,6 +18,7 @@ when the claim fails: a failing claim is reported, never hidden. Files go to
 """
 
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -97,20 +98,48 @@ def _history(mlflow, metadata: dict, names: tuple[str, ...]) -> tuple[str, list[
     return None
 
 
-def _clue_counts(ev: dict[str, float], manifest: dict, profile: str) -> tuple[dict, str]:
-    """{variant: {bucket: (hits, n)}} from a stage's eval, and how n was found.
+def _grid_pairs(instance: dg.DagsterInstance, profile: str) -> dict[tuple[int, str], int]:
+    """{(length, "lo-hi"): distinct (scattered, control) pairs} of the newest clue_data grid."""
+    up = latest(instance, profile, "clue_data")
+    if up is None or not up.path.exists():
+        return {}
+    import pyarrow.parquet as pq
+    cols = pq.read_table(up.path, columns=["length_target", "bucket_lo", "bucket_hi", "pair_id"]).to_pydict()
+    cells: dict[tuple[int, str], set] = {}
+    for length, lo, hi, pair in zip(cols["length_target"], cols["bucket_lo"], cols["bucket_hi"], cols["pair_id"]):
+        cells.setdefault((length, f"{lo}-{hi}"), set()).add(pair)
+    return {cell: len(p) for cell, p in cells.items()}
 
-    The stage records `eval/clue_n/...` counts when it does; otherwise n is the number of (length,
-    distance) cells in the bucket times the pairs scored per cell (the manifest's config, else the
-    profile's eval size), and every accuracy must be a whole number of hits of that n — if not, the
-    estimate is wrong and the stage's counts are left out.
+
+def _rescored(instance: dg.DagsterInstance, profile: str) -> tuple[dict[str, tuple[dict, str]], int]:
+    """checkpoint_evals' newest scores per stage, each with the stage version it scored, and the
+    pairs per cell it scored; ({}, 0) when it never ran."""
+    from assets.evaluation import EvalConfig
+
+    event = instance.get_latest_materialization_event(key(profile, "checkpoint_evals"))
+    if event is None or event.asset_materialization is None:
+        return {}, 0
+    mat = event.asset_materialization
+    evals = mat.metadata["evals"].value if "evals" in mat.metadata else {}
+    tags = mat.tags or {}
+    run = instance.get_run_by_id(event.run_id)
+    op_config = ((run.run_config if run else {}).get("ops", {}).get(f"{profile}__checkpoint_evals", {})
+                 .get("config", {}))
+    per_cell = op_config.get("examples_per_cell", EvalConfig.model_fields["examples_per_cell"].default)
+    versions = {name: tags.get(f"dagster/input_data_version/{profile}/{name}", "") for name in evals}
+    return {name: (ev, versions[name]) for name, ev in evals.items()}, per_cell
+
+
+def _clue_counts(ev: dict[str, float], per_cell: int, pairs: dict[tuple[int, str], int]) -> tuple[dict, str]:
+    """{variant: {bucket: (hits, n)}} from a clue evaluation, and how n was found.
+
+    Counts recorded as `eval/clue_n/...` are read as they are; otherwise n sums, over the bucket's
+    (length, distance) cells that were scored, the pairs scored per cell (`per_cell`, or fewer where the
+    grid holds fewer: `pairs`), and every cell's accuracy must be a whole number of hits of its n — if
+    not, the estimate is wrong and the evaluation's counts are left out.
     """
-    from k3model.pretrain import eval_sizes
-
-    per_cell = (manifest.get("config", {}).get("pretrain", {}).get("eval_examples_per_cell")
-                or eval_sizes(profile)[0])
     out: dict[str, dict[str, tuple[float, int]]] = {}
-    how = "recorded"
+    how = "counts recorded"
     for name, acc in ev.items():
         m = re.fullmatch(r"eval/clue_acc/(\w+)/d(\d+-\d+)", name)
         if not m:
@@ -118,27 +147,43 @@ def _clue_counts(ev: dict[str, float], manifest: dict, profile: str) -> tuple[di
         variant, bucket = m.groups()
         n = ev.get(f"eval/clue_n/{variant}/d{bucket}")
         if n is None:
-            how = f"estimated ({per_cell} pair(s) per cell)"
-            cells = [k for k in ev if re.fullmatch(rf"eval/clue_acc/{variant}/len\d+/d{bucket}", k)]
-            n = per_cell * len(cells)
-            if not all(abs(ev[k] * per_cell - round(ev[k] * per_cell)) < 1e-6 for k in cells):
-                return {}, "counts unknown (the accuracies are not whole hits of the estimated n)"
+            how = f"counts from the grid ({per_cell} pair(s) per cell at most)"
+            n = 0
+            for k in ev:
+                cell = re.fullmatch(rf"eval/clue_acc/{variant}/len(\d+)/d{bucket}", k)
+                if cell:
+                    n_cell = min(per_cell, pairs.get((int(cell.group(1)), bucket), per_cell))
+                    if abs(ev[k] * n_cell - round(ev[k] * n_cell)) > 1e-6:
+                        return {}, "counts unknown (an accuracy is not whole hits of the estimated n)"
+                    n += n_cell
         out.setdefault(variant, {})[bucket] = (acc * n, int(n))
     return out, how
 
 
 def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str, Any]:
     """Every figure the claims and plots need, from the newest materializations of `profile`."""
+    from k3model.pretrain import eval_sizes
+
     figs: dict[str, Any] = {"profile": profile, "checkpoints": {}, "stages": {}, "losses": {}, "load_curves": {}}
+    pairs = _grid_pairs(instance, profile)
+    rescored, rescored_per_cell = _rescored(instance, profile)
     for s, name in enumerate(STAGES, start=1):
         up = latest(instance, profile, name)
         if up is None:
             continue
         manifest = _manifest(up.path)
-        ev = up.metadata.get("eval") or {}
-        counts, how = _clue_counts(ev, manifest, profile)
+        # checkpoint_evals' whole-grid scores (more pairs per cell), where they are of this checkpoint.
+        again = rescored.get(name)
+        if again is not None and again[1] == up.data_version:
+            ev, per_cell, source = again[0], rescored_per_cell, "checkpoint_evals"
+        else:
+            ev = up.metadata.get("eval") or {}
+            per_cell = (manifest.get("config", {}).get("pretrain", {}).get("eval_examples_per_cell")
+                        or eval_sizes(profile)[0])
+            source = "end-of-stage eval"
+        counts, how = _clue_counts(ev, per_cell, pairs)
         figs["checkpoints"][name] = up.metadata.get("sha256", up.data_version)
-        figs["stages"][s] = {"counts": counts, "counts_how": how, "seq_len": up.metadata.get("seq_len"),
+        figs["stages"][s] = {"counts": counts, "counts_how": f"{source}, {how}", "seq_len": up.metadata.get("seq_len"),
                              "load": up.metadata.get("moe/load_max_over_mean"),
                              "balancing": manifest.get("config", {}).get("model", {}).get("balancing")}
         loss = _history(mlflow, up.metadata, ("train/main",))
@@ -217,7 +262,12 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
     """The eight claims from `gather`'s figures."""
     profile, ck = figs["profile"], figs["checkpoints"]
     stages = figs["stages"]
-    out = [C.claim_1({s: st["counts"] for s, st in stages.items()}, profile=profile, checkpoints=_pick(ck, *STAGES))]
+    first = C.claim_1({s: st["counts"] for s, st in stages.items()}, profile=profile, checkpoints=_pick(ck, *STAGES))
+    again = [str(s) for s, st in stages.items() if st["counts_how"].startswith("checkpoint_evals")]
+    if again and first.status != C.NOT_MEASURED:
+        first = dataclasses.replace(first, reason=f"{first.reason} (stage(s) {', '.join(again)} as re-scored on "
+                                                  "the whole grid by checkpoint_evals)")
+    out = [first]
 
     with_b = {f"stage {s}": st["load"] for s, st in stages.items()
               if st["load"] is not None and st["balancing"] not in (None, "none")}

@@ -186,3 +186,42 @@ def test_every_asset_it_reads_is_in_the_definitions():
     from pipelines.definitions import defs
     graph = defs.resolve_asset_graph()
     assert {key("smoke", n) for n in report.upstream_names()} <= graph.materializable_asset_keys
+
+
+def test_clue_counts_prefer_checkpoint_evals_of_the_same_checkpoint(tmp_path):
+    """Stage 1 re-scored by checkpoint_evals (4 pairs per cell in the grid) is read from there; stage
+    2, whose re-scoring was of an older checkpoint, from its end-of-stage eval (1 pair per cell)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    grid = tmp_path / "clue_eval.parquet"
+    cells = [(64, 0, 32), (512, 0, 32), (512, 256, 512)]
+    pq.write_table(pa.table({"length_target": [c[0] for c in cells for _ in range(4)],
+                             "bucket_lo": [c[1] for c in cells for _ in range(4)],
+                             "bucket_hi": [c[2] for c in cells for _ in range(4)],
+                             "pair_id": [f"{c}-{i}" for c in cells for i in range(4)]}), grid)
+    instance = dg.DagsterInstance.ephemeral()
+
+    def put(name, metadata, version="", **tags):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", name), metadata={"path": dg.MetadataValue.path(str(tmp_path / name)), **metadata},
+            tags={PROFILE_TAG: "smoke", **({"dagster/data_version": version} if version else {}), **tags}))
+    put("clue_data", {"path": dg.MetadataValue.path(str(grid))})
+    end_of_stage = {"eval/clue_acc/scattered/d0-32": 0.5, "eval/clue_acc/scattered/len64/d0-32": 0.0,
+                    "eval/clue_acc/scattered/len512/d0-32": 1.0}
+    for s in (1, 2):
+        put(f"pretrain_stage_{s}", {"eval": dg.MetadataValue.json(end_of_stage)}, version=f"v{s}")
+    whole = {"eval/clue_acc/scattered/d0-32": 0.375, "eval/clue_acc/scattered/len64/d0-32": 0.25,
+             "eval/clue_acc/scattered/len512/d0-32": 0.5, "eval/clue_acc/scattered/d256-512": 0.75,
+             "eval/clue_acc/scattered/len512/d256-512": 0.75}
+    put("checkpoint_evals", {"evals": dg.MetadataValue.json({"pretrain_stage_1": whole, "pretrain_stage_2": whole})},
+        **{"dagster/input_data_version/smoke/pretrain_stage_1": "v1",
+           "dagster/input_data_version/smoke/pretrain_stage_2": "an older stage 2"})
+    stages = report.gather(instance, "smoke")["stages"]
+    assert stages[1]["counts_how"].startswith("checkpoint_evals")
+    assert stages[1]["counts"]["scattered"] == {"0-32": (3.0, 8), "256-512": (3.0, 4)}
+    assert stages[2]["counts_how"].startswith("end-of-stage eval")
+    assert stages[2]["counts"]["scattered"] == {"0-32": (1.0, 2)}
+    # An accuracy that is no whole number of hits of its n: the estimate is wrong, the counts left out.
+    counts, how = report._clue_counts({"eval/clue_acc/scattered/d0-32": 0.3,
+                                       "eval/clue_acc/scattered/len64/d0-32": 0.3}, 4, {})
+    assert counts == {} and how.startswith("counts unknown")
