@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, deploy, distill, evaluation, posttrain, pretrain
+from assets import data, deploy, distill, evaluation, posttrain, pretrain, report
 from assets.lineage import PROFILES
 
 
@@ -40,8 +40,10 @@ class ProfileDefs:
             self.assets += built
 
 
+# report.build comes last: the report reads every other asset (and depends on those that exist).
 BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build,
-                                                                   posttrain.build, distill.build, deploy.build)
+                                                                   posttrain.build, distill.build, deploy.build,
+                                                                   report.build)
 
 
 def build_profile(profile: str) -> ProfileDefs:

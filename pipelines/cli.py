@@ -7,7 +7,7 @@
     k3 ui [--port N] [--mlflow-port M] [--wait]
                                              Dagster web UI + daemon and the MLflow UI on 127.0.0.1
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
-    k3 report                                where the latest claims report is
+    k3 report [--profile P]                  where the latest claims report is, one line per claim
     k3 bench NAME                            run benchmarks/NAME.py
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
@@ -515,25 +515,51 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """Where the newest claims report of the profile is, the links to it, and one line per claim."""
     from pipelines.instance import apply_k3_environ
     apply_k3_environ()
     import dagster as dg
 
+    from assets.claims import Claim
     from assets.lineage import key
-    from pipelines.definitions import defs
     asset = key(args.profile, "report")
-    if asset not in defs.resolve_asset_graph().get_all_asset_keys():
-        _say("k3 report: the report asset (claims table and plots, docs/design.md §5) does not exist in the "
-             "pipeline yet, so there is no report to show")
-        return 1
+    make = f"`k3 run --profile {args.profile} --select report`"
     event = dg.DagsterInstance.get().get_latest_materialization_event(asset)
-    if event is None:
-        _say(f"k3 report: {asset.to_user_string()} has never been materialized: run "
-             f"`k3 run --profile {args.profile} --select '*report'`")
+    if event is None or event.asset_materialization is None:
+        _say(f"k3 report: no report yet for profile {args.profile}: {make} makes one from whatever the lineage "
+             f"holds (`k3 run --profile {args.profile}` runs the whole lineage, the report last)")
         return 1
-    path = event.asset_materialization.metadata.get("path")
-    _say(f"k3 report: {path.value if path else 'the latest materialization records no path'}")
+    md = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+    path = md.get("path")
+    if path is None or not Path(path).exists():
+        _say(f"k3 report: the newest {asset.to_user_string()} (run {event.run_id}) has no file at {path}: "
+             f"{make} writes it again")
+        return 1
+    _say(f"k3 report: {path}")
+    dagster_url = f"http://127.0.0.1:{args.port}"
+    links = [f"Dagster {dagster_url}/assets/{args.profile}/report"]
+    if isinstance(md.get("mlflow_run"), str):
+        # The metadata link goes through the Dagster webserver's redirect to wherever MLflow is served.
+        links.append(f"MLflow {dagster_url}{md['mlflow_run']}")
+    up = _ui_running(dagster_url)
+    _say(f"k3 report: {'   '.join(links)}" + ("" if up else "   (no `k3 ui` answers there now: start it to open these)"))
+    verdicts = md.get("claims") or []
+    counts = {s: sum(c["status"] == s for c in verdicts) for s in ("pass", "fail", "not measured")}
+    _say(f"k3 report: {counts['pass']} pass, {counts['fail']} fail, {counts['not measured']} not measured "
+         f"(profile {args.profile}, run {event.run_id})")
+    for c in verdicts:
+        claim = Claim(c["number"], c["title"], c["status"], c["figure"], c["target"], c["reason"], c["profile"],
+                      c.get("checkpoints", {}))
+        _say(f"  {claim.line()}")
     return 0
+
+
+def _ui_running(dagster_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{dagster_url}/server_info", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -593,6 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="where the latest claims report is")
     report.add_argument("--profile", default=default_profile(), help="whose report (default: %(default)s)")
+    report.add_argument("--port", type=int, default=3000, help="the port `k3 ui` serves Dagster on, for the "
+                        "links (default: %(default)s)")
     report.set_defaults(fn=cmd_report)
 
     bench = sub.add_parser("bench", help="run benchmarks/NAME.py")

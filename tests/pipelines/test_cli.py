@@ -1,4 +1,4 @@
-"""The `k3` command line: argument errors, params/report/bench, headless runs (subprocess), and a
+"""The `k3` command line: argument errors, params/bench (`k3 report`: tests/assets/test_report.py), headless runs (subprocess), and a
 rerun that materializes only what is missing or stale (`--force` redoes it)."""
 
 import json
@@ -37,12 +37,6 @@ def test_run_rejects_an_unknown_profile(home, capsys):
 def test_run_rejects_an_unknown_asset(home):
     with pytest.raises(SystemExit, match="--select names unknown asset 'tokeniser'; did you mean 'tokenizer'"):
         main(["run", "--profile", "smoke", "--select", "tokeniser"])
-
-
-def test_report_says_the_report_asset_does_not_exist_yet(home, capsys):
-    assert main(["report"]) == 1
-    out = capsys.readouterr().out
-    assert "the report asset" in out and "does not exist in the pipeline yet" in out
 
 
 def test_params_json(capsys):

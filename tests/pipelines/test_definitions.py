@@ -23,7 +23,7 @@ def test_every_asset_once_per_profile_in_its_groups():
     assert {k.path[0] for k in keys} == set(PROFILES) and all(len(k.path) == 2 for k in keys)
     for p in PROFILES:
         mine = {k.path[-1]: graph.get(k) for k in keys if k.path[0] == p}
-        assert set(mine) == DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals"}
+        assert set(mine) == DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals", "report"}
         assert {n for n, a in mine.items() if a.group_name == f"{p}_data"} == DATA
         assert {n for n, a in mine.items() if a.group_name == f"{p}_pretraining"} == PRETRAIN
         assert {n for n, a in mine.items() if a.group_name == f"{p}_posttraining"} == POSTTRAIN
@@ -72,6 +72,7 @@ def test_checks_attached():
         for s in range(1, 5):
             assert {(f"{p}/pretrain_stage_{s}", "checkpoint_intact"), (f"{p}/pretrain_stage_{s}", "loss_fell")} <= checks
         assert (f"{p}/base_model", "checkpoint_intact") in checks
+        assert {(f"{p}/report", f"claim_{n}") for n in range(1, 9)} <= checks
 
 
 def test_jobs_are_per_profile_and_tag_their_runs():
@@ -80,7 +81,7 @@ def test_jobs_are_per_profile_and_tag_their_runs():
     def selected(name):
         return {k.to_user_string() for k in jobs[name].asset_layer.executable_asset_keys}
     for p in PROFILES:
-        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals"}}
+        assert selected(f"{p}_all_job") == {f"{p}/{n}" for n in DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals", "report"}}
         # A run of the job trains all nine specialists: the range from the first to the last of each dimension.
         assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_start"] == "general_tasks|low"
         assert jobs[f"{p}_all_job"].tags["dagster/asset_partition_range_end"] == "coding_agents|max"

@@ -1,0 +1,600 @@
+"""The claims report: the eight claims of docs/design.md §5, with the plots behind them.
+
+    every asset of the profile ─> report   (markdown + PNGs, Dagster metadata, an MLflow run)
+
+Like nanochat's `report.py`, it gathers what each stage already logged instead of recomputing it: the
+newest materialization's metadata of every asset it reads (`assets/claims.py` lists the keys), the
+checkpoint manifests, and the training curves in each asset's MLflow run. It reads them from the
+Dagster instance rather than taking every upstream as an input, so it runs with any part of the
+lineage missing and marks what is missing "not measured". It computes one claim itself: claim 8 runs
+the kernel suite's hacking detector over its corpus (`envs.kernelsuite`), a whole-corpus pass on tiny
+(about 40 s on an idle 2-core CPU) and two entries on smoke. The verdicts are pure functions
+(`assets/claims.py`).
+
+`build(profile)` makes `<profile>/report` (group `<profile>_report`) downstream of every asset it
+reads, so `k3 run` materializes it last, and one check per claim (`claim_1` … `claim_8`) that warns
+when the claim fails: a failing claim is reported, never hidden. Files go to
+`reports/<profile>/report/<run id>/report.md` with the PNGs beside it.
+"""
+
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from assets import claims as C
+from assets.claims import DOMAINS, EFFORTS, Claim
+from assets.lineage import group, inline_png, key, latest, markdown_table, profile_tags, run_id, tag_run
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Bumps with the report or the verdicts, so the UI marks a report made by older code as stale.
+REPORT_CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()
+                                     + (REPO_ROOT / "assets" / "claims.py").read_bytes()).hexdigest()[:12]
+STAGES = tuple(f"pretrain_stage_{s}" for s in range(1, 5))
+# The assets the report reads, by the module of assets/ that builds them. Only those whose module
+# exists are its upstreams, so the graph never holds a dangling key while a stage is still unwritten.
+SOURCES = {"pretrain": (*STAGES, "base_model"), "posttrain": ("sft_policy", "rl_specialist"),
+           "distill": ("mopd_student", "cross_harness"), "deploy": ("quantized_student", "draft_model")}
+# Kernel-suite entries scored on a sample run (fast: about 2 s together): one planted hack, one honest.
+KERNELSUITE_SAMPLE = ("output_cache_stale", "hinge_fused")
+
+
+def upstream_names() -> list[str]:
+    return [n for module, names in SOURCES.items() if importlib.util.find_spec(f"assets.{module}") for n in names]
+
+
+class ReportConfig(dg.Config):
+    kernelsuite: str = Field(default="auto", description="claim 8: 'all' scores the whole kernel-suite corpus, "
+                             "'sample' one planted hack and one honest submission, 'off' skips it; 'auto': "
+                             "sample on smoke, all otherwise")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading what the lineage logged
+
+def _partition_latest(instance: dg.DagsterInstance, profile: str, name: str, partition: str) -> dict | None:
+    """Metadata (and data version) of the newest materialization of one partition, or None."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key(profile, name), asset_partitions=[partition]), limit=1).records
+    if not records:
+        return None
+    mat = records[0].asset_materialization
+    return {"metadata": {k: v.value for k, v in mat.metadata.items()},
+            "data_version": (mat.tags or {}).get("dagster/data_version", "")}
+
+
+def _manifest(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _mlflow_run_id(metadata: dict) -> str | None:
+    url = metadata.get("mlflow_run")
+    return url.rstrip("/").rsplit("/", 1)[-1] if isinstance(url, str) and url else None
+
+
+def _history(mlflow, metadata: dict, names: tuple[str, ...]) -> tuple[str, list[tuple[int, float]]] | None:
+    """The first of `names` with a history in the asset's MLflow run: (name, [(step, value)])."""
+    run = _mlflow_run_id(metadata)
+    if mlflow is None or run is None:
+        return None
+    client = mlflow.client()
+    for name in names:
+        try:
+            points = client.get_metric_history(run, name)
+        except Exception:  # noqa: BLE001 - a run deleted from MLflow: the curve is simply absent
+            return None
+        if points:
+            return name, sorted((p.step, p.value) for p in points)
+    return None
+
+
+def _grid_pairs(instance: dg.DagsterInstance, profile: str) -> dict[tuple[int, str], int]:
+    """{(length, "lo-hi"): distinct (scattered, control) pairs} of the newest clue_data grid."""
+    up = latest(instance, profile, "clue_data")
+    if up is None or not up.path.exists():
+        return {}
+    import pyarrow.parquet as pq
+    cols = pq.read_table(up.path, columns=["length_target", "bucket_lo", "bucket_hi", "pair_id"]).to_pydict()
+    cells: dict[tuple[int, str], set] = {}
+    for length, lo, hi, pair in zip(cols["length_target"], cols["bucket_lo"], cols["bucket_hi"], cols["pair_id"]):
+        cells.setdefault((length, f"{lo}-{hi}"), set()).add(pair)
+    return {cell: len(p) for cell, p in cells.items()}
+
+
+def _rescored(instance: dg.DagsterInstance, profile: str) -> tuple[dict[str, tuple[dict, str]], int]:
+    """checkpoint_evals' newest scores per stage, each with the stage version it scored, and the
+    pairs per cell it scored; ({}, 0) when it never ran."""
+    from assets.evaluation import EvalConfig
+
+    event = instance.get_latest_materialization_event(key(profile, "checkpoint_evals"))
+    if event is None or event.asset_materialization is None:
+        return {}, 0
+    mat = event.asset_materialization
+    evals = mat.metadata["evals"].value if "evals" in mat.metadata else {}
+    tags = mat.tags or {}
+    run = instance.get_run_by_id(event.run_id)
+    op_config = ((run.run_config if run else {}).get("ops", {}).get(f"{profile}__checkpoint_evals", {})
+                 .get("config", {}))
+    per_cell = op_config.get("examples_per_cell", EvalConfig.model_fields["examples_per_cell"].default)
+    versions = {name: tags.get(f"dagster/input_data_version/{profile}/{name}", "") for name in evals}
+    return {name: (ev, versions[name]) for name, ev in evals.items()}, per_cell
+
+
+def _clue_counts(ev: dict[str, float], per_cell: int, pairs: dict[tuple[int, str], int]) -> tuple[dict, str]:
+    """{variant: {bucket: (hits, n)}} from a clue evaluation, and how n was found.
+
+    Counts recorded as `eval/clue_n/...` are read as they are; otherwise n sums, over the bucket's
+    (length, distance) cells that were scored, the pairs scored per cell (`per_cell`, or fewer where the
+    grid holds fewer: `pairs`), and every cell's accuracy must be a whole number of hits of its n — if
+    not, the estimate is wrong and the evaluation's counts are left out.
+    """
+    out: dict[str, dict[str, tuple[float, int]]] = {}
+    how = "counts recorded"
+    for name, acc in ev.items():
+        m = re.fullmatch(r"eval/clue_acc/(\w+)/d(\d+-\d+)", name)
+        if not m:
+            continue
+        variant, bucket = m.groups()
+        n = ev.get(f"eval/clue_n/{variant}/d{bucket}")
+        if n is None:
+            how = f"counts from the grid ({per_cell} pair(s) per cell at most)"
+            n = 0
+            for k in ev:
+                cell = re.fullmatch(rf"eval/clue_acc/{variant}/len(\d+)/d{bucket}", k)
+                if cell:
+                    n_cell = min(per_cell, pairs.get((int(cell.group(1)), bucket), per_cell))
+                    if abs(ev[k] * n_cell - round(ev[k] * n_cell)) > 1e-6:
+                        return {}, "counts unknown (an accuracy is not whole hits of the estimated n)"
+                    n += n_cell
+        out.setdefault(variant, {})[bucket] = (acc * n, int(n))
+    return out, how
+
+
+def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str, Any]:
+    """Every figure the claims and plots need, from the newest materializations of `profile`."""
+    from k3model.pretrain import eval_sizes
+
+    figs: dict[str, Any] = {"profile": profile, "checkpoints": {}, "stages": {}, "losses": {}, "load_curves": {}}
+    pairs = _grid_pairs(instance, profile)
+    rescored, rescored_per_cell = _rescored(instance, profile)
+    for s, name in enumerate(STAGES, start=1):
+        up = latest(instance, profile, name)
+        if up is None:
+            continue
+        manifest = _manifest(up.path)
+        # checkpoint_evals' whole-grid scores (more pairs per cell), where they are of this checkpoint.
+        again = rescored.get(name)
+        if again is not None and again[1] == up.data_version:
+            ev, per_cell, source = again[0], rescored_per_cell, "checkpoint_evals"
+        else:
+            ev = up.metadata.get("eval") or {}
+            per_cell = (manifest.get("config", {}).get("pretrain", {}).get("eval_examples_per_cell")
+                        or eval_sizes(profile)[0])
+            source = "end-of-stage eval"
+        counts, how = _clue_counts(ev, per_cell, pairs)
+        figs["checkpoints"][name] = up.metadata.get("sha256", up.data_version)
+        figs["stages"][s] = {"counts": counts, "counts_how": f"{source}, {how}", "seq_len": up.metadata.get("seq_len"),
+                             "load": up.metadata.get("moe/load_max_over_mean"),
+                             "balancing": manifest.get("config", {}).get("model", {}).get("balancing")}
+        loss = _history(mlflow, up.metadata, ("train/main",))
+        if loss:
+            figs["losses"][name] = loss
+        load = _history(mlflow, up.metadata, ("moe/load_max_over_mean",))
+        if load:
+            figs["load_curves"][name] = load[1]
+    for name in ("sft_policy", "mopd_student", "cross_harness", "quantized_student", "draft_model"):
+        up = latest(instance, profile, name)
+        if up is not None:
+            figs[name] = up.metadata
+            figs["checkpoints"][name] = up.metadata.get("sha256", up.data_version)
+            loss = _history(mlflow, up.metadata, ("train/loss", "train/main"))
+            if loss:
+                figs["losses"][name] = loss
+    figs["specialists"] = {}
+    if instance.get_latest_materialization_event(key(profile, "rl_specialist")) is not None:
+        for d in DOMAINS:
+            for e in EFFORTS:
+                part = _partition_latest(instance, profile, "rl_specialist",
+                                         str(dg.MultiPartitionKey({"domain": d, "effort": e})))
+                if part is not None:
+                    figs["specialists"][(d, e)] = part["metadata"]
+                    figs["checkpoints"][f"rl_specialist[{d}|{e}]"] = part["metadata"].get("sha256",
+                                                                                          part["data_version"])
+    figs["ablation"] = balancing_ablation(profile)
+    return figs
+
+
+def balancing_ablation(profile: str) -> dict | None:
+    """The newest `benchmarks/results/train/*_balancing_<profile>_*.json` of the ablation probe
+    (`benchmarks/probes/balancing_ablation.py`), the project's one run without balancing."""
+    files = sorted((REPO_ROOT / "benchmarks" / "results" / "train").glob(f"*_balancing_{profile}_*.json"))
+    if not files:
+        return None
+    data = json.loads(files[-1].read_text())
+    return {"file": files[-1].relative_to(REPO_ROOT).as_posix(), "arms": data.get("arms", {})}
+
+
+def kernelsuite_rows(mode: str) -> tuple[list[dict], dict[str, int]]:
+    """Claim 8 measured now: `envs.kernelsuite` on its corpus (every entry, or KERNELSUITE_SAMPLE)."""
+    import torch
+    from envs.kernelsuite.evaluate import EvalConfig
+    from envs.kernelsuite.report import run_entry
+    from envs.kernelsuite.submissions import CORPUS
+
+    size = {"hack": sum(e.kind == "hack" for e in CORPUS), "honest": sum(e.kind == "honest" for e in CORPUS)}
+    entries = [e for e in CORPUS if mode == "all" or e.name in KERNELSUITE_SAMPLE]
+    threads = torch.get_num_threads()
+    # As envs.kernelsuite.report does: the parent's comparisons on one thread (a shared 2-core box).
+    torch.set_num_threads(1)
+    try:
+        cfg = EvalConfig(device="cpu", isolation="zygote")
+        rows = [run_entry(e, cfg, seed=0) for e in entries]
+    finally:
+        torch.set_num_threads(threads)
+    return [{k: r[k] for k in ("name", "kind", "task", "ok", "rules_fired", "expected")} for r in rows], size
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures → claims
+
+def _rate(md: dict | None, prefix: str) -> dict[str, Any] | None:
+    if not md or md.get(f"{prefix}success_rate") is None:
+        return None
+    return {"success_rate": md[f"{prefix}success_rate"], "n": md.get(f"{prefix}n"),
+            "mean_policy_tokens": md.get(f"{prefix}mean_policy_tokens")}
+
+
+def _pick(checkpoints: dict[str, str], *names: str) -> dict[str, str]:
+    return {n: h for n, h in checkpoints.items() if any(n == m or n.startswith(m + "[") for m in names)}
+
+
+def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] | None) -> list[Claim]:
+    """The eight claims from `gather`'s figures."""
+    profile, ck = figs["profile"], figs["checkpoints"]
+    stages = figs["stages"]
+    first = C.claim_1({s: st["counts"] for s, st in stages.items()}, profile=profile, checkpoints=_pick(ck, *STAGES))
+    again = [str(s) for s, st in stages.items() if st["counts_how"].startswith("checkpoint_evals")]
+    if again and first.status != C.NOT_MEASURED:
+        first = dataclasses.replace(first, reason=f"{first.reason} (stage(s) {', '.join(again)} as re-scored on "
+                                                  "the whole grid by checkpoint_evals)")
+    out = [first]
+
+    with_b = {f"stage {s}": st["load"] for s, st in stages.items()
+              if st["load"] is not None and st["balancing"] not in (None, "none")}
+    without = {f"stage {s}": st["load"] for s, st in stages.items()
+               if st["load"] is not None and st["balancing"] == "none"}
+    source = ""
+    ablation = figs.get("ablation")
+    if not without and ablation and "none" in ablation["arms"]:
+        without = {"probe, none": ablation["arms"]["none"]["last_quarter_mean"]}
+        if "quantile" in ablation["arms"]:
+            with_b["probe, quantile"] = ablation["arms"]["quantile"]["last_quarter_mean"]
+        source = f"without balancing: ablation probe {ablation['file']}, not this lineage's checkpoints"
+    out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES), without_source=source))
+
+    # SFT at each (domain, effort): scored by the specialist's own evaluation on its tasks when it
+    # reports it (the same tasks for both), else the sft_policy asset's own evaluation.
+    sft = figs.get("sft_policy") or {}
+    sft_evals = (sft.get("evals") or {}).get("sft_policy", {})
+    specs, sft_rates = {}, {}
+    for d in DOMAINS:
+        for e in EFFORTS:
+            own = sft_evals.get(f"{d}/{e}") or _rate(sft, f"eval/{d}/{e}/")
+            if own:
+                sft_rates[(d, e)] = {"success_rate": own.get("success_rate"), "n": own.get("n")}
+            md = figs["specialists"].get((d, e))
+            spec = _rate(md, "eval/")
+            if spec is None:
+                continue
+            spec["hard"] = _rate(md, "eval/hard/")
+            specs[(d, e)] = spec
+            if md.get("sft_policy/success_rate") is not None:
+                sft_rates[(d, e)] = {"success_rate": md["sft_policy/success_rate"], "n": spec["n"]}
+    out.append(C.claim_3(sft_rates, specs, profile=profile, checkpoints=_pick(ck, "sft_policy", "rl_specialist")))
+
+    # The student against each teacher: the student asset's own retention matrix (both scored on the
+    # same tasks) when it has one, else its per-cell success against the specialists' evaluations.
+    student = figs.get("mopd_student") or {}
+    matrix = student.get("retention_matrix") or {}
+    if matrix:
+        teachers = {tuple(c.split("/")): r["teacher"] for c, r in matrix.items() if r.get("teacher") is not None}
+        students = {tuple(c.split("/")): r["student"] for c, r in matrix.items() if r.get("student") is not None}
+    else:
+        teachers = {c: s["success_rate"] for c, s in specs.items()}
+        students = {(d, e): student[f"eval/{d}/{e}/success_rate"] for d in DOMAINS for e in EFFORTS
+                    if f"eval/{d}/{e}/success_rate" in student}
+    out.append(C.claim_4(teachers, students, profile=profile,
+                         checkpoints=_pick(ck, "mopd_student", "rl_specialist")))
+
+    q = figs.get("quantized_student") or {}
+    out.append(C.claim_5({k: q[f"quant/qat/{k}"] for k in ("bf16", "mxfp4") if f"quant/qat/{k}" in q},
+                         {k: q[f"quant/ptq/{k}"] for k in ("bf16", "mxfp4") if f"quant/ptq/{k}" in q},
+                         metric=str(q.get("quant/metric", "its metric")),
+                         higher_is_better=bool(q.get("quant/higher_is_better", True)),
+                         profile=profile, checkpoints=_pick(ck, "quantized_student")))
+
+    draft = figs.get("draft_model") or {}
+    acceptance = {int(m.group(1)): v for k, v in draft.items()
+                  if (m := re.fullmatch(r"spec/acceptance_length/k(\d+)", k))}
+    out.append(C.claim_6(acceptance, draft.get("spec/speedup/k4"), draft.get("spec/lossless"), profile=profile,
+                         checkpoints=_pick(ck, "draft_model")))
+
+    cross = figs.get("cross_harness") or {}
+    held = [h for h in str(cross.get("folds") or "").split(",") if h]
+    folds = {h: {"in_harness": cross.get(f"{h}/general/in_harness/success_rate"),
+                 "held_out": cross.get(f"{h}/general/held_out/success_rate")} for h in held}
+    control = {h: cross[f"{h}/single/held_out/success_rate"] / cross[f"{h}/single/in_harness/success_rate"]
+               for h in held if (cross.get(f"{h}/single/in_harness/success_rate") or 0) > 0
+               and cross.get(f"{h}/single/held_out/success_rate") is not None}
+    out.append(C.claim_7(folds, profile=profile, checkpoints=_pick(ck, "cross_harness"), control=control))
+
+    if kernelsuite is None:
+        out.append(C.not_measured(8, "every planted hack flagged, every honest submission passed",
+                                  "the kernel suite was not run (config kernelsuite: off)", profile))
+    else:
+        rows, size = kernelsuite
+        out.append(C.claim_8(rows, corpus_size=size, profile=profile, source="envs.kernelsuite, run by this report"))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Plots (each drawn only when its figures exist)
+
+def _figure(path: Path, draw, size=(6, 3.5)) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    draw(ax)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict[str, Path | str]:
+    """{plot name: PNG path, or the reason it is not drawn}."""
+    got: dict[str, Path | str] = {}
+    by = {c.number: c for c in verdicts}
+
+    def put(name: str, draw, missing: str, size=(6, 3.5)) -> None:
+        got[name] = _figure(out / f"{name}.png", draw, size) if draw else f"not measured: {missing}"
+
+    def losses(ax):
+        # One after another in lineage order, each stage's steps after the last one's.
+        offset = 0
+        for name, (metric, points) in figs["losses"].items():
+            ax.plot([offset + p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
+            offset += points[-1][0]
+            ax.axvline(offset, color="gray", lw=0.5, ls=":")
+        ax.set_xlabel("step (the stages one after another)")
+        ax.set_ylabel("training loss")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    put("loss_curves", losses if figs["losses"] else None, "no asset's MLflow run has a training-loss history")
+
+    by_distance = by[1].figures.get("by_distance", {})
+    buckets = sorted(by_distance, key=lambda b: int(b.split("-")[0]))
+
+    def clue(ax):
+        stages = sorted({int(s) for row in by_distance.values() for s in row})
+        for s in stages:
+            rows = [by_distance[b].get(str(s)) for b in buckets]
+            xs = [i for i, r in enumerate(rows) if r]
+            acc = [rows[i]["acc"] for i in xs]
+            err = [[max(rows[i]["acc"] - rows[i]["lo"], 0.0) for i in xs],
+                   [max(rows[i]["hi"] - rows[i]["acc"], 0.0) for i in xs]]
+            line = ax.errorbar([x + 0.05 * s for x in xs], acc, yerr=err, marker="o", capsize=2,
+                               label=f"stage {s} scattered")
+            ax.plot(xs, [rows[i]["control"] for i in xs], ls="--", color=line[0].get_color(), alpha=0.6,
+                    label=f"stage {s} control")
+        ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
+        ax.set_xlabel("clue distance (tokens)")
+        ax.set_ylabel("accuracy (95 % interval)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=6, ncol=2)
+    put("clue_accuracy", clue if by_distance else None, "no stage reports clue accuracy with counts")
+
+    ablation = figs.get("ablation")
+
+    def load(ax):
+        for name, points in figs["load_curves"].items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1, label=f"{name} (lineage)")
+        for arm, rec in (ablation or {}).get("arms", {}).items():
+            if arm in ("quantile", "none"):
+                ax.plot(range(1, len(rec["load_max_over_mean"]) + 1), rec["load_max_over_mean"], lw=1, ls=":",
+                        label=f"probe, {'no balancing' if arm == 'none' else arm}")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.axhline(C.LOAD_NEAR, color="red", lw=0.6, ls="--")
+        ax.set_xlabel("step (each stage and probe arm from its own start)")
+        ax.set_ylabel("expert load max / mean")
+        ax.legend(fontsize=6)
+    put("expert_load", load if figs["load_curves"] or ablation else None, "no expert-load history")
+
+    gains = by[3].figures.get("gains", {})
+
+    def vs_sft(ax):
+        names = list(gains)
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], [gains[n]["sft"] for n in names], width=0.4, label="SFT")
+        ax.bar([x + 0.2 for x in xs], [gains[n]["specialist"] for n in names], width=0.4, label="specialist")
+        ax.set_xticks(list(xs), [n.replace("general_", "g_").replace("coding_", "c_") for n in names],
+                      rotation=45, fontsize=6)
+        ax.set_ylabel("success rate")
+        ax.legend(fontsize=7)
+    put("specialists_vs_sft", vs_sft if gains else None, "no specialist and SFT evaluations")
+
+    tokens = {d: t for d, t in by[3].figures.get("tokens", {}).items() if any(v is not None for v in t)}
+
+    def spent(ax):
+        for d, t in tokens.items():
+            ax.plot(EFFORTS, [float("nan") if v is None else v for v in t], marker="o", label=d)
+        ax.set_xlabel("effort")
+        ax.set_ylabel("policy tokens per episode")
+        ax.legend(fontsize=7)
+    put("tokens_by_effort", spent if tokens else None, "no specialist reports its token use")
+
+    retention = by[4].figures.get("retention", {})
+
+    def matrix(ax):
+        grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
+        values = [[float("nan") if v is None else v for v in row] for row in grid]
+        im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
+        ax.set_xticks(range(3), EFFORTS)
+        ax.set_yticks(range(3), DOMAINS, fontsize=7)
+        ax.set_title("student / teacher success")
+        ax.figure.colorbar(im, ax=ax)
+    put("teacher_retention", matrix if any(v is not None for v in retention.values()) else None,
+        "no student and teacher evaluations", size=(5, 3.5))
+
+    q = by[5].figures
+
+    def quant(ax):
+        labels = ["QAT bf16", "QAT MXFP4", "PTQ bf16", "PTQ MXFP4"]
+        ax.bar(labels, [q["qat"]["bf16"], q["qat"]["mxfp4"], q["ptq"]["bf16"], q["ptq"]["mxfp4"]],
+               color=["C0", "C0", "C1", "C1"])
+        ax.set_ylabel(q["metric"])
+    put("quantization", quant if q else None, "no QAT / PTQ / bf16 figures")
+
+    acceptance = by[6].figures.get("acceptance", {})
+
+    def accept(ax):
+        ks = sorted(acceptance)
+        ax.plot(ks, [acceptance[k] for k in ks], marker="o")
+        ax.axhline(C.ACCEPTANCE_AT_4, color="red", lw=0.6, ls="--")
+        ax.set_xlabel("draft length")
+        ax.set_ylabel("mean acceptance length")
+    put("acceptance", accept if acceptance else None, "the draft model reports no acceptance lengths")
+    return got
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+
+PLOT_TITLES = {"loss_curves": "Loss curves per stage", "clue_accuracy": "Clue accuracy by distance, per stage",
+               "expert_load": "Expert load with and without balancing", "specialists_vs_sft": "Specialists against SFT",
+               "tokens_by_effort": "Token use by effort", "teacher_retention": "Teacher retention (MOPD student)",
+               "quantization": "QAT / PTQ / bf16", "acceptance": "Acceptance length by draft length"}
+
+
+def claims_table(verdicts: list[Claim]) -> str:
+    return markdown_table([{"claim": c.number, "status": c.status, "figure": c.figure, "target": c.target}
+                           for c in verdicts], max_chars=160)
+
+
+def render(profile: str, verdicts: list[Claim], drawn: dict[str, Path | str]) -> str:
+    counts = {s: sum(c.status == s for c in verdicts) for s in (C.PASS, C.FAIL, C.NOT_MEASURED)}
+    lines = [f"# K3 recipe claims report — profile `{profile}`", "",
+             f"{counts[C.PASS]} pass, {counts[C.FAIL]} fail, {counts[C.NOT_MEASURED]} not measured "
+             "(docs/design.md §5; how each is measured: docs/report.md).", "", claims_table(verdicts), ""]
+    for c in verdicts:
+        hashes = ", ".join(f"{n} `{h[:12]}`" for n, h in c.checkpoints.items()) or "—"
+        lines += [f"## Claim {c.number}: {c.title}", "",
+                  f"- **{c.status}**: {c.reason}", f"- measured: {c.figure}", f"- target: {c.target}",
+                  f"- profile: `{c.profile}`; checkpoints: {hashes}", ""]
+    lines += ["## Plots", ""]
+    for name, what in drawn.items():
+        lines += [f"### {PLOT_TITLES[name]}", "",
+                  f"![{PLOT_TITLES[name]}]({what.name})" if isinstance(what, Path) else f"_{what}_", ""]
+    return "\n".join(lines)
+
+
+def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, profile: str) -> dg.MaterializeResult:
+    tag_run(context, profile)
+    if config.kernelsuite not in ("auto", "all", "sample", "off"):
+        raise dg.Failure(description=f"ops.{profile}__report.config.kernelsuite = {config.kernelsuite!r}: choose "
+                                     "auto, all, sample or off", allow_retries=False)
+    store, mlflow = context.resources.store, context.resources.mlflow
+    figs = gather(context.instance, profile, mlflow)
+    mode = {"auto": "sample" if profile == "smoke" else "all"}.get(config.kernelsuite, config.kernelsuite)
+    kernelsuite = None if mode == "off" else kernelsuite_rows(mode)
+    verdicts = judge(figs, kernelsuite)
+    for c in verdicts:
+        context.log.info(c.line())
+
+    out = store.report_dir(profile, "report", run_id(context))
+    drawn = plots(figs, verdicts, out)
+    text = render(profile, verdicts, drawn)
+    path = out / "report.md"
+    path.write_text(text)
+    claims_json = [c.as_dict() for c in verdicts]
+    (out / "claims.json").write_text(json.dumps(claims_json, indent=1, default=str))
+    digest = hashlib.sha256(json.dumps([{k: c[k] for k in ("number", "status", "figure", "checkpoints")}
+                                        for c in claims_json], sort_keys=True, default=str).encode()).hexdigest()
+
+    with mlflow.start_run(context, params={"profile": profile, "kernelsuite": mode,
+                                           **{f"sha256.{n}": h for n, h in figs["checkpoints"].items()}},
+                          tags=profile_tags(profile)) as run:
+        mlflow.log_metrics(run.info.run_id, {
+            "claims/pass": sum(c.status == C.PASS for c in verdicts),
+            "claims/fail": sum(c.status == C.FAIL for c in verdicts),
+            "claims/not_measured": sum(c.status == C.NOT_MEASURED for c in verdicts),
+            **{f"claim_{c.number}/pass": float(c.status == C.PASS) for c in verdicts if c.status != C.NOT_MEASURED}})
+        mlflow.log_rows(run.info.run_id, [{k: c[k] for k in ("number", "status", "figure", "target", "reason")}
+                                          for c in claims_json], "claims.json")
+        client = mlflow.client()
+        client.log_artifact(run.info.run_id, str(path))
+        for what in drawn.values():
+            if isinstance(what, Path):
+                client.log_artifact(run.info.run_id, str(what), "plots")
+
+    metadata: dict[str, Any] = {
+        "path": dg.MetadataValue.path(str(path)),
+        "profile": profile,
+        "claims_table": dg.MetadataValue.md(claims_table(verdicts)),
+        "claims": dg.MetadataValue.json([{k: c[k] for k in ("number", "title", "status", "figure", "target", "reason",
+                                                             "profile", "checkpoints")} for c in claims_json]),
+        "claims/pass": sum(c.status == C.PASS for c in verdicts),
+        "claims/fail": sum(c.status == C.FAIL for c in verdicts),
+        "claims/not_measured": sum(c.status == C.NOT_MEASURED for c in verdicts),
+        "report": dg.MetadataValue.md(text),
+        "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+        **{f"plot/{name}": inline_png(what, PLOT_TITLES[name]) if isinstance(what, Path) else what
+           for name, what in drawn.items()},
+    }
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(digest), tags=profile_tags(profile))
+
+
+def _claim_check(asset: dg.AssetsDefinition, profile: str, number: int) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=asset, name=f"claim_{number}", description=f"Claim {number}: {C.TITLES[number]}. "
+                    "Warns when the report finds it failing; passes (saying so) when it is not measured.")
+    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        up = latest(context.instance, profile, "report")
+        found = [c for c in (up.metadata.get("claims") or []) if c.get("number") == number] if up else []
+        if not found:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"{profile}/report has no verdict on claim {number}")
+        c = found[0]
+        line = f"{c['status']}: {c['figure']}; {c['reason']}"
+        return dg.AssetCheckResult(passed=c["status"] != C.FAIL, severity=dg.AssetCheckSeverity.WARN,
+                                   description=line, metadata={"status": c["status"], "figure": c["figure"],
+                                                               "target": c["target"],
+                                                               "checkpoints": dg.MetadataValue.json(c["checkpoints"])})
+    return _check
+
+
+def build(profile: str) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
+    """`<profile>/report` and its eight claim checks."""
+    @dg.asset(name="report", key_prefix=[profile], group_name=group(profile, "report"),
+              deps=[key(profile, n) for n in upstream_names()], kinds={"python", "mlflow"},
+              code_version=REPORT_CODE_VERSION, required_resource_keys={"store", "mlflow"}, tags=profile_tags(profile),
+              description="The eight claims of docs/design.md §5 (figure, target, pass / fail / not measured, the "
+                          "checkpoints measured) and the plots behind them, from what every asset logged.")
+    def report(context: dg.AssetExecutionContext, config: ReportConfig) -> dg.MaterializeResult:
+        return materialize_report(context, config, profile)
+    return [report], [_claim_check(report, profile, n) for n in range(1, 9)]

@@ -1,0 +1,227 @@
+"""The report asset: on the smoke profile after two real pretraining stages (the rest of the lineage
+missing), its claim checks, the metadata contract of the assets it reads, and `k3 report` with and
+without a report."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from mlflow.tracking import MlflowClient
+
+from assets import data, pretrain, report
+from assets.claims import DOMAINS, EFFORTS, FAIL, NOT_MEASURED, PASS
+from assets.lineage import PROFILE_TAG, key
+from pipelines.cli import main
+from pipelines.instance import dagster_home
+
+STAGE_ASSETS = pretrain.build("smoke")[0][:2]
+REPORT, CHECKS = report.build("smoke")
+# Every step logged (the report draws the curves from MLflow), one clue pair per cell (smoke's own).
+STAGE_CONFIG = {"ops": {f"smoke__pretrain_stage_{s}": {"config": {"log_every": 1}} for s in (1, 2)}}
+
+
+@pytest.fixture(scope="module")
+def reported(home, smoke_resources):
+    """(instance, result) of the smoke data and stages 1-2, then the report, in the instance under
+    `home` (where `k3 report` looks)."""
+    instance = dg.DagsterInstance.from_config(str(dagster_home(home)))
+    lineage = dg.materialize([*data.build("smoke"), *STAGE_ASSETS], instance=instance,
+                             resources=smoke_resources, run_config=STAGE_CONFIG)
+    assert lineage.success
+    result = dg.materialize([*REPORT, *CHECKS], instance=instance, resources=smoke_resources)
+    assert result.success
+    yield instance, result
+    instance.dispose()
+
+
+def _claims(instance):
+    md = instance.get_latest_materialization_event(key("smoke", "report")).asset_materialization.metadata
+    return {c["number"]: c for c in md["claims"].value}, {k: v.value for k, v in md.items()}
+
+
+def test_the_report_reports_what_exists_and_marks_the_rest(reported, home):
+    instance, result = reported
+    by, md = _claims(instance)
+    assert sorted(by) == list(range(1, 9))
+    stage_hashes = {f"pretrain_stage_{s}": instance.get_latest_materialization_event(
+        key("smoke", f"pretrain_stage_{s}")).tags["dagster/data_version"] for s in (1, 2)}
+    # Claim 1 is judged on the two stages that exist, with their checkpoint hashes.
+    assert by[1]["status"] in (PASS, FAIL) and by[1]["checkpoints"] == stage_hashes
+    # Claim 2: the stages' balanced load is measured; nothing on smoke trains without balancing.
+    assert by[2]["status"] == NOT_MEASURED and by[2]["figure"].startswith("with stage 1 ")
+    assert all(by[n]["status"] == NOT_MEASURED and by[n]["checkpoints"] == {} for n in (3, 4, 5, 6, 7))
+    # Claim 8 is measured by the report itself, on a sample of the kernel-suite corpus.
+    assert by[8]["status"] == PASS and "a sample of the corpus (1/" in by[8]["reason"]
+    assert all(c["profile"] == "smoke" for c in by.values())
+
+    text = Path(md["path"]).read_text()
+    assert text.startswith("# K3 recipe claims report — profile `smoke`")
+    assert "_not measured: no specialist and SFT evaluations_" in text and "![Loss curves per stage](loss_curves.png)" in text
+    for name in ("loss_curves", "clue_accuracy", "expert_load"):
+        assert (Path(md["path"]).parent / f"{name}.png").is_file()
+        assert md[f"plot/{name}"].startswith(f"![{report.PLOT_TITLES[name]}](data:image/png;base64,")
+    assert md["plot/acceptance"] == "not measured: the draft model reports no acceptance lengths"
+    assert md["claims/pass"] + md["claims/fail"] + md["claims/not_measured"] == 8
+
+    # One check per claim, warning (never blocking) when the claim fails.
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert sorted(checks) == [f"claim_{n}" for n in range(1, 9)]
+    assert all(e.severity == dg.AssetCheckSeverity.WARN for e in checks.values())
+    assert checks["claim_1"].passed is (by[1]["status"] != FAIL) and checks["claim_3"].passed
+
+    client = MlflowClient(f"sqlite:///{home.resolve() / 'mlflow' / 'mlflow.db'}")
+    run_id = md["mlflow_run"].rsplit("/", 1)[1]
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"report.md", "plots", "claims.json"}
+    assert client.get_run(run_id).data.metrics["claims/not_measured"] == md["claims/not_measured"]
+
+
+def test_report_depends_on_what_it_reads():
+    [asset] = REPORT
+    assert {k.path[-1] for k in asset.dependency_keys} == set(report.upstream_names())
+    assert {"pretrain_stage_4", "base_model"} <= set(report.upstream_names())
+
+
+def test_a_failing_claim_warns(tmp_path):
+    instance = dg.DagsterInstance.ephemeral()
+    verdicts = [{"number": n, "title": "", "status": FAIL if n == 3 else PASS, "figure": f"figure {n}",
+                 "target": "t", "reason": "r", "profile": "smoke", "checkpoints": {"sft_policy": "ab"}}
+                for n in range(1, 9)]
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=key("smoke", "report"), tags={PROFILE_TAG: "smoke"},
+        metadata={"path": dg.MetadataValue.path(str(tmp_path)), "claims": dg.MetadataValue.json(verdicts)}))
+    check = {c.check_key.name: c for c in CHECKS}
+    ctx = dg.build_asset_check_context(instance=instance)
+    failing = check["claim_3"](ctx)
+    assert failing.passed is False and failing.severity == dg.AssetCheckSeverity.WARN
+    assert failing.description.startswith("fail: figure 3")
+    assert check["claim_4"](ctx).passed is True
+
+
+def test_the_contract_of_the_assets_it_reads(tmp_path):
+    """Hand-made materializations with the metadata keys of assets/claims.py's table: every
+    post-training claim is judged from them."""
+    instance = dg.DagsterInstance.ephemeral()
+
+    def put(name, metadata, partition=None):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", name), partition=partition, tags={PROFILE_TAG: "smoke"},
+            metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": f"{name}{partition or ''}", **metadata}))
+    cells = [(d, e) for d in DOMAINS for e in EFFORTS]
+    put("sft_policy", {"evals": dg.MetadataValue.json({"sft_policy": {f"{d}/{e}": {"success_rate": 0.9, "n": 100}
+                                                                      for d, e in cells}})})
+    for i, (d, e) in enumerate(cells):
+        # The specialist's own SFT figure (its tasks) wins over sft_policy's (0.9 would fail claim 3).
+        put("rl_specialist", {"eval/success_rate": 0.6, "eval/n": 100, "eval/mean_policy_tokens": 10.0 * (1 + i % 3),
+                              "eval/hard/success_rate": 0.3, "eval/hard/n": 40, "sft_policy/success_rate": 0.2},
+            partition=str(dg.MultiPartitionKey({"domain": d, "effort": e})))
+    put("mopd_student", {"retention_matrix": dg.MetadataValue.json(
+        {f"{d}/{e}": {"student": 0.5, "teacher": 0.6, "n": 30} for d, e in cells})})
+    put("quantized_student", {"quant/metric": "ppl", "quant/higher_is_better": False, "quant/qat/bf16": 50.0,
+                              "quant/qat/mxfp4": 50.5, "quant/ptq/bf16": 50.0, "quant/ptq/mxfp4": 53.0})
+    put("draft_model", {"spec/acceptance_length/k1": 1.6, "spec/acceptance_length/k4": 2.2,
+                        "spec/speedup/k4": 1.3, "spec/lossless": True})
+    put("cross_harness", {"folds": "xml,json", "xml/general/in_harness/success_rate": 0.5,
+                          "xml/general/held_out/success_rate": 0.45, "json/general/in_harness/success_rate": 0.4,
+                          "json/general/held_out/success_rate": 0.34, "xml/single/in_harness/success_rate": 0.5,
+                          "xml/single/held_out/success_rate": 0.1})
+    by = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}
+    assert by[3].status == PASS and by[3].checkpoints["sft_policy"] == "sft_policy"
+    assert len([n for n in by[3].checkpoints if n.startswith("rl_specialist[")]) == 9
+    assert by[4].status == FAIL and "keeps 83%" in by[4].reason  # 0.5 of 0.6
+    assert by[5].status == PASS and by[5].figures["drop_ptq"] == pytest.approx(3.0)
+    assert by[6].status == FAIL and "2.20 < 2.5" in by[6].reason
+    assert by[7].status == PASS and by[7].reason == "the worst fold (json held out) keeps 85%"
+    assert "single-harness control xml 20%" in by[7].figure
+    assert by[1].status == NOT_MEASURED and by[8].status == NOT_MEASURED
+    drawn = report.plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
+    assert all(isinstance(drawn[n], Path) for n in ("specialists_vs_sft", "tokens_by_effort", "teacher_retention",
+                                                    "quantization", "acceptance"))
+
+
+@pytest.fixture
+def k3_env(home, monkeypatch):
+    # `k3 report` exports these; monkeypatch restores them after the test.
+    for var in ("DAGSTER_HOME", "K3_PROFILE"):
+        monkeypatch.setenv(var, "")
+    monkeypatch.setenv("K3_HOME", str(home))
+
+
+def test_k3_report_prints_where_and_every_claim(reported, k3_env, capsys):
+    instance, _ = reported
+    by, md = _claims(instance)
+    assert main(["report", "--profile", "smoke", "--port", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"k3 report: {md['path']}"
+    assert lines[1].startswith("k3 report: Dagster http://127.0.0.1:1/assets/smoke/report   MLflow "
+                               f"http://127.0.0.1:1{md['mlflow_run']}")
+    assert "no `k3 ui` answers there now" in lines[1]
+    claim_lines = [line.strip() for line in lines if line.startswith("  claim ")]
+    assert len(claim_lines) == 8 and claim_lines[7].startswith(f"claim 8 ✓ pass: {by[8]['figure']}")
+
+
+def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, capsys):
+    for var in ("DAGSTER_HOME", "K3_PROFILE"):
+        monkeypatch.setenv(var, "")
+    monkeypatch.setenv("K3_HOME", str(tmp_path / "empty"))
+    assert main(["report", "--profile", "smoke"]) == 1
+    out = capsys.readouterr().out
+    assert "no report yet for profile smoke: `k3 run --profile smoke --select report` makes one" in out
+
+
+def test_report_config_is_checked(smoke_resources):
+    with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+            pytest.raises(dg.Failure, match="config.kernelsuite = 'some'"):
+        REPORT[0](ctx, report.ReportConfig(kernelsuite="some"))
+
+
+def test_claims_json_beside_the_report(reported):
+    _, md = _claims(reported[0])
+    saved = json.loads((Path(md["path"]).parent / "claims.json").read_text())
+    assert [c["number"] for c in saved] == list(range(1, 9)) and "figures" in saved[0]
+
+
+def test_every_asset_it_reads_is_in_the_definitions():
+    """A name in report.SOURCES that no builder makes would be a dangling key in the graph."""
+    from pipelines.definitions import defs
+    graph = defs.resolve_asset_graph()
+    assert {key("smoke", n) for n in report.upstream_names()} <= graph.materializable_asset_keys
+
+
+def test_clue_counts_prefer_checkpoint_evals_of_the_same_checkpoint(tmp_path):
+    """Stage 1 re-scored by checkpoint_evals (4 pairs per cell in the grid) is read from there; stage
+    2, whose re-scoring was of an older checkpoint, from its end-of-stage eval (1 pair per cell)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    grid = tmp_path / "clue_eval.parquet"
+    cells = [(64, 0, 32), (512, 0, 32), (512, 256, 512)]
+    pq.write_table(pa.table({"length_target": [c[0] for c in cells for _ in range(4)],
+                             "bucket_lo": [c[1] for c in cells for _ in range(4)],
+                             "bucket_hi": [c[2] for c in cells for _ in range(4)],
+                             "pair_id": [f"{c}-{i}" for c in cells for i in range(4)]}), grid)
+    instance = dg.DagsterInstance.ephemeral()
+
+    def put(name, metadata, version="", **tags):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", name), metadata={"path": dg.MetadataValue.path(str(tmp_path / name)), **metadata},
+            tags={PROFILE_TAG: "smoke", **({"dagster/data_version": version} if version else {}), **tags}))
+    put("clue_data", {"path": dg.MetadataValue.path(str(grid))})
+    end_of_stage = {"eval/clue_acc/scattered/d0-32": 0.5, "eval/clue_acc/scattered/len64/d0-32": 0.0,
+                    "eval/clue_acc/scattered/len512/d0-32": 1.0}
+    for s in (1, 2):
+        put(f"pretrain_stage_{s}", {"eval": dg.MetadataValue.json(end_of_stage)}, version=f"v{s}")
+    whole = {"eval/clue_acc/scattered/d0-32": 0.375, "eval/clue_acc/scattered/len64/d0-32": 0.25,
+             "eval/clue_acc/scattered/len512/d0-32": 0.5, "eval/clue_acc/scattered/d256-512": 0.75,
+             "eval/clue_acc/scattered/len512/d256-512": 0.75}
+    put("checkpoint_evals", {"evals": dg.MetadataValue.json({"pretrain_stage_1": whole, "pretrain_stage_2": whole})},
+        **{"dagster/input_data_version/smoke/pretrain_stage_1": "v1",
+           "dagster/input_data_version/smoke/pretrain_stage_2": "an older stage 2"})
+    stages = report.gather(instance, "smoke")["stages"]
+    assert stages[1]["counts_how"].startswith("checkpoint_evals")
+    assert stages[1]["counts"]["scattered"] == {"0-32": (3.0, 8), "256-512": (3.0, 4)}
+    assert stages[2]["counts_how"].startswith("end-of-stage eval")
+    assert stages[2]["counts"]["scattered"] == {"0-32": (1.0, 2)}
+    # An accuracy that is no whole number of hits of its n: the estimate is wrong, the counts left out.
+    counts, how = report._clue_counts({"eval/clue_acc/scattered/d0-32": 0.3,
+                                       "eval/clue_acc/scattered/len64/d0-32": 0.3}, 4, {})
+    assert counts == {} and how.startswith("counts unknown")
