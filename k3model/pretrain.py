@@ -66,6 +66,7 @@ class PretrainConfig:
     # "answer": clue rows train on their answers only, with their own mean; "all": every token, one
     # mean (pretrain_data.StageBatches).
     clue_loss: str = "answer"
+    clue_warmup_steps: int | None = None  # None: the profile's (StageConfig.clue_warmup_steps)
     image_fraction: float = 0.25  # rows that start with an image and its caption
     ckpt_every: int = 0  # 0: four times per stage
     log_every: int = 10
@@ -85,6 +86,8 @@ class PretrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {value}")
+        if self.clue_warmup_steps is not None and self.clue_warmup_steps < 0:
+            raise ValueError(f"clue_warmup_steps must be ≥ 0, got {self.clue_warmup_steps}")
         for name in ("clue_fraction", "image_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
@@ -116,6 +119,7 @@ class PretrainConfig:
             batch_size=self.batch_size or stage.batch_size,
             seq_len=self.seq_len or stage.seq_len,
             lr=self.lr or stage.lr,
+            clue_warmup_steps=stage.clue_warmup_steps if self.clue_warmup_steps is None else self.clue_warmup_steps,
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
         check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
@@ -129,6 +133,7 @@ class ResolvedStage:
     batch_size: int
     seq_len: int
     lr: float
+    clue_warmup_steps: int
     device: str
 
 
@@ -211,7 +216,8 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     # ---- data
     batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size,
                            seed=cfg.seed, stage=cfg.stage, clue_fraction=cfg.clue_fraction,
-                           image_fraction=cfg.image_fraction, device=device, clue_loss=cfg.clue_loss)
+                           image_fraction=cfg.image_fraction, device=device, clue_loss=cfg.clue_loss,
+                           clue_warmup_rows=min(stage.clue_warmup_steps, stage.steps) * stage.batch_size)
     batches.pack(stage.steps * stage.batch_size)
     manifest_extra = {"config": {"pretrain": asdict(cfg), "model": asdict(stage.model),
                                  "resolved": {k: v for k, v in asdict(stage).items() if k != "model"}},

@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from datagen.clues import CluesConfig
@@ -103,7 +104,7 @@ class StageBatches:
 
     def __init__(self, data: PretrainData, model_cfg: ModelConfig, *, seq_len: int, batch_size: int,
                  seed: int, stage: int, clue_fraction: float, image_fraction: float, device: str = "cpu",
-                 clue_loss: str = "answer"):
+                 clue_loss: str = "answer", clue_warmup_rows: int = 0):
         if clue_loss not in CLUE_LOSSES:
             raise ValueError(f"clue_loss must be one of {CLUE_LOSSES}, got {clue_loss!r}")
         self.clue_loss = clue_loss
@@ -124,14 +125,22 @@ class StageBatches:
         self.image_token = data.tokenizer.token_to_id(IMAGE)
         self._packing = PackingConfig(seed=seed * 100 + stage, image_tokens=image_tokens,
                                       clue_fraction=clue_fraction, image_fraction=image_fraction)
+        # The first `clue_warmup_rows` rows are clue rows only, packed from their own seed stream.
+        self._warmup = (PackingConfig(seed=seed * 100 + stage + 50, image_tokens=image_tokens, clue_fraction=1.0,
+                                      image_fraction=0.0), clue_warmup_rows)
         self.seq_len = seq_len
         self._rows = None
 
     def pack(self, n_rows: int) -> None:
         """Pack the first `n_rows` rows; the training loop calls it once for the whole stage."""
-        table = pack_pretraining(self._packing, self.data.clues, self.seq_len, n_rows,
-                                 tokenizer=self.data.tokenizer, corpus=self.data.corpus,
-                                 images=self.data.images)
+        def packed(cfg: PackingConfig, n: int) -> pa.Table:
+            return pack_pretraining(cfg, self.data.clues, self.seq_len, n, tokenizer=self.data.tokenizer,
+                                    corpus=self.data.corpus, images=self.data.images)
+        warm_cfg, n_warm = self._warmup
+        n_warm = min(n_warm, n_rows)
+        parts = ([packed(warm_cfg, n_warm)] if n_warm else []) + ([packed(self._packing, n_rows - n_warm)]
+                                                                 if n_rows > n_warm else [])
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         loss_mask = np.stack(table.column("loss_mask").to_numpy(zero_copy_only=False)).astype(bool)
         # answer_NT[r, t]: token t of row r is a clue answer's token or the <|eos|> after it.
         t = np.arange(self.seq_len)

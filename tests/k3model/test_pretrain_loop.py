@@ -178,3 +178,19 @@ def test_clue_rows_train_on_their_answers_with_their_own_mean(smoke_data):
     expected = nll[answer].mean() + nll[rest].mean()
     assert torch.allclose(losses["loss/main"], expected, rtol=1e-5)
     assert torch.allclose(losses["loss/answer"], nll[answer].mean(), rtol=1e-5)
+
+
+def test_clue_warmup_rows_are_clue_rows_then_the_stage_mix(smoke_data):
+    """StageConfig.clue_warmup_steps: the first rows are clue rows only; the rows after them are the
+    stage's usual mix, the same rows a stage without a warm-up packs first."""
+    cfg = get_profile("smoke").model
+    kw = dict(seq_len=64, batch_size=8, seed=0, stage=1, clue_fraction=0.3, image_fraction=0.0)
+    warm = StageBatches(smoke_data, cfg, clue_warmup_rows=16, **kw)
+    warm.pack(40)
+    plain = StageBatches(smoke_data, cfg, **kw)
+    plain.pack(24)
+    assert warm._rows["kind"][:16] == ["clue"] * 16
+    assert warm._rows["kind"][16:] == plain._rows["kind"] and "text" in plain._rows["kind"]
+    assert (warm._rows["input_ids"][16:] == plain._rows["input_ids"]).all()
+    with pytest.raises(ValueError, match="clue_warmup_steps"):
+        PretrainConfig(profile="smoke", stage=1, clue_warmup_steps=-1)
