@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import threading
 import time
@@ -75,6 +76,26 @@ def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
     (seen alive over 60 s later on a busy 2-core machine). The home lock makes this run the home's only
     user, so a Ray process with its K3_HOME is one this run started. Linux /proc; elsewhere a no-op."""
     needle = f"K3_HOME={home}".encode()
+    ended: list[int] = []
+    # Sweep until a sweep finds nothing: a raylet cut short may still spawn its agents after the
+    # first sweep (seen in a fresh-clone `make test`, 2026-12-01).
+    for _ in range(5):
+        pids = _signal_ray_processes(needle)
+        if not pids:
+            break
+        ended += pids
+        deadline = time.monotonic() + grace_s
+        for pid in pids:
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+    return ended
+
+
+def _signal_ray_processes(needle: bytes) -> list[int]:
+    """SIGTERM every live Ray process whose environment holds `needle`; their pids."""
     pids = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
@@ -88,12 +109,6 @@ def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
                 pids.append(pid)
         except (OSError, ValueError):  # gone, or not ours to read
             continue
-    deadline = time.monotonic() + grace_s
-    for pid in pids:
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
     return pids
 
 
@@ -291,6 +306,12 @@ def _interrupt_behind(e: BaseException) -> BaseException | None:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
+def mlflow_key(name: str) -> str:
+    """A param name MLflow accepts: a partition's `[domain|effort]` becomes `/domain/effort` (MLflow
+    allows only alphanumerics, `_ - . : /` and spaces)."""
+    return re.sub(r"[^\w\-. :/]+", "/", name).strip("/")
+
+
 class MlflowResource(dg.ConfigurableResource):
     """MLflow tracking on a sqlite store: one MLflow run per asset materialization.
 
@@ -358,7 +379,7 @@ class MlflowResource(dg.ConfigurableResource):
             all_tags["partition"] = partition
         name = f"{asset}[{partition}]" if partition is not None else asset
         run = client.create_run(self.experiment_id(), tags=all_tags, run_name=f"{name}-{dagster_run_id[:8]}")
-        client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        client.log_batch(run.info.run_id, params=[Param(mlflow_key(k), str(v)[:6000]) for k, v in params.items()])
         return run
 
     def end_run(self, run, status: str) -> None:

@@ -76,7 +76,7 @@ def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
         assert any(f"✓ smoke/{name} (" in line for line in lines)
     assert any("◆ smoke/tokenizer materialized" in line for line in lines)
     not_yet = next(line for line in lines if "not in the pipeline yet" in line)
-    assert "mopd_student" in not_yet and "pretrain_stage_1" not in not_yet and "sft_policy" not in not_yet
+    assert "env_task_sets" in not_yet and "pretrain_stage_1" not in not_yet and "mopd_student" not in not_yet
     assert "k3 run: success" in lines[-1]
     # Headless runs land in the project's instance, where the UI will find them, as runs of a job the
     # definitions hold (so the UI can re-execute them), tagged with the profile.
