@@ -555,6 +555,9 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
 
     metadata: dict[str, Any] = {
         "path": dg.MetadataValue.path(str(path)),
+        # The file's own hash (the data version is the claims' digest): `k3 run` re-hashes the file
+        # to tell a damaged report from a fresh one (assets/integrity.py).
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "profile": profile,
         "claims_table": dg.MetadataValue.md(claims_table(verdicts)),
         "claims": dg.MetadataValue.json([{k: c[k] for k in ("number", "title", "status", "figure", "target", "reason",
