@@ -222,6 +222,12 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
         own["tau_k4_target"] = f"≥ {TAU_TARGET}: {'met' if four['acceptance_length'] >= TAU_TARGET else 'missed'}"
         own["speedup_k4_in_asset"] = four["speedup"]
     own["greedy_parity_all"] = all(row["greedy_parity"] == 1.0 for rows_ in r.measured.values() for row in rows_.values())
+    # The keys the report's claim 6 reads (assets/claims.py's contract).
+    for k, t in r.measured["trained"].items():
+        own[f"spec/acceptance_length/k{k}"] = t["acceptance_length"]
+    if four:
+        own["spec/speedup/k4"] = four["speedup"]
+    own["spec/lossless"] = own["greedy_parity_all"]
     return trained.materialize_result(own)
 
 
