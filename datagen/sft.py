@@ -18,8 +18,9 @@ text around them. Nothing downstream re-tokenizes decoded text (BPE is not a bij
 
 Effort (the control token `<|effort_low|>`, `<|effort_high|>` or `<|effort_max|>` after `<|system|>`,
 and again right before every `<|assistant|>`: a 2–3M-parameter model trained for a few minutes does
-not carry a token from hundreds of positions back — with the tag only at the start, session 8's
-SFT policy opened a scratchpad at low effort on every turn — so the tag sits where the choice is made):
+not carry a token from hundreds of positions back — with the tag only at the start, the tiny SFT
+policy opens a scratchpad at low effort on every turn (docs/log/posttrain.md) — so the tag sits where
+the choice is made):
 
 - low: no scratchpad; every turn is the call alone.
 - high: a scratchpad on the first turn (the plan: which tools, in order), on the turns that need

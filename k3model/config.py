@@ -162,8 +162,8 @@ class StageConfig:
     batch_size: int
     lr: float
     # Steps at the start of the stage whose rows are all clue rows (then the stage's usual mix). The
-    # tiny model learns the clue task after a clue-only start and never in the 50 % mix alone
-    # (docs/log/tiny.md, session 8: H200 sweep 3).
+    # tiny model learns the clue task after a clue-only start, not in the 50 % mix alone
+    # (docs/log/tiny.md; benchmarks/results/train/2026-12-01_clue_sweep_h200_3.json).
     clue_warmup_steps: int = 0
 
 
@@ -229,9 +229,9 @@ def _tiny() -> Profile:
     )
     # 1 : 8 : 32 : 128, as 8K : 64K : 256K : 1M in K3. 64 → 8K rather than 128 → 16K: the gated MLA
     # layer's T² attention makes one 16K forward cost ~6× an 8K one on a 2-core CPU.
-    # Stage 1 is long enough for the clue task's phase change (on the H200 the clue-only probe went
-    # from chance to 0.9+ between 200 and 500 steps of 32 clue rows; stage 1 has 16 a step):
-    # docs/log/tiny.md, session 8. Session 7's 150 / 60 / 20 / 8 steps trained in ~4 min of `make run`.
+    # Stage 1 is long enough for the clue task's phase change: the clue-only probe goes from chance
+    # to 0.9+ between 200 and 500 steps of 32 clue rows (docs/log/tiny.md); stage 1 starts with 400
+    # clue-only steps, then 16 clue rows a step.
     stages = (StageConfig(64, 1000, 32, 3e-3, clue_warmup_steps=400), StageConfig(512, 150, 4, 2e-3),
               StageConfig(2048, 30, 2, 1e-3), StageConfig(8192, 8, 1, 5e-4))
     return Profile(name="tiny", model=model, stages=stages)

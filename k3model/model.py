@@ -192,8 +192,8 @@ class K3Model(nn.Module):
 
         `answer_mask_BT` (bool, True where labels_BT[t] is a clue answer's token) makes the main loss
         the mean over those targets plus the mean over the rest: a clue row's ~10 answer targets
-        would otherwise weigh ~1 % of a mixed batch, and the tiny model then never learns the task
-        (docs/log/tiny.md, 2026-12-01 session 8).
+        would otherwise weigh ~1 % of a mixed batch, too little for the tiny model to learn the task
+        (docs/log/tiny.md).
         """
         if labels_BT is None:
             labels_BT = default_labels(input_ids_BT, image_mask_BT)

@@ -97,9 +97,9 @@ class StageBatches:
 
     `clue_loss`: "answer" trains a clue row on its answer and <|eos|> only and gives those targets
     their own mean in the loss (`Batch.answer_mask`, `K3Model.compute_loss`); "all" trains every
-    token of every row with one mean. With "all" the tiny model never learned the clue task: the
+    token of every row with one mean. With "all" the tiny model does not learn the clue task: the
     filler and the clue statements (random names and values, unpredictable) outweigh the ~10 answer
-    targets of a row ~50 : 1 (docs/log/tiny.md, session 8).
+    targets of a row ~50 : 1 (docs/log/tiny.md).
     """
 
     def __init__(self, data: PretrainData, model_cfg: ModelConfig, *, seq_len: int, batch_size: int,
