@@ -56,6 +56,17 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
 
 
+def check_run_config(cfg: Any, counts: tuple[str, ...]) -> None:
+    """ValueError unless each of `counts` is ≥ 1, `cfg.lr` > 0 and `cfg.warmup_frac` lies in [0, 1)."""
+    for name in counts:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
+    if cfg.lr <= 0:
+        raise ValueError(f"lr must be > 0, got {cfg.lr}")
+    if not 0.0 <= cfg.warmup_frac < 1.0:
+        raise ValueError(f"warmup_frac must lie in [0, 1), got {cfg.warmup_frac}")
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

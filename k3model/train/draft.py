@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from k3model.draft import DraftModel, draft_from_mtp, draft_manifest, target_features
 from k3model.engine import SamplingConfig, generate
 from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint,
+from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, check_run_config, log_and_checkpoint,
                                   optimizer_step, restore_train_state, resume, save_state, set_lr, tail_mean)
 
 logger = logging.getLogger(__name__)
@@ -76,17 +76,11 @@ class DraftTrainConfig:
     ckpt_every: int = 0  # 0: four times per run
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "ttt_steps", "gen_tokens", "feature_batch", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        check_run_config(self, ("steps", "batch_size", "ttt_steps", "gen_tokens", "feature_batch", "log_every"))
         if not 0 < self.step_weight <= 1:
             raise ValueError(f"step_weight must lie in (0, 1], got {self.step_weight}")
         if self.gen_temperature < 0:
             raise ValueError(f"gen_temperature must be ≥ 0 (0 is greedy), got {self.gen_temperature}")
-        if not 0.0 <= self.warmup_frac < 1.0:
-            raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
 
 
 @dataclass

@@ -41,7 +41,7 @@ from datagen.sft import FORMAT
 from k3model.config import ModelConfig, get_profile
 from k3model.model import IGNORE_INDEX, K3Model
 from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer,
+from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, check_run_config,
                                   log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
                                   set_lr, tail_mean)
 from k3model.train.qat import QAT_SCHEME, prepare_qat
@@ -73,13 +73,7 @@ class SFTConfig:
         get_profile(self.profile)  # raises ValueError naming the valid profiles
         if self.profile == "k3":
             raise ValueError("profile 'k3' is never instantiated: choose smoke, tiny or small")
-        for name in ("steps", "batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.warmup_frac < 1.0:
-            raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
+        check_run_config(self, ("steps", "batch_size", "log_every"))
 
 
 @dataclass
