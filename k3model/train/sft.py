@@ -29,6 +29,7 @@ Legend: B rows per batch, T tokens (the batch's longest row), N rows of the data
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -171,13 +172,19 @@ def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[
 def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device: str | torch.device = "cpu",
               prefix: str = "eval") -> dict[str, float]:
     """Mean next-token CE on own tokens: over all rows (`<prefix>/loss`), per effort
-    (`<prefix>/loss/<effort>`), per (domain, effort) and per harness (`<prefix>/loss/harness/<h>`)."""
+    (`<prefix>/loss/<effort>`), per (domain, effort) and per harness (`<prefix>/loss/harness/<h>`).
+    With the same keys, two competence floors per row, averaged over rows:
+    `<prefix>/p_demo…` = exp(−Σ own-token NLL), the probability that a temperature-1 sample writes the
+    demonstration's turns exactly, and `<prefix>/greedy_match…` = 1 when the argmax is the
+    demonstration's token at every own position, i.e. greedy decoding replays the demonstration. Both
+    replay a verified expert episode (the env's observations follow from the same actions), so each is
+    a lower bound of the policy's success on that task at that temperature."""
     model.eval()
     sums: dict[str, list[float]] = {}
 
-    def add(key: str, nll: float, n: int) -> None:
+    def add(key: str, value: float, n: int) -> None:
         acc = sums.setdefault(key, [0.0, 0])
-        acc[0] += nll
+        acc[0] += value
         acc[1] += n
 
     for start in range(0, len(demos), batch_size):
@@ -186,12 +193,16 @@ def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device
         logits_BTV = model(ids_BT).logits_BTV.float()
         nll_BT = torch.nn.functional.cross_entropy(logits_BTV.transpose(1, 2), labels_BT,
                                                    ignore_index=IGNORE_INDEX, reduction="none")
+        match_BT = logits_BTV.argmax(-1) == labels_BT
         for b, r in enumerate(rows):
             own = labels_BT[b] != IGNORE_INDEX
             nll, n = float(nll_BT[b][own].sum()), int(own.sum())
+            replayed = float(bool(match_BT[b][own].all()))
             for key in ("", f"/{demos.efforts[r]}", f"/{demos.domains[r]}/{demos.efforts[r]}",
                         f"/harness/{demos.harnesses[r]}"):
                 add(f"{prefix}/loss{key}", nll, n)
+                add(f"{prefix}/p_demo{key}", math.exp(-nll), 1)
+                add(f"{prefix}/greedy_match{key}", replayed, 1)
     return {key: nll / n for key, (nll, n) in sorted(sums.items()) if n}
 
 

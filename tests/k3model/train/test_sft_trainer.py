@@ -93,3 +93,32 @@ def test_bad_input_says_what_to_change(demos, tmp_path):
     no_moe = replace(get_profile("smoke").model, vision=None, n_layers=1, n_dense_layers=1)
     with pytest.raises(ValueError, match="no LatentMoE"):
         prepare_qat(K3Model(no_moe))
+
+
+def test_replay_floors_are_per_row_probabilities_of_the_demonstration(demos):
+    """p_demo is the mean over rows of Π p(own token); greedy_match the share of rows whose every own
+    token is the argmax — computed here row by row, one sequence at a time (no padding)."""
+    from k3model.train.sft import demo_loss
+    torch.manual_seed(0)
+    model = K3Model(get_profile("smoke").model).eval()
+    # Two own tokens per row, so that the product of probabilities does not underflow.
+    masks = []
+    for mask in demos.column("loss_mask").to_pylist():
+        keep = [i for i, x in enumerate(mask) if x][:2]
+        masks.append([int(i in keep) for i in range(len(mask))])
+    short = demos.set_column(demos.schema.get_field_index("loss_mask"), "loss_mask",
+                             pa.array(masks, demos.schema.field("loss_mask").type)).replace_schema_metadata(
+                                 demos.schema.metadata)
+    data = Demonstrations(short, model.cfg.vocab_size)
+    m = demo_loss(model, data, batch_size=3)
+    probs, matches = [], []
+    with torch.no_grad():
+        for r in range(len(data)):
+            ids_1T, labels_1T = data.batch([r])
+            logp_TV = torch.log_softmax(model(ids_1T).logits_BTV.float()[0], -1)
+            own = labels_1T[0] != IGNORE_INDEX
+            probs.append(float(logp_TV[own].gather(1, labels_1T[0][own, None]).sum().exp()))
+            matches.append(float(bool((logp_TV[own].argmax(-1) == labels_1T[0][own]).all())))
+    assert max(probs) > 0  # not every row underflows: the comparison below means something
+    assert m["eval/p_demo"] == pytest.approx(sum(probs) / len(probs), rel=1e-3, abs=0)
+    assert m["eval/greedy_match"] == sum(matches) / len(matches)
