@@ -39,6 +39,7 @@ from k3model.checkpoint import source_tree_sha256
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
 DOMAINS = ("general_tasks", "general_agents", "coding_agents")
+STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_constant")  # envs/tasks/starter.py
 EFFORTS = ("low", "high", "max")
 GROUP = "posttraining"
 RESOURCES = {"store", "mlflow", "ray"}
@@ -83,15 +84,17 @@ SIZES: dict[str, PosttrainSizes] = {
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
                             rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1,
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # Sized for `make run` on 2 cores (docs/log/posttrain-assets.md): about 4 min for sft_data and
-    # sft_policy, 2 for the ladder, 8 for the nine specialists. The episode budgets keep
-    # low < high < max but are a quarter of grpo.EFFORT_SPECS': a tiny policy that never calls
-    # finish would otherwise decode 1–4K tokens per episode.
-    "tiny": PosttrainSizes(sft_families=None, sft_tasks_per_family=8, sft_heldout_tasks_per_family=1,
-                           sft_max_tokens=4096, sft_steps=60, sft_batch_size=4, sft_lr=2e-3,
-                           eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=4,
-                           rl_steps=2, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
-                           rl_eval_tasks_per_family=2, rl_lr=3e-4, rl_max_draw_factor=1,
+    # Sized for `make run` on 2 cores (docs/log/posttrain.md, session 9): the 2.75M policy replays
+    # nothing before ~1,200 demonstration rows and about a third of held-out starter tasks after
+    # ~2,400 (H200 curves), so SFT spends its minutes on the four starter rungs alone (one per
+    # domain and two for general_tasks): 500 steps × 4 rows, ~2,000 rows. The episode budgets keep
+    # low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls finish
+    # would otherwise decode 1–4K tokens per episode.
+    "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=48, sft_heldout_tasks_per_family=4,
+                           sft_max_tokens=4096, sft_steps=500, sft_batch_size=4, sft_lr=2e-3,
+                           eval_tasks_per_family=4, ladder_tasks_per_family=2, ladder_samples=8,
+                           rl_steps=3, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
+                           rl_eval_tasks_per_family=4, rl_lr=3e-4, rl_max_draw_factor=1,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
@@ -262,7 +265,11 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
     m = r.metrics
     harness = per_harness(r.evals)
     base_harness = per_harness(r.start_evals)
-    loss_rows = [{"domain": d, "effort": e, "fit": m.get(f"fit/loss/{d}/{e}"), "held-out": m.get(f"eval/loss/{d}/{e}")}
+    # Per cell: own-token loss, and the replay floors of success on held-out demonstrations
+    # (k3model.train.sft.demo_loss): P(a temperature-1 sample replays it), greedy replays it.
+    loss_rows = [{"domain": d, "effort": e, "fit": m.get(f"fit/loss/{d}/{e}"), "held-out": m.get(f"eval/loss/{d}/{e}"),
+                  "held-out p_demo": m.get(f"eval/p_demo/{d}/{e}"),
+                  "held-out greedy_match": m.get(f"eval/greedy_match/{d}/{e}")}
                  for d in DOMAINS for e in EFFORTS]
     own: dict[str, Any] = {
         "steps": cfg.steps,
@@ -278,7 +285,8 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
             {"harness": h, "n": f["n"], "success": f["success_rate"], "unparseable": f["unparseable_rate"],
              "base_model success": base_harness.get(h, {}).get("success_rate")} for h, f in harness.items()])),
         "own_token_loss": dg.MetadataValue.md(markdown_table(loss_rows)),
-        **{k: float(m[k]) for k in ("fit/loss", "eval/loss", "train/first_loss", "train/final_loss",
+        **{k: float(m[k]) for k in ("fit/loss", "eval/loss", "eval/p_demo", "eval/greedy_match",
+                                    "train/first_loss", "train/final_loss",
                                     "perf/own_tokens_per_s", "perf/eval_wall_s") if k in m},
         "loss": sparkline([h.get("train/main", float("nan")) for h in r.history], "train/main",
                           f"train/main over {len(r.history)} steps"),
