@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ from k3model.model import K3Model
 from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint, optimizer_step,
                                   restore_train_state, resume, save_state, set_lr)
+from k3model.train.evaluate import EvalReport, resolve_harnesses, summarize
 from k3model.train.flops import FlopCounter, counting
 from k3model.train.grpo import EFFORT_SPECS, EFFORTS, EffortSpec
 from k3model.train.qat import prepare_qat
@@ -551,3 +553,49 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     final_dir = out_dir / "final"
     save(cfg.steps, final_dir, with_state=False, metrics=metrics)
     return MOPDResult(final_dir, run.history, metrics, teacher_manifest, flops.as_dict(), run.from_step)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation of one policy on many routes
+
+@torch.no_grad()
+def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], specs: Mapping[str, EffortSpec] | None
+                    = None) -> dict[Route, EvalReport]:
+    """`k3model.train.evaluate.evaluate(model, tokenizer, tasks[route], effort, specs=specs)` for every
+    route (greedy, one sample, the training harnesses round-robin within each route), with the routes
+    of one effort played in one batch instead of one batch a route: the nine (domain, effort) cells
+    of tiny's student evaluation are three batched decodes of six episodes, not nine of two (86 s of
+    mopd_student's 315 s in the 2026-12-01 make run). The engine is batch invariant (greedy rows
+    decode the same tokens whatever shares their batch: tests/k3model/test_engine.py), so each
+    report equals the per-route call's but for `seconds` (here the wall time of the effort's shared
+    batch, and `policy_tokens_per_s` against it)."""
+    from k3model.train.rollout import play_tasks, sft_format
+
+    specs = dict(specs or EFFORT_SPECS)
+    for route, ts in tasks.items():
+        if route[1] not in specs:
+            raise ValueError(f"route {partition_key(route)}: no budget for effort {route[1]!r} (specs has "
+                             f"{sorted(specs)})")
+        if not ts:
+            raise ValueError(f"route {partition_key(route)} has no tasks to evaluate")
+    device = next(model.parameters()).device
+    reports: dict[Route, EvalReport] = {}
+    for effort in dict.fromkeys(r[1] for r in tasks):
+        routes = [r for r in tasks if r[1] == effort]
+        flat = [t for r in routes for t in tasks[r]]
+        harnesses = [h for r in routes for h in resolve_harnesses(len(tasks[r]), None)]
+        spec = specs[effort]
+        # evaluate()'s generator (unused at temperature 0, kept so the calls match).
+        generator = torch.Generator(device=device).manual_seed(0)
+        t0 = time.perf_counter()
+        played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
+                            SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
+                            episode_budget=spec.budget_tokens, generator=generator)
+        seconds = time.perf_counter() - t0
+        start = 0
+        for r in routes:
+            n = len(tasks[r])
+            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + n]
+            reports[r] = summarize(list(tasks[r]), mine, effort, 1, 0.0, seconds)
+            start += n
+    return reports
