@@ -598,4 +598,4 @@ def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], 
             mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + n]
             reports[r] = summarize(list(tasks[r]), mine, effort, 1, 0.0, seconds)
             start += n
-    return reports
+    return {r: reports[r] for r in tasks}
