@@ -559,31 +559,29 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 # Evaluation of one policy on many routes
 
 @torch.no_grad()
-def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], specs: Mapping[str, EffortSpec] | None
-                    = None) -> dict[Route, EvalReport]:
-    """`k3model.train.evaluate.evaluate(model, tokenizer, tasks[route], effort, specs=specs)` for every
-    route (greedy, one sample, the training harnesses round-robin within each route), with the routes
-    of one effort played in one batch instead of one batch a route: the nine (domain, effort) cells
-    of tiny's student evaluation are three batched decodes of six episodes, not nine of two (86 s of
-    mopd_student's 315 s in the 2026-12-01 make run). The engine is batch invariant (greedy rows
-    decode the same tokens whatever shares their batch: tests/k3model/test_engine.py), so each
-    report equals the per-route call's but for `seconds` (here the wall time of the effort's shared
-    batch, and `policy_tokens_per_s` against it)."""
+def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None
+                      ) -> dict:
+    """`k3model.train.evaluate.evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
+    for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
+    takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
+    the calls of one effort played in one batch instead of one batch a call. The engine is batch
+    invariant (greedy rows decode the same tokens whatever shares their batch:
+    tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
+    wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
     from k3model.train.rollout import play_tasks, sft_format
 
     specs = dict(specs or EFFORT_SPECS)
-    for route, ts in tasks.items():
-        if route[1] not in specs:
-            raise ValueError(f"route {partition_key(route)}: no budget for effort {route[1]!r} (specs has "
-                             f"{sorted(specs)})")
+    for name, (ts, effort, _) in calls.items():
+        if effort not in specs:
+            raise ValueError(f"{name}: no budget for effort {effort!r} (specs has {sorted(specs)})")
         if not ts:
-            raise ValueError(f"route {partition_key(route)} has no tasks to evaluate")
+            raise ValueError(f"{name} has no tasks to evaluate")
     device = next(model.parameters()).device
-    reports: dict[Route, EvalReport] = {}
-    for effort in dict.fromkeys(r[1] for r in tasks):
-        routes = [r for r in tasks if r[1] == effort]
-        flat = [t for r in routes for t in tasks[r]]
-        harnesses = [h for r in routes for h in resolve_harnesses(len(tasks[r]), None)]
+    reports: dict = {}
+    for effort in dict.fromkeys(c[1] for c in calls.values()):
+        names = [n for n, c in calls.items() if c[1] == effort]
+        flat = [t for n in names for t in calls[n][0]]
+        harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
         spec = specs[effort]
         # evaluate()'s generator (unused at temperature 0, kept so the calls match).
         generator = torch.Generator(device=device).manual_seed(0)
@@ -593,9 +591,18 @@ def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], 
                             episode_budget=spec.budget_tokens, generator=generator)
         seconds = time.perf_counter() - t0
         start = 0
-        for r in routes:
-            n = len(tasks[r])
-            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + n]
-            reports[r] = summarize(list(tasks[r]), mine, effort, 1, 0.0, seconds)
-            start += n
-    return {r: reports[r] for r in tasks}
+        for n in names:
+            count = len(calls[n][0])
+            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + count]
+            reports[n] = summarize(list(calls[n][0]), mine, effort, 1, 0.0, seconds)
+            start += count
+    return {n: reports[n] for n in calls}
+
+
+def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], specs: Mapping[str, EffortSpec] | None
+                    = None) -> dict[Route, EvalReport]:
+    """Every route's tasks at its effort in the training harnesses (`evaluate_together`): the nine
+    (domain, effort) cells of tiny's student evaluation are three batched decodes of six episodes,
+    not nine of two (86 s of mopd_student's 315 s in the 2026-12-01 make run; 0.39× of the time,
+    benchmarks/mopd_eval.py)."""
+    return evaluate_together(model, tokenizer, {r: (ts, r[1], None) for r, ts in tasks.items()}, specs)

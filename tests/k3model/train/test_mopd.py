@@ -16,7 +16,7 @@ from k3model.train.grpo import EffortSpec
 from k3model.train.evaluate import evaluate
 from k3model.train.evaluate import load_policy as load_eval_policy
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
-                                evaluate_routes, mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
+                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
@@ -207,5 +207,13 @@ def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, sm
         got = together[route].as_metadata()
         assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
         assert got["n"] == 2 and got["mean_policy_tokens"] > 0
+    # Named harnesses too (cross_harness: in-harness and held-out in one batch).
+    calls = {"in": (tasks[("general_agents", "low")], "low", ["codex", "hermes"]),
+             "out": (tasks[("general_agents", "low")], "low", ["openclaw"])}
+    for name, report in evaluate_together(model, smoke_tok, calls, specs).items():
+        ts, effort, harness = calls[name]
+        alone = evaluate(model, smoke_tok, ts, effort, harness=harness, specs=specs).as_metadata()
+        assert ({k: v for k, v in report.as_metadata().items() if k not in timing}
+                == {k: v for k, v in alone.items() if k not in timing})
     with pytest.raises(ValueError, match="no budget for effort 'max'"):
         evaluate_routes(model, smoke_tok, {("general_tasks", "max"): tasks[("general_tasks", "low")]}, specs)
