@@ -15,7 +15,7 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate` (SFT on the specialist's own tasks); else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
 | 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; `sha256` | the one student and its teacher at every (domain, effort) |
-| 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model, each before and after MXFP4 |
+| 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out loss, both against the one bf16 recipe) |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | mean accepted tokens per round by draft length, wall-clock speedup at draft length 4, greedy output equal to the target's |
 | 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's success in its harnesses and in the held-out one |
 | 8 | (the report itself) | `envs.kernelsuite.report.run_entry` over `submissions.CORPUS` | planted hacks flagged with their rules, honest submissions passed |
@@ -302,7 +302,8 @@ def claim_4(teachers: dict[tuple[str, str], float], student: dict[tuple[str, str
 def claim_5(qat: dict[str, float], ptq: dict[str, float], *, metric: str, higher_is_better: bool, profile: str,
             checkpoints: dict[str, str] | None = None) -> Claim:
     """`qat` and `ptq`: {"bf16": x, "mxfp4": y}, one metric of the QAT-trained and the plainly trained
-    model, before and after MXFP4 quantization."""
+    model after MXFP4 quantization (`mxfp4`) and of the high-precision model each drop is measured
+    from (`bf16`: the same one for both when the recipe has one bf16 reference, as quantized_student's)."""
     target = f"QAT's drop at MXFP4 ≤ {QAT_SHARE:g}× PTQ's (on {metric})"
     if not all(k in f for f in (qat, ptq) for k in ("bf16", "mxfp4")):
         return not_measured(5, target, "the QAT or PTQ figures are missing", profile, checkpoints)

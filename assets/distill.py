@@ -80,7 +80,11 @@ SIZES_DISTILL: dict[str, DistillSizes] = {
                          mopd_budgets=(("low", 256, 128), ("high", 384, 192), ("max", 512, 256)),
                          folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
                          transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
-                         transfer_eval_tasks=8, transfer_budgets=None),
+                         transfer_eval_tasks=8,
+                         # The specialists' tiny budgets (low: 256 policy tokens, 128 a turn), in training
+                         # and evaluation: with grpo.EFFORT_SPECS' 1024 the four arms took 559 s of make
+                         # run's 2,911 (docs/log/deploy-time.md).
+                         transfer_budgets=SIZES["tiny"].eval_budgets),
     "small": DistillSizes(mopd_steps=200, mopd_episodes_per_step=36, mopd_lr=2e-5, mopd_budgets=None,
                           folds=("openclaw", "hermes", "codex", "claude_code", "kimi_code"),
                           transfer_domain="general_agents", transfer_effort="low", transfer_steps=100,

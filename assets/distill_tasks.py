@@ -58,12 +58,12 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     import envs
     from datagen.tokenizer import load_tokenizer
     from k3model.train.evaluate import evaluate
-    from k3model.train.mopd import train
+    from k3model.train.mopd import evaluate_routes, train
 
     def generate(pairs) -> list:
         return [envs.generate(f, s) for f, s in pairs]
 
-    def play(checkpoint: str, pk: str) -> dict:
+    def play(checkpoint: str, pk: str) -> dict:  # a teacher without its own figures, on its cell
         effort = pk.split("|")[1]
         return evaluate(load_policy(checkpoint), tokenizer, generate(cells[pk]["eval"]), effort,
                         specs=specs).as_metadata()
@@ -73,7 +73,12 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     tasks = {tuple(k.split("|")): generate(c["rl"]) for k, c in cells.items()}
     result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, tasks=tasks, log_fn=live)
     t0 = time.perf_counter()
-    evals = {pk.replace("|", "/"): play(str(result.checkpoint_dir), pk) for pk in teachers}
+    # The student on every cell: one batched decode per effort (evaluate_routes), the same figures as
+    # a play() per cell.
+    student = load_policy(str(result.checkpoint_dir))
+    cell_tasks = {tuple(pk.split("|")): generate(cells[pk]["eval"]) for pk in teachers}
+    evals = {"/".join(route): report.as_metadata()
+             for route, report in evaluate_routes(student, tokenizer, cell_tasks, specs).items()}
     teacher_evals = {pk.replace("|", "/"): teacher_figures.get(pk) or play(ckpt, pk) for pk, ckpt in teachers.items()}
     kept = retention(evals, teacher_evals)
     headline = {"eval/success_rate": sum(e["success_rate"] for e in evals.values()) / max(len(evals), 1),
@@ -88,7 +93,8 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
         ctl = generalist_control(control_cfg, student_checkpoint, tokenizer, Path(work_dir) / "control",
                                  flop_budget=budget, routes=list(routes), tasks=tasks, log_fn=live)
         control = {"flops": ctl.flops, "budget": budget, "turns": ctl.turns,
-                   "evals": {pk.replace("|", "/"): play(str(ctl.checkpoint_dir), pk) for pk in teachers}}
+                   "evals": {"/".join(route): report.as_metadata() for route, report in
+                             evaluate_routes(load_policy(str(ctl.checkpoint_dir)), tokenizer, cell_tasks, specs).items()}}
         headline["control/success_rate"] = (sum(e["success_rate"] for e in control["evals"].values())
                                             / max(len(control["evals"]), 1))
     live(cfg.steps, headline)

@@ -120,10 +120,9 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
               log_fn: Callable[[int, dict], None] | None = None) -> Arm:
     """GRPO from the policy on `harnesses` only (FLOPs counted), then greedy evaluation on the same
     tasks in those harnesses (round-robin) and in `held_out`."""
-    from k3model.train.evaluate import evaluate
     from k3model.train.flops import counting
     from k3model.train.grpo import train as grpo_train
-    from k3model.train.mopd import load_policy
+    from k3model.train.mopd import evaluate_together, load_policy
 
     if not eval_tasks:
         raise ValueError("eval_tasks is empty: pass the held-out envs tasks both arms are scored on")
@@ -133,9 +132,11 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
         result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
                             harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
     model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
-    reports = [evaluate(model, tokenizer, list(eval_tasks), effort, harness=list(h), specs=eval_specs).as_metadata()
-               for h in (tuple(harnesses), (held_out,))]
-    return Arm(name, tuple(harnesses), Path(result.checkpoint_dir), *reports,
+    # In-harness and held-out in one batched decode (the same figures as two evaluate() calls).
+    reports = evaluate_together(model, tokenizer, {"in": (list(eval_tasks), effort, list(harnesses)),
+                                                   "out": (list(eval_tasks), effort, [held_out])}, eval_specs)
+    return Arm(name, tuple(harnesses), Path(result.checkpoint_dir), reports["in"].as_metadata(),
+               reports["out"].as_metadata(),
                train_metrics={**result.metrics, **{f"flops/{k}": v for k, v in flops.as_dict().items()}},
                history=list(result.history))
 

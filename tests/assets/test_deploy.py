@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import error_text
 
-from assets import deploy, posttrain
+from assets import claims, deploy, posttrain, report
 from assets.lineage import PROFILE_TAG, key, latest
 from k3model.checkpoint import save_checkpoint
 from k3model.config import get_profile
@@ -20,6 +20,7 @@ from k3model.quantize import load_quantized
 
 QUANTIZED, DRAFT = deploy.build("smoke")
 SFT_DATA = posttrain.build("smoke")[0]
+REPORT, _ = report.build("smoke")
 
 
 def _student(path):
@@ -61,6 +62,17 @@ def test_quantized_student_and_draft_model_materialize(data_run, smoke_resources
     target = K3Model(get_profile("smoke").model)
     draft, _ = load_draft(d.path, target)
     assert draft.cfg.vocab_size == 512
+
+    # The report judges claims 5 and 6 from what these two assets wrote, by their numbers: claim 5
+    # passes exactly when QAT's held-out-loss rise over the bf16 model is at most half of PTQ's.
+    assert dg.materialize(REPORT, instance=instance, resources=smoke_resources,
+                          run_config={"ops": {"smoke__report": {"config": {"kernelsuite": "off"}}}}).success
+    by = {c["number"]: c for c in latest(instance, "smoke", "report").metadata["claims"]}
+    ceil, ref = arms["ceil"], q["claim5/bf16_eval_loss"]
+    drop_qat, drop_ptq = ceil["qat"]["eval_loss"] - ref, ceil["ptq"]["eval_loss"] - ref
+    assert by[5]["status"] == (claims.PASS if 0 < drop_ptq and drop_qat <= 0.5 * drop_ptq else claims.FAIL)
+    assert f"drop QAT {drop_qat:.4g}" in by[5]["figure"] and by[5]["checkpoints"] == {"quantized_student": q["sha256"]}
+    assert by[6]["status"] in (claims.PASS, claims.FAIL) and "acceptance" in by[6]["figure"]
 
 
 def test_deployment_assets_name_their_missing_upstream(smoke_resources):

@@ -13,8 +13,10 @@ from k3model.engine import score
 from k3model.model import K3Model
 from k3model.train.common import save_state
 from k3model.train.grpo import EffortSpec
+from k3model.train.evaluate import evaluate
+from k3model.train.evaluate import load_policy as load_eval_policy
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
-                                mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
+                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
@@ -188,3 +190,30 @@ def test_a_short_run_learns_toward_its_teachers_and_resumes(sft_ckpts, smoke_tok
     w2, _ = load_checkpoint(again.checkpoint_dir)
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
     assert m1["data_versions"]["tokenizer_sha256"] == tokenizer_sha256(smoke_tok)
+
+
+def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, smoke_tok):
+    """evaluate_routes batches each effort's routes into one decode: every route's figures equal
+    evaluate() on that route alone (the engine is batch invariant), timing aside."""
+    model = load_eval_policy(sft_ckpts[0])[0].eval()
+    specs = {"low": EffortSpec(budget_tokens=12, length_coef=0.0, turn_tokens=6),
+             "high": EffortSpec(budget_tokens=20, length_coef=0.0, turn_tokens=10)}
+    tasks = {(d, e): envs.task_set(d, 2, seed=7) for d in envs.DOMAINS for e in specs}
+    together = evaluate_routes(model, smoke_tok, tasks, specs)
+    assert list(together) == list(tasks)
+    timing = ("seconds", "policy_tokens_per_s")
+    for route, ts in tasks.items():
+        alone = evaluate(model, smoke_tok, ts, route[1], specs=specs).as_metadata()
+        got = together[route].as_metadata()
+        assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
+        assert got["n"] == 2 and got["mean_policy_tokens"] > 0
+    # Named harnesses too (cross_harness: in-harness and held-out in one batch).
+    calls = {"in": (tasks[("general_agents", "low")], "low", ["codex", "hermes"]),
+             "out": (tasks[("general_agents", "low")], "low", ["openclaw"])}
+    for name, report in evaluate_together(model, smoke_tok, calls, specs).items():
+        ts, effort, harness = calls[name]
+        alone = evaluate(model, smoke_tok, ts, effort, harness=harness, specs=specs).as_metadata()
+        assert ({k: v for k, v in report.as_metadata().items() if k not in timing}
+                == {k: v for k, v in alone.items() if k not in timing})
+    with pytest.raises(ValueError, match="no budget for effort 'max'"):
+        evaluate_routes(model, smoke_tok, {("general_tasks", "max"): tasks[("general_tasks", "low")]}, specs)
