@@ -429,7 +429,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             continue
         domain, effort = cells[pk]
         r, cell = trained.result, f"{domain}/{effort}"
-        mine, sft = r.evals[cell], r.start_evals[cell]
+        mine, sft, hard = r.evals[cell], r.start_evals[cell], r.evals[f"{cell}/hard"]
         curve = [h.get("rl/success", float("nan")) for h in r.history]
         zero_var = [h["rl/frac_zero_variance"] for h in r.history if "rl/frac_zero_variance" in h]
         own[pk] = {
@@ -438,6 +438,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
             "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
             "gain": mine["success_rate"] - sft["success_rate"],
+            "eval/hard/success_rate": hard["success_rate"], "eval/hard/n": hard["n"],
+            "eval/hard/mean_policy_tokens": hard["mean_policy_tokens"],
             "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),
             "reward_curve": sparkline(curve, "rl/success", f"rollout success over {len(curve)} steps"),
             "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),

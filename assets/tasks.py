@@ -258,11 +258,12 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
                           live: LiveLog) -> PolicyResult:
     """One RL specialist (`k3model.train.grpo.train` from the SFT policy on its ladder tasks), then
     the specialist and the SFT policy played greedily on the same held-out tasks of its domain at its
-    effort. Tasks travel as (family, seed) pairs and are generated here."""
+    effort, and the specialist on its domain's hard split. Tasks travel as (family, seed) pairs and are generated here."""
     import envs
     from datagen.tokenizer import load_tokenizer
     from k3model.train.evaluate import evaluate
     from k3model.train.grpo import train
+    from k3model.train.ladder import hard_tasks
     tokenizer = load_tokenizer(tokenizer_path)
     from k3model.train.flops import counting
     # Counted FLOPs of the RL (rollouts and updates), for mopd_student's equal-compute control.
@@ -273,8 +274,13 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     held = [envs.generate(f, s) for f, s in eval_tasks]
     cell = f"{domain}/{effort}"
     t0 = time.perf_counter()
-    evals = {cell: evaluate(load_policy(result.checkpoint_dir), tokenizer, held, effort, specs=cfg.efforts,
-                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+    specialist = load_policy(result.checkpoint_dir)
+    evals = {cell: evaluate(specialist, tokenizer, held, effort, specs=cfg.efforts,
+                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata(),
+             # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work), for
+             # claim 3's "max scores at least as well as low on hard tasks".
+             f"{cell}/hard": evaluate(specialist, tokenizer, hard_tasks(domain, max(len(held) // 2, 1)), effort,
+                                      specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
     start = {cell: evaluate(load_policy(policy_checkpoint), tokenizer, held, effort, specs=cfg.efforts,
                             max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
     headline = {"eval/success_rate": evals[cell]["success_rate"], "perf/eval_wall_s": time.perf_counter() - t0}

@@ -215,8 +215,9 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
         verify_checkpoint(path)
         paths.add(path)
         for k in ("eval/success_rate", "eval/mean_policy_tokens", "sft_policy/success_rate",
-                  "sft_policy/mean_policy_tokens", "rl/frac_zero_variance"):
+                  "sft_policy/mean_policy_tokens", "rl/frac_zero_variance", "eval/hard/success_rate"):
             assert isinstance(smd[k], float), (pk, k)
+        assert smd["eval/hard/n"] >= 1, pk  # claim 3's hard split is measured
         assert smd["reward_curve"].startswith("![rl/success](data:image/png;base64,")
         [version] = client.search_model_versions(f"name = 'k3-smoke-rl_specialist-{domain}-{effort}'")
         assert version.tags["partition"] == pk and version.tags["sha256"] == smd["sha256"]
