@@ -134,6 +134,21 @@ def compile_glue() -> None:
     k3model.moe.situ_glu = torch.compile(k3model.moe.situ_glu, dynamic=True)
 
 
+def dense_cpu_step(profile: str, ids: torch.Tensor):
+    """(step, info): one fp32 training step of the profile's dense peer on `ids` (forward, backward,
+    AdamW), as the CPU timings take it, and the peer's size."""
+    dense, info = dense_baseline_for(profile)
+    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4)
+
+    def dense_step():
+        loss = dense.loss(ids)
+        dopt.zero_grad(set_to_none=True)
+        loss.backward()
+        dopt.step()
+
+    return dense_step, info
+
+
 def time_steps(step_fn, warmup: int, reps: int, device: str) -> float:
     for _ in range(warmup):
         step_fn()
@@ -249,15 +264,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
 
         if device == "cpu":
             # Both models live at once and take turns; rows report the median step.
-            dense, info = dense_baseline_for(profile)
-            dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4)
-
-            def dense_step():
-                loss = dense.loss(ids)
-                dopt.zero_grad(set_to_none=True)
-                loss.backward()
-                dopt.step()
-
+            dense_step, info = dense_cpu_step(profile, ids)
             dts = time_interleaved({"k3": lambda: k3_train_step(model, opt, ids, dtype_ctx), "dense": dense_step},
                                    warmup, reps)
             row.update({"k3_tokens_per_s": B * T / dts["k3"], "k3_step_s": dts["k3"],

@@ -93,20 +93,19 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     """Rows sorted by expert (counts_E rows each) through their experts, one matmul per expert and
     projection, SiTU-GLU once over all R rows (it is elementwise: the same numbers as per expert).
     On the CPU the per-expert elementwise calls were most of the layer's operations (issue 17).
-    The matmuls stay one per projection, bit for bit those of the expert-parallel path."""
-    spans = [(e, n) for e, n in enumerate(counts_E.tolist()) if n > 0]
-    gates, ups, start = [], [], 0
-    for e, n in spans:
-        z_nL = z_RL[start:start + n]
-        gates.append(z_nL @ w_gate_EHL[e].t())
-        ups.append(z_nL @ w_up_EHL[e].t())
-        start += n
+    The matmuls stay one per projection, bit for bit those of the expert-parallel path.
+    Rows and weights are cut with split/unbind, not slices: a slice's backward writes its gradient
+    into a zero tensor of the whole input, once per expert (24 full-size fills and sums a layer);
+    split's and unbind's backwards concatenate and stack, the same numbers."""
+    counts = counts_E.tolist()
+    experts = [e for e, n in enumerate(counts) if n > 0]
+    z_parts = [p for p in z_RL.split(counts) if p.shape[0] > 0]
+    w_gate, w_up, w_down = w_gate_EHL.unbind(0), w_up_EHL.unbind(0), w_down_ELH.unbind(0)
+    gates = [z_nL @ w_gate[e].t() for e, z_nL in zip(experts, z_parts)]
+    ups = [z_nL @ w_up[e].t() for e, z_nL in zip(experts, z_parts)]
     h_RH = act(glu(torch.cat(gates, 0), torch.cat(ups, 0)))
-    out_chunks, start = [], 0
-    for e, n in spans:
-        out_chunks.append(h_RH[start:start + n] @ w_down_ELH[e].t())
-        start += n
-    return torch.cat(out_chunks, 0)
+    h_parts = h_RH.split([counts[e] for e in experts])
+    return torch.cat([h_nH @ w_down[e].t() for e, h_nH in zip(experts, h_parts)], 0)
 
 
 def _grouped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
