@@ -90,7 +90,7 @@ SIZES: dict[str, PosttrainSizes] = {
     # domain and two for general_tasks): 500 steps × 4 rows, ~2,000 rows. The episode budgets keep
     # low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls finish
     # would otherwise decode 1–4K tokens per episode.
-    "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=48, sft_heldout_tasks_per_family=4,
+    "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
                            sft_max_tokens=4096, sft_steps=500, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=2, ladder_samples=8,
                            rl_steps=3, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
