@@ -22,7 +22,9 @@ the short convolutions and would have to be neutralised exactly (β = 0, g = 0, 
 and the chunked prefill of a padded prompt splits its chunks at other positions than the same
 prompt alone: its numbers would depend on the longest prompt in the batch.
 
-Batch invariance (a row gets bitwise what it gets alone, greedy, CPU): besides the above, the CPU
+Batch invariance (a row gets bitwise what it gets alone, greedy, CPU, one intra-op thread — with two
+threads the CPU kernels split some reductions by the batch's shape, and a row parts from itself
+alone by ~1e-7 in log-probability, same tokens; docs/log/engine.md): besides the above, the CPU
 GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/oneDNN take other
 kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
 `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are

@@ -194,13 +194,8 @@ def unit_lower_solve(A_CC: torch.Tensor, rhs_CX: torch.Tensor) -> torch.Tensor:
     same substitution `unit_lower_inverse` runs row by row in Python, without forming the inverse.
     Its backward is another triangular solve and keeps the gradient of A strictly lower. On the CPU
     this replaced ~130 small operations per chunk (forward and backward) by two.
-
-    Posed as the transposed system Xᵀ (I + A)ᵀ = rhsᵀ (a right-side solve with the upper factor
-    Aᵀ): row-major A is column-major Aᵀ, LAPACK's layout, so neither operand is copied; forward
-    + backward at [128, 64, 64] 8.3 → 6.2 ms on the tiny CPU step (docs/log/tiny.md). The same
-    substitution, rounded differently in the last bits.
     """
-    return torch.linalg.solve_triangular(A_CC.mT, rhs_CX.mT, upper=True, left=False, unitriangular=True).mT
+    return torch.linalg.solve_triangular(A_CC, rhs_CX, upper=False, unitriangular=True)
 
 
 def chunk_kda_torch(

@@ -13,7 +13,16 @@ def prompts_of(lengths, seed=0, vocab=512):
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def test_a_batch_gives_every_row_what_it_gets_alone_greedy_bitwise():
+@pytest.fixture
+def one_thread():
+    """Batch invariance is a single-thread property of the CPU kernels (k3model/engine.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_batch_gives_every_row_what_it_gets_alone_greedy_bitwise(one_thread):
     model = smoke_model()
     # Equal lengths share a prefill (17 twice, 2 twice: a forward of fewer than 4 token rows).
     prompts = prompts_of([5, 17, 1, 9, 17, 30, 17, 2, 2])
