@@ -87,13 +87,16 @@ SIZES: dict[str, PosttrainSizes] = {
     # Sized for `make run` on 2 cores (docs/log/posttrain.md, session 9): the 2.75M policy replays
     # nothing before ~1,200 demonstration rows and about a third of held-out starter tasks after
     # ~2,400 (H200 curves), so SFT spends its minutes on the four starter rungs alone (one per
-    # domain and two for general_tasks): 500 steps × 4 rows, ~2,000 rows. The episode budgets keep
+    # domain and two for general_tasks): 900 steps × 4 rows, ~3,600 rows. Four ladder tasks per
+    # family, so each family's pass rate covers all four training harnesses (the harnesses go
+    # round-robin over the tasks; the policy's competence differs by harness, and the specialists'
+    # RL groups rotate over all four). The episode budgets keep
     # low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls finish
     # would otherwise decode 1–4K tokens per episode.
     "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
-                           sft_max_tokens=4096, sft_steps=500, sft_batch_size=4, sft_lr=2e-3,
-                           eval_tasks_per_family=4, ladder_tasks_per_family=2, ladder_samples=8,
-                           rl_steps=3, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
+                           sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
+                           eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
+                           rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
                            rl_eval_tasks_per_family=4, rl_lr=3e-4, rl_max_draw_factor=1,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
