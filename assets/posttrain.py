@@ -84,15 +84,13 @@ SIZES: dict[str, PosttrainSizes] = {
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
                             rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1,
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # Sized for `make run` on 2 cores (docs/log/posttrain.md, session 9): the 2.75M policy replays
-    # nothing before ~1,200 demonstration rows and about a third of held-out starter tasks after
-    # ~2,400 (H200 curves), so SFT spends its minutes on the four starter rungs alone (one per
-    # domain and two for general_tasks): 900 steps × 4 rows, ~3,600 rows. Four ladder tasks per
-    # family, so each family's pass rate covers all four training harnesses (the harnesses go
-    # round-robin over the tasks; the policy's competence differs by harness, and the specialists'
-    # RL groups rotate over all four). The episode budgets keep
-    # low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls finish
-    # would otherwise decode 1–4K tokens per episode.
+    # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
+    # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on the four
+    # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows. Four ladder
+    # tasks per family: the harnesses go round-robin over the tasks, so each family's pass rate
+    # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
+    # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
+    # finish would otherwise decode 1–4K tokens per episode.
     "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
                            sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,

@@ -203,7 +203,7 @@ def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device
                 add(f"{prefix}/loss{key}", nll, n)
                 add(f"{prefix}/p_demo{key}", math.exp(-nll), 1)
                 add(f"{prefix}/greedy_match{key}", replayed, 1)
-    return {key: nll / n for key, (nll, n) in sorted(sums.items()) if n}
+    return {key: total / n for key, (total, n) in sorted(sums.items()) if n}
 
 
 def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
