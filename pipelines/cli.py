@@ -100,6 +100,34 @@ def _chosen_partitions(text: str, graph, keys) -> dict:
     return out
 
 
+def _config_overrides(sets: list[str], defs, mine: dict, keys) -> dict:
+    """`--set ASSET.FIELD=VALUE ...` as the run config's `ops` section: each value read as JSON (20,
+    3e-4, true, "x"), else kept as a string. A SystemExit names what to change for an unknown asset
+    or field, or for an asset the run will not materialize (up to date: add --force)."""
+    ops: dict = {}
+    for item in sets:
+        target, eq, raw = item.partition("=")
+        name, dot, field = target.strip().partition(".")
+        if not eq or not dot or not name or not field:
+            raise SystemExit(f"k3 run: --set {item!r}: write ASSET.FIELD=VALUE, e.g. --set pretrain_stage_1.steps=20")
+        if name not in mine:
+            raise SystemExit(f"k3 run: --set {item!r}: no asset {name!r}; the assets are: {', '.join(sorted(mine))}")
+        if mine[name] not in keys:
+            raise SystemExit(f"k3 run: --set {item!r}: {name} is not materialized by this run (select it, "
+                             "or add --force if it is up to date)")
+        node = defs.resolve_assets_def(mine[name]).node_def
+        fields = node.config_schema.config_type.fields if node.config_schema else {}
+        if field not in fields:
+            raise SystemExit(f"k3 run: --set {item!r}: {name} has no config field {field!r}; its fields are: "
+                             f"{', '.join(sorted(fields)) or 'none'}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        ops.setdefault(node.name, {"config": {}})["config"][field] = value
+    return ops
+
+
 def _label(step_key: str) -> str:
     """`smoke__corpus` (the op of asset `smoke/corpus`) → `smoke/corpus`."""
     return step_key.replace("__", "/", 1)
@@ -303,13 +331,14 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
         fresh = [k.path[-1] for k in keys if k not in todo]
         if fresh:
             _say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
-        if not todo:
+        if not todo and not args.set:
             _say("k3 run: nothing to materialize")
             return 0
         for k, why in todo.items():
             _say(f"k3 run: {k.path[-1]}: {why}")
         keys = sorted(todo, key=lambda k: k.to_user_string())
     names = [k.path[-1] for k in keys]
+    ops = _config_overrides(args.set, defs, mine, keys)
     tags = {"k3/profile": profile, "k3/cli": "run"}
     if partitions:
         from pipelines.jobs import partition_range_tags
@@ -334,6 +363,9 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     # Failures are reported by the progress lines and the summary; Dagster's own console lines
     # (a stack trace per failed step and run) only with --verbose.
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "CRITICAL"}}}}
+    if ops:
+        run_config["ops"] = ops
+        _say(f"k3 run: config overrides {json.dumps(ops)}")
     try:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
                                         asset_selection=keys, raise_on_error=False, tags=tags)
@@ -599,6 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "those up to date (default: only the missing, stale or damaged ones)")
     run.add_argument("--wait", action="store_true", help="if another `k3 run` or `k3 ui` holds this "
                      "K3_HOME, wait for it instead of refusing")
+    run.add_argument("--set", action="append", default=[], metavar="ASSET.FIELD=VALUE",
+                     help="override one config field of a selected asset (repeatable; VALUE read as JSON), "
+                          "e.g. --set pretrain_stage_1.steps=20; the UI's launchpad shows every field")
     run.set_defaults(fn=cmd_run)
 
     ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1",

@@ -101,3 +101,20 @@ def test_a_rerun_skips_what_is_done_and_force_redoes_it(home, capsys):
     assert "nothing to materialize" in capsys.readouterr().out
     assert main(["run", "--profile", "smoke", "--select", "corpus", "--force"]) == 0
     assert "✓ smoke/corpus" in capsys.readouterr().out
+
+
+def test_set_overrides_a_config_field_and_names_what_to_change(home, capsys):
+    with pytest.raises(SystemExit, match="corpus has no config field 'sed'; its fields are: seed"):
+        main(["run", "--profile", "smoke", "--select", "corpus", "--set", "corpus.sed=3"])
+    with pytest.raises(SystemExit, match="write ASSET.FIELD=VALUE"):
+        main(["run", "--profile", "smoke", "--select", "corpus", "--set", "corpus=3"])
+    assert main(["run", "--profile", "smoke", "--select", "corpus", "--set", "corpus.seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert '"smoke__corpus": {"config": {"seed": 3}}' in out and "✓ smoke/corpus" in out
+    import dagster as dg
+    run_id = out.strip().splitlines()[-1].rsplit("(run ", 1)[1].rstrip(")")
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        assert instance.get_run_by_id(run_id).run_config["ops"] == {"smoke__corpus": {"config": {"seed": 3}}}
+    # An up-to-date asset is not run, so its override would be silently dropped: refused instead.
+    with pytest.raises(SystemExit, match="corpus is not materialized by this run .* add --force"):
+        main(["run", "--profile", "smoke", "--select", "corpus", "--set", "corpus.seed=4"])
