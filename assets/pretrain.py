@@ -47,6 +47,10 @@ class PretrainStageConfig(dg.Config):
     lr: float | None = Field(default=None, gt=0, description="peak learning rate")
     balancing: str | None = Field(default=None, description="MoE balancing: quantile, deepseek or none")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
+    ckpt_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints (0: four per "
+                            "stage; each holds the optimizer state, 12 bytes a parameter)")
+    eval_max_length: int | None = Field(default=None, ge=1, description="longest clue-eval context scored at "
+                                        "the end of the stage (default: every length of the grid)")
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage")
 
@@ -152,7 +156,8 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
     try:
         cfg = PretrainConfig(profile=profile, stage=stage, seed=config.seed, steps=config.steps,
                              batch_size=config.batch_size, lr=config.lr, balancing=config.balancing,
-                             log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell)
+                             log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell,
+                             ckpt_every=config.ckpt_every, eval_max_length=config.eval_max_length)
         resolved = cfg.resolved()
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/{name} (ops.{op}.config): {e}",
