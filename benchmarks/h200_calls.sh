@@ -11,6 +11,8 @@
 #     bash benchmarks/h200_calls.sh step      # the small profile's training step eager and compiled, with
 #                                                # its dense peer, and a profile of each
 #     bash benchmarks/h200_calls.sh decode    # the small profile's decode step eager and compiled, profiled
+#     bash benchmarks/h200_calls.sh orch      # `k3 run` through Dagster and Ray on the GPU, a short small-profile
+#                                                # selection (carry site.tar.xz from benchmarks/pack_site.sh)
 # Results land in $OUT as JSON (and logs); copy them to benchmarks/results/<area>/<date>_<label>.json.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -19,7 +21,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step or decode}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -74,6 +76,19 @@ decode)  # the small profile's decode step (issue 16 item 5), eager modules then
         --batches 1,16,64 --prompt 512 --new 128 --skip $skip --compile-regions \
         --out "$OUT/decode_small_h200_regions.json"
     elapsed "decode regions exit $?"
+    ;;
+orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
+    mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3
+    export PYTHONPATH=$PYTHONPATH:/tmp/site K3_HOME=/tmp/k3orch_$SECONDS
+    steps1=${2:-20} steps2=${3:-6}
+    timeout $((580 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select '*pretrain_stage_2' \
+        --set pretrain_stage_1.steps=$steps1 --set pretrain_stage_1.ckpt_every=$steps1 \
+        --set pretrain_stage_1.eval_max_length=4096 --set pretrain_stage_1.eval_examples_per_cell=2 \
+        --set pretrain_stage_2.steps=$steps2 --set pretrain_stage_2.ckpt_every=$steps2 \
+        --set pretrain_stage_2.eval_max_length=4096 --set pretrain_stage_2.eval_examples_per_cell=2 \
+        2>&1 | grep -v "BetaWarning\|return fn(" | tee "$OUT/k3run_small_h200.log"
+    elapsed "k3 run exit ${PIPESTATUS[0]}"
+    cp "$K3_HOME/mlflow/mlflow.db" "$OUT/mlflow_small_h200.db"
     ;;
 *) echo "unknown call $1"; exit 2 ;;
 esac

@@ -92,6 +92,10 @@ def main() -> None:
     ap.add_argument("--max-prompt-tokens", type=int, default=400)
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions over the prompts")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the target and draft move there)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), help="weights of the target and draft (default: bf16 on "
+                    "cuda, where the engine's captured decode step needs the grouped expert GEMM's bf16 "
+                    "kernel — torch._grouped_mm's fp32 fallback reads the expert offsets on the host —, "
+                    "fp32 on the CPU)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     draft_lens = [int(k) for k in args.draft_lens.split(",")]
@@ -105,8 +109,10 @@ def main() -> None:
     g = torch.Generator().manual_seed(args.seed)
     cfg = SamplingConfig(max_new_tokens=args.new)
     cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
+    result["dtype"] = str(dtype)
     for name, (target, draft) in cases.items():
-        target, draft = target.to(args.device), draft.to(args.device)
+        target, draft = target.to(args.device, dtype), draft.to(args.device, dtype)
         V = target.cfg.vocab_size
         if args.prompts_table:
             prompts = table_prompts(args.prompts_table, args.prompts, args.max_prompt_tokens)

@@ -269,7 +269,7 @@ def decode(model, cache: ModelCache, logits_BV: torch.Tensor, cfgs: list[Samplin
     """The decode loop: row b of `cache` continues from `logits_BV[b]` (the logits after its last
     fed token) for at most budgets[b] ≥ 1 new tokens. Returns (completions, and with keep_caches
     each row's final cache: one row, holding every sampled token but the last, which was never fed)."""
-    if cache.layers and _on_cuda(cache) and not keep_caches:
+    if cache.layers and _on_cuda(cache) and not keep_caches and _capturable(model):
         return _decode_graphed(model, cache, logits_BV, cfgs, budgets, generator), None
     B = cache.batch
     completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
@@ -350,6 +350,13 @@ def _on_cuda(cache: ModelCache) -> bool:
     return cache.tensors()[0].is_cuda
 
 
+def _capturable(model) -> bool:
+    """Whether a decode step of `model` can be captured in a CUDA graph: its routed experts run
+    torch._grouped_mm, whose kernel is bf16; for other dtypes the op falls back to a loop that reads
+    the expert offsets on the host, which a capture forbids. fp32 models decode eagerly."""
+    return next(model.parameters()).dtype == torch.bfloat16 or torch.is_autocast_enabled("cuda")
+
+
 class GraphStep:
     """One decode step of `model` over a static cache (k3model/cache.py), captured in a CUDA graph:
     fixed batch and capacity, every update in place, no host synchronisation inside. Call it with
@@ -361,20 +368,27 @@ class GraphStep:
             raise ValueError("GraphStep needs a static cache: use cache.to_static(capacity)")
         self.cache = cache
         self.tokens_B1 = torch.zeros(cache.batch, 1, dtype=torch.long, device=cache.tensors()[0].device)
-        # Warm-up and capture run the step, which writes the cache: keep its state to put back.
+        # Warm-up and capture run the step, which writes the cache and advances its lengths: the
+        # state is put back after each run, so all three write at the same position and a cache
+        # with room for one more token is enough.
         saved, lengths = [t.clone() for t in cache.tensors()], list(cache.lengths)
+
+        def restore() -> None:
+            for t, s in zip(cache.tensors(), saved):
+                t.copy_(s)
+            cache.lengths = list(lengths)
+
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 model(self.tokens_B1, cache=cache)
+                restore()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits_BV = model(self.tokens_B1, cache=cache).logits_BTV[:, 0]
-        for t, s in zip(cache.tensors(), saved):
-            t.copy_(s)
-        cache.lengths = lengths
+        restore()
 
     @torch.no_grad()
     def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor:
@@ -387,7 +401,7 @@ class GraphStep:
 def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generator) -> list[Completion]:
     """decode() on CUDA: the same loop over a captured step; finished rows ride along to the end."""
     B = cache.batch
-    step = GraphStep(model, cache.to_static(max(n + b for n, b in zip(cache.lengths, budgets))))
+    step = None  # captured when a row needs a second token
     completions = [Completion([], [], [], FINISH_LENGTH) for _ in range(B)]
     live = set(range(B))
     while True:
@@ -398,4 +412,6 @@ def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generato
                 live.discard(b)
         if not live:
             return completions
+        if step is None:
+            step = GraphStep(model, cache.to_static(max(n + b for n, b in zip(cache.lengths, budgets))))
         logits_BV = step(tokens_B)
