@@ -95,7 +95,8 @@ class CluesConfig:
     # Pairs in each distance bucket's home cell, one number per bucket (empty: eval_per_cell
     # everywhere): the shortest length whose grid reaches the bucket (`home_cells`). Claim 1 needs
     # ~96 pairs per bucket for a ±0.1 interval, ~385 for ±0.05; at the shortest length they cost
-    # least (an 8192-token row costs ~10× a 2048-token one on the CPU, docs/log/claim1.md).
+    # least (an 8192-token row costs ~16× a 2048-token one on the CPU, docs/log/claim1.md), and
+    # the bucket may be cut short there (tiny's [256, 1024) reaches 473 in 512-token rows).
     eval_pairs_per_bucket: tuple[int, ...] = ()
     # Names only from those the tokenizer encodes as one token after a space (see the module docstring).
     single_token_names: bool = False
