@@ -8,8 +8,9 @@ Each clue example has a control twin with the same tokens whose needed clues sit
 question; the gap between the two isolates long-range recall from the task itself.
 
 Clue rows of one cell all have the cell's length, so they run as batches of up to
-`CLUE_BATCH_TOKENS` tokens, and the output head (4096 × 128 on tiny: a quarter of a 64-token row's
-forward) runs only at the few answer positions of each row (`answers_are_argmax`). Every accuracy
+`CLUE_BATCH_TOKENS` tokens, and the output head runs only at the few answer positions of each row
+(`answers_are_argmax`): 2.2× faster per row than one row at a time with every position's logits at
+64 tokens, 1.0–1.1× from 512 on (docs/log/claim1.md). Every accuracy
 `eval/clue_acc/<variant>/<key>` comes with its count `eval/clue_n/<variant>/<key>`, the n its
 interval needs (assets/claims.py, claim 1).
 """
@@ -33,10 +34,9 @@ from k3model.pretrain_data import PretrainData, pixels_to_tensor
 PPL_WINDOWS = 8
 PPL_LENGTH = 512
 VQA_QUESTIONS = 64
-# Tokens per batched clue forward: 32 rows of 64 tokens (2.4× faster per row than one at a time on
-# the CPU), 4 of 512, one from 2048 on — there the gated MLA layer's attention, which materializes
-# B × heads × T² scores (no fused CPU kernel for its unequal q/v head dims), makes 4-row batches
-# slower per row than single rows (docs/log/claim1.md).
+# Tokens per batched clue forward: 32 rows of 64 tokens, 4 of 512, one from 2048 on. There the
+# gated MLA layer's attention, which materializes B × heads × T² scores (no fused CPU kernel for its
+# unequal q/v head dims), makes 4-row batches slower per row than single rows (docs/log/claim1.md).
 CLUE_BATCH_TOKENS = 2048
 
 
