@@ -48,7 +48,8 @@ class PretrainStageConfig(dg.Config):
     balancing: str | None = Field(default=None, description="MoE balancing: quantile, deepseek or none")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
-                                        "(length, distance) cell scored at the end of the stage")
+                                        "(length, distance) cell scored at the end of the stage (default: "
+                                        "the profile's; tiny scores its whole grid)")
 
 
 def stage_name(stage: int) -> str:
