@@ -118,11 +118,12 @@ def stage_counts(ev: dict[str, float]) -> dict[str, dict[str, tuple[float, int]]
 
 
 def evaluate_stages(data_home: str, checkpoints: list[str], per_cell: int | None,
-                    per_bucket: tuple[int, ...] | None) -> dict:
+                    per_bucket: tuple[int, ...] | None, lengths: tuple[int, ...] | None = None) -> dict:
     data = newest_data(Path(data_home), "tiny")
     tiny = presets("tiny").clues
     clues = replace(data.clues, eval_per_cell=per_cell or tiny.eval_per_cell,
-                    eval_pairs_per_bucket=per_bucket or tiny.eval_pairs_per_bucket)
+                    eval_pairs_per_bucket=per_bucket or tiny.eval_pairs_per_bucket,
+                    context_lengths=lengths or data.clues.context_lengths)
     grid = clue_eval_grid(clues, tokenizer=data.tokenizer, corpus=data.corpus)
     buckets = distance_buckets(clues)
     cells = {f"len{length}/d{buckets[b][0]}-{buckets[b][1]}": pairs_in_cell(clues, length, b)
@@ -178,6 +179,8 @@ def main() -> None:
     e.add_argument("--per-cell", type=int, default=None, help="pairs per cell (default: the tiny preset's)")
     e.add_argument("--per-bucket", default=None, help="pairs per bucket's home cell, comma-separated "
                    "(default: the tiny preset's)")
+    e.add_argument("--lengths", default=None, help="score only these grid lengths, comma-separated "
+                   "(default: all; with one length every bucket is homed there)")
     e.add_argument("--out", required=True)
     args = ap.parse_args()
     meta = {"command": " ".join(sys.argv), "threads": torch.get_num_threads(),
@@ -192,7 +195,8 @@ def main() -> None:
                                                                          args.rows, args.repeats)}
     else:
         per_bucket = tuple(int(x) for x in args.per_bucket.split(",")) if args.per_bucket else None
-        result = evaluate_stages(args.data_home, args.checkpoints.split(","), args.per_cell, per_bucket)
+        lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None
+        result = evaluate_stages(args.data_home, args.checkpoints.split(","), args.per_cell, per_bucket, lengths)
     meta["wall_s"] = time.perf_counter() - t0
     meta["load_avg_1min_end"] = os.getloadavg()[0]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
