@@ -52,7 +52,8 @@ class PretrainStageConfig(dg.Config):
     eval_max_length: int | None = Field(default=None, ge=1, description="longest clue-eval context scored at "
                                         "the end of the stage (default: every length of the grid)")
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
-                                        "(length, distance) cell scored at the end of the stage")
+                                        "(length, distance) cell scored at the end of the stage (default: "
+                                        "the profile's; tiny scores its whole grid)")
 
 
 def stage_name(stage: int) -> str:
@@ -113,17 +114,23 @@ def _plot_losses(history: list[dict], path: Path, title: str) -> Path:
 
 
 def clue_tables(ev: dict[str, float]) -> tuple[str, str]:
-    """Markdown tables of clue accuracy by distance bucket and by length, scattered vs control.
+    """Markdown tables of clue accuracy by distance bucket and by length, scattered vs control, with
+    the pairs each row scored (`n`) where the evaluation recorded it.
 
     The eval keys are `eval/clue_acc/<variant>/<key>`, key one of `d<lo>-<hi>`, `len<L>`,
-    `len<L>/d<lo>-<hi>` (a cell) or `all`.
+    `len<L>/d<lo>-<hi>` (a cell) or `all`; counts are `eval/clue_n/<variant>/<key>`.
     """
     keys = {k.split("/", 3)[3] for k in ev if k.startswith("eval/clue_acc/")}
 
+    def row(label: str, name: str, k: str) -> dict[str, Any]:
+        out = {label: name, "scattered": ev.get(f"eval/clue_acc/scattered/{k}"),
+               "control": ev.get(f"eval/clue_acc/control/{k}")}
+        n = ev.get(f"eval/clue_n/scattered/{k}")
+        return out if n is None else {**out, "n": int(n)}
+
     def table(prefix: str, label: str) -> str:
         mine = sorted((k for k in keys if k.startswith(prefix) and "/" not in k), key=_bucket_order)
-        return markdown_table([{label: k[len(prefix):], "scattered": ev.get(f"eval/clue_acc/scattered/{k}"),
-                                "control": ev.get(f"eval/clue_acc/control/{k}")} for k in mine])
+        return markdown_table([row(label, k[len(prefix):], k) for k in mine])
     return table("d", "distance"), table("len", "length")
 
 

@@ -130,7 +130,7 @@ def _rescored(instance: dg.DagsterInstance, profile: str) -> tuple[dict[str, tup
     return {name: (ev, versions[name]) for name, ev in evals.items()}, per_cell
 
 
-def _clue_counts(ev: dict[str, float], per_cell: int, pairs: dict[tuple[int, str], int]) -> tuple[dict, str]:
+def _clue_counts(ev: dict[str, float], per_cell: int | None, pairs: dict[tuple[int, str], int]) -> tuple[dict, str]:
     """{variant: {bucket: (hits, n)}} from a clue evaluation, and how n was found.
 
     Counts recorded as `eval/clue_n/...` are read as they are; otherwise n sums, over the bucket's
@@ -146,6 +146,10 @@ def _clue_counts(ev: dict[str, float], per_cell: int, pairs: dict[tuple[int, str
             continue
         variant, bucket = m.groups()
         n = ev.get(f"eval/clue_n/{variant}/d{bucket}")
+        if n is None and per_cell is None:
+            # The profile now scores its whole grid and records counts: an evaluation without them
+            # was made by older code with a size it did not record.
+            return {}, "counts unknown (not recorded, and the eval size they were scored at is not known)"
         if n is None:
             how = f"counts from the grid ({per_cell} pair(s) per cell at most)"
             n = 0

@@ -1,37 +1,50 @@
 """Claim 1 on the tiny profile (DESIGN.md §5): do later context stages answer clue questions at
-distances where earlier stages fail? Trains the four stages through the library and scores every
-stage's checkpoint on one held-out clue grid, scattered beside control, by distance bucket.
+distances where earlier stages fail? Trains the four stages through the library, measures what a
+clue evaluation costs, and scores every stage's checkpoint on one held-out clue grid, scattered
+beside control, by distance bucket, then judges it with `assets.claims.claim_1`.
 
     # the four stages, as `make run` would train them (no Dagster), each from the previous checkpoint
     OMP_NUM_THREADS=1 python benchmarks/claim1_tiny.py train --data-home H --out-dir D
-    # accuracy by distance bucket at one length for each stage's checkpoint
-    OMP_NUM_THREADS=1 python benchmarks/claim1_tiny.py eval --data-home H --checkpoints D/stage1/final,... \\
-        --length 2048 --pairs-per-cell 100 --out benchmarks/results/train/claim1_tiny_cpu.json
+    # ms per clue row by length: today's per-row scoring (every position's logits) against the
+    # pipeline's batched, answer-positions-only scoring, in alternating turns
+    OMP_NUM_THREADS=1 python benchmarks/claim1_tiny.py cost --data-home H --checkpoint D/stage4/final \\
+        --out benchmarks/results/train/<date>_claim1_cost_tiny_cpu.json
+    # every stage's checkpoint on the grid the tiny profile now builds (datagen/profiles.py), and claim 1
+    OMP_NUM_THREADS=1 python benchmarks/claim1_tiny.py eval --data-home H --checkpoints S1,S2,S3,S4 \\
+        --out benchmarks/results/train/<date>_claim1_tiny_cpu.json
 
 `--data-home` is a K3_HOME whose tiny data assets exist (`k3 run --select tokenizer,corpus,clue_data,
-image_data`); the newest version of each is used, as in benchmarks/clue_probe.py. The eval grid is
-rebuilt from the recorded clue config with `--pairs-per-cell` (scattered, control) pairs per
-(length, bucket) cell on the held-out filler: 100 pairs put the standard error of an accuracy at
-most 0.05 (p = 0.5). Answers are scored by teacher forcing (argmax at every answer token, as
-k3model.pretrain_eval does), the rows of a cell batched.
+image_data`); the newest version of each is used, as in benchmarks/clue_probe.py. `eval` rebuilds the
+grid from the recorded clue config (its task, lengths and buckets) with the eval sizing of the tiny
+preset (`eval_per_cell`, `eval_pairs_per_bucket`; override with `--per-cell`, `--per-bucket`) on the
+held-out filler, and scores it with the pipeline's end-of-stage scorer
+(`k3model.pretrain_eval.clue_accuracy`: argmax at every answer token, the rows of a cell batched).
+The claim reads per (stage, bucket, variant) the hits and n summed over the bucket's cells.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from benchmarks.clue_probe import newest_data
-from datagen.clues import clue_eval_grid
-from k3model.pretrain import PretrainConfig, load_pretrained, train
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from assets.claims import claim_1, wilson  # noqa: E402
+from benchmarks.clue_probe import newest_data  # noqa: E402
+from datagen import presets  # noqa: E402
+from datagen.clues import clue_eval_grid, distance_buckets, home_cells, pairs_in_cell  # noqa: E402
+from datagen.io import write_parquet  # noqa: E402
+from k3model.pretrain import PretrainConfig, load_pretrained, train  # noqa: E402
+from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
 
 
 def train_stages(data_home: str, out_dir: str, steps: list[int] | None) -> list[dict]:
@@ -48,57 +61,102 @@ def train_stages(data_home: str, out_dir: str, steps: list[int] | None) -> list[
         row = {"stage": stage, "checkpoint": str(result.checkpoint_dir), "wall_s": time.perf_counter() - t0,
                "tokens_seen": result.tokens_seen, **result.eval}
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if "clue_acc" not in k}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if "clue_" not in k}), flush=True)
         Path(out_dir, "stages.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
-@torch.no_grad()
-def cell_hits(model, prompts: list[list[int]], answers: list[list[int]], max_tokens: int = 16384) -> list[bool]:
-    """Teacher-forced correctness of each (prompt, answer) row; rows of one length run as a batch."""
-    hits = [False] * len(prompts)
-    by_len: dict[int, list[int]] = {}
-    for i, (p, a) in enumerate(zip(prompts, answers)):
-        by_len.setdefault(len(p) + len(a), []).append(i)
-    for length, idx in by_len.items():
-        per_batch = max(max_tokens // length, 1)
-        for lo in range(0, len(idx), per_batch):
-            chunk = idx[lo:lo + per_batch]
-            ids = torch.tensor([prompts[i] + answers[i] for i in chunk])
-            logits = model(ids).logits_BTV
-            for row, i in enumerate(chunk):
-                start, n = len(prompts[i]), len(answers[i])
-                predicted = logits[row, start - 1:start - 1 + n].argmax(-1)
-                hits[i] = bool((predicted == torch.tensor(answers[i])).all())
-    return hits
-
-
-def evaluate_stages(data_home: str, checkpoints: list[str], length: int, pairs: int) -> dict:
+def measure_cost(data_home: str, checkpoint: str, rows_per_length: int, repeats: int) -> dict:
+    """ms per clue row at each grid length: per row with every position's logits (the scorer before
+    this change) and batched with the head at the answer positions only, in alternating turns."""
     data = newest_data(Path(data_home), "tiny")
-    clues = replace(data.clues, context_lengths=(length,), eval_per_cell=pairs)
+    grid = data.clue_eval.to_pydict()
+    model, _ = load_pretrained(checkpoint)
+    model.eval()
+    out = {}
+    for length in sorted(set(grid["length_target"])):
+        idx = [i for i, n in enumerate(grid["length_target"]) if n == length]
+        # Long rows cost seconds each: fewer of them (a quarter at 2048 tokens, two at 8192).
+        idx = idx[:max(rows_per_length * 512 // max(length, 512), 2)]
+        prompts, answers = [grid["prompt_ids"][i] for i in idx], [grid["answer_ids"][i] for i in idx]
+        per_batch = max(CLUE_BATCH_TOKENS // (len(prompts[0]) + len(answers[0])), 1)
+        times: dict[str, list[float]] = {"per_row_full_logits": [], "batched_answer_only": []}
+        agree = True
+        scorers = {
+            "per_row_full_logits": lambda: [answer_is_argmax(model, p, a, "cpu") for p, a in zip(prompts, answers)],
+            "batched_answer_only": lambda: [
+                ok for s in range(0, len(idx), per_batch)
+                for ok in answers_are_argmax(model, prompts[s:s + per_batch], answers[s:s + per_batch], "cpu")],
+        }
+        hits = {}
+        for r in range(repeats):
+            # Alternate which scorer goes first, so neither always runs on a warmer cache.
+            for name in (list(scorers) if r % 2 == 0 else list(scorers)[::-1]):
+                t0 = time.perf_counter()
+                hits[name] = scorers[name]()
+                times[name].append((time.perf_counter() - t0) / len(idx))
+            agree &= hits["per_row_full_logits"] == hits["batched_answer_only"]
+        best = {k: min(v) * 1e3 for k, v in times.items()}
+        out[str(length)] = {"rows": len(idx), "batch_rows": per_batch, "ms_per_row_min": best,
+                            "ms_per_row_all": {k: [t * 1e3 for t in v] for k, v in times.items()},
+                            "speedup": best["per_row_full_logits"] / best["batched_answer_only"],
+                            "same_hits": agree}
+        print(length, json.dumps(out[str(length)]["ms_per_row_min"]), f"x{out[str(length)]['speedup']:.2f}",
+              "same hits" if agree else "HITS DIFFER", flush=True)
+    return out
+
+
+def stage_counts(ev: dict[str, float]) -> dict[str, dict[str, tuple[float, int]]]:
+    """{variant: {"lo-hi": (hits, n)}} from `clue_accuracy`'s bucket keys and their counts."""
+    out: dict[str, dict[str, tuple[float, int]]] = {}
+    for key, acc in ev.items():
+        parts = key.split("/")
+        if parts[:2] == ["eval", "clue_acc"] and len(parts) == 4 and parts[3].startswith("d"):
+            n = int(ev[key.replace("clue_acc", "clue_n")])
+            out.setdefault(parts[2], {})[parts[3][1:]] = (round(acc * n), n)
+    return out
+
+
+def evaluate_stages(data_home: str, checkpoints: list[str], per_cell: int | None,
+                    per_bucket: tuple[int, ...] | None, lengths: tuple[int, ...] | None = None) -> dict:
+    data = newest_data(Path(data_home), "tiny")
+    tiny = presets("tiny").clues
+    clues = replace(data.clues, eval_per_cell=per_cell or tiny.eval_per_cell,
+                    eval_pairs_per_bucket=per_bucket or tiny.eval_pairs_per_bucket,
+                    context_lengths=lengths or data.clues.context_lengths)
     grid = clue_eval_grid(clues, tokenizer=data.tokenizer, corpus=data.corpus)
-    cols = {c: grid.column(c).to_pylist() for c in ("bucket_lo", "bucket_hi", "variant", "prompt_ids",
-                                                    "answer_ids", "distance")}
-    out = {"length": length, "pairs_per_cell": pairs, "clue_config": str(clues), "stages": []}
-    for stage, path in enumerate(checkpoints, start=1):
-        model, _ = load_pretrained(path)
-        model.eval()
-        t0 = time.perf_counter()
-        hits = cell_hits(model, cols["prompt_ids"], cols["answer_ids"])
-        cells: dict[str, dict] = {}
-        for i, ok in enumerate(hits):
-            key = f"d{cols['bucket_lo'][i]}-{cols['bucket_hi'][i]}"
-            cell = cells.setdefault(key, {"scattered": [], "control": []})
-            cell[cols["variant"][i]].append(ok)
-        row = {"stage": stage, "checkpoint": path, "eval_s": time.perf_counter() - t0, "buckets": {}}
-        for key, cell in cells.items():
-            row["buckets"][key] = {}
-            for variant, v in cell.items():
-                p = sum(v) / len(v)
-                row["buckets"][key][variant] = {"acc": p, "n": len(v), "stderr": math.sqrt(max(p * (1 - p), 1e-12) / len(v))}
-        out["stages"].append(row)
-        print(json.dumps({"stage": stage, **{k: {vv: round(x["acc"], 3) for vv, x in c.items()}
-                                             for k, c in row["buckets"].items()}}), flush=True)
+    buckets = distance_buckets(clues)
+    cells = {f"len{length}/d{buckets[b][0]}-{buckets[b][1]}": pairs_in_cell(clues, length, b)
+             for length, b in sorted({(l, b) for l, b in zip(grid.column("length_target").to_pylist(),
+                                                            grid.column("bucket").to_pylist())})}
+    out = {"clue_config": {"eval_per_cell": clues.eval_per_cell, "eval_pairs_per_bucket": clues.eval_pairs_per_bucket,
+                           "context_lengths": clues.context_lengths, "distance_edges": clues.distance_edges},
+           "home_cells": {f"d{buckets[b][0]}-{buckets[b][1]}": length for b, length in home_cells(clues).items()},
+           "pairs_per_cell": cells, "grid_rows": grid.num_rows, "stages": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "clue_eval.parquet"
+        write_parquet(grid, path)
+        scored = replace(data, clue_eval_path=path, clues=clues)
+        stages = {}
+        for stage, ckpt in enumerate(checkpoints, start=1):
+            model, manifest = load_pretrained(ckpt)
+            t0 = time.perf_counter()
+            ev = clue_accuracy(model, scored, "cpu", examples_per_cell=1 << 30, max_length=None)
+            seconds = time.perf_counter() - t0
+            stages[stage] = stage_counts(ev)
+            row = {"stage": stage, "checkpoint": ckpt, "sha256": manifest.get("sha256"), "clue_eval_s": seconds,
+                   "buckets": {b: {v: {"hits": h, "n": n, "acc": h / n, "wilson95": wilson(h, n)}
+                                   for v, (h, n) in ((v, stages[stage][v][b]) for v in ("scattered", "control"))}
+                               for b in stages[stage]["scattered"]},
+                   "eval": ev}
+            out["stages"].append(row)
+            print(json.dumps({"stage": stage, "clue_eval_s": round(seconds, 1),
+                              **{b: {v: f"{c['hits']}/{c['n']}" for v, c in cell.items()}
+                                 for b, cell in row["buckets"].items()}}), flush=True)
+    verdict = claim_1(stages, profile="tiny",
+                      checkpoints={f"pretrain_stage_{r['stage']}": r["sha256"] for r in out["stages"]})
+    out["claim_1"] = verdict.as_dict()
+    print(verdict.line(), "—", verdict.reason, flush=True)
     return out
 
 
@@ -109,20 +167,40 @@ def main() -> None:
     t.add_argument("--data-home", required=True)
     t.add_argument("--out-dir", required=True)
     t.add_argument("--steps", default=None, help="per-stage steps 'a,b,c,d' (default: the profile's)")
+    c = sub.add_parser("cost")
+    c.add_argument("--data-home", required=True)
+    c.add_argument("--checkpoint", required=True)
+    c.add_argument("--rows", type=int, default=32, help="rows per length (fewer at the long lengths)")
+    c.add_argument("--repeats", type=int, default=3)
+    c.add_argument("--out", required=True)
     e = sub.add_parser("eval")
     e.add_argument("--data-home", required=True)
     e.add_argument("--checkpoints", required=True, help="the stages' final checkpoint dirs, comma-separated, in order")
-    e.add_argument("--length", type=int, default=2048)
-    e.add_argument("--pairs-per-cell", type=int, default=100)
+    e.add_argument("--per-cell", type=int, default=None, help="pairs per cell (default: the tiny preset's)")
+    e.add_argument("--per-bucket", default=None, help="pairs per bucket's home cell, comma-separated "
+                   "(default: the tiny preset's)")
+    e.add_argument("--lengths", default=None, help="score only these grid lengths, comma-separated "
+                   "(default: all; with one length every bucket is homed there)")
     e.add_argument("--out", required=True)
     args = ap.parse_args()
-    meta = {"threads": torch.get_num_threads(), "load_avg_1min_start": os.getloadavg()[0],
-            "versions": {"torch": torch.__version__, "python": platform.python_version()}}
+    meta = {"command": " ".join(sys.argv), "threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_avg_1min_start": os.getloadavg()[0],
+            "cpu_count": os.cpu_count(), "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     if args.cmd == "train":
         train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None)
         return
-    result = evaluate_stages(args.data_home, args.checkpoints.split(","), args.length, args.pairs_per_cell)
-    Path(args.out).write_text(json.dumps({**meta, **result}, indent=1))
+    t0 = time.perf_counter()
+    if args.cmd == "cost":
+        result = {"checkpoint": args.checkpoint, "lengths": measure_cost(args.data_home, args.checkpoint,
+                                                                         args.rows, args.repeats)}
+    else:
+        per_bucket = tuple(int(x) for x in args.per_bucket.split(",")) if args.per_bucket else None
+        lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else None
+        result = evaluate_stages(args.data_home, args.checkpoints.split(","), args.per_cell, per_bucket, lengths)
+    meta["wall_s"] = time.perf_counter() - t0
+    meta["load_avg_1min_end"] = os.getloadavg()[0]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({**meta, **result}, indent=1, default=list))
     print(f"wrote {args.out}")
 
 

@@ -92,6 +92,12 @@ class CluesConfig:
     max_distractors: int = 32
     # Examples per (length, bucket) eval cell, each with its control twin.
     eval_per_cell: int = 16
+    # Pairs in each distance bucket's home cell, one number per bucket (empty: eval_per_cell
+    # everywhere): the shortest length whose grid reaches the bucket (`home_cells`). Claim 1 needs
+    # ~96 pairs per bucket for a ±0.1 interval, ~385 for ±0.05; at the shortest length they cost
+    # least (an 8192-token row costs ~16× a 2048-token one on the CPU, docs/log/claim1.md), and
+    # the bucket may be cut short there (tiny's [256, 1024) reaches 473 in 512-token rows).
+    eval_pairs_per_bucket: tuple[int, ...] = ()
     # Names only from those the tokenizer encodes as one token after a space (see the module docstring).
     single_token_names: bool = False
     # Statements and recall answers written `B=5` instead of `B = 5` (see the module docstring).
@@ -116,6 +122,13 @@ class CluesConfig:
             raise ValueError("need 0 <= min_distractors <= max_distractors")
         if self.eval_per_cell < 1:
             raise ValueError(f"eval_per_cell must be >= 1, got {self.eval_per_cell}")
+        n_buckets = len(e) - 1
+        if self.eval_pairs_per_bucket and (len(self.eval_pairs_per_bucket) != n_buckets
+                                           or min(self.eval_pairs_per_bucket) < 1):
+            raise ValueError(
+                f"eval_pairs_per_bucket needs one count >= 1 per distance bucket ({n_buckets} for edges "
+                f"{e}), got {self.eval_pairs_per_bucket}; or leave it empty"
+            )
 
 
 def distance_buckets(cfg: CluesConfig) -> list[tuple[int, int]]:
@@ -644,12 +657,30 @@ def eval_cells(cfg: CluesConfig) -> list[tuple[int, int]]:
     ]
 
 
+def home_cells(cfg: CluesConfig) -> dict[int, int]:
+    """{bucket index: length} — each bucket's home cell, the shortest length of `eval_cells` that
+    reaches it, where `eval_pairs_per_bucket` puts that bucket's pairs."""
+    home: dict[int, int] = {}
+    for length, b in eval_cells(cfg):
+        home.setdefault(b, length)
+    return home
+
+
+def pairs_in_cell(cfg: CluesConfig, length: int, bucket: int) -> int:
+    """(scattered, control) pairs the eval grid holds in one cell: `eval_per_cell`, or the bucket's
+    `eval_pairs_per_bucket` count in its home cell when that is more."""
+    if cfg.eval_pairs_per_bucket and home_cells(cfg).get(bucket) == length:
+        return max(cfg.eval_per_cell, cfg.eval_pairs_per_bucket[bucket])
+    return cfg.eval_per_cell
+
+
 def _eval_examples(cfg, length, bucket, tokenizer, filler) -> list[ClueExample]:
     buckets = distance_buckets(cfg)
     if not 0 <= bucket < len(buckets):
         raise ValueError(f"distance_bucket must be in [0, {len(buckets)}), got {bucket}")
     out = []
-    for i in range(cfg.eval_per_cell):
+    # Pair i of a cell is the same example whatever the cell's size: its rng is keyed by i.
+    for i in range(pairs_in_cell(cfg, length, bucket)):
         # Kinds and clue counts cycle so every cell has the same mix, over the counts whose
         # statements, question and answer fit the length at all (4-clue recall needs 65+ tokens).
         kind = cfg.kinds[i % len(cfg.kinds)]

@@ -97,7 +97,13 @@ def _tiny(seed: int) -> DatagenConfig:
             # space before the digit), inside the KDA layers' 4-token short convolution.
             compact_statements=True,
             max_distractors=20,
-            eval_per_cell=16,
+            # Claim 1 compares (stage, bucket, variant) cells by 95 % Wilson intervals: 384 pairs give
+            # ±0.05 at worst (p = 0.5), 96 give ±0.1. Each bucket's pairs sit in its home cell (its
+            # shortest length); one pair in every other cell. 8192-token rows cost ~1.3 s each on the
+            # 2-core CPU, so the farthest bucket gets 32 pairs (±0.17; 0 of 32 reads [0, 0.11]).
+            # The four stages' evaluations cost ~2 min each (docs/log/claim1.md).
+            eval_per_cell=1,
+            eval_pairs_per_bucket=(384, 96, 96, 96, 32),
         ),
         images=ImagesConfig(seed=seed, image_size=32, n_images=4000),
         packing=PackingConfig(seed=seed, image_tokens=image_token_count(32, VISION_PATCH_SIZE)),

@@ -133,6 +133,14 @@ def test_clue_tables_split_distance_and_length():
     by_distance, by_length = clue_tables(ev)
     assert by_distance.splitlines()[2:] == ["| 0-32 | 1 | 1 |", "| 32-64 | 0.5 | null |"]
     assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null |"]
+    # With the counts recorded, each row says how many pairs it scored.
+    counted = {**ev, **{k.replace("clue_acc", "clue_n"): n for k, n in
+                        (("eval/clue_acc/scattered/d0-32", 96.0), ("eval/clue_acc/scattered/d32-64", 4.0),
+                         ("eval/clue_acc/scattered/len64", 100.0))}}
+    by_distance, by_length = clue_tables(counted)
+    assert by_distance.splitlines()[0] == "| distance | scattered | control | n |"
+    assert by_distance.splitlines()[2:] == ["| 0-32 | 1 | 1 | 96 |", "| 32-64 | 0.5 | null | 4 |"]
+    assert by_length.splitlines()[2:] == ["| 64 | 0.75 | null | 100 |"]
 
 
 def test_tables_round_floats_and_sort_buckets_by_number():

@@ -225,3 +225,9 @@ def test_clue_counts_prefer_checkpoint_evals_of_the_same_checkpoint(tmp_path):
     counts, how = report._clue_counts({"eval/clue_acc/scattered/d0-32": 0.3,
                                        "eval/clue_acc/scattered/len64/d0-32": 0.3}, 4, {})
     assert counts == {} and how.startswith("counts unknown")
+    # A profile that scores its whole grid (per_cell None) records counts: without them, no guess.
+    ev = {"eval/clue_acc/scattered/d0-32": 0.5, "eval/clue_acc/scattered/len64/d0-32": 0.5}
+    counts, how = report._clue_counts(ev, None, {(64, "0-32"): 16})
+    assert counts == {} and how.startswith("counts unknown")
+    counts, _ = report._clue_counts({**ev, "eval/clue_n/scattered/d0-32": 96.0}, None, {})
+    assert counts == {"scattered": {"0-32": (48.0, 96)}}

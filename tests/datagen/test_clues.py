@@ -17,6 +17,7 @@ from datagen.clues import (
     clue_training_set,
     distance_buckets,
     eval_cells,
+    home_cells,
     make_example,
     needs_every_clue,
     solve,
@@ -157,7 +158,29 @@ def test_eval_set_deterministic_and_seeded(cfg, tok, corpus, tmp_path):
     assert ha == hb != hc
 
 
+def test_each_bucket_pairs_sit_in_its_home_cell(cfg, tok, corpus):
+    """eval_pairs_per_bucket: a bucket's pairs in its shortest length's cell, eval_per_cell in the
+    others, and pair i of a cell the same example whatever the cell's size."""
+    small = replace(cfg.clues, eval_per_cell=1)
+    sized = replace(small, eval_pairs_per_bucket=(3, 2, 2, 2, 2))
+    # smoke: lengths 64 … 512, edges 0, 32, 64, 128, 256, 512 — bucket [128, 256) first fits at 256.
+    assert home_cells(sized) == {0: 64, 1: 128, 2: 128, 3: 256, 4: 512}
+    base, grid = (clue_eval_grid(c, tokenizer=tok, corpus=corpus) for c in (small, sized))
+    pairs = Counter(zip(grid.column("length_target").to_pylist(), grid.column("bucket").to_pylist()))
+    home = home_cells(sized)
+    assert {cell: n // 2 for cell, n in pairs.items()} == {
+        (length, b): sized.eval_pairs_per_bucket[b] if home[b] == length else 1 for length, b in eval_cells(sized)}
+    first = {}
+    for row in _rows(grid):
+        first.setdefault((row["length_target"], row["bucket"], row["variant"]), row["prompt_ids"])
+    assert all(first[(r["length_target"], r["bucket"], r["variant"])] == r["prompt_ids"] for r in _rows(base))
+
+
 def test_config_errors():
+    with pytest.raises(ValueError, match="eval_pairs_per_bucket needs one count >= 1 per distance bucket"):
+        CluesConfig(eval_pairs_per_bucket=(8, 8))
+    with pytest.raises(ValueError, match="eval_pairs_per_bucket"):
+        CluesConfig(eval_pairs_per_bucket=(8, 8, 0, 8, 8))
     with pytest.raises(ValueError, match="max_clues"):
         CluesConfig(max_clues=5)
     with pytest.raises(ValueError, match="distance_edges"):

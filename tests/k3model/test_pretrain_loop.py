@@ -195,3 +195,57 @@ def test_clue_warmup_rows_are_clue_rows_then_the_stage_mix(smoke_data):
     assert (warm._rows["input_ids"][16:] == plain._rows["input_ids"]).all()
     with pytest.raises(ValueError, match="clue_warmup_steps"):
         PretrainConfig(profile="smoke", stage=1, clue_warmup_steps=-1)
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits_BTV[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_batched_answer_scoring_equals_one_row_at_a_time(smoke_data):
+    """answers_are_argmax (one batch, the head at the answer positions only) scores each row as
+    answer_is_argmax does: hits where the answer is the model's own greedy continuation, misses where
+    one token of it (the last, or the first) is changed."""
+    from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax
+
+    torch.manual_seed(0)
+    model = K3Model(get_profile("smoke").model).eval()
+    grid = smoke_data.clue_eval.to_pydict()
+    rows = [i for i, n in enumerate(grid["length_target"]) if n == 128][:3]
+    prompts, answers, expected = [], [], []
+    for i in rows:
+        prompt, n = grid["prompt_ids"][i], len(grid["answer_ids"][i])
+        greedy = _greedy(model, prompt, n)
+        wrong_last = greedy[:-1] + [(greedy[-1] + 1) % model.cfg.vocab_size]
+        wrong_first = [(greedy[0] + 1) % model.cfg.vocab_size] + greedy[1:]
+        for answer, hit in ((greedy, True), (wrong_last, False), (wrong_first, False)):
+            prompts.append(prompt)
+            answers.append(answer)
+            expected.append(hit)
+    one_by_one = [answer_is_argmax(model, p, a, "cpu") for p, a in zip(prompts, answers)]
+    assert one_by_one == expected
+    assert answers_are_argmax(model, prompts, answers, "cpu") == expected
+    with pytest.raises(ValueError, match="share prompt \\+ answer length"):
+        answers_are_argmax(model, [prompts[0], prompts[0][:-1]], answers[:2], "cpu")
+
+
+def test_clue_accuracy_records_the_count_behind_every_rate(smoke_data):
+    from k3model.pretrain_eval import clue_accuracy
+
+    torch.manual_seed(0)
+    model = K3Model(get_profile("smoke").model)
+    ev = clue_accuracy(model, smoke_data, "cpu", examples_per_cell=2, max_length=128)
+    cells = {k for k in ev if k.startswith("eval/clue_acc/scattered/len")  and k.count("/") == 4}
+    assert cells and all(ev[k.replace("clue_acc", "clue_n")] == 2 for k in cells)
+    for variant in ("scattered", "control"):
+        assert ev[f"eval/clue_n/{variant}/all"] == 2 * len(cells)
+        assert ev[f"eval/clue_n/{variant}/len128"] == 2 * sum("len128/" in k for k in cells)
+    for k, v in ev.items():
+        if k.startswith("eval/clue_acc/"):
+            n = ev[k.replace("clue_acc", "clue_n")]
+            assert abs(v * n - round(v * n)) < 1e-9
+    whole = clue_accuracy(model, smoke_data, "cpu", examples_per_cell=None, max_length=64)
+    assert whole["eval/clue_n/scattered/len64"] == smoke_data.clues.eval_per_cell
