@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.short_conv import short_conv_silu
+
 
 # torch's CPU elementwise kernels run whole vectors, two at a time (32 floats with AVX-512), and the
 # remainder through the scalar implementation, whose last bits differ (sigmoid: a quarter of the
@@ -110,15 +112,14 @@ class ShortConv(nn.Module):
             window_BCW = torch.cat([state_BCW.to(x_BTC.dtype), x_BTC.transpose(1, 2)], dim=2)
             y_BC = (window_BCW * self.weight[:, 0].to(x_BTC.dtype)).sum(-1)
             return F.silu(y_BC).unsqueeze(1), window_BCW[:, :, 1:]
-        x_BCT = x_BTC.transpose(1, 2)
-        if state_BCW is None:
-            state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
-        padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
         if x_BTC.shape[1] <= SMALL_CONV_T and not torch.is_grad_enabled():
             # A few tokens after a state (a speculative verify): the decode step's tap dot at every
             # position, cheaper than conv1d here and the same sum as the one-token steps it replaces.
+            x_BCT = x_BTC.transpose(1, 2)
+            if state_BCW is None:
+                state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
+            padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
             y_BCT = (padded_BCT.unfold(2, self.kernel, 1) * self.weight[:, 0].to(x_BCT.dtype).unsqueeze(1)).sum(-1)
             return F.silu(y_BCT).transpose(1, 2), padded_BCT[:, :, -(self.kernel - 1):]
-        y_BCT = F.conv1d(padded_BCT, self.weight.to(x_BCT.dtype), groups=x_BCT.shape[1])
-        new_state_BCW = padded_BCT[:, :, -(self.kernel - 1):]
-        return F.silu(y_BCT).transpose(1, 2), new_state_BCW
+        # On the CPU a C kernel on the [B, T, C] rows, else conv1d on the transpose (kernels/short_conv).
+        return short_conv_silu(x_BTC, self.weight, state_BCW)

@@ -4,6 +4,7 @@ and both gradients; odd lengths, extreme and non-finite inputs; bits independent
 import pytest
 import torch
 
+from kernels import native
 from kernels.situ_glu import cpu, situ_glu, situ_glu_backend, situ_glu_torch
 
 B1, B2 = 4.0, 25.0
@@ -64,27 +65,27 @@ def test_a_row_gets_the_same_bits_whatever_surrounds_it():
 def test_dispatch_takes_the_kernel_on_cpu_keeps_dtype_and_honours_the_override(monkeypatch):
     g16 = torch.randn(8, 16, dtype=torch.bfloat16)
     v16 = torch.randn(8, 16, dtype=torch.bfloat16)
-    assert situ_glu_backend(g16) == "cpu"
+    assert situ_glu_backend(g16) == "c"
     out = situ_glu(g16, v16, B1, B2)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, situ_glu_torch(g16, v16, B1, B2), rtol=1e-2, atol=1e-2)
-    monkeypatch.setenv("K3_SITU_GLU", "torch")
+    monkeypatch.setenv("K3_CPU_KERNELS", "torch")
     assert situ_glu_backend(g16) == "torch"
     assert torch.equal(situ_glu(g16, v16, B1, B2), situ_glu_torch(g16, v16, B1, B2))
-    monkeypatch.setenv("K3_SITU_GLU", "fast")
-    with pytest.raises(ValueError, match="K3_SITU_GLU must be one of"):
+    monkeypatch.setenv("K3_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match="K3_CPU_KERNELS must be one of"):
         situ_glu_backend(g16)
 
 
 def test_without_a_compiler_the_torch_path_is_taken_and_forcing_the_kernel_says_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu, "_LIB", None)
-    monkeypatch.setattr(cpu, "_LOAD_ERROR", None)
-    monkeypatch.setattr(cpu, "_compiler", lambda: None)
+    monkeypatch.setattr(native, "_LIBS", {})
+    monkeypatch.setattr(native, "_ERRORS", {})
+    monkeypatch.setattr(native, "compiler", lambda: None)
     monkeypatch.setenv("K3_KERNEL_CACHE", str(tmp_path))
     x = torch.randn(4)
     assert situ_glu_backend(x) == "torch"
     assert "no C compiler" in cpu.load_error()
-    monkeypatch.setenv("K3_SITU_GLU", "cpu")
+    monkeypatch.setenv("K3_CPU_KERNELS", "c")
     with pytest.raises(ValueError, match="could not be built: no C compiler"):
         situ_glu_backend(x)
 
