@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 
 import torch
 
+from benchmarks.common import run_header, write_json
 from benchmarks.train_step import time_interleaved
 from kernels.short_conv import cpu as short_conv_cpu
 from kernels.short_conv import short_conv_silu_torch
@@ -58,13 +57,11 @@ def main() -> None:
                "speedup": dts["torch"] / dts["c"]}
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         rows.append(row)
-    results = {"threads": torch.get_num_threads(), "load_avg_1min": os.getloadavg()[0],
-               "timing": f"forward + backward, median of {args.reps} in turns (c, torch)",
-               "versions": {"torch": torch.__version__, "python": platform.python_version(),
-                            "cpu_capability": torch.backends.cpu.get_cpu_capability()}, "rows": rows}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.out, {**run_header(), "threads": torch.get_num_threads(),
+                              "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                              "timing": f"forward + backward, median of {args.reps} in turns (c, torch)",
+                              "rows": rows})
         print(f"wrote {args.out}")
 
 
