@@ -28,6 +28,12 @@ $(VENV)/.installed: pyproject.toml $(BIN)/python
 	@bwrap --unshare-all --die-with-parent --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib \
 	  --symlink usr/lib64 /lib64 /bin/true || { echo "bwrap cannot create namespaces here (unprivileged user \
 	namespaces disabled?): envs commands will be refused rather than run unjailed"; exit 1; }
+	@# kernels/native.py builds the CPU C kernels (SiTU-GLU, ShortConv) with the system C compiler;
+	@# without one the torch paths run (slower, logged).
+	@if command -v cc >/dev/null || command -v gcc >/dev/null; then :; else \
+	  echo "installing Debian gcc for the CPU C kernels"; \
+	  (apt-get update -qq && apt-get install -y -qq gcc >/dev/null) || echo "gcc could not be installed: the CPU kernels fall back to torch"; \
+	fi
 	touch $@
 
 setup: $(VENV)/.installed

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from k3model.common import RMSNorm
+from k3model.common import RMSNorm, softmax0_vectorized
 
 
 class AttnRes(nn.Module):
@@ -41,7 +41,7 @@ class AttnRes(nn.Module):
         wq_D = self.key_norm.weight.float() * self.query.float()
         logits_NBT = torch.stack([torch.rsqrt(v.pow(2).mean(-1) + self.key_norm.eps) * (v * wq_D).sum(-1)
                                   for v in v_list_BTD])
-        return logits_NBT.softmax(dim=0)
+        return softmax0_vectorized(logits_NBT)
 
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
         if len(sources) == 1:

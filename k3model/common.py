@@ -1,4 +1,5 @@
-"""Small building blocks shared by several modules: RMSNorm and the short causal convolution.
+"""Small building blocks shared by several modules: RMSNorm, the short causal convolution, and a
+sigmoid whose bits do not depend on where its tensor ends.
 
 Legend: B batch, T tokens, D width, C channels, W conv window (kernel size).
 """
@@ -8,6 +9,45 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kernels.short_conv import short_conv_silu
+
+
+# torch's CPU elementwise kernels run whole vectors, two at a time (32 floats with AVX-512), and the
+# remainder through the scalar implementation, whose last bits differ (sigmoid: a quarter of the
+# values): an element's bits then depend on how long its tensor is. Small per-row tensors (the
+# router's [M, E] scores, KDA's per-head β, AttnRes's depth softmax over [N, B·T]) put a row in the
+# remainder in one batch and in the vector body in another, which broke the engine's batch
+# invariance whenever those bits mattered (tests/k3model/test_engine.py).
+WHOLE_VECTORS = 32
+
+
+def _padding(n: int) -> int:
+    return max(WHOLE_VECTORS - n, (-n) % WHOLE_VECTORS)
+
+
+def sigmoid_vectorized(x: torch.Tensor) -> torch.Tensor:
+    """torch.sigmoid with every element through the vectorized CPU kernel: the flattened input is
+    zero-padded to a multiple of WHOLE_VECTORS (≥ one) and the padding dropped; the same values as
+    torch.sigmoid's vector body, independent of the tensor's size. CUDA tensors go straight through."""
+    n = x.numel()
+    pad = _padding(n)
+    if pad == 0 or x.device.type != "cpu":
+        return torch.sigmoid(x)
+    flat = torch.cat([x.reshape(-1), x.new_zeros(pad)])
+    return torch.sigmoid(flat)[:n].view(x.shape)
+
+
+def softmax0_vectorized(x_NX: torch.Tensor) -> torch.Tensor:
+    """softmax over dim 0, every column through the vectorized CPU kernel (as `sigmoid_vectorized`:
+    the columns, flattened, zero-padded to a multiple of WHOLE_VECTORS)."""
+    N = x_NX.shape[0]
+    flat_NM = x_NX.reshape(N, -1)
+    pad = _padding(flat_NM.shape[1])
+    if pad == 0 or x_NX.device.type != "cpu":
+        return x_NX.softmax(dim=0)
+    padded_NM = torch.cat([flat_NM, flat_NM.new_zeros(N, pad)], dim=1)
+    return padded_NM.softmax(dim=0)[:, : flat_NM.shape[1]].reshape(x_NX.shape)
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -72,15 +112,14 @@ class ShortConv(nn.Module):
             window_BCW = torch.cat([state_BCW.to(x_BTC.dtype), x_BTC.transpose(1, 2)], dim=2)
             y_BC = (window_BCW * self.weight[:, 0].to(x_BTC.dtype)).sum(-1)
             return F.silu(y_BC).unsqueeze(1), window_BCW[:, :, 1:]
-        x_BCT = x_BTC.transpose(1, 2)
-        if state_BCW is None:
-            state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
-        padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
         if x_BTC.shape[1] <= SMALL_CONV_T and not torch.is_grad_enabled():
             # A few tokens after a state (a speculative verify): the decode step's tap dot at every
             # position, cheaper than conv1d here and the same sum as the one-token steps it replaces.
+            x_BCT = x_BTC.transpose(1, 2)
+            if state_BCW is None:
+                state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
+            padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
             y_BCT = (padded_BCT.unfold(2, self.kernel, 1) * self.weight[:, 0].to(x_BCT.dtype).unsqueeze(1)).sum(-1)
             return F.silu(y_BCT).transpose(1, 2), padded_BCT[:, :, -(self.kernel - 1):]
-        y_BCT = F.conv1d(padded_BCT, self.weight.to(x_BCT.dtype), groups=x_BCT.shape[1])
-        new_state_BCW = padded_BCT[:, :, -(self.kernel - 1):]
-        return F.silu(y_BCT).transpose(1, 2), new_state_BCW
+        # On the CPU a C kernel on the [B, T, C] rows, else conv1d on the transpose (kernels/short_conv).
+        return short_conv_silu(x_BTC, self.weight, state_BCW)

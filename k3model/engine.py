@@ -29,7 +29,12 @@ GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/one
 kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
 `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
 prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
-batches (k3model/moe.py `_dense_experts`). Not covered: a batched prefill of long prompts takes the
+batches (k3model/moe.py `_dense_experts`). Small elementwise tensors whose length follows the batch
+(the router's sigmoid over [M, E], KDA's β over [B, T, H], AttnRes's depth softmax) run through
+whole vectors (`k3model.common.sigmoid_vectorized`): torch puts a tensor's remainder through scalar
+code with other last bits, which made the property hang on the values (a 1e-7 change in the MoE's
+activations broke it; docs/log/tiny.md, session 10); the C kernels of kernels/situ_glu and
+kernels/short_conv give an element the same bits wherever it sits. Not covered: a batched prefill of long prompts takes the
 per-expert loop, where an expert that gets 1–3 of the batch's tokens gets other GEMM kernels than
 it would alone (rare at hundreds of tokens; not tested).
 Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from k3model.common import RMSNorm, ShortConv
+from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
 
@@ -105,7 +105,7 @@ class KDALayer(nn.Module):
         q_BTHK = _l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
         k_BTHK = _l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
         v_BTHK = v.view(B, T, H, K).float()
-        beta_BTH = torch.sigmoid(self.b_proj(x_BTD).float())
+        beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
         g_BTHK = self.decay(x_BTD)
 
         positions = None

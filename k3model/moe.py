@@ -58,8 +58,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from k3model.common import RMSNorm
+from k3model.common import RMSNorm, sigmoid_vectorized
 from k3model.config import MoEConfig
+# On the CPU one fused C pass forward and one backward, else the torch formula (kernels/situ_glu).
+from kernels.situ_glu import situ_glu
 
 BALANCING_MODES = ("quantile", "deepseek", "none")
 QUANTILE_METHODS = ("histogram", "exact")
@@ -72,15 +74,6 @@ HIST_RANGE = (-1.0, 1.0)
 LATENT_NORM_EPS = 1e-6
 # CPU inference with at most this many (token, expert) products runs every expert densely (decode).
 DENSE_DECODE_MAX_ROWS = 1024
-
-
-def situ_glu(gate: torch.Tensor, up: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
-    """β1·tanh(gate/β1)·sigmoid(gate) · β2·tanh(up/β2), computed in fp32, returned in gate's dtype."""
-    g = gate.float()
-    v = up.float()
-    gate_act = beta1 * torch.tanh(g / beta1) * torch.sigmoid(g)
-    up_act = beta2 * torch.tanh(v / beta2)
-    return (gate_act * up_act).to(gate.dtype)
 
 
 def count_per_expert(ids_R: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -303,7 +296,7 @@ class LatentMoE(nn.Module):
         # fp32 even under autocast: selection compares scores that can differ by less than bf16's
         # resolution, and the bias steps are ~1e-3.
         with torch.autocast(device_type=x_MD.device.type, enabled=False):
-            s_ME = torch.sigmoid(F.linear(x_MD.float(), self.router.weight.float()))
+            s_ME = sigmoid_vectorized(F.linear(x_MD.float(), self.router.weight.float()))
         biased_ME = s_ME.detach() + self.expert_bias_E.float()
         n_pick = min(k + 1, self.cfg.n_routed)
         top_vals_MP, top_ids_MP = torch.topk(biased_ME, n_pick, dim=-1, sorted=True)

@@ -1,0 +1,80 @@
+"""kernels.short_conv: the C kernel against the conv1d path on outputs, new state and both gradients
+(odd lengths, a state, prompts shorter than the window); the dispatch; rows independent of the batch."""
+
+import pytest
+import torch
+
+from kernels import native
+from kernels.short_conv import cpu, short_conv_backend, short_conv_silu, short_conv_silu_torch
+
+needs_kernel = pytest.mark.skipif(cpu.load() is None, reason=f"C kernel not built: {cpu.load_error()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("B, T, C, with_state", [(2, 63, 64, False), (3, 2, 16, True), (2, 1000, 8, False),
+                                                 (2, 17, 24, True)])
+def test_kernel_matches_conv1d_on_outputs_state_and_gradients(B, T, C, with_state):
+    torch.manual_seed(0)
+    x = torch.randn(B, T, C, requires_grad=True)
+    w = (torch.randn(C, 1, 4) * 0.5).requires_grad_()
+    state = torch.randn(B, C, 3) if with_state else None
+    dy = torch.randn(B, T, C)
+    results = []
+    for fn in (cpu.short_conv_silu_cpu, short_conv_silu_torch):
+        x.grad = w.grad = None
+        y, new_state = fn(x, w, state)
+        y.backward(dy)
+        results.append((y.detach(), new_state, x.grad, w.grad))
+    for got, ref in zip(*results):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+    assert results[0][0].is_contiguous()
+
+
+@needs_kernel
+def test_weight_gradient_matches_fp64():
+    torch.manual_seed(2)
+    x = torch.randn(4, 512, 32)
+    w = (torch.randn(32, 1, 4) * 0.5).requires_grad_()
+    dy = torch.randn(4, 512, 32)
+    y, _ = cpu.short_conv_silu_cpu(x, w, None)
+    y.backward(dy)
+    w64 = w.detach().double().requires_grad_()
+    y64, _ = short_conv_silu_torch(x.double(), w64, None)
+    y64.backward(dy.double())
+    assert ((w.grad.double() - w64.grad).abs().max() / w64.grad.abs().max()) < 1e-6
+
+
+@needs_kernel
+def test_a_row_gets_the_same_bits_alone():
+    torch.manual_seed(1)
+    x, w, state = torch.randn(5, 9, 16), torch.randn(16, 1, 4), torch.randn(5, 16, 3)
+    y, _ = cpu.short_conv_silu_cpu(x, w, state)
+    for b in range(5):
+        assert torch.equal(cpu.short_conv_silu_cpu(x[b:b + 1], w, state[b:b + 1])[0], y[b:b + 1])
+
+
+@needs_kernel
+def test_dispatch(monkeypatch):
+    x = torch.randn(2, 5, 16)
+    assert short_conv_backend(x) == "c"
+    assert short_conv_backend(torch.randn(2, 5, 12)) == "torch"  # channels not a multiple of 8
+    assert short_conv_backend(x.double()) == "torch"
+    assert short_conv_backend(x, torch.randn(2, 16, 3, requires_grad=True)) == "torch"
+    monkeypatch.setenv("K3_CPU_KERNELS", "torch")
+    w = torch.randn(16, 1, 4)
+    assert short_conv_backend(x) == "torch"
+    y, s = short_conv_silu(x, w)
+    ref_y, ref_s = short_conv_silu_torch(x, w, None)
+    assert torch.equal(y, ref_y) and torch.equal(s, ref_s)
+
+
+def test_without_a_compiler_the_torch_path_is_taken_and_forcing_the_kernel_says_why(monkeypatch):
+    monkeypatch.setattr(native, "_LIBS", {})
+    monkeypatch.setattr(native, "_ERRORS", {})
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    x = torch.randn(2, 5, 16)
+    assert short_conv_backend(x) == "torch"
+    monkeypatch.setenv("K3_CPU_KERNELS", "c")
+    with pytest.raises(ValueError, match="could not be built: no C compiler"):
+        short_conv_backend(x)
