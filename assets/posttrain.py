@@ -96,11 +96,19 @@ SIZES: dict[str, PosttrainSizes] = {
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
     # finish would otherwise decode 1–4K tokens per episode.
+    # RL (docs/log/rl.md, benchmarks/grpo_sweep.py): no swept setting beat sft_policy on held-out
+    # tasks (16 steps, lr 3e-5 … 1e-3, 8–32 episodes a step: −2 … −47 points); 4 RL prompts per
+    # family were memorised (held-out 0.55 → 0.25) and lr ≥ 1e-3 broke the call format, so the
+    # specialists take 64 prompts per family at lr 1e-4 for 8 steps. Held-out: one episode per task
+    # at temperature 1 (the ladder's way; greedy decoding of the tiny policy degenerates), 64 tasks
+    # per family, none with an RL prompt's instruction, sft_policy scored the same way on the same
+    # tasks: an interval of about ±17 points per single-family cell, ±12 for general_tasks.
     "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
                            sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
-                           rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
-                           rl_eval_tasks_per_family=4, rl_lr=3e-4, rl_max_draw_factor=1,
+                           rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
+                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
+                           rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
