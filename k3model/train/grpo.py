@@ -43,6 +43,9 @@ below, and why (research/recipe.md §5, research/posttrain-anchors.md §1, §6):
    c is largest at low, smaller at high and 0 at max, so low learns to answer briefly while max may
    use its budget; wrong answers are never rewarded for being short. The router bias is frozen
    during RL (DESIGN.md §4), which the rollout loop sets on the model.
+8. `negative_scale` (default 1, plain GRPO) multiplies negative advantages: 0 reinforces only
+   what beat its group's mean (filtered behaviour cloning, as in RAFT/ReST). Measured on tiny
+   (docs/log/rl.md): it did not help there either, so the default stays 1.
 
 Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 """
