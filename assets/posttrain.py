@@ -71,6 +71,11 @@ class PosttrainSizes:
     rl_eval_tasks_per_family: int
     rl_lr: float
     rl_max_draw_factor: int  # refill draws at most this many times P groups per step
+    # How specialist and sft_policy are both scored on the held-out tasks: episodes per task, the
+    # sampling temperature (0: greedy, one episode per task), and the specialist's hard-split tasks.
+    rl_eval_samples: int = 1
+    rl_eval_temperature: float = 0.0
+    rl_hard_tasks: int = 16
     # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
     eval_budgets: tuple[tuple[str, int, int], ...] | None = None
 
@@ -82,7 +87,7 @@ SIZES: dict[str, PosttrainSizes] = {
                             sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
                             sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1, rl_hard_tasks=1,
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
     # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on the four
@@ -91,11 +96,19 @@ SIZES: dict[str, PosttrainSizes] = {
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
     # finish would otherwise decode 1–4K tokens per episode.
+    # RL (docs/log/rl.md, benchmarks/grpo_sweep.py): no swept setting beat sft_policy on held-out
+    # tasks (16 steps, lr 3e-5 … 1e-3, 8–32 episodes a step: −2 … −47 points); 4 RL prompts per
+    # family were memorised (held-out 0.55 → 0.25) and lr ≥ 1e-3 broke the call format, so the
+    # specialists take 64 prompts per family at lr 1e-4 for 8 steps. Held-out: one episode per task
+    # at temperature 1 (the ladder's way; greedy decoding of the tiny policy degenerates), 64 tasks
+    # per family, none with an RL prompt's instruction, sft_policy scored the same way on the same
+    # tasks: an interval of about ±17 points per single-family cell, ±12 for general_tasks.
     "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
                            sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
-                           rl_steps=4, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=4,
-                           rl_eval_tasks_per_family=4, rl_lr=3e-4, rl_max_draw_factor=1,
+                           rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
+                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
+                           rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
@@ -308,7 +321,7 @@ class RLTasksConfig(dg.Config):
 def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig, profile: str) -> dg.MaterializeResult:
     import json
 
-    from k3model.train.ladder import EVAL_SEED_BASE, RL_SEED_BASE, LadderConfig, tasks_of
+    from k3model.train.ladder import RL_SEED_BASE, LadderConfig, heldout_tasks, tasks_of
 
     from assets.tasks import measure_ladder_task
 
@@ -326,10 +339,10 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     ladder = out["json"]
     chosen: dict[str, dict[str, list]] = {}
     for cell in ladder["cells"]:
+        rl = tasks_of(cell["selected"], sizes.rl_tasks_per_family, RL_SEED_BASE)
         chosen[f"{cell['domain']}/{cell['effort']}"] = {
-            "rl": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_tasks_per_family, RL_SEED_BASE)],
-            "eval": [(t.family, t.seed) for t in tasks_of(cell["selected"], sizes.rl_eval_tasks_per_family,
-                                                          EVAL_SEED_BASE)]}
+            "rl": [(t.family, t.seed) for t in rl],
+            "eval": [(t.family, t.seed) for t in heldout_tasks(cell["selected"], sizes.rl_eval_tasks_per_family, rl)]}
     ladder["tasks"] = chosen
     text = json.dumps(ladder, indent=1, sort_keys=True, default=list)
     from datagen.io import write_text
@@ -383,7 +396,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
 
     from k3model.train.grpo import GRPOConfig
 
-    from assets.tasks import train_specialist_task
+    from assets.claims import rate_difference
+    from assets.tasks import SpecialistEval, train_specialist_task
     from assets.training import partitioned_result, run_trainings
 
     tag_run(context, profile)
@@ -416,7 +430,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
         jobs.append(TrainingJob(
             profile=profile, name="rl_specialist", partition=pk, task=train_specialist_task,
             args=(cfg, str(ups["sft_policy"].path), str(ups["tokenizer"].path), domain, effort,
-                  [tuple(t) for t in tasks["rl"]], [tuple(t) for t in tasks["eval"]]),
+                  [tuple(t) for t in tasks["rl"]], [tuple(t) for t in tasks["eval"]],
+                  SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks)),
             config=cfg, inputs=ups, log_every=cfg.log_every, num_cpus=num_cpus, num_gpus=num_gpus,
             retries=config.retries, params={"domain": domain, "effort": effort, "rl_tasks": len(tasks["rl"])},
             description=f"{profile} RL specialist {domain} at effort {effort}: GRPO from sft_policy, {cfg.steps} "
@@ -439,6 +454,10 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
             "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
             "gain": mine["success_rate"] - sft["success_rate"],
+            # Claim 3's figure: Newcombe's 95 % interval of specialist − sft_policy on the same tasks.
+            "gain/ci95": "[{1:+.2f}, {2:+.2f}]".format(*rate_difference(mine["successes"], mine["n"], sft["successes"],
+                                                                         sft["n"])),
+            "eval/n_tasks": mine["n_tasks"], "eval/samples": mine["samples"], "eval/temperature": mine["temperature"],
             "eval/hard/success_rate": hard["success_rate"], "eval/hard/n": hard["n"],
             "eval/hard/mean_policy_tokens": hard["mean_policy_tokens"],
             "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),

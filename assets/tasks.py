@@ -253,12 +253,23 @@ def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs:
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
 
 
+@dataclass(frozen=True)
+class SpecialistEval:
+    """How a specialist and the SFT policy are scored on held-out tasks, both the same way:
+    `samples` episodes per task at `temperature` (0: greedy), and `hard_tasks` tasks of the domain's
+    hard split (`k3model.train.ladder.hard_tasks`) for the specialist."""
+    temperature: float = 0.0
+    samples: int = 1
+    hard_tasks: int = 16
+
+
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
-                          rl_tasks: list[tuple[str, int]], eval_tasks: list[tuple[str, int]], work_dir: str,
-                          live: LiveLog) -> PolicyResult:
+                          rl_tasks: list[tuple[str, int]], eval_tasks: list[tuple[str, int]], scoring: SpecialistEval,
+                          work_dir: str, live: LiveLog) -> PolicyResult:
     """One RL specialist (`k3model.train.grpo.train` from the SFT policy on its ladder tasks), then
-    the specialist and the SFT policy played greedily on the same held-out tasks of its domain at its
-    effort, and the specialist on its domain's hard split. Tasks travel as (family, seed) pairs and are generated here."""
+    the specialist and the SFT policy played the same way (`scoring`, the same generator seed) on
+    the same held-out tasks of its domain at its effort, and the specialist on the domain's hard
+    split. Tasks travel as (family, seed) pairs and are generated here."""
     import envs
     from datagen.tokenizer import load_tokenizer
     from k3model.train.evaluate import evaluate
@@ -272,17 +283,19 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
                        tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
     result.metrics.update({f"flops/{k}": v for k, v in flops.as_dict().items()})
     held = [envs.generate(f, s) for f, s in eval_tasks]
+    hard = hard_tasks(domain, scoring.hard_tasks)
     cell = f"{domain}/{effort}"
     t0 = time.perf_counter()
-    specialist = load_policy(result.checkpoint_dir)
-    evals = {cell: evaluate(specialist, tokenizer, held, effort, specs=cfg.efforts,
-                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata(),
-             # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work), for
-             # claim 3's "max scores at least as well as low on hard tasks".
-             f"{cell}/hard": evaluate(specialist, tokenizer, hard_tasks(domain, max(len(held) // 2, 1)), effort,
-                                      specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
-    start = {cell: evaluate(load_policy(policy_checkpoint), tokenizer, held, effort, specs=cfg.efforts,
-                            max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()}
+
+    def score(model, tasks) -> dict:
+        return evaluate(model, tokenizer, tasks, effort, samples=scoring.samples, temperature=scoring.temperature,
+                        seed=cfg.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
+
+    specialist, sft = load_policy(result.checkpoint_dir), load_policy(policy_checkpoint)
+    # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work) for claim 3's
+    # "max scores at least as well as low on hard tasks".
+    evals = {cell: score(specialist, held), f"{cell}/hard": score(specialist, hard)}
+    start = {cell: score(sft, held)}
     headline = {"eval/success_rate": evals[cell]["success_rate"], "perf/eval_wall_s": time.perf_counter() - t0}
     live(cfg.steps, headline)
     return PolicyResult(Path(result.checkpoint_dir), result.history, {**result.metrics, **headline}, evals, start,

@@ -43,6 +43,9 @@ below, and why (research/recipe.md §5, research/posttrain-anchors.md §1, §6):
    c is largest at low, smaller at high and 0 at max, so low learns to answer briefly while max may
    use its budget; wrong answers are never rewarded for being short. The router bias is frozen
    during RL (DESIGN.md §4), which the rollout loop sets on the model.
+8. `negative_scale` (default 1, plain GRPO) multiplies negative advantages: 0 reinforces only
+   what beat its group's mean (filtered behaviour cloning, as in RAFT/ReST). Measured on tiny
+   (docs/log/rl.md): it did not help there either, so the default stays 1.
 
 Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 """
@@ -92,6 +95,7 @@ class GRPOConfig:
     clip_high: float = 0.28
     tis_cap: float = 2.0
     kl_coef: float = 0.0
+    negative_scale: float = 1.0  # A < 0 multiplied by this (1: GRPO; 0: reinforce successes only)
     efforts: dict[str, EffortSpec] = field(default_factory=lambda: dict(EFFORT_SPECS))
     # The loop (`train`): one policy update per step on the kept groups (π_old = the policy that
     # sampled them, so the ratio starts at 1 and the clip acts from the second micro-batch on).
@@ -126,6 +130,8 @@ class GRPOConfig:
             raise ValueError(f"tis_cap must be ≥ 1 (1 would ignore the rollout mismatch), got {self.tis_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be ≥ 0, got {self.kl_coef}")
+        if not 0 <= self.negative_scale <= 1:
+            raise ValueError(f"negative_scale must lie in [0, 1], got {self.negative_scale}")
         if set(self.efforts) != set(EFFORTS):
             raise ValueError(f"efforts must give a spec for each of {EFFORTS}, got {sorted(self.efforts)}")
 
@@ -153,8 +159,10 @@ def shaped_rewards(correct_PG: torch.Tensor, lengths_PG: torch.Tensor, length_co
     return correct_PG.float() + length_coef * length_term(correct_PG, lengths_PG)
 
 
-def group_advantages(rewards_PG: torch.Tensor, scale: str = "none", eps: float = 1e-6) -> torch.Tensor:
-    """A = r − mean over the group (`scale="std"`: also divided by the group's std + eps)."""
+def group_advantages(rewards_PG: torch.Tensor, scale: str = "none", negative_scale: float = 1.0,
+                     eps: float = 1e-6) -> torch.Tensor:
+    """A = r − mean over the group (`scale="std"`: also divided by the group's std + eps); negative
+    advantages multiplied by `negative_scale` (1: plain GRPO)."""
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
     if rewards_PG.dim() != 2 or rewards_PG.shape[1] < 2:
@@ -163,7 +171,7 @@ def group_advantages(rewards_PG: torch.Tensor, scale: str = "none", eps: float =
     adv = r - r.mean(-1, keepdim=True)
     if scale == "std":
         adv = adv / (r.std(-1, keepdim=True) + eps)
-    return adv
+    return torch.where(adv < 0, adv * negative_scale, adv)
 
 
 def has_variance(rewards: Sequence[float], tol: float = 0.0) -> bool:
@@ -458,7 +466,7 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
 def _update(model, ref, optimizer, groups, rewards_of, cfg: GRPOConfig, device, autocast_for, clip) -> dict:
     """One policy update on the kept groups: advantages, then the loss over micro-batches with the
     batch's global token count as denominator, one clipped optimizer step."""
-    adv_PG = group_advantages(torch.tensor([rewards_of(g) for g in groups]), cfg.advantage_scale)
+    adv_PG = group_advantages(torch.tensor([rewards_of(g) for g in groups]), cfg.advantage_scale, cfg.negative_scale)
     seqs = [ep for g in groups for ep in g]
     adv = adv_PG.reshape(-1).tolist()
     total = sum(ep.n_generated for ep in seqs)

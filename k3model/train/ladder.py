@@ -16,8 +16,11 @@ G = 8 (0 < successes < 8), the share of groups RL will keep.
 Seeds (disjoint ranges; SFT demonstrations use ≥ 1,000,000, datagen.sft):
 - `RL_SEED_BASE` (0 …): the ladder's measurement and the RL prompts;
 - `EVAL_SEED_BASE` (500,000 …): held-out tasks for the specialists' and sft_policy's evaluation,
-  of the selected families (`eval_tasks`) and of the domain's hard split (`hard_tasks`: the
-  families where the scratchpad does real work — arithmetic, lookups, code — for max ≥ low).
+  of the selected families (`eval_tasks`, `heldout_tasks`) and of the domain's hard split
+  (`hard_tasks`: the families where the scratchpad does real work — arithmetic, lookups, code — for
+  max ≥ low). A small family repeats its prompts across seeds (echo_word: 20 words × 3 phrasings),
+  so `heldout_tasks` skips every task whose instruction is an RL prompt's: other seeds alone would
+  still evaluate on what RL trained on.
 
 No Dagster here: `LadderReport.as_metadata()` and `.table()` are what the rl_tasks asset shows.
 """
@@ -56,6 +59,29 @@ def tasks_of(families: Sequence[str], n_per_family: int, seed_base: int) -> list
     if n_per_family < 1:
         raise ValueError(f"n_per_family must be ≥ 1, got {n_per_family}")
     return [envs.generate(f, seed_base + i) for f in families for i in range(n_per_family)]
+
+
+def heldout_tasks(families: Sequence[str], n_per_family: int, exclude: Sequence[Task] = (),
+                  seed_base: int = EVAL_SEED_BASE) -> list[Task]:
+    """n tasks of each family from seed_base on, family-major, skipping any whose instruction equals
+    one of `exclude`'s of the same family (the RL prompts): held out in content, not only in seed."""
+    if n_per_family < 1:
+        raise ValueError(f"n_per_family must be ≥ 1, got {n_per_family}")
+    seen = {(t.family, t.instruction) for t in exclude}
+    out: list[Task] = []
+    for family in families:
+        kept, seed = 0, seed_base
+        # A family with fewer distinct prompts than asked for would loop forever: stop after 100 n.
+        while kept < n_per_family:
+            if seed - seed_base >= 100 * n_per_family:
+                raise ValueError(f"{family}: fewer than {n_per_family} held-out tasks differ from the RL prompts; "
+                                 "ask for fewer held-out tasks or fewer RL prompts")
+            task = envs.generate(family, seed)
+            seed += 1
+            if (family, task.instruction) not in seen:
+                out.append(task)
+                kept += 1
+    return out
 
 
 def default_rl_tasks(domain: str, n_per_family: int = 16) -> list[Task]:
@@ -140,9 +166,11 @@ class LadderReport:
         """The RL prompts of a specialist: its cell's selected families, RL seeds."""
         return tasks_of(self.cell(domain, effort).selected, n_per_family, RL_SEED_BASE)
 
-    def eval_tasks(self, domain: str, effort: str, n_per_family: int = 16) -> list[Task]:
-        """Held-out tasks of the same families (other seeds), for specialist vs sft_policy."""
-        return tasks_of(self.cell(domain, effort).selected, n_per_family, EVAL_SEED_BASE)
+    def eval_tasks(self, domain: str, effort: str, n_per_family: int = 16, rl_per_family: int = 16) -> list[Task]:
+        """Held-out tasks of the same families (other seeds, none with an RL prompt of
+        `rl_tasks(domain, effort, rl_per_family)`), for specialist vs sft_policy."""
+        return heldout_tasks(self.cell(domain, effort).selected, n_per_family,
+                             exclude=self.rl_tasks(domain, effort, rl_per_family))
 
     def table(self) -> str:
         """Markdown: one row per (domain, effort), pass rate per family, the selection."""

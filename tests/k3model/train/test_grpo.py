@@ -19,6 +19,11 @@ def test_advantages_are_rewards_minus_the_group_mean_and_optionally_over_its_std
                                rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="group of ≥ 2"):
         group_advantages(torch.tensor([[1.0], [0.0]]))
+    # (1, 0, 0, 0): mean 0.25, so 0.75 for the success and −0.25 · 0.5 for each failure.
+    assert torch.equal(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), negative_scale=0.5),
+                       torch.tensor([[0.75, -0.125, -0.125, -0.125]]))
+    with pytest.raises(ValueError, match="negative_scale"):
+        GRPOConfig(negative_scale=1.5)
 
 
 def test_length_term_rewards_short_right_answers_and_never_short_wrong_ones():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from k3model.train.ladder import (EVAL_SEED_BASE, LadderCell, LadderConfig, LadderReport, domain_families,
-                                   hard_tasks, select_families)
+                                   hard_tasks, heldout_tasks, select_families, tasks_of)
 
 
 def test_families_in_the_band_are_selected_else_the_nearest_with_some_signal():
@@ -30,6 +30,21 @@ def test_the_report_gives_rl_and_held_out_tasks_of_the_selected_families_and_rou
     assert report.as_metadata()["general_tasks/low/selected"] == "echo_word"
     with pytest.raises(ValueError, match="no cell"):
         report.cell("coding_agents", "max")
+
+
+def test_held_out_tasks_never_repeat_an_rl_prompt():
+    # echo_word has 20 words × 3 phrasings: 64 RL prompts cover many of them, and seeds alone would
+    # put some of those prompts in the held-out set.
+    rl = tasks_of(["echo_word", "compare_numbers"], 64, 0)
+    plain = {t.instruction for t in tasks_of(["echo_word"], 32, EVAL_SEED_BASE)}
+    assert plain & {t.instruction for t in rl}, "the check below would be vacuous"
+    held = heldout_tasks(["echo_word", "compare_numbers"], 32, exclude=rl)
+    assert [t.family for t in held] == ["echo_word"] * 32 + ["compare_numbers"] * 32
+    assert len({t.id for t in held}) == 64 and all(t.seed >= EVAL_SEED_BASE for t in held)
+    assert not {(t.family, t.instruction) for t in held} & {(t.family, t.instruction) for t in rl}
+    # Every one of the first 100 held-out seeds excluded: it gives up instead of searching forever.
+    with pytest.raises(ValueError, match="fewer than"):
+        heldout_tasks(["echo_word"], 1, exclude=tasks_of(["echo_word"], 100, EVAL_SEED_BASE))
 
 
 def test_domains_and_hard_splits():
