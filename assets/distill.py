@@ -36,7 +36,7 @@ from pydantic import Field
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES
+from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES, specialist_scoring
 from assets.tasks import effort_specs
 from assets.training import TrainingJob, run_training, run_trainings
 
@@ -207,7 +207,8 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     trained = run_training(context, TrainingJob(
         profile=profile, name="mopd_student", task=train_mopd_task,
         args=(cfg, str(ups["sft_policy"].path), {pk: str(t.path) for pk, t in teachers.items()},
-              str(ups["tokenizer"].path), cells, specs, figures, control_cfg, specialist_flops),
+              str(ups["tokenizer"].path), cells, specs, figures, control_cfg, specialist_flops,
+              specialist_scoring(profile, config.seed)),
         config=cfg, inputs=inputs, log_every=cfg.log_every,
         num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
         params={"control": config.control, "teacher_evals_reused": len(figures)},

@@ -47,11 +47,12 @@ class StudentResult:
 
 def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], tokenizer_path: str,
                     cells: dict[str, dict], specs, teacher_figures: dict[str, dict], control_cfg,
-                    specialist_flops: float | None, work_dir: str, live: LiveLog) -> StudentResult:
+                    specialist_flops: float | None, scoring, work_dir: str, live: LiveLog) -> StudentResult:
     """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint) on each cell's RL prompts
     (`cells[pk]["rl"]`, the rl_tasks ladder's (family, seed) pairs), then the student on each cell's
-    held-out tasks (`cells[pk]["eval"]`, greedy, `specs` budgets) — the tasks and budgets each
-    specialist was evaluated on. A teacher's figures come from `teacher_figures[pk]` (its own
+    held-out tasks (`cells[pk]["eval"]`, `specs` budgets), scored as each specialist was
+    (`scoring`, an assets.tasks.SpecialistEval: temperature, samples per task, seed) — the same tasks,
+    budgets and decoding, so student ÷ teacher compares like with like. A teacher's figures come from `teacher_figures[pk]` (its own
     materialization's evaluation) or, when absent, are measured here on the same tasks. With
     `control_cfg` (a GRPOConfig) and the specialists' counted FLOPs, the generalist control is
     trained on specialists + MOPD FLOPs and evaluated on the same cells."""
@@ -66,19 +67,29 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     def play(checkpoint: str, pk: str) -> dict:  # a teacher without its own figures, on its cell
         effort = pk.split("|")[1]
         return evaluate(load_policy(checkpoint), tokenizer, generate(cells[pk]["eval"]), effort,
+                        samples=scoring.samples, temperature=scoring.temperature, seed=scoring.seed,
                         specs=specs).as_metadata()
+
+    def on_cells(model) -> dict[str, dict]:
+        """`model` on every cell's held-out tasks. Greedy single episodes decode all nine cells as
+        three batched decodes (evaluate_routes, the same figures as evaluate per cell); sampled
+        scoring goes through evaluate per cell, exactly as the specialists were scored."""
+        if scoring.temperature == 0 and scoring.samples == 1:
+            return {"/".join(route): report.as_metadata()
+                    for route, report in evaluate_routes(model, tokenizer, cell_tasks, specs).items()}
+        return {"/".join(route): evaluate(model, tokenizer, ts, route[1], samples=scoring.samples,
+                                          temperature=scoring.temperature, seed=scoring.seed,
+                                          specs=specs).as_metadata()
+                for route, ts in cell_tasks.items()}
 
     tokenizer = load_tokenizer(tokenizer_path)
     routes = {tuple(k.split("|")): v for k, v in teachers.items()}
     tasks = {tuple(k.split("|")): generate(c["rl"]) for k, c in cells.items()}
     result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, tasks=tasks, log_fn=live)
     t0 = time.perf_counter()
-    # The student on every cell: one batched decode per effort (evaluate_routes), the same figures as
-    # a play() per cell.
     student = load_policy(str(result.checkpoint_dir))
     cell_tasks = {tuple(pk.split("|")): generate(cells[pk]["eval"]) for pk in teachers}
-    evals = {"/".join(route): report.as_metadata()
-             for route, report in evaluate_routes(student, tokenizer, cell_tasks, specs).items()}
+    evals = on_cells(student)
     teacher_evals = {pk.replace("|", "/"): teacher_figures.get(pk) or play(ckpt, pk) for pk, ckpt in teachers.items()}
     kept = retention(evals, teacher_evals)
     headline = {"eval/success_rate": sum(e["success_rate"] for e in evals.values()) / max(len(evals), 1),
@@ -93,8 +104,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
         ctl = generalist_control(control_cfg, student_checkpoint, tokenizer, Path(work_dir) / "control",
                                  flop_budget=budget, routes=list(routes), tasks=tasks, log_fn=live)
         control = {"flops": ctl.flops, "budget": budget, "turns": ctl.turns,
-                   "evals": {"/".join(route): report.as_metadata() for route, report in
-                             evaluate_routes(load_policy(str(ctl.checkpoint_dir)), tokenizer, cell_tasks, specs).items()}}
+                   "evals": on_cells(load_policy(str(ctl.checkpoint_dir)))}
         headline["control/success_rate"] = (sum(e["success_rate"] for e in control["evals"].values())
                                             / max(len(control["evals"]), 1))
     live(cfg.steps, headline)

@@ -88,6 +88,7 @@ SIZES: dict[str, PosttrainSizes] = {
                             sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
                             rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1, rl_hard_tasks=1,
+                            rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
     # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on the four
@@ -128,6 +129,14 @@ def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
     return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
                     tasks_per_family=tasks_per_family or sizes.eval_tasks_per_family, seed=EVAL_SEED_BASE,
                     budgets=sizes.eval_budgets)
+
+
+def specialist_scoring(profile: str, seed: int):
+    """How `profile` scores policies on held-out cells (assets.tasks.SpecialistEval): the specialists
+    against sft_policy here, the MOPD student against its teachers in assets/distill.py."""
+    from assets.tasks import SpecialistEval
+    sizes = SIZES[profile]
+    return SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks, seed)
 
 
 def check_cell(domain: str, effort: str) -> None:
@@ -397,7 +406,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     from k3model.train.grpo import GRPOConfig
 
     from assets.claims import rate_difference
-    from assets.tasks import SpecialistEval, train_specialist_task
+    from assets.tasks import train_specialist_task
     from assets.training import partitioned_result, run_trainings
 
     tag_run(context, profile)
@@ -431,7 +440,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             profile=profile, name="rl_specialist", partition=pk, task=train_specialist_task,
             args=(cfg, str(ups["sft_policy"].path), str(ups["tokenizer"].path), domain, effort,
                   [tuple(t) for t in tasks["rl"]], [tuple(t) for t in tasks["eval"]],
-                  SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks)),
+                  specialist_scoring(profile, cfg.seed)),
             config=cfg, inputs=ups, log_every=cfg.log_every, num_cpus=num_cpus, num_gpus=num_gpus,
             retries=config.retries, params={"domain": domain, "effort": effort, "rl_tasks": len(tasks["rl"])},
             description=f"{profile} RL specialist {domain} at effort {effort}: GRPO from sft_policy, {cfg.steps} "

@@ -261,6 +261,7 @@ class SpecialistEval:
     temperature: float = 0.0
     samples: int = 1
     hard_tasks: int = 16
+    seed: int = 0  # the episodes' generator seed (the same for every policy compared)
 
 
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
@@ -289,7 +290,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
 
     def score(model, tasks) -> dict:
         return evaluate(model, tokenizer, tasks, effort, samples=scoring.samples, temperature=scoring.temperature,
-                        seed=cfg.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
+                        seed=scoring.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
 
     specialist, sft = load_policy(result.checkpoint_dir), load_policy(policy_checkpoint)
     # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work) for claim 3's
