@@ -32,8 +32,8 @@ prefilled alone, and the MoE runs every routed expert on every token of small CP
 batches (k3model/moe.py `_dense_experts`). Small elementwise tensors whose length follows the batch
 (the router's sigmoid over [M, E], KDA's β over [B, T, H], AttnRes's depth softmax) run through
 whole vectors (`k3model.common.sigmoid_vectorized`): torch puts a tensor's remainder through scalar
-code with other last bits, which made the property hang on the values (a 1e-7 change in the MoE's
-activations broke it; docs/log/tiny.md, session 10); the C kernels of kernels/situ_glu and
+code with other last bits, so a row's bits would depend on where its values land (docs/log/tiny.md);
+the C kernels of kernels/situ_glu and
 kernels/short_conv give an element the same bits wherever it sits. Not covered: a batched prefill of long prompts takes the
 per-expert loop, where an expert that gets 1–3 of the batch's tokens gets other GEMM kernels than
 it would alone (rare at hundreds of tokens; not tested).
