@@ -11,6 +11,8 @@
 #     bash benchmarks/h200_calls.sh step      # the small profile's training step eager and compiled, with
 #                                                # its dense peer, and a profile of each
 #     bash benchmarks/h200_calls.sh decode    # the small profile's decode step eager and compiled, profiled
+#     bash benchmarks/h200_calls.sh engine    # the engine's GPU tests (captured decode = eager), the compiled-regions
+#                                                # tests, speculative decoding on the small profile (random weights)
 #     bash benchmarks/h200_calls.sh orch      # `k3 run` through Dagster and Ray on the GPU, a short small-profile
 #                                                # selection (carry site.tar.xz from benchmarks/pack_site.sh)
 # Results land in $OUT as JSON (and logs); copy them to benchmarks/results/<area>/<date>_<label>.json.
@@ -21,7 +23,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -76,6 +78,15 @@ decode)  # the small profile's decode step (issue 16 item 5), eager modules then
         --batches 1,16,64 --prompt 512 --new 128 --skip $skip --compile-regions \
         --out "$OUT/decode_small_h200_regions.json"
     elapsed "decode regions exit $?"
+    ;;
+engine)  # the engine's CUDA path (issue 16), then speculative decoding on small (issue 20 item 5)
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_engine_gpu.py >"$OUT/engine_gpu_tests.log" 2>&1
+    elapsed "engine GPU tests exit $?"; tail -n 15 "$OUT/engine_gpu_tests.log"
+    timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
+    elapsed "compiled-regions tests exit $?"; tail -n 15 "$OUT/compiled_tests.log"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/speculative.py --profile small --device cuda --dtype bf16 \
+        --prompts 2 --new 32 --reps 1 --draft-lens 1,4 --out "$OUT/speculative_small_h200.json"
+    elapsed "speculative exit $?"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3

@@ -24,6 +24,20 @@ from k3model.common import RMSNorm
 from k3model.config import MLAConfig
 
 
+
+def causal_attention(q_BHTQ: torch.Tensor, k_BHTQ: torch.Tensor, v_BHTV: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA whose values may be narrower than the queries and keys (MLA: nope + rope vs v).
+    PyTorch's fused CPU kernel needs one head dim for all three, and without it SDPA takes the math
+    path, which materializes every [T, T] score (most of an 8,192-token forward on tiny). On the CPU
+    the values are zero-padded to the query width and the padded output columns dropped: the same
+    attention (a zero value column gives a zero output column), 6.7× faster at T = 8,192
+    (benchmarks/results/train/2026-12-01_mla_flash_forecast_tiny_cpu.json). CUDA's kernels take the narrower values as they are."""
+    dv, dq = v_BHTV.shape[-1], q_BHTQ.shape[-1]
+    if v_BHTV.device.type != "cpu" or dv >= dq:
+        return F.scaled_dot_product_attention(q_BHTQ, k_BHTQ, v_BHTV, is_causal=True)
+    padded = F.pad(v_BHTV, (0, dq - dv))
+    return F.scaled_dot_product_attention(q_BHTQ, k_BHTQ, padded, is_causal=True)[..., :dv]
+
 class GatedMLA(nn.Module):
     def __init__(self, cfg: MLAConfig):
         super().__init__()
@@ -72,7 +86,7 @@ class GatedMLA(nn.Module):
         v_BTHV = kv_BTHX[..., nope:]
         q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
         q, k, v = (t.transpose(1, 2) for t in (q_BTHQ, k_BTHQ, v_BTHV))  # [B, H, T, ·]
-        a_BTHV = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        a_BTHV = causal_attention(q, k, v).transpose(1, 2)
         gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
         return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))
 

@@ -89,7 +89,10 @@ class Block(nn.Module):
                 if isinstance(self.ffn, LatentMoE):
                     self.ffn.observing = True
 
-        return torch.utils.checkpoint.checkpoint(run, *sources, use_reentrant=False)
+        # The block draws no random numbers, so there is no RNG state to stash and replay (stashing
+        # it would also fail for a CPU model compiled on a machine with CUDA: Dynamo initializes
+        # CUDA inside the checkpointed forward).
+        return torch.utils.checkpoint.checkpoint(run, *sources, use_reentrant=False, preserve_rng_state=False)
 
 
 class MTPModule(nn.Module):

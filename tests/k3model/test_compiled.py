@@ -36,7 +36,9 @@ def test_compiled_regions_give_the_eager_loss_and_gradients_with_one_graph_per_k
     for (name, p0), p1 in zip(eager.named_parameters(), compiled.parameters()):
         assert (p1.grad is None) == (p0.grad is None), name  # layer 0's AttnRes has one source: unused
         if p0.grad is not None:
-            torch.testing.assert_close(p1.grad, p0.grad, rtol=1e-4, atol=1e-6, msg=name)
+            # fp32 reordering noise scales with the tensor (embedding rows sum over every position).
+            scale = float(p0.grad.abs().max())
+            torch.testing.assert_close(p1.grad, p0.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
     # The balancing statistics were gathered once per MoE layer (not again in the recomputation).
     for m0, m1 in zip(eager.moe_layers(), compiled.moe_layers()):
         torch.testing.assert_close(m1._margin_hist_EX, m0._margin_hist_EX)
