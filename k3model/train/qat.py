@@ -13,12 +13,20 @@ The quantizer is `kernels.mx.fake_quant_mx`, the one export uses too; `prepare_q
 LatentMoE's quantization hook, which is exactly what building the model with `ModelConfig(qat=True)`
 does, so a prepared model computes bit for bit what a QAT-built one does (tested). The model files
 stay free of training modes, as `k3model.parallel` wraps a model from outside.
+
+While the weights stay fixed (a rollout, an evaluation: `frozen_expert_weights(model)`), fq(W) of
+each expert stack is the same on every forward, so it is computed once per stack and reused; the
+activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
+its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-01).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
+import torch
 import torch.nn as nn
 
 from k3model.moe import MX_BLOCK, LatentMoE
@@ -55,3 +63,39 @@ def qat_enabled(model: nn.Module) -> bool:
     """True when every LatentMoE of `model` fake-quantizes its experts."""
     moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
     return bool(moes) and all(m.fake_quant_mx is not None for m in moes)
+
+
+def _reuse_weights(t: torch.Tensor, fmt: str, *, quantizer, frozen: dict, scale_rounding: str) -> torch.Tensor:
+    """`quantizer(t, fmt)`, from `frozen` for a parameter quantized before at the same version."""
+    if not isinstance(t, nn.Parameter):
+        return quantizer(t, fmt)
+    key = (id(t), fmt)
+    hit = frozen.get(key)
+    # The version counter moves with every in-place update (an optimizer step, load_state_dict):
+    # a weight changed inside the scope is quantized again, never served stale.
+    if hit is None or hit[0] is not t or hit[1] != t._version:
+        with torch.no_grad():
+            hit = (t, t._version, quantizer(t, fmt))
+        frozen[key] = hit
+    return hit[2]
+
+
+@contextlib.contextmanager
+def frozen_expert_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside: every QAT LatentMoE of `model` fake-quantizes each expert weight stack once and
+    reuses it (bit for bit the same values; the straight-through gradient is unchanged, as the
+    quantized weights enter the forward only through a detached difference). Models without QAT
+    pass through unchanged."""
+    saved = [(m, m.fake_quant_mx) for m in model.modules()
+             if isinstance(m, LatentMoE) and m.fake_quant_mx is not None]
+    frozen: dict = {}
+    try:
+        for moe, quantizer in saved:
+            rounding = quantizer.keywords.get("scale_rounding", "ceil") if isinstance(quantizer, functools.partial) else "ceil"
+            # A partial with scale_rounding, as prepare_qat's: k3model.quantize reads the rounding from it.
+            moe.fake_quant_mx = functools.partial(_reuse_weights, quantizer=quantizer, frozen=frozen,
+                                                  scale_rounding=rounding)
+        yield model
+    finally:
+        for moe, quantizer in saved:
+            moe.fake_quant_mx = quantizer
