@@ -15,8 +15,8 @@ does, so a prepared model computes bit for bit what a QAT-built one does (tested
 stay free of training modes, as `k3model.parallel` wraps a model from outside.
 
 While the weights stay fixed (a rollout, an evaluation: `frozen_expert_weights(model)`), fq(W) of
-each expert stack is the same on every forward, so it is computed once per stack and reused; the
-activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
+each expert stack is the same on every forward, so the stacks the forward sees are computed once
+and reused; the activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
 its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-01).
 """
 
@@ -65,37 +65,29 @@ def qat_enabled(model: nn.Module) -> bool:
     return bool(moes) and all(m.fake_quant_mx is not None for m in moes)
 
 
-def _reuse_weights(t: torch.Tensor, fmt: str, *, quantizer, frozen: dict, scale_rounding: str) -> torch.Tensor:
-    """`quantizer(t, fmt)`, from `frozen` for a parameter quantized before at the same version."""
-    if not isinstance(t, nn.Parameter):
-        return quantizer(t, fmt)
-    key = (id(t), fmt)
-    hit = frozen.get(key)
-    # The version counter moves with every in-place update (an optimizer step, load_state_dict):
-    # a weight changed inside the scope is quantized again, never served stale.
-    if hit is None or hit[0] is not t or hit[1] != t._version:
-        with torch.no_grad():
-            hit = (t, t._version, quantizer(t, fmt))
-        frozen[key] = hit
-    return hit[2]
-
-
 @contextlib.contextmanager
 def frozen_expert_weights(model: nn.Module) -> Iterator[nn.Module]:
-    """Inside: every QAT LatentMoE of `model` fake-quantizes each expert weight stack once and
-    reuses it (bit for bit the same values; the straight-through gradient is unchanged, as the
-    quantized weights enter the forward only through a detached difference). Models without QAT
-    pass through unchanged."""
-    saved = [(m, m.fake_quant_mx) for m in model.modules()
-             if isinstance(m, LatentMoE) and m.fake_quant_mx is not None]
-    frozen: dict = {}
+    """Inside, without autograd: every QAT LatentMoE of `model` computes its fake-quantized expert
+    weight stacks (`LatentMoE._expert_weights`) once and reuses them, bit for bit the same tensors,
+    until a stack changes in place (its version counter moves: an optimizer step, load_state_dict).
+    With autograd on, and for models without QAT, nothing changes."""
+    # An instance attribute shadows the method for the scope (an inner scope leaves an outer one's).
+    moes = [m for m in model.modules() if isinstance(m, LatentMoE) and m.fake_quant_mx is not None
+            and "_expert_weights" not in vars(m)]
     try:
-        for moe, quantizer in saved:
-            rounding = quantizer.keywords.get("scale_rounding", "ceil") if isinstance(quantizer, functools.partial) else "ceil"
-            # A partial with scale_rounding, as prepare_qat's: k3model.quantize reads the rounding from it.
-            moe.fake_quant_mx = functools.partial(_reuse_weights, quantizer=quantizer, frozen=frozen,
-                                                  scale_rounding=rounding)
+        for moe in moes:
+            moe._expert_weights = functools.partial(_reused_expert_weights, moe, type(moe)._expert_weights.__get__(moe), {})
         yield model
     finally:
-        for moe, quantizer in saved:
-            moe.fake_quant_mx = quantizer
+        for moe in moes:
+            del moe._expert_weights  # the class's method again
+
+
+def _reused_expert_weights(moe: LatentMoE, compute, memo: dict) -> tuple[torch.Tensor, ...]:
+    # A tensor made without autograd carries no gradient to the weights: training forwards compute.
+    if torch.is_grad_enabled():
+        return compute()
+    versions = tuple(w._version for w in (moe.w_gate_EHL, moe.w_up_EHL, moe.w_down_ELH))
+    if memo.get("versions") != versions:
+        memo["versions"], memo["stacks"] = versions, compute()
+    return memo["stacks"]

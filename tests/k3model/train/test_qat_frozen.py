@@ -86,3 +86,16 @@ def test_a_model_without_qat_passes_through():
         want = model(ids).logits_BTV
         with frozen_expert_weights(model):
             assert torch.equal(model(ids).logits_BTV, want)
+
+
+def test_nested_scopes_leave_the_model_as_it_was():
+    model = _qat_model().eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (4, 9))
+    with torch.no_grad():
+        want = model(ids).logits_BTV
+        with frozen_expert_weights(model):
+            with frozen_expert_weights(model):
+                inner = model(ids).logits_BTV
+            outer = model(ids).logits_BTV
+    assert torch.equal(inner, want) and torch.equal(outer, want)
+    assert all("_expert_weights" not in vars(m) for m in model.modules() if isinstance(m, LatentMoE))
