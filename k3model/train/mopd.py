@@ -559,13 +559,13 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 # Evaluation of one policy on many routes
 
 @torch.no_grad()
-def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None
-                      ) -> dict:
+def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
+                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
     """`k3model.train.evaluate.evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
     for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
     takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
-    the calls of one effort played in one batch instead of one batch a call. The engine is batch
-    invariant (greedy rows decode the same tokens whatever shares their batch:
+    the calls of one effort played in one batch (of at most `max_episodes_per_batch`) instead of one
+    batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
     tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
     wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
     from k3model.train.rollout import play_tasks, sft_format
@@ -584,11 +584,12 @@ def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[
         harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
         spec = specs[effort]
         # evaluate()'s generator (unused at temperature 0, kept so the calls match).
-        generator = torch.Generator(device=device).manual_seed(0)
+        generator = torch.Generator(device=device).manual_seed(seed)
         t0 = time.perf_counter()
         played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
                             SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
-                            episode_budget=spec.budget_tokens, generator=generator)
+                            episode_budget=spec.budget_tokens, generator=generator,
+                            max_episodes_per_batch=max_episodes_per_batch)
         seconds = time.perf_counter() - t0
         start = 0
         for n in names:

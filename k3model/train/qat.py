@@ -13,12 +13,20 @@ The quantizer is `kernels.mx.fake_quant_mx`, the one export uses too; `prepare_q
 LatentMoE's quantization hook, which is exactly what building the model with `ModelConfig(qat=True)`
 does, so a prepared model computes bit for bit what a QAT-built one does (tested). The model files
 stay free of training modes, as `k3model.parallel` wraps a model from outside.
+
+While the weights stay fixed (a rollout, an evaluation: `frozen_expert_weights(model)`), fq(W) of
+each expert stack is the same on every forward, so the stacks the forward sees are computed once
+and reused; the activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
+its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-01).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
+import torch
 import torch.nn as nn
 
 from k3model.moe import MX_BLOCK, LatentMoE
@@ -55,3 +63,31 @@ def qat_enabled(model: nn.Module) -> bool:
     """True when every LatentMoE of `model` fake-quantizes its experts."""
     moes = [m for m in model.modules() if isinstance(m, LatentMoE)]
     return bool(moes) and all(m.fake_quant_mx is not None for m in moes)
+
+
+@contextlib.contextmanager
+def frozen_expert_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside, without autograd: every QAT LatentMoE of `model` computes its fake-quantized expert
+    weight stacks (`LatentMoE._expert_weights`) once and reuses them, bit for bit the same tensors,
+    until a stack changes in place (its version counter moves: an optimizer step, load_state_dict).
+    With autograd on, and for models without QAT, nothing changes."""
+    # An instance attribute shadows the method for the scope (an inner scope leaves an outer one's).
+    moes = [m for m in model.modules() if isinstance(m, LatentMoE) and m.fake_quant_mx is not None
+            and "_expert_weights" not in vars(m)]
+    try:
+        for moe in moes:
+            moe._expert_weights = functools.partial(_reused_expert_weights, moe, type(moe)._expert_weights.__get__(moe), {})
+        yield model
+    finally:
+        for moe in moes:
+            del moe._expert_weights  # the class's method again
+
+
+def _reused_expert_weights(moe: LatentMoE, compute, memo: dict) -> tuple[torch.Tensor, ...]:
+    # A tensor made without autograd carries no gradient to the weights: training forwards compute.
+    if torch.is_grad_enabled():
+        return compute()
+    versions = tuple(w._version for w in (moe.w_gate_EHL, moe.w_up_EHL, moe.w_down_ELH))
+    if memo.get("versions") != versions:
+        memo["versions"], memo["stacks"] = versions, compute()
+    return memo["stacks"]

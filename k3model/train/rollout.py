@@ -28,6 +28,7 @@ import torch
 
 from k3model.cache import ModelCache
 from k3model.engine import SamplingConfig, context_length, decode, last_logits
+from k3model.train.qat import frozen_expert_weights
 
 
 @dataclass(frozen=True)
@@ -153,43 +154,51 @@ class TokenPolicy:
         was_training = model.training
         model.eval()
         try:
-            while active:
-                logits: dict[int, torch.Tensor] = {}
-                # First turns with the same prompt (a GRPO group, samples of one task) prefill once
-                # and fork: the copies hold the same bits the separate prefills would.
-                fresh: dict[tuple[int, ...], list[int]] = {}
-                for i in active:
-                    if caches[i] is None:
-                        fresh.setdefault(tuple(pending[i]), []).append(i)
-                for prompt, members in fresh.items():
-                    cache = ModelCache.empty(model, 1, capacity=len(prompt) + self.cfg.max_new_tokens)
-                    out = model(torch.tensor([prompt], device=device), cache=cache, logits=False)
-                    first = last_logits(model, out.hidden_BTD)[0]
-                    copies = cache.fork(len(members)) if len(members) > 1 else cache
-                    for k, i in enumerate(members):
-                        caches[i] = copies.select([k]) if len(members) > 1 else copies
-                        logits[i] = first
-                for i in active:
-                    if i not in logits:
-                        out = model(torch.tensor([pending[i]], device=device), cache=caches[i], logits=False)
-                        logits[i] = last_logits(model, out.hidden_BTD)[0]
-                budgets = [int(min(self.cfg.max_new_tokens, limit - len(episodes[i].token_ids),
-                                   self._left(episodes[i]))) for i in active]
-                batch = caches[active[0]] if len(active) == 1 else ModelCache.cat([caches[i] for i in active])
-                self.decode_batches.append(len(active))
-                done, finals = decode(model, batch, torch.stack([logits[i] for i in active]), [self.cfg] * len(active), budgets,
-                                      generator=self.generator, keep_caches=True)
-                still = []
-                for i, completion, cache in zip(active, done, finals):
-                    if self._turn(envs[i], episodes[i], completion, pending, i):
-                        caches[i] = cache
-                        still.append(i)
-                    else:
-                        caches[i] = None
-                active = still
+            # The weights stay fixed for the whole run: QAT's fake-quantized expert weights once, not per step.
+            with frozen_expert_weights(model):
+                self._play(envs, episodes, pending, caches, active, limit, device)
         finally:
             model.train(was_training)
         return episodes
+
+    def _play(self, envs, episodes: list[Episode], pending: list, caches: list, active: list[int], limit,
+              device) -> None:
+        """The turns of `run`: until no episode in `active` goes on, one batched decode per turn."""
+        model = self.model
+        while active:
+            logits: dict[int, torch.Tensor] = {}
+            # First turns with the same prompt (a GRPO group, samples of one task) prefill once
+            # and fork: the copies hold the same bits the separate prefills would.
+            fresh: dict[tuple[int, ...], list[int]] = {}
+            for i in active:
+                if caches[i] is None:
+                    fresh.setdefault(tuple(pending[i]), []).append(i)
+            for prompt, members in fresh.items():
+                cache = ModelCache.empty(model, 1, capacity=len(prompt) + self.cfg.max_new_tokens)
+                out = model(torch.tensor([prompt], device=device), cache=cache, logits=False)
+                first = last_logits(model, out.hidden_BTD)[0]
+                copies = cache.fork(len(members)) if len(members) > 1 else cache
+                for k, i in enumerate(members):
+                    caches[i] = copies.select([k]) if len(members) > 1 else copies
+                    logits[i] = first
+            for i in active:
+                if i not in logits:
+                    out = model(torch.tensor([pending[i]], device=device), cache=caches[i], logits=False)
+                    logits[i] = last_logits(model, out.hidden_BTD)[0]
+            budgets = [int(min(self.cfg.max_new_tokens, limit - len(episodes[i].token_ids),
+                               self._left(episodes[i]))) for i in active]
+            batch = caches[active[0]] if len(active) == 1 else ModelCache.cat([caches[i] for i in active])
+            self.decode_batches.append(len(active))
+            done, finals = decode(model, batch, torch.stack([logits[i] for i in active]), [self.cfg] * len(active), budgets,
+                                  generator=self.generator, keep_caches=True)
+            still = []
+            for i, completion, cache in zip(active, done, finals):
+                if self._turn(envs[i], episodes[i], completion, pending, i):
+                    caches[i] = cache
+                    still.append(i)
+                else:
+                    caches[i] = None
+            active = still
 
     def _turn(self, env, ep: Episode, completion, pending: list, i: int) -> bool:
         """Record a policy turn and step the env; True while the episode goes on."""

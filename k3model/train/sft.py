@@ -45,7 +45,7 @@ from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, check_run_config,
                                   log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
                                   set_lr, tail_mean)
-from k3model.train.qat import QAT_SCHEME, prepare_qat
+from k3model.train.qat import QAT_SCHEME, frozen_expert_weights, prepare_qat
 
 logger = logging.getLogger(__name__)
 
@@ -187,22 +187,24 @@ def demo_loss(model: K3Model, demos: Demonstrations, batch_size: int = 8, device
         acc[0] += value
         acc[1] += n
 
-    for start in range(0, len(demos), batch_size):
-        rows = list(range(start, min(start + batch_size, len(demos))))
-        ids_BT, labels_BT = demos.batch(rows, device)
-        logits_BTV = model(ids_BT).logits_BTV.float()
-        nll_BT = torch.nn.functional.cross_entropy(logits_BTV.transpose(1, 2), labels_BT,
-                                                   ignore_index=IGNORE_INDEX, reduction="none")
-        match_BT = logits_BTV.argmax(-1) == labels_BT
-        for b, r in enumerate(rows):
-            own = labels_BT[b] != IGNORE_INDEX
-            nll, n = float(nll_BT[b][own].sum()), int(own.sum())
-            replayed = float(bool(match_BT[b][own].all()))
-            for key in ("", f"/{demos.efforts[r]}", f"/{demos.domains[r]}/{demos.efforts[r]}",
-                        f"/harness/{demos.harnesses[r]}"):
-                add(f"{prefix}/loss{key}", nll, n)
-                add(f"{prefix}/p_demo{key}", math.exp(-nll), 1)
-                add(f"{prefix}/greedy_match{key}", replayed, 1)
+    # The weights stay fixed through the pass: QAT quantizes each expert stack once.
+    with frozen_expert_weights(model):
+        for start in range(0, len(demos), batch_size):
+            rows = list(range(start, min(start + batch_size, len(demos))))
+            ids_BT, labels_BT = demos.batch(rows, device)
+            logits_BTV = model(ids_BT).logits_BTV.float()
+            nll_BT = torch.nn.functional.cross_entropy(logits_BTV.transpose(1, 2), labels_BT,
+                                                       ignore_index=IGNORE_INDEX, reduction="none")
+            match_BT = logits_BTV.argmax(-1) == labels_BT
+            for b, r in enumerate(rows):
+                own = labels_BT[b] != IGNORE_INDEX
+                nll, n = float(nll_BT[b][own].sum()), int(own.sum())
+                replayed = float(bool(match_BT[b][own].all()))
+                for key in ("", f"/{demos.efforts[r]}", f"/{demos.domains[r]}/{demos.efforts[r]}",
+                            f"/harness/{demos.harnesses[r]}"):
+                    add(f"{prefix}/loss{key}", nll, n)
+                    add(f"{prefix}/p_demo{key}", math.exp(-nll), 1)
+                    add(f"{prefix}/greedy_match{key}", replayed, 1)
     return {key: total / n for key, (total, n) in sorted(sums.items()) if n}
 
 

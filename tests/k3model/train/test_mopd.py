@@ -207,6 +207,13 @@ def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, sm
         got = together[route].as_metadata()
         assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
         assert got["n"] == 2 and got["mean_policy_tokens"] > 0
+    # Capped batches (assets.tasks.evaluate_policy passes its plan's cap) split an effort's episodes
+    # into several decodes: still the same figures.
+    capped = evaluate_together(model, smoke_tok, {r: (ts, r[1], None) for r, ts in tasks.items()}, specs,
+                               max_episodes_per_batch=4)
+    for route in tasks:
+        assert ({k: v for k, v in capped[route].as_metadata().items() if k not in timing}
+                == {k: v for k, v in together[route].as_metadata().items() if k not in timing})
     # Named harnesses too (cross_harness: in-harness and held-out in one batch).
     calls = {"in": (tasks[("general_agents", "low")], "low", ["codex", "hermes"]),
              "out": (tasks[("general_agents", "low")], "low", ["openclaw"])}

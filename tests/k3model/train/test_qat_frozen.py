@@ -1,0 +1,101 @@
+"""QAT's frozen expert weights (k3model.train.qat.frozen_expert_weights): inside the scope a forward
+and its gradients equal the ones outside bit for bit, each expert stack is quantized once, a weight
+changed inside the scope is quantized again, and the model's quantizer comes back afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from k3model.config import get_profile
+from k3model.model import K3Model
+from k3model.moe import LatentMoE
+from k3model.quantize import _qat_rounding
+from k3model.train.qat import frozen_expert_weights, prepare_qat
+
+
+def _qat_model(scale_rounding: str = "ceil") -> K3Model:
+    cfg = replace(get_profile("smoke").model, vision=None, mtp_depth=0)
+    torch.manual_seed(0)
+    return prepare_qat(K3Model(cfg), scale_rounding)
+
+
+def _counting(model: K3Model) -> list[int]:
+    """Wraps each LatentMoE's quantizer to count its calls on expert weights (parameters)."""
+    calls = [0]
+    for moe in model.modules():
+        if isinstance(moe, LatentMoE):
+            inner = moe.fake_quant_mx
+
+            def counted(t, fmt, inner=inner):
+                calls[0] += isinstance(t, torch.nn.Parameter)
+                return inner(t, fmt)
+            moe.fake_quant_mx = counted
+    return calls
+
+
+def test_frozen_weights_give_the_same_bits_and_quantize_each_stack_once():
+    model = _qat_model().eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (4, 37))
+    with torch.no_grad():
+        want = [model(ids[:, : t + 1]).logits_BTV for t in (5, 20, 36)]
+    calls = _counting(model)
+    originals = [m.fake_quant_mx for m in model.modules() if isinstance(m, LatentMoE)]
+    with torch.no_grad(), frozen_expert_weights(model):
+        got = [model(ids[:, : t + 1]).logits_BTV for t in (5, 20, 36)]
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    n_moe = len(originals)
+    assert n_moe >= 1 and calls[0] == 3 * n_moe  # three stacks per LatentMoE, once for three forwards
+    assert [m.fake_quant_mx for m in model.modules() if isinstance(m, LatentMoE)] == originals
+
+
+def test_a_weight_changed_inside_the_scope_is_quantized_again():
+    model = _qat_model().eval()
+    moe = next(m for m in model.modules() if isinstance(m, LatentMoE))
+    ids = torch.randint(0, model.cfg.vocab_size, (4, 12))
+    with torch.no_grad(), frozen_expert_weights(model):
+        stale = model(ids).logits_BTV
+        moe.w_up_EHL.mul_(1.5)  # in place, as an optimizer step or load_state_dict changes it
+        inside = model(ids).logits_BTV
+    with torch.no_grad():
+        fresh = model(ids).logits_BTV
+    assert not torch.equal(stale, fresh)
+    assert torch.equal(inside, fresh)
+
+
+def test_gradients_and_the_recorded_rounding_are_unchanged():
+    model = _qat_model("floor")
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
+    moe = next(m for m in model.modules() if isinstance(m, LatentMoE))
+    model(ids).logits_BTV.square().mean().backward()
+    want = moe.w_gate_EHL.grad.clone()
+    model.zero_grad()
+    with frozen_expert_weights(model):
+        assert _qat_rounding(moe) == "floor"  # k3model.quantize reads it from the quantizer
+        model(ids).logits_BTV.square().mean().backward()
+    assert torch.equal(moe.w_gate_EHL.grad, want)
+
+
+def test_a_model_without_qat_passes_through():
+    cfg = replace(get_profile("smoke").model, vision=None, mtp_depth=0)
+    model = K3Model(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (4, 9))
+    with torch.no_grad():
+        want = model(ids).logits_BTV
+        with frozen_expert_weights(model):
+            assert torch.equal(model(ids).logits_BTV, want)
+
+
+def test_nested_scopes_leave_the_model_as_it_was():
+    model = _qat_model().eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (4, 9))
+    with torch.no_grad():
+        want = model(ids).logits_BTV
+        with frozen_expert_weights(model):
+            with frozen_expert_weights(model):
+                inner = model(ids).logits_BTV
+            outer = model(ids).logits_BTV
+    assert torch.equal(inner, want) and torch.equal(outer, want)
+    assert all("_expert_weights" not in vars(m) for m in model.modules() if isinstance(m, LatentMoE))
