@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
+from kernels.kda.cpu import kda_cpu
 
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
@@ -134,9 +135,12 @@ class KDALayer(nn.Module):
                 # inputs would double their tiles. Gates, state and accumulators stay fp32.
                 low = torch.get_autocast_dtype("cuda")
                 q_BTHK, k_BTHK, v_BTHK, beta_BTH = (t.to(low) for t in (q_BTHK, k_BTHK, v_BTHK, beta_BTH))
-            o_BTHK, recurrent = chunk_kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
-                                          initial_state=None if state is None else state.recurrent,
-                                          output_final_state=state is not None)
+            # On the CPU the C recurrence (kernels/kda/cpu.py: fewer operations than the chunked form
+            # at these head widths), else the chunked kernels.
+            kda = kda_cpu if x_BTD.device.type == "cpu" else chunk_kda
+            o_BTHK, recurrent = kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
+                                    initial_state=None if state is None else state.recurrent,
+                                    output_final_state=state is not None)
         o_BTHK = self.o_norm(o_BTHK.to(x_BTD.dtype))
         gate_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K)
         y_BTD = self.o_proj((gate_BTHK * o_BTHK).reshape(B, T, H * K))
