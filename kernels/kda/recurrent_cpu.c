@@ -140,17 +140,22 @@ static inline __attribute__((always_inline)) void first_pass(
         float *dS, const float *St, const float *qt, const float *kt, const float *dot, const float *u,
         float *dq_t, float *dk1, vf *du, int64_t K, const int64_t V, float scale) {
     const int64_t NV = V / W;
-    for (int64_t jj = 0; jj < NV; ++jj) du[jj] = splat(0.0f);
+    /* loaded once: the stores into dS could alias them, so the compiler would reload every row */
+    vf dov[VMAX / W], uv[VMAX / W];
+    for (int64_t jj = 0; jj < NV; ++jj) {
+        du[jj] = splat(0.0f);
+        dov[jj] = load(dot + jj * W);
+        uv[jj] = load(u + jj * W);
+    }
     for (int64_t a = 0; a < K; ++a) {
         const vf qq = splat(scale * qt[a]), kk = splat(kt[a]);
         vf accq = splat(0.0f), acck = splat(0.0f);
         for (int64_t jj = 0; jj < NV; ++jj) {
-            const vf dov = load(dot + jj * W);
-            accq = accq + load(St + a * V + jj * W) * dov;
-            const vf ds = load(dS + a * V + jj * W) + qq * dov;
+            accq = accq + load(St + a * V + jj * W) * dov[jj];
+            const vf ds = load(dS + a * V + jj * W) + qq * dov[jj];
             store(dS + a * V + jj * W, ds);
             du[jj] = du[jj] + ds * kk;
-            acck = acck + ds * load(u + jj * W);
+            acck = acck + ds * uv[jj];
         }
         dq_t[a] = scale * hsum(accq);
         dk1[a] = hsum(acck);
@@ -198,8 +203,12 @@ static inline __attribute__((always_inline)) void backward_rows(
                 }
                 dbeta[row] = hsum(accb);
                 /* token t's second pass, fused with token t − 1's first (both read S_{t−1} = Sp) */
-                const float *qp = q + prow * K, *kp = k + prow * K, *dop = do_ + prow * V;
-                const float *up = ubuf + (i - 1) * V;
+                const float *qp = q + prow * K, *kp = k + prow * K;
+                vf dov[VMAX / W], upv[VMAX / W];
+                for (int64_t jj = 0; jj < NV; ++jj) {
+                    dov[jj] = prev ? load(do_ + prow * V + jj * W) : splat(0.0f);
+                    upv[jj] = prev ? load(ubuf + (i - 1) * V + jj * W) : splat(0.0f);
+                }
                 for (int64_t a = 0; a < K; ++a) {
                     const vf e = splat(eg[a]), kk = splat(kt[a]);
                     const vf qq = splat(prev ? scale * qp[a] : 0.0f), kkp = splat(prev ? kp[a] : 0.0f);
@@ -211,11 +220,10 @@ static inline __attribute__((always_inline)) void backward_rows(
                         accg = accg + dsa * sa;
                         vf ds = dsa * e;
                         if (prev) {
-                            const vf dov = load(dop + jj * W);
-                            accq = accq + sp * dov;
-                            ds = ds + qq * dov;
+                            accq = accq + sp * dov[jj];
+                            ds = ds + qq * dov[jj];
                             du_prev[jj] = du_prev[jj] + ds * kkp;
-                            acck_p = acck_p + ds * load(up + jj * W);
+                            acck_p = acck_p + ds * upv[jj];
                         }
                         store(dS + a * V + jj * W, ds);
                     }
