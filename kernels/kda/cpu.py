@@ -36,6 +36,7 @@ logger = logging.getLogger("kernels.kda")
 _LOGGED: set[str] = set()
 
 SOURCE = Path(__file__).with_name("recurrent_cpu.c")
+GATES_SOURCE = Path(__file__).with_name("gates_cpu.c")
 LANES = 8  # floats per vector in the C kernel: K and V must be multiples
 CHECKPOINT = 32  # tokens between saved states: the backward's recomputed stretch fits in L2 (33 × K·V floats)
 _P, _I, _F = native.PTR, native.I64, native.F32
@@ -43,16 +44,25 @@ _SIGNATURES = {
     "kda_recurrent_forward": [_P] * 9 + [_I] * 5 + [_F] + [_I] * 3,
     "kda_recurrent_backward": [_P] * 14 + [_I] * 5 + [_F] + [_I] * 3,
 }
+_GATES_SIGNATURES = {
+    "kda_gates_forward": [_P] * 7 + [_I] * 3 + [_F] * 2,
+    "kda_gates_backward": [_P] * 11 + [_I] * 3 + [_F] * 2,
+}
 _POOL: ThreadPoolExecutor | None = None
 
 
 def load():
-    """The built library, or None when it cannot be built: `load_error()` says why."""
+    """The built recurrence library, or None when it cannot be built: `load_error()` says why."""
     return native.load(SOURCE, _SIGNATURES)
 
 
 def load_error() -> str | None:
     return native.load_error(SOURCE)
+
+
+def load_gates():
+    """The built gates library (`gates_cpu.c`), or None when it cannot be built."""
+    return native.load(GATES_SOURCE, _GATES_SIGNATURES)
 
 
 def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
@@ -68,11 +78,12 @@ def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     if (choice == "torch" or q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-1] % LANES
             or V % LANES or q.shape[1] == 0 or torch.compiler.is_compiling()):
         return "torch"
-    if load() is None:
+    if load() is None or load_gates() is None:
+        error = load_error() or native.load_error(GATES_SOURCE)
         if choice == "c":
-            raise ValueError(f"K3_CPU_KERNELS=c but the KDA kernel could not be built: {load_error()}; "
+            raise ValueError(f"K3_CPU_KERNELS=c but the KDA kernel could not be built: {error}; "
                              "install a C compiler (gcc) or unset K3_CPU_KERNELS")
-        _announce("torch", f"the C kernel could not be built: {load_error()}", logging.WARNING)
+        _announce("torch", f"the C kernel could not be built: {error}", logging.WARNING)
         return "torch"
     return "c"
 
@@ -153,3 +164,40 @@ def kda_cpu(q, k, v, g, beta, scale: float | None = None, initial_state: torch.T
     _announce(path)
     fn = kda_recurrent_cpu if path == "c" else chunk_kda_torch
     return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
+
+
+class _KDAGatesFunction(torch.autograd.Function):
+    """(q, k, g) = (L2Norm(q̃), L2Norm(k̃), lb·σ(e^{A_h} z)) on contiguous fp32 CPU [B, T, H, K] rows."""
+
+    @staticmethod
+    def forward(ctx, q_raw, k_raw, z, A_log, lower_bound: float, eps: float):
+        B, T, H, K = q_raw.shape
+        a_H = A_log.detach().float().exp().contiguous()
+        q, k, g = torch.empty_like(q_raw), torch.empty_like(k_raw), torch.empty_like(z)
+        load_gates().kda_gates_forward(q_raw.data_ptr(), k_raw.data_ptr(), z.data_ptr(), a_H.data_ptr(), q.data_ptr(),
+                                       k.data_ptr(), g.data_ptr(), B * T * H, H, K, lower_bound, eps)
+        ctx.save_for_backward(q_raw, k_raw, z, a_H)
+        ctx.constants = (lower_bound, eps)
+        return q, k, g
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dq, dk, dg):
+        q_raw, k_raw, z, a_H = ctx.saved_tensors
+        B, T, H, K = q_raw.shape
+        dq, dk, dg = (d.float().contiguous() for d in (dq, dk, dg))
+        dq_raw, dk_raw, dz = torch.empty_like(q_raw), torch.empty_like(k_raw), torch.empty_like(z)
+        da_H = torch.zeros(H, dtype=torch.float64)
+        load_gates().kda_gates_backward(q_raw.data_ptr(), k_raw.data_ptr(), z.data_ptr(), a_H.data_ptr(), dq.data_ptr(),
+                                        dk.data_ptr(), dg.data_ptr(), dq_raw.data_ptr(), dk_raw.data_ptr(), dz.data_ptr(),
+                                        da_H.data_ptr(), B * T * H, H, K, *ctx.constants)
+        # d/dA of e^A · z is e^A · z: the kernel summed dg-weighted z per head.
+        return dq_raw, dk_raw, dz, (da_H * a_H.double()).float(), None, None
+
+
+def kda_gates_cpu(q_raw_BTHK, k_raw_BTHK, z_BTHK, A_log_H, lower_bound: float, eps: float):
+    """(L2Norm(q̃), L2Norm(k̃), lb·σ(e^{A_h}·z)) by the C kernel (`kda_cpu_backend` "c"): the KDA
+    layer's q, k and per-channel log decay g (k3model/kda_layer.py), all [B, T, H, K] fp32,
+    differentiable in q̃, k̃, z and A_log."""
+    return _KDAGatesFunction.apply(q_raw_BTHK.float().contiguous(), k_raw_BTHK.float().contiguous(),
+                                   z_BTHK.float().contiguous(), A_log_H, float(lower_bound), float(eps))
