@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
-from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_gates_cpu
+from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_gates_cpu, kda_output_gate_cpu
 
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
@@ -151,8 +151,12 @@ class KDALayer(nn.Module):
             o_BTHK, recurrent = kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
                                     initial_state=None if state is None else state.recurrent,
                                     output_final_state=state is not None)
-        o_BTHK = self.o_norm(o_BTHK.to(x_BTD.dtype))
-        gate_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K)
-        y_BTD = self.o_proj((gate_BTHK * o_BTHK).reshape(B, T, H * K))
+        if x_BTD.dtype == torch.float32 and kda_cpu_backend(o_BTHK) == "c":
+            # The per-head RMSNorm and the sigmoid gate in one C pass each way (kernels/kda/gates_cpu.c).
+            gated_BTHK = kda_output_gate_cpu(o_BTHK, self.g_proj(x_BTD).view(B, T, H, K), self.o_norm.weight,
+                                             self.o_norm.eps)
+        else:
+            gated_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K) * self.o_norm(o_BTHK.to(x_BTD.dtype))
+        y_BTD = self.o_proj(gated_BTHK.reshape(B, T, H * K))
         new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent, positions=positions)
         return y_BTD, new_state

@@ -47,6 +47,8 @@ _SIGNATURES = {
 _GATES_SIGNATURES = {
     "kda_gates_forward": [_P] * 7 + [_I] * 3 + [_F] * 2,
     "kda_gates_backward": [_P] * 11 + [_I] * 3 + [_F] * 2,
+    "kda_output_gate_forward": [_P] * 4 + [_I] * 2 + [_F],
+    "kda_output_gate_backward": [_P] * 7 + [_I] * 2 + [_F],
 }
 _POOL: ThreadPoolExecutor | None = None
 
@@ -201,3 +203,39 @@ def kda_gates_cpu(q_raw_BTHK, k_raw_BTHK, z_BTHK, A_log_H, lower_bound: float, e
     differentiable in q̃, k̃, z and A_log."""
     return _KDAGatesFunction.apply(q_raw_BTHK.float().contiguous(), k_raw_BTHK.float().contiguous(),
                                    z_BTHK.float().contiguous(), A_log_H, float(lower_bound), float(eps))
+
+
+class _KDAOutputGateFunction(torch.autograd.Function):
+    """y = σ(c) ⊙ RMSNorm_γ(o) per head row, on contiguous fp32 CPU [B, T, H, K]."""
+
+    @staticmethod
+    def forward(ctx, o, c, gamma, eps: float):
+        K = o.shape[-1]
+        gamma_f = gamma.detach().float().contiguous()
+        y = torch.empty_like(o)
+        load_gates().kda_output_gate_forward(o.data_ptr(), c.data_ptr(), gamma_f.data_ptr(), y.data_ptr(),
+                                             o.numel() // K, K, eps)
+        ctx.save_for_backward(o, c, gamma_f)
+        ctx.eps, ctx.gamma_dtype = eps, gamma.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        o, c, gamma_f = ctx.saved_tensors
+        K = o.shape[-1]
+        dy = dy.float().contiguous()
+        do, dc = torch.empty_like(o), torch.empty_like(c)
+        dgamma = torch.zeros(K, dtype=torch.float64)
+        load_gates().kda_output_gate_backward(o.data_ptr(), c.data_ptr(), gamma_f.data_ptr(), dy.data_ptr(),
+                                              do.data_ptr(), dc.data_ptr(), dgamma.data_ptr(), o.numel() // K, K,
+                                              ctx.eps)
+        return do, dc, dgamma.to(ctx.gamma_dtype), None
+
+
+def kda_output_gate_cpu(o_BTHK, gate_logits_BTHK, weight_K, eps: float):
+    """σ(gate logits) ⊙ RMSNorm(o) (weight γ, over each head's K channels) by the C kernel
+    (`kda_cpu_backend` "c"): the KDA layer's gated output before W_o, [B, T, H, K] fp32,
+    differentiable in o, the logits and γ."""
+    return _KDAOutputGateFunction.apply(o_BTHK.float().contiguous(), gate_logits_BTHK.float().contiguous(),
+                                        weight_K, float(eps))

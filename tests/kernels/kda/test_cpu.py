@@ -150,3 +150,27 @@ def test_gates_kernel_matches_the_layers_torch_path_on_outputs_and_gradients():
     for name, a, b in zip(["q", "k", "g", "dq", "dk", "dz", "dA_log"], *results):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, b) <= 1e-6, name
+
+
+@needs_kernel
+def test_output_gate_kernel_matches_rmsnorm_and_sigmoid_on_outputs_and_gradients():
+    from k3model.common import RMSNorm
+
+    B, T, H, K = 2, 19, 4, 32
+    gen = torch.Generator().manual_seed(8)
+    o, c = torch.randn(B, T, H, K, generator=gen) * 3, torch.randn(B, T, H, K, generator=gen) * 2
+    norm = RMSNorm(K)
+    with torch.no_grad():
+        norm.weight.add_(torch.randn(K, generator=gen) * 0.3)
+    dy = torch.randn(B, T, H, K, generator=gen)
+    results = []
+    for fn in (lambda o, c: cpu.kda_output_gate_cpu(o, c, norm.weight, norm.eps),
+               lambda o, c: torch.sigmoid(c) * norm(o)):
+        norm.weight.grad = None
+        leaves = [o.clone().requires_grad_(True), c.clone().requires_grad_(True)]
+        y = fn(*leaves)
+        y.backward(dy)
+        results.append([y.detach(), leaves[0].grad, leaves[1].grad, norm.weight.grad.clone()])
+    for name, a, b in zip(["y", "do", "dc", "dgamma"], *results):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, b) <= 1e-6, name
