@@ -174,3 +174,29 @@ def test_output_gate_kernel_matches_rmsnorm_and_sigmoid_on_outputs_and_gradients
     for name, a, b in zip(["y", "do", "dc", "dgamma"], *results):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, b) <= 1e-6, name
+
+
+@needs_kernel
+def test_the_kda_layer_on_the_c_path_equals_its_torch_path(monkeypatch):
+    """The layer's CPU path (gates, recurrence, output gate in C) against K3_CPU_KERNELS=torch (the
+    torch norms and gates around the chunked path) on the output and every parameter's gradient."""
+    from k3model.config import get_profile
+    from k3model.kda_layer import KDALayer
+    from k3model.model import K3Model
+
+    torch.manual_seed(0)
+    model = K3Model(get_profile("tiny").model)
+    layer = next(m for m in model.modules() if isinstance(m, KDALayer))
+    x = torch.randn(2, 70, layer.cfg.d_model)
+    dy = torch.randn(2, 70, layer.cfg.d_model)
+    results = []
+    for choice in ("c", "torch"):
+        monkeypatch.setenv("K3_CPU_KERNELS", choice)
+        layer.zero_grad(set_to_none=True)
+        leaf = x.clone().requires_grad_(True)
+        y, _ = layer(leaf)
+        y.backward(dy)
+        results.append([y.detach(), leaf.grad] + [p.grad for p in layer.parameters()])
+    names = ["y", "dx"] + [n for n, _ in layer.named_parameters()]
+    for name, a, b in zip(names, *results):
+        assert rel_err(a, b) <= 1e-5, name
