@@ -11,7 +11,7 @@ threads (ctypes releases the GIL); each row's numbers never depend on the batch 
 
 `kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state)` has `chunk_kda`'s signature.
 Paths, by the tensors, never switched silently:
-- "c": fp32 CPU tensors with K and V multiples of 8 and T ≥ 1, eager.
+- "c": fp32 CPU tensors with K a multiple of 8, V a multiple of 16 up to 256 and T ≥ 1, eager.
 - "torch" (`chunk_kda_torch`): everything else, `K3_CPU_KERNELS=torch`, or no working C compiler
   (logged as a warning with the reason, once). `K3_CPU_KERNELS=c` makes a failed build raise.
 The first call of each path logs it (logger "kernels.kda"); `kda_cpu_backend(q)` says which path a
@@ -37,7 +37,9 @@ _LOGGED: set[str] = set()
 
 SOURCE = Path(__file__).with_name("recurrent_cpu.c")
 GATES_SOURCE = Path(__file__).with_name("gates_cpu.c")
-LANES = 8  # floats per vector in the C kernel: K and V must be multiples
+LANES = 8  # floats per vector along K in the C kernels (K a multiple)
+V_LANES = 16  # floats per vector along V in the recurrence (V a multiple)
+MAX_V = 256  # the recurrence keeps its per-token V-vectors in fixed arrays (VMAX in the C file)
 CHECKPOINT = 32  # tokens between saved states: the backward's recomputed stretch fits in L2 (33 × K·V floats)
 _P, _I, _F = native.PTR, native.I64, native.F32
 _SIGNATURES = {
@@ -78,7 +80,7 @@ def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     choice = native.choice()
     V = q.shape[-1] if v is None else v.shape[-1]
     if (choice == "torch" or q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-1] % LANES
-            or V % LANES or q.shape[1] == 0 or torch.compiler.is_compiling()):
+            or V % V_LANES or V > MAX_V or q.shape[1] == 0 or torch.compiler.is_compiling()):
         return "torch"
     if load() is None or load_gates() is None:
         error = load_error() or native.load_error(GATES_SOURCE)
@@ -148,7 +150,7 @@ class _KDARecurrentFunction(torch.autograd.Function):
 
 def kda_recurrent_cpu(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None,
                       output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """KDA by the C kernel (`load()` must have succeeded; fp32, K and V multiples of LANES):
+    """KDA by the C kernel (`load()` must have succeeded; fp32, K a multiple of LANES, V of V_LANES):
     (o [B, T, H, V], the fp32 final state or None); differentiable in every input and the initial state."""
     check_kda_inputs(q, k, v, g, beta, initial_state)
     scale = q.shape[-1] ** -0.5 if scale is None else scale

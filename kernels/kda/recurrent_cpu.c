@@ -18,7 +18,7 @@
    forward, fewer than the chunked form's 64×64 score blocks, and none of its exponent factors or
    triangular solve. The forward saves the state every L tokens; the backward recomputes each
    L-token stretch from its checkpoint (states, e^g, r, u) and walks it in reverse. Vectors run
-   along V (V a multiple of W), sums along V in one fixed order, so each (b, h) gets the same bits
+   along V (V a multiple of RW), sums along V in one fixed order, so each (b, h) gets the same bits
    whatever the batch. Rows (b, h) in [bh0, bh1) only: the caller splits them across threads.
 
    Each token's two passes over S are fused with the neighbour's: forward, the update of token t
@@ -35,11 +35,25 @@ void free(void *ptr);
 
 #define VMAX 256 /* widest V: the per-token vectors live in fixed arrays */
 
-static inline float hsum(vf x) {
-    float s = 0.0f;
-    for (int l = 0; l < W; ++l) s += x[l];
-    return s;
-}
+/* Along V the kernel works in vectors of RW = 16 floats (V a multiple of 16): one AVX-512 register,
+   half the instructions of vecmath.h's 8-float vectors in the loops over S (2.x× faster on this
+   machine's Zen 5, which has full-width AVX-512 units); the AVX2 and default clones split each into
+   two or four, the same IEEE operations per lane. Along K (e^g) it uses vecmath.h's vf. */
+#define RW 16
+typedef float vr __attribute__((vector_size(4 * RW)));
+
+/* Macros, not functions: GCC lowers a helper's 64-byte vectors for the default target before it is
+   inlined into a clone (each broadcast became 16 masked inserts, the kernel 2× slower than with
+   8-float vectors); written in place, they compile for the clone's instruction set. */
+#define spr(x) ({ const float x_ = (x); (vr){x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_, x_}; })
+#define ldr(p) ({ vr v_; memcpy(&v_, (p), sizeof v_); v_; })
+#define str_(p, x) do { const vr v_ = (x); memcpy((p), &v_, sizeof v_); } while (0)
+/* The sum of a vector's 16 lanes as a fixed tree: the two halves added as vectors, then those
+   8 lanes pairwise (the serial 15 additions were a third of the backward's instructions). */
+#define hsum(x) ({ const vr h_ = (x); vf lo_, hi_; memcpy(&lo_, &h_, sizeof lo_); \
+                   memcpy(&hi_, (const char *)&h_ + sizeof lo_, sizeof hi_); const vf s_ = lo_ + hi_; \
+                   ((s_[0] + s_[1]) + (s_[2] + s_[3])) + ((s_[4] + s_[5]) + (s_[6] + s_[7])); })
+
 
 /* Tokens [t0, t0 + n) of row (b, h), starting from S = S_{t0−1} (undecayed) in place; afterwards
    S = S_{t0+n−1}. Writes o (when o is not NULL), the state after each token into states[i·KV]
@@ -50,19 +64,19 @@ static inline __attribute__((always_inline)) void run_tokens(
         float *o, float *states, float *ckpt, float *eg_out, float *r_out, float *u_out,
         int64_t b, int64_t h, int64_t t0, int64_t n, int64_t T, int64_t H, int64_t K, const int64_t V,
         float scale, int64_t L, float *eg_cur, float *eg_next) {
-    const int64_t KV = K * V, NV = V / W;
-    vf p[VMAX / W], u[VMAX / W], acc_o[VMAX / W];
+    const int64_t KV = K * V, NV = V / RW;
+    vr p[VMAX / RW], u[VMAX / RW], acc_o[VMAX / RW];
     /* the first token's decay and prediction */
     {
         const int64_t row = (b * T + t0) * H + h;
         if (ckpt && t0 % L == 0) memcpy(ckpt + (t0 / L) * KV, S, sizeof(float) * KV);
         for (int64_t i = 0; i < K; i += W) store(eg_cur + i, exp_vf(load(g + row * K + i)));
-        for (int64_t jj = 0; jj < NV; ++jj) p[jj] = splat(0.0f);
+        for (int64_t jj = 0; jj < NV; ++jj) p[jj] = spr(0.0f);
         for (int64_t i = 0; i < K; ++i) {
-            const vf e = splat(eg_cur[i]), kk = splat(k[row * K + i]);
+            const vr e = spr(eg_cur[i]), kk = spr(k[row * K + i]);
             for (int64_t jj = 0; jj < NV; ++jj) {
-                const vf s = load(S + i * V + jj * W) * e;
-                store(S + i * V + jj * W, s);
+                const vr s = ldr(S + i * V + jj * RW) * e;
+                str_(S + i * V + jj * RW, s);
                 p[jj] = p[jj] + s * kk;
             }
         }
@@ -70,14 +84,14 @@ static inline __attribute__((always_inline)) void run_tokens(
     for (int64_t m = 0; m < n; ++m) {
         const int64_t t = t0 + m, row = (b * T + t) * H + h, nrow = row + H;
         const int next = m + 1 < n;
-        const vf bt = splat(beta[row]);
+        const vr bt = spr(beta[row]);
         for (int64_t jj = 0; jj < NV; ++jj) {
-            const vf r = load(v + row * V + jj * W) - p[jj];
+            const vr r = ldr(v + row * V + jj * RW) - p[jj];
             u[jj] = r * bt;
-            if (r_out) store(r_out + m * V + jj * W, r);
-            if (u_out) store(u_out + m * V + jj * W, u[jj]);
-            acc_o[jj] = splat(0.0f);
-            p[jj] = splat(0.0f);
+            if (r_out) str_(r_out + m * V + jj * RW, r);
+            if (u_out) str_(u_out + m * V + jj * RW, u[jj]);
+            acc_o[jj] = spr(0.0f);
+            p[jj] = spr(0.0f);
         }
         if (eg_out) memcpy(eg_out + m * K, eg_cur, sizeof(float) * K);
         if (next)
@@ -85,22 +99,22 @@ static inline __attribute__((always_inline)) void run_tokens(
         float *st = states ? states + m * KV : 0;
         float *ck = ckpt && next && (t + 1) % L == 0 ? ckpt + ((t + 1) / L) * KV : 0;
         for (int64_t i = 0; i < K; ++i) {
-            const vf kk = splat(k[row * K + i]), qq = splat(scale * q[row * K + i]);
-            const vf e = splat(next ? eg_next[i] : 0.0f), kn = splat(next ? k[nrow * K + i] : 0.0f);
+            const vr kk = spr(k[row * K + i]), qq = spr(scale * q[row * K + i]);
+            const vr e = spr(next ? eg_next[i] : 0.0f), kn = spr(next ? k[nrow * K + i] : 0.0f);
             for (int64_t jj = 0; jj < NV; ++jj) {
-                vf s = load(S + i * V + jj * W) + kk * u[jj];
+                vr s = ldr(S + i * V + jj * RW) + kk * u[jj];
                 acc_o[jj] = acc_o[jj] + s * qq;
-                if (st) store(st + i * V + jj * W, s);
-                if (ck) store(ck + i * V + jj * W, s);
+                if (st) str_(st + i * V + jj * RW, s);
+                if (ck) str_(ck + i * V + jj * RW, s);
                 if (next) {
                     s = s * e;
                     p[jj] = p[jj] + s * kn;
                 }
-                store(S + i * V + jj * W, s);
+                str_(S + i * V + jj * RW, s);
             }
         }
         if (o)
-            for (int64_t jj = 0; jj < NV; ++jj) store(o + row * V + jj * W, acc_o[jj]);
+            for (int64_t jj = 0; jj < NV; ++jj) str_(o + row * V + jj * RW, acc_o[jj]);
         float *swap = eg_cur;
         eg_cur = eg_next;
         eg_next = swap;
@@ -138,22 +152,22 @@ CLONES void kda_recurrent_forward(const float *q, const float *k, const float *v
    include o_t's): dq_t, the dS·u half of dk_t (into dk1), du; then dβ_t, dv_t and dp (returned). */
 static inline __attribute__((always_inline)) void first_pass(
         float *dS, const float *St, const float *qt, const float *kt, const float *dot, const float *u,
-        float *dq_t, float *dk1, vf *du, int64_t K, const int64_t V, float scale) {
-    const int64_t NV = V / W;
+        float *dq_t, float *dk1, vr *du, int64_t K, const int64_t V, float scale) {
+    const int64_t NV = V / RW;
     /* loaded once: the stores into dS could alias them, so the compiler would reload every row */
-    vf dov[VMAX / W], uv[VMAX / W];
+    vr dov[VMAX / RW], uv[VMAX / RW];
     for (int64_t jj = 0; jj < NV; ++jj) {
-        du[jj] = splat(0.0f);
-        dov[jj] = load(dot + jj * W);
-        uv[jj] = load(u + jj * W);
+        du[jj] = spr(0.0f);
+        dov[jj] = ldr(dot + jj * RW);
+        uv[jj] = ldr(u + jj * RW);
     }
     for (int64_t a = 0; a < K; ++a) {
-        const vf qq = splat(scale * qt[a]), kk = splat(kt[a]);
-        vf accq = splat(0.0f), acck = splat(0.0f);
+        const vr qq = spr(scale * qt[a]), kk = spr(kt[a]);
+        vr accq = spr(0.0f), acck = spr(0.0f);
         for (int64_t jj = 0; jj < NV; ++jj) {
-            accq = accq + load(St + a * V + jj * W) * dov[jj];
-            const vf ds = load(dS + a * V + jj * W) + qq * dov[jj];
-            store(dS + a * V + jj * W, ds);
+            accq = accq + ldr(St + a * V + jj * RW) * dov[jj];
+            const vr ds = ldr(dS + a * V + jj * RW) + qq * dov[jj];
+            str_(dS + a * V + jj * RW, ds);
             du[jj] = du[jj] + ds * kk;
             acck = acck + ds * uv[jj];
         }
@@ -167,14 +181,14 @@ static inline __attribute__((always_inline)) void backward_rows(
         const float *do_, const float *ds_final, float *dq, float *dk, float *dv, float *dg, float *dbeta,
         float *ds0, int64_t T, int64_t H, int64_t K, const int64_t V, float scale, int64_t L, int64_t bh0,
         int64_t bh1) {
-    const int64_t KV = K * V, NC = (T + L - 1) / L, NV = V / W;
+    const int64_t KV = K * V, NC = (T + L - 1) / L, NV = V / RW;
     /* the stretch's states (before its first token, after each), e^g, r, u per token, dS, two dk
        halves, two e^g rows, and the running (decayed) state run_tokens works on */
     float *Sbuf = malloc(sizeof(float) * ((L + 1) * KV + L * (K + 2 * V) + 2 * KV + 4 * K));
     float *egbuf = Sbuf + (L + 1) * KV, *rbuf = egbuf + L * K, *ubuf = rbuf + L * V;
     float *dS = ubuf + L * V, *dk1 = dS + KV, *dk1_prev = dk1 + K, *eg_a = dk1_prev + K, *eg_b = eg_a + K;
     float *work = eg_b + K;
-    vf du[VMAX / W], dp[VMAX / W], du_prev[VMAX / W];
+    vr du[VMAX / RW], dp[VMAX / RW], du_prev[VMAX / RW];
     for (int64_t bh = bh0; bh < bh1; ++bh) {
         const int64_t b = bh / H, h = bh % H;
         memcpy(dS, ds_final + bh * KV, sizeof(float) * KV);
@@ -193,39 +207,39 @@ static inline __attribute__((always_inline)) void backward_rows(
                 const int64_t row = (b * T + t0 + i) * H + h, prow = row - H;
                 const int prev = i > 0;
                 const float *kt = k + row * K, *Sp = Sbuf + i * KV, *eg = egbuf + i * K, *r = rbuf + i * V;
-                const vf bt = splat(beta[row]);
-                vf accb = splat(0.0f);
+                const vr bt = spr(beta[row]);
+                vr accb = spr(0.0f);
                 for (int64_t jj = 0; jj < NV; ++jj) {
-                    accb = accb + du[jj] * load(r + jj * W);
-                    store(dv + row * V + jj * W, du[jj] * bt);
+                    accb = accb + du[jj] * ldr(r + jj * RW);
+                    str_(dv + row * V + jj * RW, du[jj] * bt);
                     dp[jj] = du[jj] * -bt;
-                    du_prev[jj] = splat(0.0f);
+                    du_prev[jj] = spr(0.0f);
                 }
                 dbeta[row] = hsum(accb);
                 /* token t's second pass, fused with token t − 1's first (both read S_{t−1} = Sp) */
                 const float *qp = q + prow * K, *kp = k + prow * K;
-                vf dov[VMAX / W], upv[VMAX / W];
+                vr dov[VMAX / RW], upv[VMAX / RW];
                 for (int64_t jj = 0; jj < NV; ++jj) {
-                    dov[jj] = prev ? load(do_ + prow * V + jj * W) : splat(0.0f);
-                    upv[jj] = prev ? load(ubuf + (i - 1) * V + jj * W) : splat(0.0f);
+                    dov[jj] = prev ? ldr(do_ + prow * V + jj * RW) : spr(0.0f);
+                    upv[jj] = prev ? ldr(ubuf + (i - 1) * V + jj * RW) : spr(0.0f);
                 }
                 for (int64_t a = 0; a < K; ++a) {
-                    const vf e = splat(eg[a]), kk = splat(kt[a]);
-                    const vf qq = splat(prev ? scale * qp[a] : 0.0f), kkp = splat(prev ? kp[a] : 0.0f);
-                    vf acck = splat(0.0f), accg = splat(0.0f), accq = splat(0.0f), acck_p = splat(0.0f);
+                    const vr e = spr(eg[a]), kk = spr(kt[a]);
+                    const vr qq = spr(prev ? scale * qp[a] : 0.0f), kkp = spr(prev ? kp[a] : 0.0f);
+                    vr acck = spr(0.0f), accg = spr(0.0f), accq = spr(0.0f), acck_p = spr(0.0f);
                     for (int64_t jj = 0; jj < NV; ++jj) {
-                        const vf sp = load(Sp + a * V + jj * W), sa = sp * e;
-                        const vf dsa = load(dS + a * V + jj * W) + kk * dp[jj];
+                        const vr sp = ldr(Sp + a * V + jj * RW), sa = sp * e;
+                        const vr dsa = ldr(dS + a * V + jj * RW) + kk * dp[jj];
                         acck = acck + sa * dp[jj];
                         accg = accg + dsa * sa;
-                        vf ds = dsa * e;
+                        vr ds = dsa * e;
                         if (prev) {
                             accq = accq + sp * dov[jj];
                             ds = ds + qq * dov[jj];
                             du_prev[jj] = du_prev[jj] + ds * kkp;
                             acck_p = acck_p + ds * upv[jj];
                         }
-                        store(dS + a * V + jj * W, ds);
+                        str_(dS + a * V + jj * RW, ds);
                     }
                     dk[row * K + a] = dk1[a] + hsum(acck);
                     dg[row * K + a] = hsum(accg);

@@ -46,11 +46,11 @@ def rel_err(a, b):
 
 @needs_kernel
 @pytest.mark.parametrize("B, T, H, K, V, with_h0, gate_scale", [
-    (2, 63, 2, 16, 8, True, 1.0),     # odd length, shorter than a checkpoint stretch twice over
+    (2, 63, 2, 16, 16, True, 1.0),    # odd length, shorter than a checkpoint stretch twice over
     (1, 1000, 1, 8, 16, False, 1.0),  # odd length across many stretches
     (3, 64, 4, 32, 32, False, 1.0),   # the tiny profile's stage-1 shape (V = 32: the specialised build)
     (1, 97, 2, 32, 32, True, 30.0),   # gates far steeper than the safe gate's −5 (the chunked path's fallback)
-    (2, 5, 1, 8, 40, True, 1.0),      # V not a power of two, fewer tokens than a stretch
+    (2, 5, 1, 8, 48, True, 1.0),      # V not a power of two, fewer tokens than a stretch
 ])
 def test_kernel_matches_the_reference_on_outputs_state_and_gradients(B, T, H, K, V, with_h0, gate_scale):
     inputs = make_inputs(B, T, H, K, V, seed=T + 7 * K, gate_scale=gate_scale)
@@ -89,7 +89,7 @@ def test_a_row_gets_the_same_bits_alone_and_on_any_number_of_threads():
 
 @needs_kernel
 def test_without_gradients_no_state_is_kept_and_the_output_is_the_same():
-    q, k, v, g, beta, h0 = make_inputs(2, 40, 2, 8, 8, seed=4)
+    q, k, v, g, beta, h0 = make_inputs(2, 40, 2, 8, 16, seed=4)
     with torch.no_grad():
         o, s = kda_recurrent_cpu(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o_grad, s_grad = kda_recurrent_cpu(q, k, v, g, beta.requires_grad_(), initial_state=h0, output_final_state=True)
@@ -100,15 +100,16 @@ def test_without_gradients_no_state_is_kept_and_the_output_is_the_same():
 @needs_kernel
 def test_dispatch(monkeypatch):
     q = torch.randn(2, 5, 2, 16)
-    v = torch.randn(2, 5, 2, 8)
+    v = torch.randn(2, 5, 2, 32)
     assert kda_cpu_backend(q, v) == "c"
     assert kda_cpu_backend(torch.randn(2, 5, 2, 12)) == "torch"  # K not a multiple of 8
-    assert kda_cpu_backend(q, torch.randn(2, 5, 2, 12)) == "torch"  # V not a multiple of 8
+    assert kda_cpu_backend(q, torch.randn(2, 5, 2, 8)) == "torch"  # V not a multiple of 16
+    assert kda_cpu_backend(q, torch.randn(2, 5, 2, 272)) == "torch"  # V over 256
     assert kda_cpu_backend(q.double()) == "torch"
     assert kda_cpu_backend(torch.randn(2, 0, 2, 16)) == "torch"
     monkeypatch.setenv("K3_CPU_KERNELS", "torch")
     assert kda_cpu_backend(q, v) == "torch"
-    inputs = make_inputs(2, 70, 2, 16, 8, seed=5)
+    inputs = make_inputs(2, 70, 2, 16, 16, seed=5)
     for got, ref in zip(outputs_and_gradients(kda_cpu, inputs, True), outputs_and_gradients(chunk_kda_torch, inputs, True)):
         assert torch.equal(got, ref)
 
