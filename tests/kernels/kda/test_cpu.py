@@ -4,26 +4,15 @@ batch and of the thread split; the dispatch and the torch fallback."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels import native
 from kernels.kda import chunk_kda_torch, naive_recurrent_kda
 from kernels.kda import cpu
 from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_recurrent_cpu
+from tests.kernels.test_kda_torch import make_inputs
 
 needs_kernel = pytest.mark.skipif(cpu.load() is None, reason=f"C kernel not built: {cpu.load_error()}")
 NAMES = ["o", "final state", "dq", "dk", "dv", "dg", "dbeta", "dh0"]
-
-
-def make_inputs(B, T, H, K, V, seed, gate_scale=1.0):
-    gen = torch.Generator().manual_seed(seed)
-    q = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = F.logsigmoid(torch.randn(B, T, H, K, generator=gen)) * gate_scale
-    beta = torch.rand(B, T, H, generator=gen)
-    h0 = torch.randn(B, H, K, V, generator=gen)
-    return [q, k, v, g, beta, h0]
 
 
 def outputs_and_gradients(fn, inputs, with_h0, dtype=torch.float32, rows=slice(None)):
@@ -53,7 +42,7 @@ def rel_err(a, b):
     (2, 5, 1, 8, 48, True, 1.0),      # V not a power of two, fewer tokens than a stretch
 ])
 def test_kernel_matches_the_reference_on_outputs_state_and_gradients(B, T, H, K, V, with_h0, gate_scale):
-    inputs = make_inputs(B, T, H, K, V, seed=T + 7 * K, gate_scale=gate_scale)
+    inputs = make_inputs(B, T, H, K, V, seed=T + 7 * K, decay_scale=gate_scale)
     fast = outputs_and_gradients(kda_recurrent_cpu, inputs, with_h0)
     # The reference in float64: the fp32 kernel's error itself, not the fp32 reference's.
     ref = outputs_and_gradients(naive_recurrent_kda, inputs, with_h0, torch.float64)
