@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
-from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_gates_cpu, kda_output_gate_cpu
+from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_output_gate_cpu
 
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
@@ -88,15 +88,12 @@ class KDALayer(nn.Module):
         conv = lambda: torch.zeros(batch, H * K, W - 1, device=device, dtype=dtype)  # noqa: E731
         return KDAState(conv(), conv(), conv(), torch.zeros(batch, H, K, K, device=device, dtype=torch.float32))
 
-    def decay_preactivation(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        """z = W_f↑ W_f↓ x + dt_bias, [B, T, H, K] fp32: g = lb · sigmoid(exp(A) · z)."""
-        B, T, _ = x_BTD.shape
-        return (self.f_up(self.f_down(x_BTD)).float() + self.dt_bias.float()).view(B, T, self.cfg.n_heads, -1)
-
     def decay(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Per-token, per-channel log decay g ∈ (lb, 0): [B, T, H, K]."""
-        z = self.decay_preactivation(x_BTD)
-        return self.cfg.gate_lower_bound * torch.sigmoid(self.A_log.float().exp().view(-1, 1) * z)
+        B, T, _ = x_BTD.shape
+        H, K = self.cfg.n_heads, self.cfg.head_dim
+        z = (self.f_up(self.f_down(x_BTD)).float() + self.dt_bias.float()).view(B, T, H, K)
+        return self.cfg.gate_lower_bound * torch.sigmoid(self.A_log.float().exp().view(H, 1) * z)
 
     def forward(self, x_BTD: torch.Tensor, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState | None]:
         """With `state` None: a training/prefill call that returns no state unless asked via `state`."""
@@ -106,16 +103,10 @@ class KDALayer(nn.Module):
         q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
         k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
         v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
-        q_BTHK, k_BTHK = q.view(B, T, H, K).float(), k.view(B, T, H, K).float()
-        if kda_cpu_backend(q_BTHK) == "c":
-            # The same L2 norms and gate in one C pass each way (kernels/kda/gates_cpu.c) instead of
-            # ~25 elementwise torch passes over [B, T, H, K].
-            q_BTHK, k_BTHK, g_BTHK = kda_gates_cpu(q_BTHK, k_BTHK, self.decay_preactivation(x_BTD), self.A_log,
-                                                   self.cfg.gate_lower_bound, self.cfg.norm_eps)
-        else:
-            q_BTHK = _l2_normalize(q_BTHK, self.cfg.norm_eps)
-            k_BTHK = _l2_normalize(k_BTHK, self.cfg.norm_eps)
-            g_BTHK = self.decay(x_BTD)
+        q_BTHK = _l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
+        k_BTHK = _l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
+        g_BTHK = self.decay(x_BTD)
+        c_path = kda_cpu_backend(q_BTHK) == "c"  # K = V here: the C recurrence and output gate
         v_BTHK = v.view(B, T, H, K).float()
         beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
 
@@ -151,8 +142,8 @@ class KDALayer(nn.Module):
             o_BTHK, recurrent = kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
                                     initial_state=None if state is None else state.recurrent,
                                     output_final_state=state is not None)
-        if x_BTD.dtype == torch.float32 and kda_cpu_backend(o_BTHK) == "c":
-            # The per-head RMSNorm and the sigmoid gate in one C pass each way (kernels/kda/gates_cpu.c).
+        if c_path and x_BTD.dtype == torch.float32:
+            # The per-head RMSNorm and the sigmoid gate in one C pass each way (kernels/kda/output_gate_cpu.c).
             gated_BTHK = kda_output_gate_cpu(o_BTHK, self.g_proj(x_BTD).view(B, T, H, K), self.o_norm.weight,
                                              self.o_norm.eps)
         else:

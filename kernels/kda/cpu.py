@@ -11,7 +11,8 @@ threads (ctypes releases the GIL); each row's numbers never depend on the batch 
 
 `kda_cpu(q, k, v, g, beta, scale, initial_state, output_final_state)` has `chunk_kda`'s signature.
 Paths, by the tensors, never switched silently:
-- "c": fp32 CPU tensors with K a multiple of 8, V a multiple of 16 up to 256 and T ≥ 1, eager.
+- "c": fp32 CPU tensors with K a multiple of 8, V a multiple of 16 up to 256 and T ≥ 1 (eager
+  islands inside torch.compile'd code).
 - "torch" (`chunk_kda_torch`): everything else, `K3_CPU_KERNELS=torch`, or no working C compiler
   (logged as a warning with the reason, once). `K3_CPU_KERNELS=c` makes a failed build raise.
 The first call of each path logs it (logger "kernels.kda"); `kda_cpu_backend(q)` says which path a
@@ -36,7 +37,7 @@ logger = logging.getLogger("kernels.kda")
 _LOGGED: set[str] = set()
 
 SOURCE = Path(__file__).with_name("recurrent_cpu.c")
-GATES_SOURCE = Path(__file__).with_name("gates_cpu.c")
+GATES_SOURCE = Path(__file__).with_name("output_gate_cpu.c")
 LANES = 8  # floats per vector along K in the C kernels (K a multiple)
 V_LANES = 16  # floats per vector along V in the recurrence (V a multiple)
 MAX_V = 256  # the recurrence keeps its per-token V-vectors in fixed arrays (VMAX in the C file)
@@ -47,8 +48,6 @@ _SIGNATURES = {
     "kda_recurrent_backward": [_P] * 14 + [_I] * 5 + [_F] + [_I] * 3,
 }
 _GATES_SIGNATURES = {
-    "kda_gates_forward": [_P] * 7 + [_I] * 3 + [_F] * 2,
-    "kda_gates_backward": [_P] * 11 + [_I] * 3 + [_F] * 2,
     "kda_output_gate_forward": [_P] * 4 + [_I] * 2 + [_F],
     "kda_output_gate_backward": [_P] * 7 + [_I] * 2 + [_F],
 }
@@ -65,7 +64,7 @@ def load_error() -> str | None:
 
 
 def load_gates():
-    """The built gates library (`gates_cpu.c`), or None when it cannot be built."""
+    """The built output-gate library (`output_gate_cpu.c`), or None when it cannot be built."""
     return native.load(GATES_SOURCE, _GATES_SIGNATURES)
 
 
@@ -75,12 +74,15 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
         logger.log(level, "kda_cpu: %s path%s", path, f" ({why})" if why else "")
 
 
+# Inside torch.compile'd code (k3model/compiled.py) the C paths run as eager islands, so a compiled
+# model computes what the eager one does; the dispatch itself is evaluated eagerly too.
+@torch.compiler.disable
 def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     """"c" or "torch": the path `kda_cpu` takes for tensors like these (module docstring)."""
     choice = native.choice()
     V = q.shape[-1] if v is None else v.shape[-1]
     if (choice == "torch" or q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-1] % LANES
-            or V % V_LANES or V > MAX_V or q.shape[1] == 0 or torch.compiler.is_compiling()):
+            or V % V_LANES or V > MAX_V or q.shape[1] == 0):
         return "torch"
     if load() is None or load_gates() is None:
         error = load_error() or native.load_error(GATES_SOURCE)
@@ -160,6 +162,7 @@ def kda_recurrent_cpu(q, k, v, g, beta, scale: float | None = None, initial_stat
     return o, (s_final if output_final_state else None)
 
 
+@torch.compiler.disable
 def kda_cpu(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None,
             output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA on CPU tensors with `chunk_kda`'s signature: the C recurrence where it applies, else the
@@ -168,43 +171,6 @@ def kda_cpu(q, k, v, g, beta, scale: float | None = None, initial_state: torch.T
     _announce(path)
     fn = kda_recurrent_cpu if path == "c" else chunk_kda_torch
     return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state)
-
-
-class _KDAGatesFunction(torch.autograd.Function):
-    """(q, k, g) = (L2Norm(q̃), L2Norm(k̃), lb·σ(e^{A_h} z)) on contiguous fp32 CPU [B, T, H, K] rows."""
-
-    @staticmethod
-    def forward(ctx, q_raw, k_raw, z, A_log, lower_bound: float, eps: float):
-        B, T, H, K = q_raw.shape
-        a_H = A_log.detach().float().exp().contiguous()
-        q, k, g = torch.empty_like(q_raw), torch.empty_like(k_raw), torch.empty_like(z)
-        load_gates().kda_gates_forward(q_raw.data_ptr(), k_raw.data_ptr(), z.data_ptr(), a_H.data_ptr(), q.data_ptr(),
-                                       k.data_ptr(), g.data_ptr(), B * T * H, H, K, lower_bound, eps)
-        ctx.save_for_backward(q_raw, k_raw, z, a_H)
-        ctx.constants = (lower_bound, eps)
-        return q, k, g
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dq, dk, dg):
-        q_raw, k_raw, z, a_H = ctx.saved_tensors
-        B, T, H, K = q_raw.shape
-        dq, dk, dg = (d.float().contiguous() for d in (dq, dk, dg))
-        dq_raw, dk_raw, dz = torch.empty_like(q_raw), torch.empty_like(k_raw), torch.empty_like(z)
-        da_H = torch.zeros(H, dtype=torch.float64)
-        load_gates().kda_gates_backward(q_raw.data_ptr(), k_raw.data_ptr(), z.data_ptr(), a_H.data_ptr(), dq.data_ptr(),
-                                        dk.data_ptr(), dg.data_ptr(), dq_raw.data_ptr(), dk_raw.data_ptr(), dz.data_ptr(),
-                                        da_H.data_ptr(), B * T * H, H, K, *ctx.constants)
-        # d/dA of e^A · z is e^A · z: the kernel summed dg-weighted z per head.
-        return dq_raw, dk_raw, dz, (da_H * a_H.double()).float(), None, None
-
-
-def kda_gates_cpu(q_raw_BTHK, k_raw_BTHK, z_BTHK, A_log_H, lower_bound: float, eps: float):
-    """(L2Norm(q̃), L2Norm(k̃), lb·σ(e^{A_h}·z)) by the C kernel (`kda_cpu_backend` "c"): the KDA
-    layer's q, k and per-channel log decay g (k3model/kda_layer.py), all [B, T, H, K] fp32,
-    differentiable in q̃, k̃, z and A_log."""
-    return _KDAGatesFunction.apply(q_raw_BTHK.float().contiguous(), k_raw_BTHK.float().contiguous(),
-                                   z_BTHK.float().contiguous(), A_log_H, float(lower_bound), float(eps))
 
 
 class _KDAOutputGateFunction(torch.autograd.Function):
@@ -235,6 +201,7 @@ class _KDAOutputGateFunction(torch.autograd.Function):
         return do, dc, dgamma.to(ctx.gamma_dtype), None
 
 
+@torch.compiler.disable
 def kda_output_gate_cpu(o_BTHK, gate_logits_BTHK, weight_K, eps: float):
     """σ(gate logits) ⊙ RMSNorm(o) (weight γ, over each head's K channels) by the C kernel
     (`kda_cpu_backend` "c"): the KDA layer's gated output before W_o, [B, T, H, K] fp32,
