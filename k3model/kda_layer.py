@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
+from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_output_gate_cpu
 
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
@@ -104,9 +105,10 @@ class KDALayer(nn.Module):
         v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
         q_BTHK = _l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
         k_BTHK = _l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
+        g_BTHK = self.decay(x_BTD)
+        c_path = kda_cpu_backend(q_BTHK) == "c"  # K = V here: the C recurrence and output gate
         v_BTHK = v.view(B, T, H, K).float()
         beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
-        g_BTHK = self.decay(x_BTD)
 
         positions = None
         if state is not None and T == 1:
@@ -134,11 +136,18 @@ class KDALayer(nn.Module):
                 # inputs would double their tiles. Gates, state and accumulators stay fp32.
                 low = torch.get_autocast_dtype("cuda")
                 q_BTHK, k_BTHK, v_BTHK, beta_BTH = (t.to(low) for t in (q_BTHK, k_BTHK, v_BTHK, beta_BTH))
-            o_BTHK, recurrent = chunk_kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
-                                          initial_state=None if state is None else state.recurrent,
-                                          output_final_state=state is not None)
-        o_BTHK = self.o_norm(o_BTHK.to(x_BTD.dtype))
-        gate_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K)
-        y_BTD = self.o_proj((gate_BTHK * o_BTHK).reshape(B, T, H * K))
+            # On the CPU the C recurrence (kernels/kda/cpu.py: fewer operations than the chunked form
+            # at these head widths), else the chunked kernels.
+            kda = kda_cpu if x_BTD.device.type == "cpu" else chunk_kda
+            o_BTHK, recurrent = kda(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
+                                    initial_state=None if state is None else state.recurrent,
+                                    output_final_state=state is not None)
+        if c_path and x_BTD.dtype == torch.float32:
+            # The per-head RMSNorm and the sigmoid gate in one C pass each way (kernels/kda/output_gate_cpu.c).
+            gated_BTHK = kda_output_gate_cpu(o_BTHK, self.g_proj(x_BTD).view(B, T, H, K), self.o_norm.weight,
+                                             self.o_norm.eps)
+        else:
+            gated_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K) * self.o_norm(o_BTHK.to(x_BTD.dtype))
+        y_BTD = self.o_proj(gated_BTHK.reshape(B, T, H * K))
         new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent, positions=positions)
         return y_BTD, new_state
