@@ -95,3 +95,12 @@ def choice() -> str:
     if value not in CHOICES:
         raise ValueError(f"K3_CPU_KERNELS must be one of {CHOICES}, got {value!r}")
     return value
+
+
+def build_failed(kernel: str, error: str | None) -> str:
+    """For a dispatcher whose C kernel did not build: with K3_CPU_KERNELS=c a ValueError that says what
+    to do; otherwise the reason to log beside the torch path it falls back to."""
+    if choice() == "c":
+        raise ValueError(f"K3_CPU_KERNELS=c but the {kernel} kernel could not be built: {error}; "
+                         "install a C compiler (gcc) or unset K3_CPU_KERNELS")
+    return f"the C kernel could not be built: {error}"

@@ -86,10 +86,7 @@ def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
         return "torch"
     if load() is None or load_gates() is None:
         error = load_error() or native.load_error(GATES_SOURCE)
-        if choice == "c":
-            raise ValueError(f"K3_CPU_KERNELS=c but the KDA kernel could not be built: {error}; "
-                             "install a C compiler (gcc) or unset K3_CPU_KERNELS")
-        _announce("torch", f"the C kernel could not be built: {error}", logging.WARNING)
+        _announce("torch", native.build_failed("KDA", error), logging.WARNING)
         return "torch"
     return "c"
 

@@ -41,10 +41,7 @@ def short_conv_backend(x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = Non
             or (state_BCW is not None and state_BCW.requires_grad)):
         return "torch"
     if cpu.load() is None:
-        if choice == "c":
-            raise ValueError(f"K3_CPU_KERNELS=c but the short-conv kernel could not be built: {cpu.load_error()}; "
-                             "install a C compiler (gcc) or unset K3_CPU_KERNELS")
-        _announce("torch", f"the C kernel could not be built: {cpu.load_error()}", logging.WARNING)
+        _announce("torch", native.build_failed("short-conv", cpu.load_error()), logging.WARNING)
         return "torch"
     return "c"
 

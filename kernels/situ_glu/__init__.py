@@ -33,10 +33,7 @@ def situ_glu_backend(x: torch.Tensor) -> str:
     if choice == "torch" or x.device.type != "cpu" or torch.compiler.is_compiling():
         return "torch"
     if cpu.load() is None:
-        if choice == "c":
-            raise ValueError(f"K3_CPU_KERNELS=c but the SiTU-GLU kernel could not be built: {cpu.load_error()}; "
-                             "install a C compiler (gcc) or unset K3_CPU_KERNELS")
-        _announce("torch", x, f"the C kernel could not be built ({cpu.load_error()})", logging.WARNING)
+        _announce("torch", x, native.build_failed("SiTU-GLU", cpu.load_error()), logging.WARNING)
         return "torch"
     return "c"
 
