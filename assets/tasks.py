@@ -10,6 +10,7 @@ metrics: the asset logs it as one table artifact (`grid_rows`), so MLflow's char
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
     from k3model.pretrain import PretrainConfig, PretrainResult
     from k3model.pretrain_data import PretrainData
+
+_INTERRUPTED = threading.Event()
+
+
+def note_interrupt() -> None:
+    """Record that SIGINT or SIGTERM reached this process (`pipelines.cli` calls it from a thread that
+    reads the signal wakeup fd, which sees every signal whatever Python handler is in force)."""
+    _INTERRUPTED.set()
+
+
+def interrupted() -> bool:
+    """True once a SIGINT or SIGTERM was noted (`note_interrupt`). The handler's own exception can be
+    lost: Python drops an exception raised inside a garbage-collection callback ("Exception ignored
+    in ..."), and a signal handler runs wherever the main thread is — a SIGTERM to `k3 run` once
+    vanished in sqlalchemy's weakref callback while Dagster started a step, and the run went on to
+    its end. The long waits (pipelines.resources) check this too."""
+    return _INTERRUPTED.is_set()
+
 
 
 @dataclass(frozen=True)

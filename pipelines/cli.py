@@ -248,6 +248,24 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _watch_interrupts() -> None:
+    """Note every SIGINT/SIGTERM (`assets.tasks.note_interrupt`) from a thread reading the signal
+    wakeup fd, to which Python's C-level handler writes whatever Python handler is in force (Dagster
+    swaps them during a step). The handler's own exception can be lost (assets.tasks.interrupted);
+    the long waits check the note."""
+    from assets.tasks import note_interrupt
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while data := os.read(read_fd, 64):
+            if signal.SIGINT in data or signal.SIGTERM in data:
+                note_interrupt()
+
+    threading.Thread(target=watch, daemon=True, name="k3-interrupt-watch").start()
+
+
 def _is_interruption(err) -> bool:
     # Dagster's own wrapper, or our KeyboardInterrupt raised inside a step (a SIGTERM during
     # ray.init: RayResource._ensure).
@@ -355,6 +373,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     # SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: the Ray task is cancelled, the local
     # cluster stopped and the run recorded as failed, instead of dying mid-write.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    _watch_interrupts()
     instance = dg.DagsterInstance.get()
     _record_origin_for_the_ui(instance, job.name)
     run_id = str(uuid.uuid4())

@@ -33,7 +33,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from assets.lineage import PROFILES as RUNNABLE_PROFILES
-from assets.tasks import RayCall, error_line
+from assets.tasks import RayCall, error_line, interrupted
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -132,6 +132,12 @@ class RayResource(dg.ConfigurableResource):
     _started_here: bool = PrivateAttr(default=False)
 
     def _ensure(self, log: Callable[[str], None] | None = None) -> None:
+        self._start(log)
+        if interrupted():  # a SIGTERM whose exception was lost (assets.tasks.interrupted)
+            self.teardown_after_execution(None)
+            raise KeyboardInterrupt
+
+    def _start(self, log: Callable[[str], None] | None) -> None:
         import ray
         if ray.is_initialized():
             return
@@ -172,14 +178,14 @@ class RayResource(dg.ConfigurableResource):
             self._started_here = False
 
     def cluster_gpus(self, log: Callable[[str], None] | None = None) -> float:
-        import ray
         self._ensure(log)
+        import ray
         return float(ray.cluster_resources().get("GPU", 0.0))
 
     def node_cpus(self) -> float:
         """CPUs of the largest node: a task asking for more could never be scheduled."""
-        import ray
         self._ensure()
+        import ray
         return max(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
 
     def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
@@ -218,9 +224,9 @@ class RayResource(dg.ConfigurableResource):
         `fail_fast` the first failure instead cancels the other tasks and is raised. An interruption
         (Ctrl-C, SIGTERM) or a driver error cancels every task and is raised.
         """
+        self._ensure(log)
         import ray
         from ray.exceptions import RayError
-        self._ensure(log)
         gpus = self.cluster_gpus()
         for call in calls:
             if call.num_gpus > gpus:
@@ -251,6 +257,8 @@ class RayResource(dg.ConfigurableResource):
             pending = dict(enumerate(list(refs)))
             while pending:
                 ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=1.0)
+                if interrupted():
+                    raise KeyboardInterrupt
                 if tick is not None:
                     tick()
                 for i in [i for i, r in pending.items() if r in ready]:
