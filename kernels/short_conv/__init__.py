@@ -7,7 +7,9 @@ or a prefill after a state:
 never switched silently:
 - "c" (`cpu.py`, `short_conv_cpu.c`): fp32 CPU tensors with C a multiple of 8 and a state without
   gradient, eager — rows read and written in place, built on first use with the system C compiler.
-- "torch" (`naive.py`): everything else, `K3_CPU_KERNELS=torch`, or no working C compiler (logged
+- "taps" (`naive.short_conv_silu_taps`): inside torch.compile regions, where Inductor fuses the
+  shifted products and the SiLU into one kernel (conv1d would stay a generic depthwise call).
+- "torch" (`naive.py`): everything else eager, `K3_CPU_KERNELS=torch`, or no working C compiler (logged
   as a warning with the reason, once). `K3_CPU_KERNELS=c` makes a failed build raise.
 The first call of each path logs it (logger "kernels.short_conv"); `short_conv_backend(x)` says
 which path a tensor gets. The two agree to fp32 rounding (tests/kernels/short_conv).
@@ -21,7 +23,7 @@ import torch
 
 from kernels import native
 from kernels.short_conv import cpu
-from kernels.short_conv.naive import short_conv_silu_torch
+from kernels.short_conv.naive import short_conv_silu_taps, short_conv_silu_torch
 
 logger = logging.getLogger("kernels.short_conv")
 _LOGGED: set[str] = set()
@@ -34,10 +36,12 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
 
 
 def short_conv_backend(x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = None) -> str:
-    """"c" or "torch": the path `short_conv_silu` takes for these tensors (module docstring)."""
+    """"c", "taps" or "torch": the path `short_conv_silu` takes for these tensors (module docstring)."""
+    if torch.compiler.is_compiling():
+        return "taps"
     choice = native.choice()
     if (choice == "torch" or x_BTC.device.type != "cpu" or x_BTC.dtype != torch.float32
-            or x_BTC.shape[-1] % cpu.LANES or torch.compiler.is_compiling()
+            or x_BTC.shape[-1] % cpu.LANES
             or (state_BCW is not None and state_BCW.requires_grad)):
         return "torch"
     if cpu.load() is None:
@@ -50,10 +54,12 @@ def short_conv_silu(x_BTC: torch.Tensor, weight_C1W: torch.Tensor, state_BCW: to
     """(SiLU(causal depthwise conv(x)) [B, T, C], the last W − 1 inputs [B, C, W − 1]); differentiable
     in x and the weight."""
     path = short_conv_backend(x_BTC, state_BCW)
+    if path == "taps":
+        return short_conv_silu_taps(x_BTC, weight_C1W, state_BCW)
     _announce(path)
     if path == "c":
         return cpu.short_conv_silu_cpu(x_BTC, weight_C1W, state_BCW)
     return short_conv_silu_torch(x_BTC, weight_C1W, state_BCW)
 
 
-__all__ = ["short_conv_silu", "short_conv_silu_torch", "short_conv_backend"]
+__all__ = ["short_conv_silu", "short_conv_silu_taps", "short_conv_silu_torch", "short_conv_backend"]

@@ -50,8 +50,11 @@ def test_compiled_regions_give_the_eager_loss_and_gradients_with_one_graph_per_k
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's Triton kernels need CUDA")
 def test_compiled_regions_on_cuda_give_the_eager_step_under_bf16_autocast():
-    """The same check with Inductor on the GPU, bf16 autocast as in training: fused elementwise chains
-    round differently, so the bar is bf16's, and routing is fixed by fp32 router scores."""
+    """The same check with Inductor on the GPU, bf16 autocast as in training. bf16 alone moves this
+    random model's gradients by ~24 % (eager bf16 against eager fp32: the fp32 router scores see
+    bf16-rounded inputs and top-k ties flip), so the compiled step is held to the eager bf16 step's
+    distance from the fp32 reference, not to the eager bf16 step (benchmarks/probes/compiled_grads.py;
+    a missing or wrong gradient is ~100 % off)."""
     from k3model.compiled import compile_regions
 
     cfg = replace(get_profile("smoke").model, vision=None, mtp_depth=0, activation_checkpointing=True)
@@ -59,13 +62,21 @@ def test_compiled_regions_on_cuda_give_the_eager_step_under_bf16_autocast():
     eager = K3Model(cfg).cuda().train()
     compiled = compile_regions(copy.deepcopy(eager), dynamic=True)
     ids = torch.randint(0, cfg.vocab_size, (2, 128), device="cuda")
-    losses = []
-    for model in (eager, compiled):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+
+    def step(model, bf16):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             loss = model.compute_loss(ids)["loss/total"]
         loss.backward()
-        losses.append(loss.detach().float())
-    torch.testing.assert_close(losses[1], losses[0], rtol=2e-3, atol=2e-3)
-    g0 = torch.cat([p.grad.flatten() for p in eager.parameters() if p.grad is not None])
-    g1 = torch.cat([p.grad.flatten() for p in compiled.parameters() if p.grad is not None])
-    assert ((g1 - g0).norm() / g0.norm()).item() < 2e-2
+        names = [n for n, p in model.named_parameters() if p.grad is not None]
+        return loss.detach().float(), names, torch.cat([p.grad.flatten().float() for p in model.parameters()
+                                                        if p.grad is not None])
+
+    loss_ref, names_ref, g_ref = step(eager, bf16=False)
+    loss_eager, _, g_eager = step(eager, bf16=True)
+    loss_compiled, names_compiled, g_compiled = step(compiled, bf16=True)
+    torch.testing.assert_close(loss_compiled, loss_eager, rtol=2e-3, atol=2e-3)
+    assert names_compiled == names_ref
+    eager_off = ((g_eager - g_ref).norm() / g_ref.norm()).item()
+    compiled_off = ((g_compiled - g_ref).norm() / g_ref.norm()).item()
+    assert compiled_off < max(1.5 * eager_off, 2e-2), (compiled_off, eager_off)

@@ -78,3 +78,32 @@ def test_without_a_compiler_the_torch_path_is_taken_and_forcing_the_kernel_says_
     monkeypatch.setenv("K3_CPU_KERNELS", "c")
     with pytest.raises(ValueError, match="could not be built: no C compiler"):
         short_conv_backend(x)
+
+
+@pytest.mark.parametrize("T, with_state", [(33, False), (2, True), (9, True)])
+def test_the_tap_sum_matches_conv1d_and_compiles_to_it(T, with_state):
+    """The compiled regions' path: the shifted-product sum against conv1d eagerly (outputs, state,
+    both gradients), and the compiled module takes it."""
+    from kernels.short_conv.naive import short_conv_silu_taps
+
+    torch.manual_seed(3)
+    x = torch.randn(2, T, 16, requires_grad=True)
+    w = (torch.randn(16, 1, 4) * 0.5).requires_grad_()
+    state = torch.randn(2, 16, 3) if with_state else None
+    dy = torch.randn(2, T, 16)
+    results = []
+    for fn in (short_conv_silu_taps, short_conv_silu_torch):
+        x.grad = w.grad = None
+        y, new_state = fn(x, w, state)
+        y.backward(dy)
+        results.append((y.detach(), new_state, x.grad, w.grad))
+    for got, ref in zip(*results):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+
+    paths = []
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: (paths.append(short_conv_backend(a)), short_conv_silu(a, b))[1],
+                             backend="aot_eager", fullgraph=True)
+    y, _ = compiled(x.detach(), w.detach())
+    torch.testing.assert_close(y, short_conv_silu_torch(x.detach(), w.detach(), None)[0], rtol=1e-5, atol=1e-6)
+    assert paths == ["taps"]
