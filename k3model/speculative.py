@@ -177,7 +177,7 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
         if budget == 1 or emitted[-1] in cfg.stop_ids:
             return emitted
         # The draft reads (f_i, x_{i+1}) for every prompt position, the last pair with the first new token.
-        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache)
+        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache, last_only=True)
         while True:
             k = min(draft_len, budget - len(emitted) - 1)
             draft_start = draft_cache.length
@@ -219,7 +219,7 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
             if draft_cache.length != draft_start:
                 draft_cache.rollback(draft_start)
             f_1TD = draft.fuse_features([seen["low"][:, : a + 1], seen["mid"][:, : a + 1], out.hidden_BTD[:, : a + 1]])
-            g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache)
+            g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache, last_only=True)
     for i, t in enumerate(emitted):
         if t in cfg.stop_ids:
             return emitted[: i + 1]
