@@ -1,9 +1,11 @@
 """Speculative decoding (k3model/speculative.py) against plain decoding through the same engine, in
 the same run: acceptance length τ and tokens/s at draft lengths 1–6, greedy, batch 1.
 
-    # a trained target and draft, held-out prompts (the assistant-turn prompts of a datagen.sft table):
+    # a trained target and draft, held-out prompts (the assistant-turn prompts of a datagen.sft table;
+    # --prompt-offset 16 gives the tiny draft_model asset's own measurement prompts):
     OMP_NUM_THREADS=1 python benchmarks/speculative.py --target CKPT --draft DRAFT_CKPT \
-        --prompts-table heldout.parquet --out benchmarks/results/decode/<date>_speculative_tiny_trained_cpu.json
+        --prompts-table heldout.parquet --prompt-offset 16 --cases trained --min-draft-probs none,0.7 \
+        --out benchmarks/results/decode/<date>_speculative_tiny_trained_cpu.json
     # random weights (no checkpoints given):
     OMP_NUM_THREADS=1 python benchmarks/speculative.py --profile tiny --out benchmarks/results/decode/<date>_speculative_tiny_cpu.json
 

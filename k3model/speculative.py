@@ -25,7 +25,12 @@ top-k and top-p), so the output follows exactly what `generate` samples from. Gr
 target's greedy output as long as the verify forward's argmax equals the decode step's: it feeds
 k + 1 tokens at once, which differs from one-token steps by GEMM rounding (k3model/cache.py), so a
 near tie between the top two logits could in principle flip (docs/log/speculative.md counts it).
-One prompt at a time (batch 1). Legend: K draft length, V vocabulary, T tokens, D width.
+One prompt at a time (batch 1). A round's chain may end before K drafts (`min_draft_prob`: after a
+draft the draft itself gives less than that), which reads only the draft's side and so changes
+nothing of the above. On the CPU the verify runs KDA's recurrence over its K + 1 tokens in one C
+call and rebuilds the state of the last accepted position only when rolling back to it
+(kda_layer.VerifyPositions); the draft computes its head on the last position only.
+Legend: K draft length, V vocabulary, T tokens, D width.
 """
 
 from __future__ import annotations
