@@ -19,8 +19,11 @@ truncated like a KV cache: it is a sum over all past tokens. Replaying the accep
 the target model a second time over most of every accepted draft, and a state per position is cheap
 here: decode steps build new state tensors rather than mutating old ones, so recording a position
 stores references, not copies. A multi-token forward into a recording cache (a speculative verify)
-runs KDA's recurrence token by token to get each position's state (kda_layer.py). The conv windows
-are per-position states too and are restored with the recurrent matrix. MLA needs nothing: entries
+runs KDA's recurrence over its tokens in one C call on the CPU and keeps what rebuilds the state
+after any of them (kda_layer.VerifyPositions: the recurrence replayed over the kept tokens, built
+only when a rollback asks for that position); elsewhere it runs the recurrence token by token and
+keeps each position's state. The conv windows are per-position states too and are restored with
+the recurrent matrix. MLA needs nothing: entries
 past the new length are masked out and overwritten by the next write.
 `ModelCache.empty(..., max_rollback=n)` keeps the last n positions; 0 (the default) records nothing.
 
@@ -32,6 +35,7 @@ It does not record rollback history. Legend: B batch rows, S capacity, L latent 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -72,6 +76,13 @@ class LatentCache:
                 f"rows hold different lengths ({sorted(set(lengths))}); feed them one token each, or "
                 "extend them one row at a time (cache.select([i]))"
             )
+
+
+def _position_state(positions, t: int) -> KDAState:
+    """The state after token t of a multi-token forward, from its layer's `positions`."""
+    if isinstance(positions, list):
+        return replace(positions[t], positions=None, keep_positions=False)
+    return positions.state(t)
 
 
 class ModelCache:
@@ -167,11 +178,12 @@ class ModelCache:
             if len(set(self.lengths)) != 1:
                 raise ValueError("rollback history needs rows of equal length; use max_rollback=0")
             # Intermediate positions of a multi-token forward, from the layers' per-position states.
+            # (built when a rollback asks for one: most rounds of a speculative decode roll back once or not at all).
             recorded = all(layer.positions is not None for layer in self.layers if isinstance(layer, KDAState))
             for t in range(n_tokens - 1 if recorded else 0):
                 self._history[start + 1 + t] = [
-                    replace(layer.positions[t], positions=None, keep_positions=False)
-                    if isinstance(layer, KDAState) else None for layer in self.layers]
+                    partial(_position_state, layer.positions, t) if isinstance(layer, KDAState) else None
+                    for layer in self.layers]
             self._record_history()
             for key in [k for k in self._history if k < self.lengths[0] - self.max_rollback]:
                 del self._history[key]
@@ -250,6 +262,8 @@ class ModelCache:
                              f"lengths {have[0]}…{have[-1]} (max_rollback = {self.max_rollback})")
         states = self._history[length]
         for i, state in enumerate(states):
+            if callable(state):
+                state = state()
             if state is not None:
                 self.layers[i] = replace(state, keep_positions=length > 0)
         self.lengths = [length] * self.batch

@@ -66,17 +66,20 @@ class DraftModel(nn.Module):
         """[h_low; h_mid; h_high] [B, T, 3D] → f [B, T, D]."""
         return self.fuse(torch.cat(features, dim=-1))
 
-    def forward(self, hidden_BTD: torch.Tensor, next_ids_BT: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden_BTD: torch.Tensor, next_ids_BT: torch.Tensor, cache,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward over T positions into `cache` (a ModelCache of this draft): hidden_BTD
         is f (fused target features) or the draft's own g, next_ids_BT the token after each
-        position. Returns (g [B, T, D], logits of the token after that [B, T, V])."""
+        position. Returns (g [B, T, D], logits of the token after that [B, T, V]; with `last_only`,
+        of the last position only [B, 1, V] — all a decode loop reads, and the head over a whole
+        prompt is most of the draft's prefill)."""
         cache.check(self, hidden_BTD.shape[0])
         x_BTD = self.merge(torch.cat([self.hidden_norm(hidden_BTD), self.embed_norm(self.embed(next_ids_BT))], dim=-1))
         stream = BlockResidualStream(x_BTD)
         cache.set_layer(0, self.layers[0](stream, cache.layers[0], use_cache=True))
         cache.advance(next_ids_BT.shape[1])
         g_BTD = self.out_res(stream.sources())
-        return g_BTD, self.head(g_BTD)
+        return g_BTD, self.head(g_BTD[:, -1:] if last_only else g_BTD)
 
     def head(self, g_BTD: torch.Tensor) -> torch.Tensor:
         """The draft's logits of the token after next from its output g [..., D] → [..., V]."""

@@ -48,9 +48,37 @@ class KDAState:
     conv_v: torch.Tensor
     recurrent: torch.Tensor  # [B, H, K, V] fp32
     # Rollback support (k3model/cache.py): with keep_positions, a multi-token forward also returns
-    # the state after each of its tokens but the last, in `positions`.
+    # the states after each of its tokens but the last, in `positions` (a list of KDAStates, or a
+    # VerifyPositions that builds one on demand).
     keep_positions: bool = False
-    positions: list | None = field(default=None, repr=False)
+    positions: "list | VerifyPositions | None" = field(default=None, repr=False)
+
+
+@dataclass
+class VerifyPositions:
+    """The states after each token but the last of a multi-token forward into a recording cache (a
+    speculative verify on the CPU), built only for a position that a rollback asks for: the recurrence
+    replayed over the kept tokens from the state before the forward (one C call, the same per-token
+    arithmetic as the forward's), the conv windows sliced from [window before; the projected inputs].
+    Most rounds roll back once or not at all, so this is cheaper than keeping every position's state
+    (docs/log/speculative.md). `state(t)`: the state after token t (0-based) of that forward."""
+    layer: "KDALayer"
+    before: KDAState
+    x_BTD: torch.Tensor
+    inputs: tuple  # q, k, v, g [B, T, H, K] and beta [B, T, H] of the forward, as the recurrence took them
+
+    def __len__(self) -> int:
+        return self.x_BTD.shape[1] - 1
+
+    def state(self, t: int) -> KDAState:
+        layer, W = self.layer, self.layer.cfg.conv_kernel
+        _, recurrent = kda_cpu(*(x[:, : t + 1] for x in self.inputs), initial_state=self.before.recurrent,
+                               output_final_state=True)
+        # The projections over all T tokens, as the forward ran them (a GEMM's bits depend on its rows).
+        windows = [torch.cat([s.to(self.x_BTD.dtype), proj(self.x_BTD)[:, : t + 1].transpose(1, 2)], dim=2)[:, :, -(W - 1):]
+                   for s, proj in ((self.before.conv_q, layer.q_proj), (self.before.conv_k, layer.k_proj),
+                                   (self.before.conv_v, layer.v_proj))]
+        return KDAState(*windows, recurrent)
 
 
 def _l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -115,9 +143,15 @@ class KDALayer(nn.Module):
             o_BHK, recurrent = kda_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
                                                beta_BTH[:, 0], state.recurrent)
             o_BTHK = o_BHK.unsqueeze(1)
+        elif state is not None and state.keep_positions and c_path:
+            # A speculative verify into a recording cache: the T tokens in one call of the C
+            # recurrence; the state after an earlier token is rebuilt only if the cache rolls back to it.
+            o_BTHK, recurrent = kda_cpu(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH, initial_state=state.recurrent,
+                                        output_final_state=True)
+            positions = VerifyPositions(self, state, x_BTD, (q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH))
         elif state is not None and state.keep_positions:
-            # A speculative verify into a recording cache: the decode step token by token, keeping
-            # every position's state (recurrent matrix and the three conv windows) for rollback.
+            # The same on other devices: the decode step token by token, keeping every position's
+            # state (recurrent matrix and the three conv windows) for rollback.
             recurrent, outs, positions = state.recurrent, [], []
             windows = [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2) for s, c in
                        ((state.conv_q, self.q_proj(x_BTD)), (state.conv_k, self.k_proj(x_BTD)),

@@ -25,7 +25,12 @@ top-k and top-p), so the output follows exactly what `generate` samples from. Gr
 target's greedy output as long as the verify forward's argmax equals the decode step's: it feeds
 k + 1 tokens at once, which differs from one-token steps by GEMM rounding (k3model/cache.py), so a
 near tie between the top two logits could in principle flip (docs/log/speculative.md counts it).
-One prompt at a time (batch 1). Legend: K draft length, V vocabulary, T tokens, D width.
+One prompt at a time (batch 1). A round's chain may end before K drafts (`min_draft_prob`: after a
+draft the draft itself gives less than that), which reads only the draft's side and so changes
+nothing of the above. On the CPU the verify runs KDA's recurrence over its K + 1 tokens in one C
+call and rebuilds the state of the last accepted position only when rolling back to it
+(kda_layer.VerifyPositions); the draft computes its head on the last position only.
+Legend: K draft length, V vocabulary, T tokens, D width.
 """
 
 from __future__ import annotations
@@ -130,16 +135,30 @@ def _pick(logits_TV: torch.Tensor, cfg: SamplingConfig, generator) -> tuple[list
     return torch.multinomial(probs_TV, 1, generator=generator).squeeze(-1).tolist(), probs_TV
 
 
+def _draft_prob(logits_1V: torch.Tensor, q_1V: torch.Tensor | None, d: int) -> float:
+    """q(d): the draft's probability of its draft d (its softmax when greedy, where q_1V is None)."""
+    if q_1V is None:
+        return float(logits_1V[0].float().softmax(-1)[d])
+    return float(q_1V[0, d])
+
+
 @torch.no_grad()
 def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], cfg: SamplingConfig,
-                         draft_len: int, *, generator: torch.Generator | None = None
-                         ) -> tuple[list[int], SpeculativeStats]:
+                         draft_len: int, *, generator: torch.Generator | None = None,
+                         min_draft_prob: float | None = None) -> tuple[list[int], SpeculativeStats]:
     """Decode `prompt_ids` (one prompt, a list of token ids) with `target`, `draft` proposing up to
     `draft_len` tokens a round; see the module docstring. Returns (the new token ids, the stop id
-    included when one ended the output, exactly as `generate` would; SpeculativeStats)."""
+    included when one ended the output, exactly as `generate` would; SpeculativeStats).
+
+    `min_draft_prob`: end a round's chain early after a draft whose probability under the draft
+    (q(d), softmax of its logits when greedy) is below this (EAGLE-2's dynamic draft, as a chain): a
+    draft the draft itself doubts is rarely accepted, and the drafts after it never are. The rule
+    reads only the draft's side, so the output keeps the target's distribution (greedy: its output)."""
     if not isinstance(draft_len, int) or draft_len < 1:
         raise ValueError(f"draft_len must be an int ≥ 1 (the drafts per round), got {draft_len!r}; "
                          "use engine.generate for plain decoding")
+    if min_draft_prob is not None and not 0 <= min_draft_prob <= 1:
+        raise ValueError(f"min_draft_prob must lie in [0, 1] or be None (always draft draft_len), got {min_draft_prob}")
     check_draft(target, draft)
     if any(isinstance(t, (list, tuple)) for t in prompt_ids):
         raise ValueError("speculative_generate takes one prompt (a list of ids); call it once per prompt")
@@ -156,13 +175,14 @@ def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], c
     for m in training:
         m.eval()
     try:
-        return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device), stats
+        return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device,
+                       min_draft_prob), stats
     finally:
         for m in training:
             m.train()
 
 
-def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, device) -> list[int]:
+def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, device, min_draft_prob) -> list[int]:
     n = len(prompt)
     capacity = n + budget + draft_len + 1
     target_cache = ModelCache.empty(target, 1, capacity=capacity, max_rollback=draft_len + 1)
@@ -177,7 +197,7 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
         if budget == 1 or emitted[-1] in cfg.stop_ids:
             return emitted
         # The draft reads (f_i, x_{i+1}) for every prompt position, the last pair with the first new token.
-        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache)
+        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache, last_only=True)
         while True:
             k = min(draft_len, budget - len(emitted) - 1)
             draft_start = draft_cache.length
@@ -188,9 +208,11 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
                 drafts.append(d)
                 if q_1V is not None:
                     q_rows.append(q_1V[0])
-                if j < k - 1:
-                    h_11D, step_logits = draft(h_11D, ids([d]), draft_cache)
-                    logits_1V = step_logits[0]
+                if j == k - 1 or (min_draft_prob is not None and _draft_prob(logits_1V, q_1V, d) < min_draft_prob):
+                    break
+                h_11D, step_logits = draft(h_11D, ids([d]), draft_cache)
+                logits_1V = step_logits[0]
+            k = len(drafts)
 
             start = target_cache.length
             out = target(ids([emitted[-1]] + drafts), cache=target_cache)
@@ -219,7 +241,7 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
             if draft_cache.length != draft_start:
                 draft_cache.rollback(draft_start)
             f_1TD = draft.fuse_features([seen["low"][:, : a + 1], seen["mid"][:, : a + 1], out.hidden_BTD[:, : a + 1]])
-            g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache)
+            g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache, last_only=True)
     for i, t in enumerate(emitted):
         if t in cfg.stop_ids:
             return emitted[: i + 1]
