@@ -103,7 +103,8 @@ class KDALayer(nn.Module):
         q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
         k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
         v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
-        c_path = kda_cpu_backend(q.view(B, T, H, K)) == "c"  # K = V here: the C kernels of kernels/kda/cpu.py
+        # K = V here: the C kernels of kernels/kda/cpu.py (the device test first: no graph break on CUDA)
+        c_path = q.device.type == "cpu" and kda_cpu_backend(q.view(B, T, H, K)) == "c"
         l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
         q_BTHK = l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
         k_BTHK = l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
