@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from k3model.common import RMSNorm, softmax0_vectorized
+from kernels.attn_res import attn_res_backend, attn_res_cpu
 
 
 class AttnRes(nn.Module):
@@ -46,6 +47,10 @@ class AttnRes(nn.Module):
     def forward(self, sources: list[torch.Tensor]) -> torch.Tensor:
         if len(sources) == 1:
             return sources[0]
+        if sources[0].device.type == "cpu" and attn_res_backend(sources) == "c":
+            # fp32 CPU sources: the whole mix in one C pass each way (kernels/attn_res). The device
+            # test first: on CUDA, Dynamo never reaches the eager-only dispatch (no graph break).
+            return attn_res_cpu(sources, self.query, self.key_norm.weight, self.key_norm.eps)
         # Source by source, never stacked: the [N, B, T, D] copy of the sources (and its backward)
         # was half of AttnRes's CPU time at N = 3 (6.3 → 2.9 ms forward + backward at [32, 64, 128];
         # docs/log/tiny.md). Σ_i α_i v_i is added left to right, as sum(0) over the stack added it.

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
-from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_output_gate_cpu
+from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_l2_norm_cpu, kda_output_gate_cpu
 
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
@@ -131,10 +131,12 @@ class KDALayer(nn.Module):
         q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
         k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
         v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
-        q_BTHK = _l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
-        k_BTHK = _l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
+        # K = V here: the C kernels of kernels/kda/cpu.py (the device test first: no graph break on CUDA)
+        c_path = q.device.type == "cpu" and kda_cpu_backend(q.view(B, T, H, K)) == "c"
+        l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
+        q_BTHK = l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
+        k_BTHK = l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
         g_BTHK = self.decay(x_BTD)
-        c_path = kda_cpu_backend(q_BTHK) == "c"  # K = V here: the C recurrence and output gate
         v_BTHK = v.view(B, T, H, K).float()
         beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
 

@@ -38,6 +38,7 @@ _LOGGED: set[str] = set()
 
 SOURCE = Path(__file__).with_name("recurrent_cpu.c")
 GATES_SOURCE = Path(__file__).with_name("output_gate_cpu.c")
+L2_NORM_SOURCE = Path(__file__).with_name("l2_norm_cpu.c")
 LANES = 8  # floats per vector along K in the C kernels (K a multiple)
 V_LANES = 16  # floats per vector along V in the recurrence (V a multiple)
 MAX_V = 256  # the recurrence keeps its per-token V-vectors in fixed arrays (VMAX in the C file)
@@ -50,6 +51,10 @@ _SIGNATURES = {
 _GATES_SIGNATURES = {
     "kda_output_gate_forward": [_P] * 4 + [_I] * 2 + [_F],
     "kda_output_gate_backward": [_P] * 7 + [_I] * 2 + [_F],
+}
+_L2_NORM_SIGNATURES = {
+    "kda_l2_norm_forward": [_P] * 2 + [_I] * 2 + [_F],
+    "kda_l2_norm_backward": [_P] * 4 + [_I] * 2 + [_F],
 }
 _POOL: ThreadPoolExecutor | None = None
 
@@ -68,6 +73,11 @@ def load_gates():
     return native.load(GATES_SOURCE, _GATES_SIGNATURES)
 
 
+def load_l2_norm():
+    """The built q/k-norm and decay-gate library (`l2_norm_cpu.c`), or None when it cannot be built."""
+    return native.load(L2_NORM_SOURCE, _L2_NORM_SIGNATURES)
+
+
 def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
     if path not in _LOGGED:
         _LOGGED.add(path)
@@ -84,8 +94,8 @@ def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     if (choice == "torch" or q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-1] % LANES
             or V % V_LANES or V > MAX_V or q.shape[1] == 0):
         return "torch"
-    if load() is None or load_gates() is None:
-        error = load_error() or native.load_error(GATES_SOURCE)
+    if load() is None or load_gates() is None or load_l2_norm() is None:
+        error = load_error() or native.load_error(GATES_SOURCE) or native.load_error(L2_NORM_SOURCE)
         _announce("torch", native.build_failed("KDA", error), logging.WARNING)
         return "torch"
     return "c"
@@ -205,3 +215,34 @@ def kda_output_gate_cpu(o_BTHK, gate_logits_BTHK, weight_K, eps: float):
     differentiable in o, the logits and γ."""
     return _KDAOutputGateFunction.apply(o_BTHK.float().contiguous(), gate_logits_BTHK.float().contiguous(),
                                         weight_K, float(eps))
+
+
+class _L2NormFunction(torch.autograd.Function):
+    """x / max(‖x‖, ε) over the last dimension of a contiguous fp32 CPU tensor."""
+
+    @staticmethod
+    def forward(ctx, x, eps: float):
+        K = x.shape[-1]
+        y = torch.empty_like(x)
+        load_l2_norm().kda_l2_norm_forward(x.data_ptr(), y.data_ptr(), x.numel() // K, K, eps)
+        ctx.save_for_backward(x, y)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, y = ctx.saved_tensors
+        K = x.shape[-1]
+        dy = dy.float().contiguous()
+        dx = torch.empty_like(x)
+        load_l2_norm().kda_l2_norm_backward(x.data_ptr(), y.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                               x.numel() // K, K, ctx.eps)
+        return dx, None
+
+
+@torch.compiler.disable
+def kda_l2_norm_cpu(x_BTHK: torch.Tensor, eps: float) -> torch.Tensor:
+    """F.normalize(x, dim=-1, eps=eps) by the C kernel (`kda_cpu_backend` "c"), fp32, differentiable."""
+    return _L2NormFunction.apply(x_BTHK.float().contiguous(), float(eps))
+

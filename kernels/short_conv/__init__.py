@@ -56,6 +56,9 @@ def short_conv_silu(x_BTC: torch.Tensor, weight_C1W: torch.Tensor, state_BCW: to
     path = short_conv_backend(x_BTC, state_BCW)
     if path == "taps":
         return short_conv_silu_taps(x_BTC, weight_C1W, state_BCW)
+    if path == "c" and weight_C1W.shape[-1] > cpu.MAX_TAPS:
+        path = "torch"
+        _announce(path, f"{weight_C1W.shape[-1]} taps: the C kernel takes at most {cpu.MAX_TAPS}")
     _announce(path)
     if path == "c":
         return cpu.short_conv_silu_cpu(x_BTC, weight_C1W, state_BCW)

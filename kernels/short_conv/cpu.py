@@ -21,6 +21,7 @@ from kernels import native
 
 SOURCE = Path(__file__).with_name("short_conv_cpu.c")
 LANES = 8  # channels per vector in the C kernel: C must be a multiple
+MAX_TAPS = 16  # MAX_TAPS in the C file (the backward keeps a register sum per tap)
 _SIGNATURES = {
     "short_conv_silu_forward": [native.PTR] * 4 + [native.I64] * 4,
     "short_conv_silu_backward": [native.PTR] * 7 + [native.I64] * 4,

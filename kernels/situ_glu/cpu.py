@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels import native
+from kernels.cpu_threads import row_ranges, run_ranges
 
 SOURCE = Path(__file__).with_name("situ_glu_cpu.c")
 _SIGNATURES = {
@@ -42,7 +43,11 @@ class _SituGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: torch.Tensor, v: torch.Tensor, beta1: float, beta2: float) -> torch.Tensor:
         y = torch.empty_like(g)
-        load().situ_glu_forward(g.data_ptr(), v.data_ptr(), y.data_ptr(), g.numel(), beta1, beta2)
+        lib, f = load(), 4  # bytes per float: ranges of elements as pointer offsets
+        # Range boundaries on multiples of the kernel's 16-float vectors: every element's bits as unsplit.
+        run_ranges(lambda lo, hi: lib.situ_glu_forward(g.data_ptr() + f * lo, v.data_ptr() + f * lo,
+                                                       y.data_ptr() + f * lo, hi - lo, beta1, beta2),
+                   row_ranges(g.numel(), align=16, min_rows=32768))
         ctx.save_for_backward(g, v)
         ctx.betas = (beta1, beta2)
         return y
@@ -53,8 +58,11 @@ class _SituGLUFunction(torch.autograd.Function):
         g, v = ctx.saved_tensors
         dy = dy.float().contiguous()
         dg, dv = torch.empty_like(g), torch.empty_like(v)
-        load().situ_glu_backward(g.data_ptr(), v.data_ptr(), dy.data_ptr(), dg.data_ptr(), dv.data_ptr(), g.numel(),
-                               *ctx.betas)
+        lib, f = load(), 4
+        run_ranges(lambda lo, hi: lib.situ_glu_backward(g.data_ptr() + f * lo, v.data_ptr() + f * lo,
+                                                        dy.data_ptr() + f * lo, dg.data_ptr() + f * lo,
+                                                        dv.data_ptr() + f * lo, hi - lo, *ctx.betas),
+                   row_ranges(g.numel(), align=16, min_rows=32768))
         return dg, dv, None, None
 
 
