@@ -5,14 +5,15 @@ or a prefill after a state:
 
 `short_conv_silu(x_BTC, weight_C1W, state_BCW) -> (y_BTC, new_state_BCW)`. Paths, by the tensors,
 never switched silently:
-- "c" (`cpu.py`, `short_conv_cpu.c`): fp32 CPU tensors with C a multiple of 8 and a state without
-  gradient, eager — rows read and written in place, built on first use with the system C compiler.
+- "c" (`cpu.py`, `short_conv_cpu.c`): fp32 CPU tensors with C a multiple of 8, at most `cpu.MAX_TAPS`
+  taps and a state without gradient, eager — rows read and written in place, built on first use with
+  the system C compiler.
 - "taps" (`naive.short_conv_silu_taps`): inside torch.compile regions, where Inductor fuses the
   shifted products and the SiLU into one kernel (conv1d would stay a generic depthwise call).
 - "torch" (`naive.py`): everything else eager, `K3_CPU_KERNELS=torch`, or no working C compiler (logged
   as a warning with the reason, once). `K3_CPU_KERNELS=c` makes a failed build raise.
 The first call of each path logs it (logger "kernels.short_conv"); `short_conv_backend(x)` says
-which path a tensor gets. The two agree to fp32 rounding (tests/kernels/short_conv).
+which path a tensor gets. The three agree to fp32 rounding (tests/kernels/short_conv).
 """
 
 from __future__ import annotations
@@ -35,14 +36,18 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
         logger.log(level, "short_conv_silu: %s path%s", path, f" ({why})" if why else "")
 
 
-def short_conv_backend(x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = None) -> str:
-    """"c", "taps" or "torch": the path `short_conv_silu` takes for these tensors (module docstring)."""
+def short_conv_backend(x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = None, taps: int | None = None) -> str:
+    """"c", "taps" or "torch": the path `short_conv_silu` takes for these tensors and a kernel of `taps`
+    taps (module docstring)."""
     if torch.compiler.is_compiling():
         return "taps"
     choice = native.choice()
     if (choice == "torch" or x_BTC.device.type != "cpu" or x_BTC.dtype != torch.float32
             or x_BTC.shape[-1] % cpu.LANES
             or (state_BCW is not None and state_BCW.requires_grad)):
+        return "torch"
+    if taps is not None and taps > cpu.MAX_TAPS:
+        _announce("torch", f"{taps} taps: the C kernel takes at most {cpu.MAX_TAPS}")
         return "torch"
     if cpu.load() is None:
         _announce("torch", native.build_failed("short-conv", cpu.load_error()), logging.WARNING)
@@ -53,12 +58,9 @@ def short_conv_backend(x_BTC: torch.Tensor, state_BCW: torch.Tensor | None = Non
 def short_conv_silu(x_BTC: torch.Tensor, weight_C1W: torch.Tensor, state_BCW: torch.Tensor | None = None):
     """(SiLU(causal depthwise conv(x)) [B, T, C], the last W − 1 inputs [B, C, W − 1]); differentiable
     in x and the weight."""
-    path = short_conv_backend(x_BTC, state_BCW)
+    path = short_conv_backend(x_BTC, state_BCW, taps=weight_C1W.shape[-1])
     if path == "taps":
         return short_conv_silu_taps(x_BTC, weight_C1W, state_BCW)
-    if path == "c" and weight_C1W.shape[-1] > cpu.MAX_TAPS:
-        path = "torch"
-        _announce(path, f"{weight_C1W.shape[-1]} taps: the C kernel takes at most {cpu.MAX_TAPS}")
     _announce(path)
     if path == "c":
         return cpu.short_conv_silu_cpu(x_BTC, weight_C1W, state_BCW)

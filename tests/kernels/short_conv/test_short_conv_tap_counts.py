@@ -5,7 +5,7 @@ than the kernel's register sums going to the torch path."""
 import pytest
 import torch
 
-from kernels.short_conv import cpu, short_conv_silu, short_conv_silu_torch
+from kernels.short_conv import cpu, short_conv_backend, short_conv_silu, short_conv_silu_torch
 
 needs_kernel = pytest.mark.skipif(cpu.load() is None, reason=f"C kernel not built: {cpu.load_error()}")
 
@@ -31,6 +31,7 @@ def test_other_tap_counts_match_conv1d(W, C, with_state):
 def test_more_taps_than_the_kernel_holds_take_the_torch_path():
     torch.manual_seed(0)
     x, w = torch.randn(2, 30, 16), torch.randn(16, 1, cpu.MAX_TAPS + 1)
+    assert short_conv_backend(x, taps=cpu.MAX_TAPS + 1) == "torch"
     y, state = short_conv_silu(x, w)
     ref_y, ref_state = short_conv_silu_torch(x, w, None)
     assert torch.equal(y, ref_y) and torch.equal(state, ref_state)
