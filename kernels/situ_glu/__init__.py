@@ -40,7 +40,7 @@ def situ_glu_backend(x: torch.Tensor) -> str:
 
 def _announce(path: str, x: torch.Tensor, why: str = "", level: int = logging.INFO) -> None:
     key = (path, x.device.type)
-    if key not in _LOGGED:
+    if not torch.compiler.is_compiling() and key not in _LOGGED:  # a logging call breaks a compiled graph
         _LOGGED.add(key)
         logger.log(level, "situ_glu: %s path for %s tensors%s", path, x.device.type, f": {why}" if why else "")
 
