@@ -11,8 +11,9 @@ the dense peer take steps in turns (old, new, dense, old, …; median of `--reps
 all three alike, and `new_over_old` resolves a few percent. The other revision's `k3model` and
 `kernels` packages are extracted by `git archive` into a temporary folder and imported under their own
 names for the old model's construction only (its modules keep their own references afterwards; the
-new code's modules are put back in `sys.modules`). Same shapes, seed and step as train_step.py:
-random tokens, no MTP or vision (speed, not learning).
+new code's modules are put back in `sys.modules`). Each model steps with its own revision's
+`build_optimizer` (what that revision's trainers run), the dense peer with fused AdamW. Same shapes,
+seed and step as train_step.py: random tokens, no MTP or vision (speed, not learning).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _own_modules() -> dict:
 
 
 def model_class_at(rev: str, workdir: str):
-    """(K3Model, get_profile) as revision `rev` of this repository defines them."""
+    """(K3Model, get_profile, build_optimizer) as revision `rev` of this repository defines them."""
     subprocess.run(f"git archive {rev} {' '.join(PACKAGES)} | tar -x -C {workdir}", shell=True, check=True)
     current = _own_modules()
     for name in current:
@@ -47,12 +48,13 @@ def model_class_at(rev: str, workdir: str):
     try:
         from k3model.config import get_profile
         from k3model.model import K3Model
+        from k3model.train.common import build_optimizer
     finally:
         sys.path.remove(workdir)
         for name in _own_modules():
             del sys.modules[name]
         sys.modules.update(current)
-    return K3Model, get_profile
+    return K3Model, get_profile, build_optimizer
 
 
 def main() -> None:
@@ -67,25 +69,28 @@ def main() -> None:
     args = ap.parse_args()
     from k3model.config import get_profile
     from k3model.model import K3Model
+    from k3model.train.common import build_optimizer
 
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", *PACKAGES], capture_output=True, text=True).stdout)
     results = {"profile": args.profile, "new": revision + ("+changes" if dirty else ""), "old": args.against,
                "threads": torch.get_num_threads(), "load_avg_1min_start": os.getloadavg()[0],
                "timing": f"median of {args.reps} steps taken in turns (old, new, dense)",
+               "optimizers": "each revision's build_optimizer; the dense peer's AdamW fused",
                "versions": {"torch": torch.__version__, "python": platform.python_version()}, "rows": []}
     no_autocast = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     with tempfile.TemporaryDirectory() as workdir:
-        OldK3Model, old_get_profile = model_class_at(args.against, workdir)
+        old = model_class_at(args.against, workdir)
         for T in (int(x) for x in args.lengths.split(",")):
             B = max(args.tokens_per_step // T, 1)
             ids = torch.randint(0, get_profile(args.profile).model.vocab_size, (B, T))
             steps = {}
-            for name, cls, profiles in (("old", OldK3Model, old_get_profile), ("new", K3Model, get_profile)):
+            for name, (cls, profiles, optimizer) in (("old", old), ("new", (K3Model, get_profile, build_optimizer))):
                 cfg = replace(profiles(args.profile).model, vision=None, mtp_depth=0)
                 torch.manual_seed(0)
                 model = cls(cfg)
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                # The optimizer as that revision's trainers build it (fused on the CPU since session 13).
+                opt = optimizer(model, lr=1e-4, weight_decay=0.1)
                 steps[name] = (lambda m, o: lambda: k3_train_step(m, o, ids, no_autocast))(model, opt)
             steps["dense"], _ = dense_cpu_step(args.profile, ids)
             dts = time_interleaved(steps, args.warmup, args.reps)

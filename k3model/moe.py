@@ -272,7 +272,8 @@ class LatentMoE(nn.Module):
         self.observing = True  # False while activation checkpointing recomputes a forward
         # Expert matmuls: True = one grouped GEMM per projection (torch._grouped_mm: no host sync, three
         # launches per layer), False = a loop over experts (one matmul each, the counts read on the
-        # host); None picks grouped on CUDA, the loop on the CPU. Both give the same result.
+        # host); None picks grouped (eager on the CPU). Both give the same result; on the CPU (torch 2.13) the same bits,
+        # the grouped one 4-19 % faster a tiny layer's forward + backward (docs/log/tiny.md, session 13).
         self.grouped_matmuls: bool | None = None
         self._reset_stats()
 
@@ -337,7 +338,10 @@ class LatentMoE(nn.Module):
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         counts_E = count_per_expert(ids_R, self.cfg.n_routed)
         z_RL = self._expert_act(z_ML.index_select(0, token_R))
-        grouped = self.grouped_matmuls if self.grouped_matmuls is not None else z_RL.is_cuda
+        # Under torch.compile on the CPU the loop: torch 2.13's fake-tensor rule for _grouped_mm
+        # takes bf16 only (the same bits either way).
+        grouped = self.grouped_matmuls if self.grouped_matmuls is not None else \
+            z_RL.is_cuda or not torch.compiler.is_compiling()
         experts = _grouped_experts if grouped else _looped_experts
         out_RL = experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH,
                          lambda g, u: situ_glu(g, u, self.cfg.situ_beta1, self.cfg.situ_beta2), self._expert_act)

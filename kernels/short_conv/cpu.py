@@ -62,10 +62,11 @@ class _ShortConvSiLUFunction(torch.autograd.Function):
         B, T, C = x_BTC.shape
         W = wt_WC.shape[0]
         dy_BTC = dy_BTC.float().contiguous()
-        dp_BTC, dx_BTC = torch.empty_like(x_BTC), torch.empty_like(x_BTC)
+        # dp: one row's scratch, reused by every batch row (the C kernel's backward)
+        dp_TC, dx_BTC = torch.empty(T, C), torch.empty_like(x_BTC)
         dwt_WC = torch.zeros(W, C, dtype=torch.float64)
         load().short_conv_silu_backward(x_BTC.data_ptr(), _ptr(state_BCW), wt_WC.data_ptr(), dy_BTC.data_ptr(),
-                                        dp_BTC.data_ptr(), dx_BTC.data_ptr(), dwt_WC.data_ptr(), B, T, C, W)
+                                        dp_TC.data_ptr(), dx_BTC.data_ptr(), dwt_WC.data_ptr(), B, T, C, W)
         return dx_BTC, dwt_WC.t().float().reshape(C, 1, W), None
 
 

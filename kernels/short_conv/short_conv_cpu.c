@@ -80,13 +80,14 @@ CLONES void short_conv_silu_forward(const float *x, const float *state, const fl
 #define BACKWARD_ROWS(KK) \
     for (int64_t b = 0; b < B; ++b) { \
         const float *x_b = x + b * T * C, *state_b = state ? state + b * C * ((KK) - 1) : 0; \
-        float *dp_b = dp + b * T * C; \
+        float *dp_b = dp; \
         int64_t c = 0; \
         for (; c + RW <= C; c += RW) BACKWARD_BLOCK(vr, RW, c) \
         for (; c < C; c += W) BACKWARD_BLOCK(vf, W, c) }
 
 /* dy [B, T, C] → dx [B, T, C], dwt [K, C] (double, accumulated into: pass zeros); dp is scratch
-   [B, T, C]. K ≤ MAX_TAPS. */
+   [T, C], reused row after row (it stays in cache; a [B, T, C] scratch was 1 MB of fresh pages a
+   call at the tiny step). K ≤ MAX_TAPS. */
 CLONES void short_conv_silu_backward(const float *x, const float *state, const float *wt, const float *dy,
                                      float *dp, float *dx, double *dwt, int64_t B, int64_t T, int64_t C,
                                      int64_t K) {
