@@ -311,8 +311,8 @@ def test_router_stays_fp32_under_autocast():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_expert_matmuls_equal_the_expert_loop(dtype):
-    """torch._grouped_mm over the sorted rows (the CUDA default) against one matmul per expert (the
-    CPU default): outputs and every gradient, with some experts receiving no token at all."""
+    """torch._grouped_mm over the sorted rows (the eager default) against one matmul per expert (what
+    compiled CPU code takes): outputs and every gradient, with some experts receiving no token at all."""
     torch.manual_seed(0)
     moe = LatentMoE(small_cfg(n_routed=8, top_k=2)).to(dtype)
     with torch.no_grad():
