@@ -39,7 +39,7 @@ from k3model.checkpoint import source_tree_sha256
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
 DOMAINS = ("general_tasks", "general_agents", "coding_agents")
-STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_constant", "write_number")  # envs/tasks/starter.py
+STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_answer")  # envs/tasks/starter.py
 EFFORTS = ("low", "high", "max")
 GROUP = "posttraining"
 RESOURCES = {"store", "mlflow", "ray"}

@@ -104,10 +104,11 @@ class WriteConstant(CodingFamily):
     name = "write_constant"
     difficulty = "easy"
     description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
+    names = ("value", "answer", "result", "magic", "score")
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(seed)
-        name = rng.choice(["value", "answer", "result", "magic", "score"])
+        name = rng.choice(self.names)
         k = rng.randint(2, 99)
         kind = rng.randrange(3)
         if kind == 0:
@@ -128,6 +129,12 @@ class WriteConstant(CodingFamily):
         return [Write("solution.py", task.spec["source"]), Finish()]
 
 
+class WriteAnswer(WriteConstant):
+    name = "write_answer"
+    description = "write_constant with the function always named answer: a constant, or x plus or times k."
+    names = ("answer",)
+
+
 class WriteNumber(CodingFamily):
     name = "write_number"
     difficulty = "easy"
@@ -145,4 +152,4 @@ class WriteNumber(CodingFamily):
         return [Write("solution.py", task.spec["source"]), Finish()]
 
 
-FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant(), WriteNumber()]
+FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant(), WriteAnswer(), WriteNumber()]
