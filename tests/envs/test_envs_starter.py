@@ -87,6 +87,22 @@ def test_write_number_takes_exactly_answer_returning_the_number():
     assert max(numbers.count(k) for k in set(numbers)) <= 6 and len(set(numbers)) > 200
 
 
+def test_write_answer_is_write_constant_named_answer():
+    wa, wc = get_family("write_answer"), get_family("write_constant")
+    kinds = set()
+    for seed in range(40):
+        t = generate("write_answer", seed)
+        assert "defines answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
+        kinds.add(t.spec["source"].split("return ")[1].split()[1] if " x " in t.spec["source"] else "constant")
+    assert kinds == {"constant", "+", "*"}  # write_constant's three kinds, only the name fixed
+    t = generate("write_answer", 0)
+    assert _play("write_answer", wa.solution(t), t)[0] == 1.0
+    # The right body under write_constant's other names fails the hidden test's import.
+    reward, info = _play("write_answer", [Write("solution.py", t.spec["source"].replace("answer", "value")), Finish()], t)
+    assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0
+    assert wc.names != wa.names and wa.verify.__func__ is wc.verify.__func__  # the same verifier
+
+
 @pytest.fixture(scope="module")
 def h():
     with host() as hst:
