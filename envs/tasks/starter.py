@@ -8,9 +8,11 @@ prompt, tools, budget, real verifier — with a short answer or a single tool ca
 | compare_numbers | general_tasks  | easy       | finish only | 1            | the larger of two 3-digit ints|
 | slack_ping      | general_agents | easy       | slack       | 2            | one post: channel + one word  |
 | write_constant  | coding_agents  | easy       | files, run  | 2            | a one-line function           |
+| write_answer    | coding_agents  | easy       | files, run  | 2            | write_constant named answer   |
 | write_number    | coding_agents  | easy       | files, run  | 2            | `answer()` returning a number |
 
-write_number is the rung below write_constant: the file and the function (`answer()`, no argument)
+write_answer is write_constant with the name fixed (the tiny ladder's coding rung, 0.63–0.66 pass),
+and write_number the rung below it: the file and the function (`answer()`, no argument)
 are always the same, so only the number is copied from the prompt. The tiny SFT policy wrote
 write_constant's call format and file right but copied the function's name, its argument and its
 operator wrong (3 % pass at low effort, docs/log/rl.md, 2026-12-02); the number has three digits, so
