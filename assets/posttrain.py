@@ -39,7 +39,7 @@ from k3model.checkpoint import source_tree_sha256
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
 DOMAINS = ("general_tasks", "general_agents", "coding_agents")
-STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_constant")  # envs/tasks/starter.py
+STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_answer")  # envs/tasks/starter.py
 EFFORTS = ("low", "high", "max")
 GROUP = "posttraining"
 RESOURCES = {"store", "mlflow", "ray"}
@@ -91,8 +91,9 @@ SIZES: dict[str, PosttrainSizes] = {
                             rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
-    # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on the four
-    # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows. Four ladder
+    # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on four
+    # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows; coding's is
+    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02). Four ladder
     # tasks per family: the harnesses go round-robin over the tasks, so each family's pass rate
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls

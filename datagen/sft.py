@@ -89,7 +89,7 @@ def training_harnesses() -> tuple[str, ...]:
 # A tiny SFT budget (a few minutes on two cores) spent on 2,000–3,600-token medium episodes would
 # teach none of them (docs/log/posttrain.md).
 SFT_FAMILIES = ("echo_word", "compare_numbers", "arith_word", "slack_ping", "slack_post", "gmail_label",
-                "write_constant", "write_function")
+                "write_constant", "write_number", "write_function")
 
 
 def default_families() -> tuple[str, ...]:

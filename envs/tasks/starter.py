@@ -8,6 +8,15 @@ prompt, tools, budget, real verifier — with a short answer or a single tool ca
 | compare_numbers | general_tasks  | easy       | finish only | 1            | the larger of two 3-digit ints|
 | slack_ping      | general_agents | easy       | slack       | 2            | one post: channel + one word  |
 | write_constant  | coding_agents  | easy       | files, run  | 2            | a one-line function           |
+| write_answer    | coding_agents  | easy       | files, run  | 2            | write_constant named answer   |
+| write_number    | coding_agents  | easy       | files, run  | 2            | `answer()` returning a number |
+
+write_answer is write_constant with the name fixed (the tiny ladder's coding rung, 0.63–0.66 pass),
+and write_number the rung below it: the file and the function (`answer()`, no argument)
+are always the same, so only the number is copied from the prompt. The tiny SFT policy wrote
+write_constant's call format and file right but copied the function's name, its argument and its
+operator wrong (3 % pass at low effort, docs/log/rl.md, 2026-12-02); the number has three digits, so
+no fixed guess passes more than one task in 900.
 
 The verifiers are the ones of the families they shrink (general.py's answer check with the
 unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
@@ -97,10 +106,11 @@ class WriteConstant(CodingFamily):
     name = "write_constant"
     difficulty = "easy"
     description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
+    names = ("value", "answer", "result", "magic", "score")
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(seed)
-        name = rng.choice(["value", "answer", "result", "magic", "score"])
+        name = rng.choice(self.names)
         k = rng.randint(2, 99)
         kind = rng.randrange(3)
         if kind == 0:
@@ -121,4 +131,27 @@ class WriteConstant(CodingFamily):
         return [Write("solution.py", task.spec["source"]), Finish()]
 
 
-FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant()]
+class WriteAnswer(WriteConstant):
+    name = "write_answer"
+    description = "write_constant with the function always named answer: a constant, or x plus or times k."
+    names = ("answer",)
+
+
+class WriteNumber(CodingFamily):
+    name = "write_number"
+    difficulty = "easy"
+    description = "Write solution.py with answer(), a function that returns a given three-digit number."
+
+    def generate(self, seed: int) -> Task:
+        k = random.Random(seed).randint(100, 999)
+        cases = [case("test_solution_hidden::test_1", "from solution import answer", "answer()", k)]
+        text = (f"Create a file solution.py that defines answer(), a function that returns the number {k}. "
+                "Hidden tests will check it.")
+        return self._finish_task(seed, text, {}, cases, [], {"source": f"def answer():\n    return {k}\n",
+                                                             "number": k})
+
+    def solution(self, task):
+        return [Write("solution.py", task.spec["source"]), Finish()]
+
+
+FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant(), WriteAnswer(), WriteNumber()]

@@ -155,7 +155,7 @@ def test_every_harness_runs_the_same_task():
 
 def test_task_sets_and_harness_split():
     tasks = envs.task_set("coding_agents", 12, seed=3, difficulties=("easy",))
-    assert {t.family for t in tasks} == {"write_function", "fix_bug", "write_constant"}
+    assert {t.family for t in tasks} == {"write_function", "fix_bug", "write_constant", "write_answer", "write_number"}
     assert all(t.domain == "coding_agents" and t.difficulty == "easy" for t in tasks)
     assert len({t.id for t in tasks}) == 12
     train, held = envs.harness_split("openclaw")

@@ -64,6 +64,45 @@ def test_nearly_right_answers_fail():
         assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] < info["verifier"]["details"]["hidden_total"]
 
 
+def test_write_number_takes_exactly_answer_returning_the_number():
+    for seed in (7,):
+        t = generate("write_number", seed)
+        k = t.spec["number"]
+        assert str(k) in t.instruction and 100 <= k <= 999
+        assert _play("write_number", get_family("write_number").solution(t), t, harness="claude_code")[0] == 1.0
+        near = [f"def answer():\n    return {k + 1}\n",  # off by one
+                f"def answer():\n    return '{k}'\n",  # the digits, as text
+                f"def value():\n    return {k}\n",  # write_constant's other names
+                f"def answer(x):\n    return {k}\n",  # the argument of write_constant's other kinds
+                f"def answer():\n    print({k})\n",
+                f"answer = {k}\n"]
+        for src in near:
+            reward, info = _play("write_number", [Write("solution.py", src), Finish()], t)
+            assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0, src
+        # The right function in another file, or no file at all, earns nothing either.
+        assert _play("write_number", [Write("answer.py", t.spec["source"]), Finish()], t)[0] == 0.0
+        assert _play("write_number", [Finish()], t)[0] == 0.0
+    # Three digits drawn per seed: a fixed guess passes at most 2 % of the tasks.
+    numbers = [generate("write_number", s).spec["number"] for s in range(300)]
+    assert max(numbers.count(k) for k in set(numbers)) <= 6 and len(set(numbers)) > 200
+
+
+def test_write_answer_is_write_constant_named_answer():
+    wa, wc = get_family("write_answer"), get_family("write_constant")
+    kinds = set()
+    for seed in range(40):
+        t = generate("write_answer", seed)
+        assert "defines answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
+        kinds.add(t.spec["source"].split("return ")[1].split()[1] if " x " in t.spec["source"] else "constant")
+    assert kinds == {"constant", "+", "*"}  # write_constant's three kinds, only the name fixed
+    t = generate("write_answer", 0)
+    assert _play("write_answer", wa.solution(t), t)[0] == 1.0
+    # The right body under write_constant's other names fails the hidden test's import.
+    reward, info = _play("write_answer", [Write("solution.py", t.spec["source"].replace("answer", "value")), Finish()], t)
+    assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0
+    assert wc.names != wa.names and wa.verify.__func__ is wc.verify.__func__  # the same verifier
+
+
 @pytest.fixture(scope="module")
 def h():
     with host() as hst:
@@ -78,3 +117,15 @@ KINDS = list({a.kind: a for a in ATTACKS}.values())
 def test_attacks_on_write_constant_earn_nothing_and_stay_inside(attack, h):
     r = run_attack(attack, h, family="write_constant")
     assert r.reward == 0.0 and r.escapes == [], r.outputs
+
+
+# write_number's one hidden case compares a value: an object equal to everything, or a submission
+# that ends the verifier's process before the comparison, must not pass it.
+@pytest.mark.parametrize("cheat", [
+    "class _Any:\n    def __eq__(self, other):\n        return True\n\n\ndef answer():\n    return _Any()\n",
+    "import os\nos._exit(0)\n",
+])
+def test_shortcuts_on_write_number_fail(cheat):
+    t = generate("write_number", 4)
+    reward, info = _play("write_number", [Write("solution.py", cheat), Finish()], t)
+    assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0

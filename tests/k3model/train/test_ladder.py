@@ -48,7 +48,7 @@ def test_held_out_tasks_never_repeat_an_rl_prompt():
 
 
 def test_domains_and_hard_splits():
-    assert set(domain_families("coding_agents")) == {"write_constant", "write_function"}
+    assert set(domain_families("coding_agents")) == {"write_constant", "write_number", "write_function"}
     assert {t.family for t in hard_tasks("general_tasks", 2)} == {"arith_word"}
     with pytest.raises(ValueError, match="unknown domain"):
         domain_families("poetry")
