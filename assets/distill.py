@@ -33,6 +33,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.claims import rate_difference
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
@@ -256,10 +257,16 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
     if r.control is not None:
         c = r.control
         ctl = sum(f["success_rate"] for f in c["evals"].values()) / max(len(c["evals"]), 1)
+        # Pooled over every cell's episodes, student − generalist with Newcombe's 95 % interval: a
+        # verdict only when the interval excludes 0 (two noisy means differ by chance otherwise).
+        d, lo, hi = rate_difference(sum(e["successes"] for e in r.evals.values()), sum(e["n"] for e in r.evals.values()),
+                                    sum(e["successes"] for e in c["evals"].values()),
+                                    sum(e["n"] for e in c["evals"].values()))
+        verdict = ("MOPD consolidates better" if lo > 0 else "the generalist consolidates better" if hi < 0 else
+                   "no difference at 95 %")
         own.update({"control/success_rate": ctl, "control/flops": c["flops"]["total"], "control/budget": c["budget"],
                     "control/turns": len(c["turns"]),
-                    "control/verdict": "MOPD consolidates better" if r.metrics["eval/success_rate"] > ctl else
-                    ("the generalist consolidates better" if ctl > r.metrics["eval/success_rate"] else "tie"),
+                    "control/pooled_difference": f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]", "control/verdict": verdict,
                     "control/evals": dg.MetadataValue.json(c["evals"])})
     return own
 
