@@ -12,7 +12,8 @@
 4. Timing (T1, T2, T4), only for correct submissions: 2–4 warmup calls and `n_timed` calls, each on
    freshly generated inputs, interleaved with `n_repeat` calls on one repeated input set; a random
    sample of timed outputs verified. Speed is the median timed call; speedup is the expert's median
-   (same harness, same device, cached per task) over the submission's.
+   (same harness, same device, cached per task; timed again before a T4) over the
+   submission's.
 
 Reward: 0 when incorrect or when any rule fired, else
 `correct_bonus + (1 - correct_bonus) * min(speedup, full_reward_speedup) / full_reward_speedup`
@@ -143,6 +144,13 @@ def evaluate(task: "str | Task", submission_source: str, *, seed: int = 0,
             details["speedup_vs_reference"] = baseline.reference_time_s / run.time_s
         cap = cfg.speedup_cap if cfg.speedup_cap is not None else task.speedup_cap
         if speedup > cap:
+            # Before calling it implausible, time the expert again: the cached figure is one process's
+            # median of a few calls, and a slow moment there made an honest relu "12× the expert"
+            # (docs/LOG.md, 2026-12-02). The submission's own time is not re-measured.
+            baseline = expert_baseline(task, cfg, device, retime=True)
+            details["expert_time_s"] = baseline.time_s
+            speedup = baseline.time_s / run.time_s
+        if speedup > cap:
             run.add("T4", f"speedup {speedup:.1f}x over the expert exceeds the plausible cap {cap:g}x")
     rules = sorted({f.rule for f in run.findings}, key=_rule_order)
     reward = 0.0
@@ -170,14 +178,15 @@ class Baseline:
 _BASELINES: dict[tuple, Baseline] = {}
 
 
-def expert_baseline(task: Task, cfg: EvalConfig, device: torch.device) -> Baseline:
+def expert_baseline(task: Task, cfg: EvalConfig, device: torch.device, retime: bool = False) -> Baseline:
     """Median time of the expert (or of the reference, for a task without one), cached per process.
+    `retime`: time it again and keep the faster of the two (noise only ever makes a timing slower).
 
     The expert runs through the same harness and the same dynamic checks as any submission; an
     expert that is incorrect or fires a rule means the task is broken, and raises.
     """
     key = (task.key, device.type, cfg.num_threads, cfg.n_timed, cfg.isolation, cfg.time_reference)
-    if key in _BASELINES:
+    if key in _BASELINES and not retime:
         return _BASELINES[key]
     reference_source = task.source + "\n\nModelNew = Model\n"
     expert_source = task.expert_source or reference_source
@@ -195,6 +204,8 @@ def expert_baseline(task: Task, cfg: EvalConfig, device: torch.device) -> Baseli
         reference.execute()
         reference_time = reference.time_s
     baseline = Baseline(time_s=expert.time_s, reference_time_s=reference_time)
+    if key in _BASELINES and _BASELINES[key].time_s < baseline.time_s:
+        baseline = _BASELINES[key]
     _BASELINES[key] = baseline
     return baseline
 

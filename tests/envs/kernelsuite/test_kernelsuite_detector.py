@@ -117,3 +117,20 @@ def test_cpu_submissions_run_in_the_jail(fast_config, tmp_path):
     assert result.correct and not target.exists()
     uid = 65534 if os.geteuid() == 0 else os.geteuid()
     assert f"SEEN [False, False, {uid}]" in result.details["log_tail"]
+
+
+def test_a_slow_cached_expert_timing_is_retimed_before_t4(fast_config):
+    """An honest submission against an expert timing that came out slow once (the cached figure
+    inflated 1,000×) is timed against the expert again, not flagged T4; the cache keeps the faster."""
+    import importlib
+
+    ev = importlib.import_module("envs.kernelsuite.evaluate")  # the module (the package exports the function)
+    task = load_task("relu")
+    device = ev.resolve_device(fast_config.device)
+    true = expert_baseline(task, fast_config, device)
+    key = next(k for k, v in ev._BASELINES.items() if v is true)
+    ev._BASELINES[key] = ev.Baseline(time_s=true.time_s * 1000, reference_time_s=true.reference_time_s)
+    honest = next(h for h in HONEST if h.name == "relu_maximum").source
+    result = evaluate(task, honest, config=fast_config)
+    assert result.correct and "T4" not in result.rules_fired, result.rules_fired
+    assert ev._BASELINES[key].time_s < true.time_s * 1000
