@@ -272,8 +272,8 @@ class LatentMoE(nn.Module):
         self.observing = True  # False while activation checkpointing recomputes a forward
         # Expert matmuls: True = one grouped GEMM per projection (torch._grouped_mm: no host sync, three
         # launches per layer), False = a loop over experts (one matmul each, the counts read on the
-        # host); None picks grouped (eager on the CPU). Both give the same result; on the CPU (torch 2.13) the same bits,
-        # the grouped one 4-19 % faster a tiny layer's forward + backward (docs/log/tiny.md, session 13).
+        # host); None picks grouped (eager on the CPU). Both give the same result; on the CPU (torch 2.13) the
+        # same bits, and the grouped one is the faster (docs/log/tiny.md).
         self.grouped_matmuls: bool | None = None
         self._reset_stats()
 

@@ -49,9 +49,9 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
                     betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
     """AdamW; no decay on norms, biases, pseudo-queries and gate scalars (1-D parameters).
 
-    Fused on CUDA and on the CPU: torch's fused CPU AdamW takes the tiny model's 113-tensor step from
-    11.6–19 ms (the single-tensor loop, 3,504 ops) to ~3 ms, the same update within float rounding
-    (docs/log/tiny.md, session 13)."""
+    Fused on CUDA and on the CPU: one kernel for the whole update instead of a loop of small ops per
+    tensor (a fraction of the time on the tiny model; docs/log/tiny.md), the same update within float
+    rounding."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]

@@ -1,5 +1,6 @@
 """kernels.short_conv: the C kernel against the conv1d path on outputs, new state and both gradients
-(odd lengths, a state, prompts shorter than the window); the dispatch; rows independent of the batch."""
+(odd lengths, a state, prompts shorter than the window, tap counts other than 4); the dispatch, a
+window wider than the kernel holds going to the torch path; rows independent of the batch."""
 
 import pytest
 import torch
@@ -10,14 +11,11 @@ from kernels.short_conv import cpu, short_conv_backend, short_conv_silu, short_c
 needs_kernel = pytest.mark.skipif(cpu.load() is None, reason=f"C kernel not built: {cpu.load_error()}")
 
 
-@needs_kernel
-@pytest.mark.parametrize("B, T, C, with_state", [(2, 63, 64, False), (3, 2, 16, True), (2, 1000, 8, False),
-                                                 (2, 17, 24, True)])
-def test_kernel_matches_conv1d_on_outputs_state_and_gradients(B, T, C, with_state):
-    torch.manual_seed(0)
+def kernel_and_conv1d(B: int, T: int, C: int, W: int, with_state: bool):
+    """(C kernel, conv1d path) on the same random inputs: each (y, new state, dx, dw)."""
     x = torch.randn(B, T, C, requires_grad=True)
-    w = (torch.randn(C, 1, 4) * 0.5).requires_grad_()
-    state = torch.randn(B, C, 3) if with_state else None
+    w = (torch.randn(C, 1, W) * 0.5).requires_grad_()
+    state = torch.randn(B, C, W - 1) if with_state else None
     dy = torch.randn(B, T, C)
     results = []
     for fn in (cpu.short_conv_silu_cpu, short_conv_silu_torch):
@@ -25,10 +23,37 @@ def test_kernel_matches_conv1d_on_outputs_state_and_gradients(B, T, C, with_stat
         y, new_state = fn(x, w, state)
         y.backward(dy)
         results.append((y.detach(), new_state, x.grad, w.grad))
+    return results
+
+
+@needs_kernel
+@pytest.mark.parametrize("B, T, C, with_state", [(2, 63, 64, False), (3, 2, 16, True), (2, 1000, 8, False),
+                                                 (2, 17, 24, True)])
+def test_kernel_matches_conv1d_on_outputs_state_and_gradients(B, T, C, with_state):
+    torch.manual_seed(0)
+    results = kernel_and_conv1d(B, T, C, 4, with_state)
     for got, ref in zip(*results):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
     assert results[0][0].is_contiguous()
+
+
+@needs_kernel
+@pytest.mark.parametrize("W, C, with_state", [(2, 24, True), (3, 40, False), (7, 16, True)])
+def test_other_tap_counts_match_conv1d(W, C, with_state):
+    """Beyond Kimi's 4 taps: the C kernel's general tap count, a last 8-channel block beside 16-channel ones."""
+    torch.manual_seed(W)
+    for got, ref in zip(*kernel_and_conv1d(2, 19, C, W, with_state)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+
+
+def test_more_taps_than_the_kernel_holds_take_the_torch_path():
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 30, 16), torch.randn(16, 1, cpu.MAX_TAPS + 1)
+    assert short_conv_backend(x, taps=cpu.MAX_TAPS + 1) == "torch"
+    y, state = short_conv_silu(x, w)
+    ref_y, ref_state = short_conv_silu_torch(x, w, None)
+    assert torch.equal(y, ref_y) and torch.equal(state, ref_state)
 
 
 @needs_kernel
