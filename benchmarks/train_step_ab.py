@@ -89,7 +89,7 @@ def main() -> None:
                 cfg = replace(profiles(args.profile).model, vision=None, mtp_depth=0)
                 torch.manual_seed(0)
                 model = cls(cfg)
-                # The optimizer as that revision's trainers build it (fused on the CPU since session 13).
+                # The optimizer as that revision's trainers build it.
                 opt = optimizer(model, lr=1e-4, weight_decay=0.1)
                 steps[name] = (lambda m, o: lambda: k3_train_step(m, o, ids, no_autocast))(model, opt)
             steps["dense"], _ = dense_cpu_step(args.profile, ids)

@@ -11,7 +11,7 @@ prompt, tools, budget, real verifier — with a short answer or a single tool ca
 | write_answer    | coding_agents  | easy       | files, run  | 2            | write_constant named answer   |
 | write_number    | coding_agents  | easy       | files, run  | 2            | `answer()` returning a number |
 
-write_answer is write_constant with the name fixed (the tiny ladder's coding rung, 0.63–0.66 pass),
+write_answer is write_constant with the name fixed (the tiny ladder's coding rung),
 and write_number the rung below it: the file and the function (`answer()`, no argument)
 are always the same, so only the number is copied from the prompt. The tiny SFT policy wrote
 write_constant's call format and file right but copied the function's name, its argument and its

@@ -1,4 +1,4 @@
-"""The CPU's default expert matmuls (torch._grouped_mm since session 13) give the expert loop's bits:
+"""The CPU's default expert matmuls (torch._grouped_mm in eager code) give the expert loop's bits:
 the expert-parallel path (one matmul per local expert) and the engine's batch-equals-single property
 rely on a token's numbers being those of its experts' own matmuls."""
 
