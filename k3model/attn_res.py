@@ -51,14 +51,27 @@ class AttnRes(nn.Module):
             # fp32 CPU sources: the whole mix in one C pass each way (kernels/attn_res). The device
             # test first: on CUDA, Dynamo never reaches the eager-only dispatch (no graph break).
             return attn_res_cpu(sources, self.query, self.key_norm.weight, self.key_norm.eps)
-        # Source by source, never stacked: the [N, B, T, D] copy of the sources (and its backward)
-        # was half of AttnRes's CPU time at N = 3 (6.3 → 2.9 ms forward + backward at [32, 64, 128];
-        # docs/log/tiny.md). Σ_i α_i v_i is added left to right, as sum(0) over the stack added it.
+        return self._mix(sources)
+
+    def _mix(self, sources: list[torch.Tensor]) -> torch.Tensor:
+        """Σ_i α_i v_i in fp32, cast back to the first source's dtype. A method of its own so that
+        compiled regions compile it: layer 0's call of `forward` has one source and traces no op, and
+        Dynamo then runs `forward`'s code eagerly for good, compiling only what it calls."""
         v_list_BTD = [v.float() for v in sources]
-        alpha_list_BT = self._alpha(v_list_BTD).unbind(0)
-        h_BTD = alpha_list_BT[0].unsqueeze(-1) * v_list_BTD[0]
-        for alpha_BT, v_BTD in zip(alpha_list_BT[1:], v_list_BTD[1:]):
-            h_BTD = h_BTD + alpha_BT.unsqueeze(-1) * v_BTD
+        alpha_NBT = self._alpha(v_list_BTD)
+        if torch.compiler.is_compiling():
+            # One stacked product and sum, which Inductor fuses. The source-by-source sum below,
+            # compiled together with α, gets the sources' gradients wrong at N = 3 on CUDA (Inductor,
+            # torch 2.11: 190–420 % off; benchmarks/probes/attn_res_mix_grads.py).
+            h_BTD = (alpha_NBT.unsqueeze(-1) * torch.stack(v_list_BTD)).sum(0)
+        else:
+            # Source by source, never stacked: the [N, B, T, D] copy of the sources (and its
+            # backward) was half of AttnRes's eager time at N = 3 (docs/log/tiny.md). Σ_i α_i v_i is
+            # added left to right, as sum(0) over the stack added it.
+            alpha_list_BT = alpha_NBT.unbind(0)
+            h_BTD = alpha_list_BT[0].unsqueeze(-1) * v_list_BTD[0]
+            for alpha_BT, v_BTD in zip(alpha_list_BT[1:], v_list_BTD[1:]):
+                h_BTD = h_BTD + alpha_BT.unsqueeze(-1) * v_BTD
         return h_BTD.to(sources[0].dtype)
 
 
