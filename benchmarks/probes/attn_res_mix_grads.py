@@ -11,8 +11,8 @@ Two levels, each variant compiled fresh (`torch._dynamo.reset()` between them):
   `compiled_grads.py` measures it (relative gradient-norm difference against eager fp32).
 
 Variants of `AttnRes.forward` (the one-source early return first in all of them):
-  main        — the library's code (the mix inline in forward: Dynamo skips it, eager);
-  mix         — the mix in a method of its own (compiled);
+  main        — the library's code (`AttnRes._mix`: the stacked sum under compile, the fix);
+  mix         — the mix in a method of its own with the source-by-source sum (the bug: N = 3 wrong);
   mix_alpha_e — the mix compiled, its α computed by an eager (disabled) helper;
   mix_sum_e   — α compiled, the weighted sum in an eager (disabled) helper;
   mix_stack   — the mix compiled, the weighted sum as one stacked product and sum(0).
