@@ -47,15 +47,23 @@ from k3model.pretrain import PretrainConfig, load_pretrained, train  # noqa: E40
 from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
 
 
-def train_stages(data_home: str, out_dir: str, steps: list[int] | None) -> list[dict]:
+LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/lr", "perf/tokens_per_s")
+
+
+def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: int = 4, seed: int = 0,
+                 eval_max_length: int | None = None, mixed_lr: float | None = None) -> list[dict]:
+    """The first `stages` stages, each from the previous one's checkpoint. `mixed_lr` overrides stage
+    1's lr after its clue warmup (0: one schedule over the whole stage, the recipe before
+    StageConfig.mixed_lr); `eval_max_length` cuts each stage's own clue evaluation short."""
     data = newest_data(Path(data_home), "tiny")
     rows, init = [], None
-    for stage in range(1, 5):
+    for stage in range(1, stages + 1):
         t0 = time.perf_counter()
-        cfg = PretrainConfig(profile="tiny", stage=stage, steps=steps[stage - 1] if steps else None)
+        cfg = PretrainConfig(profile="tiny", stage=stage, seed=seed, steps=steps[stage - 1] if steps else None,
+                             eval_max_length=eval_max_length, mixed_lr=mixed_lr if stage == 1 else None)
         result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init,
                        log_fn=lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
-                           k: round(v, 4) for k, v in m.items() if k in ("train/main", "train/answer", "perf/tokens_per_s")}}),
+                           k: round(v, 6 if k == "train/lr" else 4) for k, v in m.items() if k in LOGGED}}),
                            flush=True))
         init = result.checkpoint_dir
         row = {"stage": stage, "checkpoint": str(result.checkpoint_dir), "wall_s": time.perf_counter() - t0,
@@ -167,6 +175,12 @@ def main() -> None:
     t.add_argument("--data-home", required=True)
     t.add_argument("--out-dir", required=True)
     t.add_argument("--steps", default=None, help="per-stage steps 'a,b,c,d' (default: the profile's)")
+    t.add_argument("--stages", type=int, default=4, help="train stages 1 … N (default 4)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-max-length", type=int, default=None,
+                   help="longest clue-eval length each stage scores (default: every length)")
+    t.add_argument("--mixed-lr", type=float, default=None,
+                   help="stage 1's peak lr after its clue warmup (default: the profile's; 0: one schedule)")
     c = sub.add_parser("cost")
     c.add_argument("--data-home", required=True)
     c.add_argument("--checkpoint", required=True)
@@ -187,7 +201,8 @@ def main() -> None:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_avg_1min_start": os.getloadavg()[0],
             "cpu_count": os.cpu_count(), "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     if args.cmd == "train":
-        train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None)
+        train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None,
+                     args.stages, args.seed, args.eval_max_length, args.mixed_lr)
         return
     t0 = time.perf_counter()
     if args.cmd == "cost":

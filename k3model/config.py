@@ -165,6 +165,12 @@ class StageConfig:
     # tiny model learns the clue task after a clue-only start, not in the 50 % mix alone
     # (docs/log/tiny.md; benchmarks/results/train/2026-12-01_clue_sweep_h200_3.json).
     clue_warmup_steps: int = 0
+    # Peak lr of the steps after the clue warmup, which start a warmup and cosine of their own; None:
+    # one schedule over the whole stage. When the text and image rows arrive, their gradients (far
+    # from converged, so consistent step to step) turn Adam's small, noisy late-warmup updates into
+    # full-size ones in the text's direction; at the clue phase's lr that undoes much of the clue
+    # skill, by an amount that swings from run to run (docs/log/tiny.md).
+    mixed_lr: float | None = None
 
 
 @dataclass(frozen=True)
@@ -231,8 +237,8 @@ def _tiny() -> Profile:
     # layer's T² attention makes one 16K forward cost ~6× an 8K one on a 2-core CPU.
     # Stage 1 is long enough for the clue task's phase change: the clue-only probe goes from chance
     # to 0.9+ between 200 and 500 steps of 32 clue rows (docs/log/tiny.md); stage 1 starts with 400
-    # clue-only steps, then 16 clue rows a step.
-    stages = (StageConfig(64, 1000, 32, 3e-3, clue_warmup_steps=400), StageConfig(512, 150, 4, 2e-3),
+    # clue-only steps, then 16 clue rows a step, whose lr warms up again to a third of the peak.
+    stages = (StageConfig(64, 1000, 32, 3e-3, clue_warmup_steps=400, mixed_lr=1e-3), StageConfig(512, 150, 4, 2e-3),
               StageConfig(2048, 30, 2, 1e-3), StageConfig(8192, 8, 1, 5e-4))
     return Profile(name="tiny", model=model, stages=stages)
 
