@@ -51,20 +51,31 @@ LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/
 
 
 def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: int = 4, seed: int = 0,
-                 eval_max_length: int | None = None, mixed_lr: float | None = None) -> list[dict]:
+                 eval_max_length: int | None = None, mixed_lr: float | None = None,
+                 probe_step: int | None = None, first_stage: int = 1, init: str | None = None) -> list[dict]:
     """The first `stages` stages, each from the previous one's checkpoint. `mixed_lr` overrides stage
     1's lr after its clue warmup (0: one schedule over the whole stage, the recipe before
-    StageConfig.mixed_lr); `eval_max_length` cuts each stage's own clue evaluation short."""
+    StageConfig.mixed_lr); `eval_max_length` cuts each stage's own clue evaluation short.
+    `probe_step`: stage 1 stops after that many steps, its checkpoint there is scored on the clue grid
+    (to `eval_max_length`), and the stage resumes (exactly: the checkpoint holds the train state).
+    `first_stage` > 1 starts there from the checkpoint `init` (the stage before's final)."""
     data = newest_data(Path(data_home), "tiny")
-    rows, init = [], None
-    for stage in range(1, stages + 1):
+    rows = []
+    for stage in range(first_stage, stages + 1):
         t0 = time.perf_counter()
         cfg = PretrainConfig(profile="tiny", stage=stage, seed=seed, steps=steps[stage - 1] if steps else None,
                              eval_max_length=eval_max_length, mixed_lr=mixed_lr if stage == 1 else None)
-        result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init,
-                       log_fn=lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
-                           k: round(v, 6 if k == "train/lr" else 4) for k, v in m.items() if k in LOGGED}}),
-                           flush=True))
+        log_fn = (lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
+            k: round(v, 6 if k == "train/lr" else 4) for k, v in m.items() if k in LOGGED}}), flush=True))
+        if stage == 1 and probe_step:
+            cfg = replace(cfg, ckpt_every=probe_step)
+            train(cfg, data, Path(out_dir) / "stage1", log_fn=log_fn, stop_after=probe_step)
+            model, _ = load_pretrained(Path(out_dir) / "stage1" / "last")
+            probe = clue_accuracy(model, data, "cpu", examples_per_cell=None, max_length=eval_max_length)
+            print(json.dumps({"stage": 1, "probe_step": probe_step, **{
+                k: round(v, 4) for k, v in probe.items() if k.count("/") == 3 and "/len" not in k}}), flush=True)
+            Path(out_dir, f"stage1_probe_{probe_step}.json").write_text(json.dumps(probe, indent=1))
+        result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init, log_fn=log_fn)
         init = result.checkpoint_dir
         row = {"stage": stage, "checkpoint": str(result.checkpoint_dir), "wall_s": time.perf_counter() - t0,
                "tokens_seen": result.tokens_seen, **result.eval}
@@ -181,6 +192,10 @@ def main() -> None:
                    help="longest clue-eval length each stage scores (default: every length)")
     t.add_argument("--mixed-lr", type=float, default=None,
                    help="stage 1's peak lr after its clue warmup (default: the profile's; 0: one schedule)")
+    t.add_argument("--probe-step", type=int, default=None,
+                   help="score stage 1's checkpoint at this step on the clue grid, then go on")
+    t.add_argument("--first-stage", type=int, default=1, help="start at this stage (from --init)")
+    t.add_argument("--init", default=None, help="the checkpoint --first-stage starts from")
     c = sub.add_parser("cost")
     c.add_argument("--data-home", required=True)
     c.add_argument("--checkpoint", required=True)
@@ -202,7 +217,8 @@ def main() -> None:
             "cpu_count": os.cpu_count(), "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     if args.cmd == "train":
         train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None,
-                     args.stages, args.seed, args.eval_max_length, args.mixed_lr)
+                     args.stages, args.seed, args.eval_max_length, args.mixed_lr, args.probe_step,
+                     args.first_stage, args.init)
         return
     t0 = time.perf_counter()
     if args.cmd == "cost":
