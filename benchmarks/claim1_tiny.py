@@ -52,10 +52,11 @@ LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/
 
 def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: int = 4, seed: int = 0,
                  eval_max_length: int | None = None, mixed_lr: float | None = None,
-                 probe_step: int | None = None, first_stage: int = 1, init: str | None = None) -> list[dict]:
+                 probe_step: int | None = None, first_stage: int = 1, init: str | None = None,
+                 clue_warmup_steps: int | None = None) -> list[dict]:
     """The first `stages` stages, each from the previous one's checkpoint. `mixed_lr` overrides stage
     1's lr after its clue warmup (0: one schedule over the whole stage, the recipe before
-    StageConfig.mixed_lr); `eval_max_length` cuts each stage's own clue evaluation short.
+    StageConfig.mixed_lr) and `clue_warmup_steps` its clue-only steps; `eval_max_length` cuts each stage's own clue evaluation short.
     `probe_step`: stage 1 stops after that many steps, its checkpoint there is scored on the clue grid
     (to `eval_max_length`), and the stage resumes (exactly: the checkpoint holds the train state).
     `first_stage` > 1 starts there from the checkpoint `init` (the stage before's final)."""
@@ -64,7 +65,8 @@ def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: 
     for stage in range(first_stage, stages + 1):
         t0 = time.perf_counter()
         cfg = PretrainConfig(profile="tiny", stage=stage, seed=seed, steps=steps[stage - 1] if steps else None,
-                             eval_max_length=eval_max_length, mixed_lr=mixed_lr if stage == 1 else None)
+                             eval_max_length=eval_max_length, mixed_lr=mixed_lr if stage == 1 else None,
+                             clue_warmup_steps=clue_warmup_steps if stage == 1 else None)
         log_fn = (lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
             k: round(v, 6 if k == "train/lr" else 4) for k, v in m.items() if k in LOGGED}}), flush=True))
         if stage == 1 and probe_step:
@@ -194,6 +196,7 @@ def main() -> None:
                    help="stage 1's peak lr after its clue warmup (default: the profile's; 0: one schedule)")
     t.add_argument("--probe-step", type=int, default=None,
                    help="score stage 1's checkpoint at this step on the clue grid, then go on")
+    t.add_argument("--clue-warmup-steps", type=int, default=None, help="stage 1's clue-only steps (default: the profile's)")
     t.add_argument("--first-stage", type=int, default=1, help="start at this stage (from --init)")
     t.add_argument("--init", default=None, help="the checkpoint --first-stage starts from")
     c = sub.add_parser("cost")
@@ -218,7 +221,7 @@ def main() -> None:
     if args.cmd == "train":
         train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None,
                      args.stages, args.seed, args.eval_max_length, args.mixed_lr, args.probe_step,
-                     args.first_stage, args.init)
+                     args.first_stage, args.init, args.clue_warmup_steps)
         return
     t0 = time.perf_counter()
     if args.cmd == "cost":
