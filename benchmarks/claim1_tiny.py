@@ -47,16 +47,37 @@ from k3model.pretrain import PretrainConfig, load_pretrained, train  # noqa: E40
 from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
 
 
-def train_stages(data_home: str, out_dir: str, steps: list[int] | None) -> list[dict]:
+LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/lr", "perf/tokens_per_s")
+
+
+def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: int = 4, seed: int = 0,
+                 eval_max_length: int | None = None, mixed_lr: float | None = None,
+                 probe_step: int | None = None, first_stage: int = 1, init: str | None = None,
+                 clue_warmup_steps: int | None = None) -> list[dict]:
+    """The first `stages` stages, each from the previous one's checkpoint. `mixed_lr` overrides stage
+    1's lr after its clue warmup (0: one schedule over the whole stage, the recipe before
+    StageConfig.mixed_lr) and `clue_warmup_steps` its clue-only steps; `eval_max_length` cuts each stage's own clue evaluation short.
+    `probe_step`: stage 1 stops after that many steps, its checkpoint there is scored on the clue grid
+    (to `eval_max_length`), and the stage resumes (exactly: the checkpoint holds the train state).
+    `first_stage` > 1 starts there from the checkpoint `init` (the stage before's final)."""
     data = newest_data(Path(data_home), "tiny")
-    rows, init = [], None
-    for stage in range(1, 5):
+    rows = []
+    for stage in range(first_stage, stages + 1):
         t0 = time.perf_counter()
-        cfg = PretrainConfig(profile="tiny", stage=stage, steps=steps[stage - 1] if steps else None)
-        result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init,
-                       log_fn=lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
-                           k: round(v, 4) for k, v in m.items() if k in ("train/main", "train/answer", "perf/tokens_per_s")}}),
-                           flush=True))
+        cfg = PretrainConfig(profile="tiny", stage=stage, seed=seed, steps=steps[stage - 1] if steps else None,
+                             eval_max_length=eval_max_length, mixed_lr=mixed_lr if stage == 1 else None,
+                             clue_warmup_steps=clue_warmup_steps if stage == 1 else None)
+        log_fn = (lambda step, m: print(json.dumps({"stage": stage, "step": step, **{
+            k: round(v, 6 if k == "train/lr" else 4) for k, v in m.items() if k in LOGGED}}), flush=True))
+        if stage == 1 and probe_step:
+            cfg = replace(cfg, ckpt_every=probe_step)
+            train(cfg, data, Path(out_dir) / "stage1", log_fn=log_fn, stop_after=probe_step)
+            model, _ = load_pretrained(Path(out_dir) / "stage1" / "last")
+            probe = clue_accuracy(model, data, "cpu", examples_per_cell=None, max_length=eval_max_length)
+            print(json.dumps({"stage": 1, "probe_step": probe_step, **{
+                k: round(v, 4) for k, v in probe.items() if k.count("/") == 3 and "/len" not in k}}), flush=True)
+            Path(out_dir, f"stage1_probe_{probe_step}.json").write_text(json.dumps(probe, indent=1))
+        result = train(cfg, data, Path(out_dir) / f"stage{stage}", init_checkpoint=init, log_fn=log_fn)
         init = result.checkpoint_dir
         row = {"stage": stage, "checkpoint": str(result.checkpoint_dir), "wall_s": time.perf_counter() - t0,
                "tokens_seen": result.tokens_seen, **result.eval}
@@ -167,6 +188,17 @@ def main() -> None:
     t.add_argument("--data-home", required=True)
     t.add_argument("--out-dir", required=True)
     t.add_argument("--steps", default=None, help="per-stage steps 'a,b,c,d' (default: the profile's)")
+    t.add_argument("--stages", type=int, default=4, help="train stages 1 … N (default 4)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-max-length", type=int, default=None,
+                   help="longest clue-eval length each stage scores (default: every length)")
+    t.add_argument("--mixed-lr", type=float, default=None,
+                   help="stage 1's peak lr after its clue warmup (default: the profile's; 0: one schedule)")
+    t.add_argument("--probe-step", type=int, default=None,
+                   help="score stage 1's checkpoint at this step on the clue grid, then go on")
+    t.add_argument("--clue-warmup-steps", type=int, default=None, help="stage 1's clue-only steps (default: the profile's)")
+    t.add_argument("--first-stage", type=int, default=1, help="start at this stage (from --init)")
+    t.add_argument("--init", default=None, help="the checkpoint --first-stage starts from")
     c = sub.add_parser("cost")
     c.add_argument("--data-home", required=True)
     c.add_argument("--checkpoint", required=True)
@@ -187,7 +219,9 @@ def main() -> None:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_avg_1min_start": os.getloadavg()[0],
             "cpu_count": os.cpu_count(), "versions": {"torch": torch.__version__, "python": platform.python_version()}}
     if args.cmd == "train":
-        train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None)
+        train_stages(args.data_home, args.out_dir, [int(x) for x in args.steps.split(",")] if args.steps else None,
+                     args.stages, args.seed, args.eval_max_length, args.mixed_lr, args.probe_step,
+                     args.first_stage, args.init, args.clue_warmup_steps)
         return
     t0 = time.perf_counter()
     if args.cmd == "cost":

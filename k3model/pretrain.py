@@ -7,7 +7,8 @@ One call trains one stage:  setup → model → optimizer → data → loop (eva
   optimizer step (quantile balancing by default).
 - Stages: lengths in the ratio 1 : 8 : 32 : 128 (8K : 64K : 256K : 1M in K3); each stage starts
   from the previous stage's weights with no positional change — the model has no positional encoding.
-- AdamW, linear warmup + cosine decay (`schedule.lr_at`), gradient clipping, bf16 autocast on CUDA
+- AdamW, linear warmup + cosine decay (`schedule.stage_lr_at`: after a clue warmup, optionally a second
+  warmup and cosine at `StageConfig.mixed_lr`), gradient clipping, bf16 autocast on CUDA
   (the optimizer, autocast, clipped step, balancing, resume and metric buffer are
   `k3model.train.common`'s).
 - Checkpoints every `ckpt_every` steps under `out_dir/last` with the full train state; a killed run
@@ -35,7 +36,7 @@ from k3model.limits import check_fits_machine
 from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
-from k3model.schedule import lr_at
+from k3model.schedule import stage_lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
                                   log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
                                   set_lr, tail_mean)
@@ -69,6 +70,8 @@ class PretrainConfig:
     # mean (pretrain_data.StageBatches).
     clue_loss: str = "answer"
     clue_warmup_steps: int | None = None  # None: the profile's (StageConfig.clue_warmup_steps)
+    # Peak lr after the clue warmup (StageConfig.mixed_lr); None: the profile's, 0: one schedule.
+    mixed_lr: float | None = None
     image_fraction: float = 0.25  # rows that start with an image and its caption
     ckpt_every: int = 0  # 0: four times per stage
     log_every: int = 10
@@ -102,6 +105,8 @@ class PretrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.name} must be a finite number, got {value}")
+        if self.mixed_lr is not None and self.mixed_lr < 0:
+            raise ValueError(f"mixed_lr must be ≥ 0, got {self.mixed_lr}")
         for name in ("lr", "grad_clip"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -122,6 +127,7 @@ class PretrainConfig:
             seq_len=self.seq_len or stage.seq_len,
             lr=self.lr or stage.lr,
             clue_warmup_steps=stage.clue_warmup_steps if self.clue_warmup_steps is None else self.clue_warmup_steps,
+            mixed_lr=stage.mixed_lr if self.mixed_lr is None else (self.mixed_lr or None),
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
         check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
@@ -136,6 +142,7 @@ class ResolvedStage:
     seq_len: int
     lr: float
     clue_warmup_steps: int
+    mixed_lr: float | None
     device: str
 
 
@@ -239,7 +246,8 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         if stop_after is not None and step >= run.step + stop_after:
             run.history.extend(buffer.flush())
             return PretrainResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
-        lr = lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio)
+        lr = stage_lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio,
+                         switch_step=stage.clue_warmup_steps, second_peak_lr=stage.mixed_lr)
         set_lr(optimizer, lr)
         batch = batches.batch(step)
         metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device)

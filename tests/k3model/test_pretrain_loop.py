@@ -10,7 +10,7 @@ from k3model.pretrain import PretrainConfig, train
 from k3model.pretrain_data import PretrainData, StageBatches
 from k3model.config import get_profile
 from k3model.model import K3Model
-from k3model.schedule import lr_at
+from k3model.schedule import lr_at, stage_lr_at
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +27,31 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
     assert lrs[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_the_steps_after_the_clue_warmup_get_a_schedule_of_their_own():
+    """StageConfig.mixed_lr: the clue-only steps keep the stage's schedule; the mixed steps after
+    them warm up again from near 0 to mixed_lr and decay to its floor."""
+    one = [stage_lr_at(s, 1000, 3e-3, 100, 0.1) for s in range(1000)]
+    two = [stage_lr_at(s, 1000, 3e-3, 100, 0.1, switch_step=400, second_peak_lr=1e-3) for s in range(1000)]
+    assert one == [lr_at(s, 1000, 3e-3, 100, 0.1) for s in range(1000)]
+    assert two[:400] == one[:400] and one[400] > 2e-3
+    assert two[400] == pytest.approx(1e-3 / 60) and max(two[400:]) == pytest.approx(1e-3)
+    assert two.index(max(two[400:])) == 459 and two[-1] == pytest.approx(1e-4, rel=1e-2)
+    assert all(a >= b for a, b in zip(two[459:], two[460:]))
+    assert PretrainConfig(profile="tiny", stage=1).resolved().mixed_lr == 1e-3
+    assert PretrainConfig(profile="tiny", stage=1, mixed_lr=0).resolved().mixed_lr is None
+    with pytest.raises(ValueError, match="mixed_lr"):
+        PretrainConfig(profile="smoke", stage=1, mixed_lr=-1e-3)
+
+
+def test_the_loop_trains_the_mixed_steps_at_their_own_lr(smoke_data, tmp_path):
+    cfg = PretrainConfig(profile="smoke", stage=1, steps=6, clue_warmup_steps=3, mixed_lr=1e-3, log_every=1,
+                         eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4, eval_max_length=64)
+    lrs = [h["train/lr"] for h in train(cfg, smoke_data, tmp_path).history]
+    peak = get_profile("smoke").stages[0].lr
+    assert lrs == [pytest.approx(stage_lr_at(s, 6, peak, 1, 0.1, 3, 1e-3)) for s in range(6)]
+    assert lrs[3] == pytest.approx(1e-3) and lrs[2] != pytest.approx(1e-3)
 
 
 @pytest.mark.slow
