@@ -78,6 +78,8 @@ class PosttrainSizes:
     rl_hard_tasks: int = 16
     # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
     eval_budgets: tuple[tuple[str, int, int], ...] | None = None
+    # (family, w): w × sft_tasks_per_family demonstration tasks for that family (datagen.sft)
+    sft_family_weights: tuple[tuple[str, int], ...] = ()
 
 
 SIZES: dict[str, PosttrainSizes] = {
@@ -111,7 +113,8 @@ SIZES: dict[str, PosttrainSizes] = {
                            rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
                            rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
                            rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
-                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
+                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256)),
+                           sft_family_weights=(("slack_ping", 2),)),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
                             eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
@@ -178,8 +181,11 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
     tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
     sizes = SIZES[profile]
     cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
-                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens)
-    heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family)
+                        families=sizes.sft_families, family_weights=sizes.sft_family_weights,
+                        max_tokens=sizes.sft_max_tokens)
+    # The held-out loss is a mean per (domain, effort): every family alike.
+    heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family,
+                                      family_weights=())
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer_up.path)
     table, heldout = build_sft(cfg, tok), build_sft(heldout_cfg, tok)
