@@ -169,6 +169,8 @@ class SFTDataAssetConfig(dg.Config):
     seed: int = Field(default=0, ge=0, description="seeds the demonstration tasks (same seed → same bytes); "
                       "the held-out table uses seed + 1")
     tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (SIZES)")
+    family_weights: dict[str, int] | None = Field(default=None, description="family → w: w × tasks_per_family "
+                                                  "tasks for it (default: the profile's, SIZES; {} for none)")
 
 
 def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig,
@@ -181,8 +183,9 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
     tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
     sizes = SIZES[profile]
     cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
-                        families=sizes.sft_families, family_weights=sizes.sft_family_weights,
-                        max_tokens=sizes.sft_max_tokens)
+                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens,
+                        family_weights=(tuple(sorted(config.family_weights.items())) if config.family_weights is not None
+                                        else sizes.sft_family_weights))
     # The held-out loss is a mean per (domain, effort): every family alike.
     heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family,
                                       family_weights=())
