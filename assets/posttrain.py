@@ -95,7 +95,9 @@ SIZES: dict[str, PosttrainSizes] = {
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
     # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on four
     # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows; coding's is
-    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02). Four ladder
+    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02), and
+    # slack_ping has twice the tasks of the others: its word copy (the post's text) is the skill this
+    # SFT lost from run to run at equal shares (slack_ping 0.06–0.81 on the ladder). Four ladder
     # tasks per family: the harnesses go round-robin over the tasks, so each family's pass rate
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
