@@ -78,6 +78,8 @@ class PosttrainSizes:
     rl_hard_tasks: int = 16
     # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
     eval_budgets: tuple[tuple[str, int, int], ...] | None = None
+    # (family, w): w × sft_tasks_per_family demonstration tasks for that family (datagen.sft)
+    sft_family_weights: tuple[tuple[str, int], ...] = ()
 
 
 SIZES: dict[str, PosttrainSizes] = {
@@ -93,7 +95,9 @@ SIZES: dict[str, PosttrainSizes] = {
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
     # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on four
     # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows; coding's is
-    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02). Four ladder
+    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02), and
+    # slack_ping has twice the tasks of the others: its word copy (the post's text) is the skill this
+    # SFT lost from run to run at equal shares (slack_ping 0.06–0.81 on the ladder). Four ladder
     # tasks per family: the harnesses go round-robin over the tasks, so each family's pass rate
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
@@ -111,7 +115,8 @@ SIZES: dict[str, PosttrainSizes] = {
                            rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
                            rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
                            rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
-                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256))),
+                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256)),
+                           sft_family_weights=(("slack_ping", 2),)),
     "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
                             sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
                             eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
@@ -166,6 +171,8 @@ class SFTDataAssetConfig(dg.Config):
     seed: int = Field(default=0, ge=0, description="seeds the demonstration tasks (same seed → same bytes); "
                       "the held-out table uses seed + 1")
     tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (SIZES)")
+    family_weights: dict[str, int] | None = Field(default=None, description="family → w: w × tasks_per_family "
+                                                  "tasks for it (default: the profile's, SIZES; {} for none)")
 
 
 def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig,
@@ -178,8 +185,12 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
     tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
     sizes = SIZES[profile]
     cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
-                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens)
-    heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family)
+                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens,
+                        family_weights=(tuple(sorted(config.family_weights.items())) if config.family_weights is not None
+                                        else sizes.sft_family_weights))
+    # The held-out loss is a mean per (domain, effort): every family alike.
+    heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family,
+                                      family_weights=())
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer_up.path)
     table, heldout = build_sft(cfg, tok), build_sft(heldout_cfg, tok)

@@ -45,7 +45,8 @@ training, so code that forgets to pass a harness cannot leak the held-out one.
 
 Tasks: family `f`'s task i has seed `SFT_TASK_SEED_BASE + cfg.seed * SEEDS_PER_CONFIG + i`, far above
 the low seeds the RL prompts and the held-out evaluations draw from, so no evaluation task is
-demonstrated. Each task is rendered at every effort in one harness (round-robin over the training
+demonstrated. A family gets `tasks_per_family` tasks, or a whole multiple of it where
+`family_weights` gives one (its share of the rows). Each task is rendered at every effort in one harness (round-robin over the training
 harnesses from a seeded offset per family): the same episode at three efforts shows the model what
 the control token changes. Rows longer than `max_tokens` are dropped and counted in the table's
 metadata (assistant_3day's 34 turns do not fit a tiny context).
@@ -106,6 +107,9 @@ class SFTDataConfig:
     seed: int = 0
     tasks_per_family: int = 8  # each task gives one row per effort
     families: tuple[str, ...] | None = None  # None: SFT_FAMILIES (all_families() for every easy/medium one)
+    # (family, w) pairs: that family gets w × tasks_per_family tasks (others 1 ×), so w sets its
+    # share of the rows; its first tasks_per_family tasks are the same as at w = 1.
+    family_weights: tuple[tuple[str, int], ...] = ()
     harnesses: tuple[str, ...] | None = None  # None: every harness but HELD_OUT_HARNESS
     efforts: tuple[str, ...] = EFFORTS
     max_tokens: int = 4096  # longer rows are dropped (and counted in the metadata)
@@ -134,12 +138,25 @@ class SFTDataConfig:
         for family in self.families or ():
             if family not in known:
                 raise ValueError(f"unknown task family {family!r}; envs.list_envs() lists them")
+        for family, w in self.family_weights:
+            if family not in self.resolved_families():
+                raise ValueError(f"family_weights names {family!r}, which is not among the families "
+                                 f"{self.resolved_families()}: add it to families or drop its weight")
+            if not isinstance(w, int) or not 1 <= w * self.tasks_per_family <= SEEDS_PER_CONFIG:
+                raise ValueError(f"the weight of {family!r} must be an int with 1 ≤ weight × tasks_per_family ≤ "
+                                 f"{SEEDS_PER_CONFIG}, got {w!r}")
+        if len(dict(self.family_weights)) != len(self.family_weights):
+            raise ValueError(f"family_weights names a family twice: {self.family_weights}")
 
     def resolved_families(self) -> tuple[str, ...]:
         return self.families if self.families is not None else default_families()
 
     def resolved_harnesses(self) -> tuple[str, ...]:
         return self.harnesses if self.harnesses is not None else training_harnesses()
+
+    def tasks_of(self, family: str) -> int:
+        """How many tasks (one row per effort each) `family` gets."""
+        return dict(self.family_weights).get(family, 1) * self.tasks_per_family
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,7 +457,7 @@ def build_sft(cfg: SFTDataConfig, tokenizer) -> pa.Table:
     dropped: dict[str, int] = {}
     for family in cfg.resolved_families():
         offset = int(rng(cfg.seed, "sft", family).integers(len(harnesses)))
-        for i in range(cfg.tasks_per_family):
+        for i in range(cfg.tasks_of(family)):
             seed = task_seed(cfg, i)
             harness = harnesses[(offset + i) % len(harnesses)]
             task = envs.generate(family, seed)

@@ -128,7 +128,23 @@ def test_rows_over_the_token_limit_are_dropped_and_counted(tok):
     assert table_metadata(table)["dropped_too_long"] == {"fix_bug": 3}
 
 
+def test_a_family_weight_multiplies_its_tasks_and_keeps_its_first_ones(tok):
+    plain = build_sft(SFTDataConfig(tasks_per_family=2, families=("echo_word", "slack_ping")), tok)
+    heavy = build_sft(SFTDataConfig(tasks_per_family=2, families=("echo_word", "slack_ping"),
+                                    family_weights=(("slack_ping", 3),)), tok)
+
+    def seeds(table, family):
+        return [s for f, s, e in zip(*(table.column(c).to_pylist() for c in ("family", "task_seed", "effort")))
+                if f == family and e == "low"]
+    assert len(seeds(heavy, "slack_ping")) == 6 and seeds(heavy, "echo_word") == seeds(plain, "echo_word")
+    assert seeds(heavy, "slack_ping")[:2] == seeds(plain, "slack_ping")
+    assert len(set(seeds(heavy, "slack_ping"))) == 6
+
+
 @pytest.mark.parametrize("kwargs, match", [
+    ({"family_weights": (("slack_ping", 2),), "families": ("echo_word",)}, "not among the families"),
+    ({"family_weights": (("echo_word", 0),), "families": ("echo_word",)}, "weight"),
+    ({"family_weights": (("echo_word", 2), ("echo_word", 3)), "families": ("echo_word",)}, "twice"),
     ({"harnesses": (HELD_OUT_HARNESS,)}, "held out"),
     ({"harnesses": ("emacs",)}, "unknown harness"),
     ({"efforts": ("medium",)}, "unknown effort"),
