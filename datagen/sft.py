@@ -46,8 +46,8 @@ training, so code that forgets to pass a harness cannot leak the held-out one.
 Tasks: family `f`'s task i has seed `SFT_TASK_SEED_BASE + cfg.seed * SEEDS_PER_CONFIG + i`, far above
 the low seeds the RL prompts and the held-out evaluations draw from, so no evaluation task is
 demonstrated. A family gets `tasks_per_family` tasks, or a whole multiple of it where
-`family_weights` gives one (its share of the rows). Each task is rendered at every effort in one harness (round-robin over the training
-harnesses from a seeded offset per family): the same episode at three efforts shows the model what
+`family_weights` gives one (its share of the rows). Each task is rendered at every effort in one
+harness (round-robin over the training harnesses from a seeded offset per family): the same episode at three efforts shows the model what
 the control token changes. Rows longer than `max_tokens` are dropped and counted in the table's
 metadata (assistant_3day's 34 turns do not fit a tiny context).
 
