@@ -101,6 +101,23 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     return torch.cat([h_nH @ w_down[e].t() for e, h_nH in zip(experts, h_parts)], 0)
 
 
+def sum_per_token(rows_RL: torch.Tensor, token_R: torch.Tensor, M: int, order_R: torch.Tensor | None = None):
+    """u_ML[m] = the sum of token m's K rows (row r belongs to token token_R[r]; `order_R` is the
+    permutation that sorted the token-major rows by expert, None if they are token-major). An
+    index_add, which adds in row order on the CPU. On CUDA index_add (and Inductor's lowering of it)
+    adds with atomics in no fixed order, so a token's sum changes in its last bits from call to call
+    and a captured decode step drifts from the eager one: inference there puts the rows back in
+    token-major order and sums each token's K in slot order. Training keeps index_add, ~2 % of the
+    small step faster on the H200 (docs/log/gpu.md)."""
+    if not rows_RL.is_cuda or torch.is_grad_enabled():
+        return torch.zeros(M, rows_RL.shape[-1], dtype=rows_RL.dtype, device=rows_RL.device).index_add(
+            0, token_R, rows_RL)
+    if order_R is not None:
+        unsort_R = torch.empty_like(order_R).scatter_(0, order_R, torch.arange(len(order_R), device=order_R.device))
+        rows_RL = rows_RL.index_select(0, unsort_R)
+    return rows_RL.view(M, -1, rows_RL.shape[-1]).sum(1)
+
+
 def _grouped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     """The same as `_looped_experts` with one grouped GEMM per projection (`torch._grouped_mm`, the
     op torchtitan's MoE uses): the expert boundaries stay on the device. Under autocast the
@@ -326,7 +343,7 @@ class LatentMoE(nn.Module):
 
     def routed_experts(self, z_ML: torch.Tensor, ids_MK: torch.Tensor, p_MK: torch.Tensor) -> torch.Tensor:
         """u_ML = Σ_{j∈I_m} p_mj E_j(z_m): tokens sorted by expert, the experts' matmuls over their
-        contiguous row ranges, index_add back."""
+        contiguous row ranges, then each token's K outputs summed back (index_add on the CPU)."""
         M, K = ids_MK.shape
         w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
         E = self.cfg.n_routed
@@ -346,9 +363,7 @@ class LatentMoE(nn.Module):
         out_RL = experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH,
                          lambda g, u: situ_glu(g, u, self.cfg.situ_beta1, self.cfg.situ_beta2), self._expert_act)
 
-        u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
-        u_ML = u_ML.index_add(0, token_R, out_RL.float() * weight_R1)
-        return u_ML.to(z_ML.dtype)
+        return sum_per_token(out_RL.float() * weight_R1, token_R, M, order_R).to(z_ML.dtype)
 
     def _dense_experts(self, z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH) -> torch.Tensor:
         """Inference on the CPU with few tokens (decode steps): every expert on every token as three

@@ -53,7 +53,7 @@ from kernels.mx.formats import SCALE_ROUNDINGS
 from k3model.checkpoint import WEIGHTS_FILE, load_checkpoint, read_manifest, save_checkpoint
 from k3model.config import ModelConfig, VisionConfig
 from k3model.model import K3Model
-from k3model.moe import MX_BLOCK, LatentMoE, situ_glu
+from k3model.moe import MX_BLOCK, LatentMoE, situ_glu, sum_per_token
 
 logger = logging.getLogger("k3model.quantize")
 
@@ -157,9 +157,7 @@ class MXLatentMoE(LatentMoE):
         h_RH = situ_glu(self._experts("w_gate_EHL", z_RL, ids_R), self._experts("w_up_EHL", z_RL, ids_R),
                         self.cfg.situ_beta1, self.cfg.situ_beta2)
         out_RL = self._experts("w_down_ELH", self._act(h_RH), ids_R)
-        u_ML = torch.zeros(M, z_ML.shape[-1], dtype=torch.float32, device=z_ML.device)
-        u_ML = u_ML.index_add(0, token_R, out_RL.float() * p_MK.reshape(-1, 1))
-        return u_ML.to(z_ML.dtype)
+        return sum_per_token(out_RL.float() * p_MK.reshape(-1, 1), token_R, M).to(z_ML.dtype)
 
 
 # ------------------------------------------------------------------------------------------------

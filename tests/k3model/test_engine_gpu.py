@@ -41,3 +41,36 @@ def test_an_fp32_model_decodes_on_cuda():
     model = _model(torch.float32)
     out = generate(model, _prompts(model), SamplingConfig(max_new_tokens=4))
     assert [len(c.token_ids) for c in out] == [4, 4, 4]
+
+
+def test_the_routed_experts_sum_is_deterministic_on_cuda():
+    # index_add's atomics add a token's K expert outputs in no fixed order on CUDA: inference sums
+    # them in slot order (moe.sum_per_token).
+    from k3model.moe import sum_per_token
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    M, K, L = 64, 8, 256
+    ids_R = torch.randint(0, 16, (M * K,), device="cuda", generator=g)
+    order_R = torch.argsort(ids_R, stable=True)
+    rows_RL = torch.randn(M * K, L, device="cuda", generator=g)
+    with torch.no_grad():  # inference: training keeps index_add
+        runs = [sum_per_token(rows_RL, order_R // K, M, order_R) for _ in range(5)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    reference = torch.zeros(M, L, device="cuda").index_add(0, order_R // K, rows_RL)
+    torch.testing.assert_close(runs[0], reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_captured_step_of_a_compiled_model_equals_its_eager_step_bitwise():
+    from k3model.compiled import compile_regions
+    from k3model.engine import GraphStep
+
+    model = compile_regions(_model(torch.bfloat16))
+    prompts = [p[:5] for p in _prompts(model)]
+    cache, logits_BV = prefill(model, prompts, capacity=16)
+    eager_cache, graph = cache.to_static(16), GraphStep(model, cache.to_static(16))
+    tokens_B = logits_BV.argmax(-1)
+    with torch.no_grad():
+        for _ in range(8):
+            eager_BV = model(tokens_B.unsqueeze(1), cache=eager_cache).logits_BTV[:, 0]
+            assert torch.equal(eager_BV, graph(tokens_B))
+            tokens_B = eager_BV.argmax(-1)
