@@ -297,6 +297,21 @@ def check_graph(model, out):
     print(json.dumps(out["graph_check"]), flush=True)
 
 
+def captured_ms_per_step(model, prompts, new):
+    """(capture seconds, ms per replay) of the captured step over `new` − 8 replays after 3 warm ones,
+    argmax fed back on the device: no host synchronisation inside the loop."""
+    device = torch.device("cuda")
+    cache, logits = prefill(model, prompts, new)
+    static = cache.to_static(len(prompts[0]) + new + 8)
+    t_capture, step = timed(lambda: GraphStep(model, static), device)
+    tokens = logits.argmax(-1)
+    for _ in range(3):  # warm replays (write the cache past the prompt; lengths stay in range)
+        tokens = step(tokens).argmax(-1)
+    n = new - 8
+    t, _ = timed(lambda: replay(step, tokens, n), device)
+    return t_capture, 1e3 * t / n
+
+
 def bench_cuda(args, model, out):
     device = torch.device("cuda")
     bw = copy_bandwidth(device)
@@ -310,16 +325,7 @@ def bench_cuda(args, model, out):
         t, outs = timed(lambda: generate(model, prompts, cfg), device)
         row["generate_s"] = t
         row["generate_ms_per_token"] = 1e3 * t / args.new
-        # The captured step alone: argmax fed back on the device, no host sync inside the loop.
-        cache, logits = prefill(model, prompts, args.new)
-        static = cache.to_static(args.prompt + args.new + 8)
-        t_capture, step = timed(lambda: GraphStep(model, static), device)
-        tokens = logits.argmax(-1)
-        for _ in range(3):  # warm replays (write the cache past the prompt; lengths stay in range)
-            tokens = step(tokens).argmax(-1)
-        n = args.new - 8
-        t, _ = timed(lambda: replay(step, tokens, n), device)
-        ms = 1e3 * t / n
+        t_capture, ms = captured_ms_per_step(model, prompts, args.new)
         by = step_bytes(model, B, args.prompt + args.new // 2)
         floor_ms = 1e3 * by["total"] / bw
         row.update({"graph_capture_s": t_capture, "graph_ms_per_step": ms, "graph_tokens_per_s": B / ms * 1e3,
@@ -330,7 +336,7 @@ def bench_cuda(args, model, out):
         row["eager_ms_per_step"] = 1e3 * t / 16
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del static, step, cache
+        del cache
         torch.cuda.empty_cache()
     out["decode"] = rows
 
@@ -408,38 +414,29 @@ def bench_mismatch(args, model_bf16, model_fp32, out):
 
 
 def bench_mx_experts(args, model, out):
-    """Eager decode at batch 1 with routed experts in MXFP4 through kernels.mx.mx_linear_experts,
-    beside the bf16 grouped-GEMM experts, in the same run (quantization applied from outside)."""
-    from kernels.mx import mx_linear_experts, quantize_mx
-    from k3model.moe import situ_glu
+    """Decode with the routed experts packed to MXFP4 by the product's PTQ (k3model.quantize.convert_to_mx:
+    kernels.mx.mx_linear_experts, MXFP8 activations) beside the same model's bf16 grouped-GEMM experts,
+    in the same run, at each of --batches: the captured step (engine.GraphStep) and eager steps, and
+    the MXFP4 captured step against its own eager step (logits, 8 steps)."""
+    from k3model.quantize import convert_to_mx
 
-    prompts = random_prompts(1, args.prompt, model.cfg.vocab_size)
-    cache, logits = prefill(model, prompts, 40)
-    t_bf16, _ = timed(lambda: decode_eager(model, cache, logits, 32), torch.device("cuda"))
-    saved = {}
-    for moe in model.moe_layers():
-        wq = {n: quantize_mx(getattr(moe, n).detach().float(), "fp4_e2m1") for n in ("w_gate_EHL", "w_up_EHL", "w_down_ELH")}
-
-        def routed(z_ML, ids_MK, p_MK, moe=moe, wq=wq):
-            M, K = ids_MK.shape
-            ids_R = ids_MK.reshape(-1)
-            z_RL = z_ML.repeat_interleave(K, dim=0)
-            h = situ_glu(mx_linear_experts(z_RL, wq["w_gate_EHL"], ids_R),
-                         mx_linear_experts(z_RL, wq["w_up_EHL"], ids_R), moe.cfg.situ_beta1, moe.cfg.situ_beta2)
-            y_RL = mx_linear_experts(h, wq["w_down_ELH"], ids_R)
-            return (y_RL.float().view(M, K, -1) * p_MK.unsqueeze(-1)).sum(1).to(z_ML.dtype)
-
-        saved[moe] = moe.routed_experts
-        moe.routed_experts = routed
-    cache, logits = prefill(model, prompts, 40)
-    decode_eager(model, cache, logits, 2)
-    cache, logits = prefill(model, prompts, 40)
-    t_mx, _ = timed(lambda: decode_eager(model, cache, logits, 32), torch.device("cuda"))
-    for moe, fn in saved.items():
-        moe.routed_experts = fn
-    out["mx_experts_batch1_eager"] = {"bf16_ms_per_step": t_bf16 / 32 * 1e3, "mxfp4_ms_per_step": t_mx / 32 * 1e3,
-                                      "mxfp4_over_bf16": t_mx / t_bf16}
-    print(json.dumps(out["mx_experts_batch1_eager"]), flush=True)
+    mx_model = convert_to_mx(copy.deepcopy(model))
+    check = {}
+    check_graph(mx_model, check)
+    rows = []
+    for B in args.batches:
+        prompts = random_prompts(B, args.prompt, model.cfg.vocab_size)
+        row = {"batch": B}
+        for name, m in (("bf16", model), ("mxfp4", mx_model)):
+            row[f"{name}_graph_ms_per_step"] = captured_ms_per_step(m, prompts, args.new)[1]
+            cache, logits = prefill(m, prompts, 16)
+            t, _ = timed(lambda: decode_eager(m, cache, logits, 16), torch.device("cuda"))
+            row[f"{name}_eager_ms_per_step"] = 1e3 * t / 16
+        row["mxfp4_over_bf16_graph"] = row["mxfp4_graph_ms_per_step"] / row["bf16_graph_ms_per_step"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out["mx_experts"] = {"graph_check": check["graph_check"], "rows": rows,
+                         "weights": "random init (bf16), experts PTQ'd with convert_to_mx (ceil scales)"}
 
 
 @torch.no_grad()
@@ -455,7 +452,7 @@ def main():
     ap.add_argument("--rollout-turns", type=int, default=2)
     ap.add_argument("--rollout-new", type=int, default=32)
     ap.add_argument("--skip", default="", help="CUDA parts to skip: routing_flips, diagnose, graph_check, "
-                    "step_profile, decode, logprob_mismatch, mx_experts_batch1_eager")
+                    "step_profile, decode, logprob_mismatch, mx_experts")
     ap.add_argument("--compile-regions", action="store_true",
                     help="CUDA: k3model.compiled.compile_regions on the bf16 model first")
     ap.add_argument("--out", required=True)
@@ -484,7 +481,7 @@ def main():
                  ("step_profile", lambda: step_profile(args, model, out)),
                  ("decode", lambda: bench_cuda(args, model, out)),
                  ("logprob_mismatch", lambda: bench_mismatch(args, model, model_fp32, out)),
-                 ("mx_experts_batch1_eager", lambda: bench_mx_experts(args, model, out))]
+                 ("mx_experts", lambda: bench_mx_experts(args, model, out))]
         for name, part in parts:
             if name in skip:
                 continue

@@ -71,7 +71,7 @@ step)  # eager, then with compiled regions (k3model/compiled.py), each with its 
     elapsed "profile_step regions exit $?"
     ;;
 decode)  # the small profile's decode step (issue 16 item 5), eager modules then compiled regions
-    skip=routing_flips,diagnose,logprob_mismatch,mx_experts_batch1_eager
+    skip=routing_flips,diagnose,logprob_mismatch,mx_experts
     timeout 240 python3 benchmarks/decode.py --device cuda --profile small --batches 1,16,64 --prompt 512 \
         --new 128 --skip $skip --out "$OUT/decode_small_h200_eager.json"
     elapsed "decode eager exit $?"
