@@ -15,7 +15,11 @@ so the compile cost is that of a few small graphs, not of 24 layers. What stays 
   prefill attention (`_attend_expanded`) is compiled.
 
 The maths is the eager modules' own: Inductor fuses their elementwise chains and may round
-differently in the last bits (fp32 reductions in another order), nothing else. The CPU keeps the
+differently in the last bits (fp32 reductions in another order), nothing else. For decoding, compile
+first and then generate: the engine's captured step (`engine.GraphStep`) of a compiled model gives
+its compiled eager step's logits bitwise (tests/k3model/test_engine_gpu.py), at about half the
+eager modules' step time on the H200 (docs/log/gpu.md). A cache of another layout (the dynamic
+cache of a prefill) recompiles the KDA layers and may round differently. The CPU keeps the
 eager model (this is never called there by the library); the CPU tests check the same module code.
 """
 
