@@ -101,69 +101,21 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     return torch.cat([h_nH @ w_down[e].t() for e, h_nH in zip(experts, h_parts)], 0)
 
 
-def _inverse(order_R: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(order_R).scatter_(0, order_R, torch.arange(len(order_R), device=order_R.device))
-
-
-def _unsort_sum(rows_RX: torch.Tensor, order_R: torch.Tensor, K: int) -> torch.Tensor:
-    """Rows sorted by `order_R` back in token-major order, each token's K summed in slot order."""
-    return rows_RX.index_select(0, _inverse(order_R)).view(-1, K, rows_RX.shape[-1]).sum(1)
-
-
-class _SortedRows(torch.autograd.Function):
-    """x_MX[order_R // K]: each token's row once per slot, in the order that sorts the token-major
-    (token, slot) pairs by expert. Backward: the inverse gather and a sum per token, where
-    index_select's own backward is an index_add with atomics."""
-
-    @staticmethod
-    def forward(ctx, x_MX, order_R, K):
-        ctx.save_for_backward(order_R)
-        ctx.K = K
-        return x_MX.index_select(0, order_R // K)
-
-    @staticmethod
-    def backward(ctx, grad_RX):
-        (order_R,) = ctx.saved_tensors
-        return _unsort_sum(grad_RX, order_R, ctx.K), None, None
-
-
-class _SumPerToken(torch.autograd.Function):
-    """The transpose of _SortedRows: rows sorted by expert summed back per token, without atomics."""
-
-    @staticmethod
-    def forward(ctx, rows_RX, order_R, K):
-        ctx.save_for_backward(order_R)
-        ctx.K = K
-        return _unsort_sum(rows_RX, order_R, K)
-
-    @staticmethod
-    def backward(ctx, grad_MX):
-        (order_R,) = ctx.saved_tensors
-        return grad_MX.index_select(0, order_R // ctx.K), None, None
-
-
-def sorted_rows(x_MX: torch.Tensor, order_R: torch.Tensor, K: int) -> torch.Tensor:
-    """Row r is token order_R[r] // K's row (`order_R` sorts the token-major (token, slot) pairs by
-    expert). On the CPU an index_select; on CUDA _SortedRows (see sum_per_token)."""
-    if x_MX.is_cuda:
-        return _SortedRows.apply(x_MX, order_R, K)
-    return x_MX.index_select(0, order_R // K)
-
-
-def sum_per_token(rows_RX: torch.Tensor, M: int, order_R: torch.Tensor | None = None) -> torch.Tensor:
-    """u_MX[m] = the sum of token m's K rows; `order_R` as in sorted_rows, or None for rows already
-    token-major. On the CPU an index_add, which adds in row order. On CUDA index_add (and Inductor's
-    lowering of it) adds with atomics in no fixed order: a token's sum changes in its last bits
-    from call to call and a captured decode step drifts from the eager one, so there each token's
-    K are summed in slot order, forward and backward (no atomics either way)."""
-    K = rows_RX.shape[0] // M
-    if not rows_RX.is_cuda:
-        token_R = torch.arange(M, device=rows_RX.device).repeat_interleave(K) if order_R is None else order_R // K
-        return torch.zeros(M, rows_RX.shape[-1], dtype=rows_RX.dtype, device=rows_RX.device).index_add(
-            0, token_R, rows_RX)
-    if order_R is None:
-        return rows_RX.view(M, K, -1).sum(1)
-    return _SumPerToken.apply(rows_RX, order_R, K)
+def sum_per_token(rows_RL: torch.Tensor, token_R: torch.Tensor, M: int, order_R: torch.Tensor | None = None):
+    """u_ML[m] = the sum of token m's K rows (row r belongs to token token_R[r]; `order_R` is the
+    permutation that sorted the token-major rows by expert, None if they are token-major). An
+    index_add, which adds in row order on the CPU. On CUDA index_add (and Inductor's lowering of it)
+    adds with atomics in no fixed order, so a token's sum changes in its last bits from call to call
+    and a captured decode step drifts from the eager one: inference there puts the rows back in
+    token-major order and sums each token's K in slot order. Training keeps index_add: the slot-order
+    sum, with autograd's atomic backward, made the small step ~2 % slower on the H200 (docs/log/gpu.md)."""
+    if not rows_RL.is_cuda or torch.is_grad_enabled():
+        return torch.zeros(M, rows_RL.shape[-1], dtype=rows_RL.dtype, device=rows_RL.device).index_add(
+            0, token_R, rows_RL)
+    if order_R is not None:
+        unsort_R = torch.empty_like(order_R).scatter_(0, order_R, torch.arange(len(order_R), device=order_R.device))
+        rows_RL = rows_RL.index_select(0, unsort_R)
+    return rows_RL.view(M, -1, rows_RL.shape[-1]).sum(1)
 
 
 def _grouped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
@@ -399,9 +351,10 @@ class LatentMoE(nn.Module):
             return self._dense_experts(z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH)
         ids_R = ids_MK.reshape(-1)
         order_R = torch.argsort(ids_R, stable=True)
+        token_R = order_R // K
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         counts_E = count_per_expert(ids_R, self.cfg.n_routed)
-        z_RL = self._expert_act(sorted_rows(z_ML, order_R, K))
+        z_RL = self._expert_act(z_ML.index_select(0, token_R))
         # Under torch.compile on the CPU the loop: torch 2.13's fake-tensor rule for _grouped_mm
         # takes bf16 only (the same bits either way).
         grouped = self.grouped_matmuls if self.grouped_matmuls is not None else \
@@ -410,7 +363,7 @@ class LatentMoE(nn.Module):
         out_RL = experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH,
                          lambda g, u: situ_glu(g, u, self.cfg.situ_beta1, self.cfg.situ_beta2), self._expert_act)
 
-        return sum_per_token(out_RL.float() * weight_R1, M, order_R).to(z_ML.dtype)
+        return sum_per_token(out_RL.float() * weight_R1, token_R, M, order_R).to(z_ML.dtype)
 
     def _dense_experts(self, z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH) -> torch.Tensor:
         """Inference on the CPU with few tokens (decode steps): every expert on every token as three

@@ -157,7 +157,7 @@ class MXLatentMoE(LatentMoE):
         h_RH = situ_glu(self._experts("w_gate_EHL", z_RL, ids_R), self._experts("w_up_EHL", z_RL, ids_R),
                         self.cfg.situ_beta1, self.cfg.situ_beta2)
         out_RL = self._experts("w_down_ELH", self._act(h_RH), ids_R)
-        return sum_per_token(out_RL.float() * p_MK.reshape(-1, 1), M).to(z_ML.dtype)
+        return sum_per_token(out_RL.float() * p_MK.reshape(-1, 1), token_R, M).to(z_ML.dtype)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -43,24 +43,21 @@ def test_an_fp32_model_decodes_on_cuda():
     assert [len(c.token_ids) for c in out] == [4, 4, 4]
 
 
-def test_the_routed_experts_gather_and_sum_are_deterministic_on_cuda():
-    # index_add's atomics add a token's K expert outputs in no fixed order on CUDA (moe.sum_per_token).
-    from k3model.moe import sorted_rows, sum_per_token
+def test_the_routed_experts_sum_is_deterministic_on_cuda():
+    # index_add's atomics add a token's K expert outputs in no fixed order on CUDA: inference sums
+    # them in slot order (moe.sum_per_token).
+    from k3model.moe import sum_per_token
 
     g = torch.Generator(device="cuda").manual_seed(0)
     M, K, L = 64, 8, 256
-    order_R = torch.argsort(torch.randint(0, 16, (M * K,), device="cuda", generator=g), stable=True)
-    rows_RL = torch.randn(M * K, L, device="cuda", generator=g, requires_grad=True)
-    x_ML = torch.randn(M, L, device="cuda", generator=g, requires_grad=True)
-    runs = []
-    for _ in range(5):
-        u_ML = sum_per_token(rows_RL, M, order_R)
-        grads = torch.autograd.grad((sorted_rows(x_ML, order_R, K) * rows_RL).sum() + u_ML.square().sum(),
-                                    (x_ML, rows_RL))
-        runs.append((u_ML, *grads))
-    assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    ids_R = torch.randint(0, 16, (M * K,), device="cuda", generator=g)
+    order_R = torch.argsort(ids_R, stable=True)
+    rows_RL = torch.randn(M * K, L, device="cuda", generator=g)
+    with torch.no_grad():  # inference: training keeps index_add
+        runs = [sum_per_token(rows_RL, order_R // K, M, order_R) for _ in range(5)]
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
     reference = torch.zeros(M, L, device="cuda").index_add(0, order_R // K, rows_RL)
-    torch.testing.assert_close(runs[0][0], reference, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(runs[0], reference, atol=1e-5, rtol=1e-5)
 
 
 def test_the_captured_step_of_a_compiled_model_equals_its_eager_step_bitwise():

@@ -330,21 +330,3 @@ def test_grouped_expert_matmuls_equal_the_expert_loop(dtype):
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for name, a, b in zip(["y", "dx", "dw_gate", "dw_up", "dw_down"], results[True], results[False]):
         torch.testing.assert_close(a.float(), b.float(), **tol, msg=name)
-
-
-def test_the_cuda_gather_and_sum_functions_have_the_reference_values_and_gradients():
-    # CUDA's routed experts gather and sum rows through these two Functions (no atomics, k3model/moe.py);
-    # they run on any device, so their values and gradients are checked here against
-    # index_select / index_add and by gradcheck.
-    from k3model.moe import _SortedRows, _SumPerToken
-
-    torch.manual_seed(0)
-    M, K, L = 6, 3, 5
-    order_R = torch.argsort(torch.randint(0, 4, (M * K,)), stable=True)
-    x_ML = torch.randn(M, L, dtype=torch.float64, requires_grad=True)
-    rows_RL = torch.randn(M * K, L, dtype=torch.float64, requires_grad=True)
-    assert torch.equal(_SortedRows.apply(x_ML, order_R, K), x_ML.index_select(0, order_R // K))
-    reference = torch.zeros(M, L, dtype=torch.float64).index_add(0, order_R // K, rows_RL)
-    torch.testing.assert_close(_SumPerToken.apply(rows_RL, order_R, K), reference, rtol=1e-12, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda x: _SortedRows.apply(x, order_R, K), (x_ML,))
-    assert torch.autograd.gradcheck(lambda r: _SumPerToken.apply(r, order_R, K), (rows_RL,))
