@@ -231,13 +231,15 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
-          compiled_regions: bool = False, dense: bool = True) -> dict:
+          compiled_regions: bool = False, dense: bool = True, checkpointing: bool | None = None) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
     cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
+    if checkpointing is not None:
+        cfg = replace(cfg, activation_checkpointing=checkpointing)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
                "compiled_regions": compiled_regions,
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
@@ -311,6 +313,8 @@ def main() -> None:
     parser.add_argument("--no-dense", action="store_true", help="time the K3 model only")
     parser.add_argument("--compile-glue", action="store_true",
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
+    parser.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
+                        help="activation checkpointing of every layer: the profile's setting, or on / off")
     args = parser.parse_args()
     if args.compile_glue:
         compile_glue()
@@ -320,7 +324,7 @@ def main() -> None:
                else [stages[0].seq_len, stages[-1].seq_len])
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
-          dense=not args.no_dense)
+          dense=not args.no_dense, checkpointing={"profile": None, "on": True, "off": False}[args.checkpointing])
     print(f"wrote {args.out}")
 
 

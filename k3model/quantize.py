@@ -207,6 +207,9 @@ def _swap_in_mx(model: nn.Module, scale_rounding: str, weight_dtype: torch.dtype
     for name, moe in moes:
         mx = MXLatentMoE(moe.cfg, scale_rounding, weight_dtype).to(moe.expert_bias_E.device)
         kept = {k: v for k, v in moe.state_dict().items() if k.split(".")[0] not in EXPERT_WEIGHTS}
+        for key, t in [*mx.named_parameters(), *mx.named_buffers()]:
+            if key in kept and t.dtype != kept[key].dtype:  # a bf16 model keeps its bf16 norms and projections
+                t.data = t.data.to(kept[key].dtype)
         missing, unexpected = mx.load_state_dict(kept, strict=False)
         assert not unexpected and all(k.endswith((CODES_SUFFIX, SCALES_SUFFIX)) for k in missing), (missing, unexpected)
         mx.grouped_matmuls = moe.grouped_matmuls

@@ -227,3 +227,14 @@ def test_decode_step_takes_the_grouped_triton_gemv_in_the_interpreter():
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # The GEMV accumulates in f16x2 (~4e-4 relative a matmul; docs/log/quantize.md).
     assert result["diff"] <= 5e-3 * result["scale"]
+
+
+def test_a_bf16_model_converts_to_mx_and_keeps_its_dtypes():
+    torch.manual_seed(0)
+    model = K3Model(replace(get_profile("smoke").model, vision=None)).to(torch.bfloat16).eval()
+    ptq = convert_to_mx(copy.deepcopy(model))
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    assert all(v.dtype == dtypes[k] for k, v in ptq.state_dict().items() if k in dtypes)
+    ids_BT = torch.randint(0, model.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert ptq(ids_BT).logits_BTV.dtype == torch.bfloat16
