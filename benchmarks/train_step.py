@@ -107,13 +107,17 @@ def matmul_ceiling_tflops(device: str) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
 
 
-def k3_train_step(model: K3Model, opt: torch.optim.Optimizer, ids: torch.Tensor, autocast) -> None:
+def k3_train_step(model: K3Model, opt: torch.optim.Optimizer, ids: torch.Tensor, autocast,
+                  micro_batches: int = 1) -> None:
     """One K3 training step as the pretraining loop takes it: loss under `autocast()`, backward, the
-    optimizer step, then each MoE layer's balancing-bias update."""
-    with autocast():
-        loss = model.compute_loss(ids)["loss/total"]
+    optimizer step, then each MoE layer's balancing-bias update. With `micro_batches` > 1 the batch's
+    rows in that many equal parts, each part's mean loss / micro_batches backpropagated in turn (the
+    same gradient as one backward of the whole batch's mean, up to rounding)."""
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    for part in ids.chunk(micro_batches):
+        with autocast():
+            loss = model.compute_loss(part)["loss/total"]
+        (loss / micro_batches).backward()
     opt.step()
     for layer in model.moe_layers():
         layer.update_bias()
@@ -179,16 +183,16 @@ def time_interleaved(step_fns: dict, warmup: int, reps: int) -> dict[str, float]
 
 
 def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int,
-             device: str) -> None:
+             device: str, micro_batches: int = 1) -> None:
     """The K3 model's steps alone, into `row` (on CUDA; the caller frees the model before the dense one)."""
     B, T = ids.shape
     try:
         t0 = time.perf_counter()
-        k3_train_step(model, opt, ids, dtype_ctx)  # the first step compiles (with compiled regions)
+        k3_train_step(model, opt, ids, dtype_ctx, micro_batches)  # the first step compiles (compiled regions)
         if device == "cuda":
             torch.cuda.synchronize()
         row["k3_first_step_s"] = time.perf_counter() - t0
-        dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx), warmup, reps, device)
+        dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx, micro_batches), warmup, reps, device)
         row["k3_tokens_per_s"] = B * T / dt
         row["k3_step_s"] = dt
         row["k3_flops_per_token"] = model_flops_per_token(profile, T)
@@ -231,7 +235,8 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
-          compiled_regions: bool = False, dense: bool = True, checkpointing: bool | None = None) -> dict:
+          compiled_regions: bool = False, dense: bool = True, checkpointing: bool | None = None,
+          micro_batches: int = 1) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -241,6 +246,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     if checkpointing is not None:
         cfg = replace(cfg, activation_checkpointing=checkpointing)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
+               "micro_batches": micro_batches,
                "compiled_regions": compiled_regions,
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
@@ -277,7 +283,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
                         "dense_flops_per_token": 6 * (info["params"] - 2 * cfg.vocab_size * cfg.d_model)
                         + info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model})
         else:
-            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device)
+            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device, micro_batches)
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -315,6 +321,8 @@ def main() -> None:
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
     parser.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
                         help="activation checkpointing of every layer: the profile's setting, or on / off")
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="the K3 step's batch in this many parts, one backward each (gradient accumulation)")
     args = parser.parse_args()
     if args.compile_glue:
         compile_glue()
@@ -324,7 +332,8 @@ def main() -> None:
                else [stages[0].seq_len, stages[-1].seq_len])
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
-          dense=not args.no_dense, checkpointing={"profile": None, "on": True, "off": False}[args.checkpointing])
+          dense=not args.no_dense, checkpointing={"profile": None, "on": True, "off": False}[args.checkpointing],
+          micro_batches=args.micro_batches)
     print(f"wrote {args.out}")
 
 
