@@ -120,6 +120,8 @@ class PretrainConfig:
         profile = get_profile(self.profile)
         stage = profile.stages[self.stage - 1]
         model = profile.model if self.balancing is None else replace(profile.model, balancing=self.balancing)
+        if stage.activation_checkpointing is not None:
+            model = replace(model, activation_checkpointing=stage.activation_checkpointing)
         resolved = ResolvedStage(
             model=model,
             steps=self.steps or stage.steps,

@@ -274,3 +274,14 @@ def test_clue_accuracy_records_the_count_behind_every_rate(smoke_data):
             assert abs(v * n - round(v * n)) < 1e-9
     whole = clue_accuracy(model, smoke_data, "cpu", examples_per_cell=None, max_length=64)
     assert whole["eval/clue_n/scattered/len64"] == smoke_data.clues.eval_per_cell
+
+
+def test_a_stage_sets_activation_checkpointing_for_its_model(monkeypatch):
+    import k3model.pretrain as pretrain
+
+    monkeypatch.setattr(pretrain, "check_fits_machine", lambda *args: None)  # the small profile on a laptop
+    small = get_profile("small")
+    assert small.model.activation_checkpointing and small.stages[0].activation_checkpointing is False
+    assert PretrainConfig(profile="small", stage=1).resolved().model.activation_checkpointing is False
+    assert PretrainConfig(profile="small", stage=2).resolved().model.activation_checkpointing is True
+    assert PretrainConfig(profile="tiny", stage=1).resolved().model == get_profile("tiny").model
