@@ -54,6 +54,9 @@ class PretrainStageConfig(dg.Config):
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage (default: "
                                         "the profile's; tiny scores its whole grid)")
+    compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
+                                  "regionally (k3model.compiled) before the first step, the step that "
+                                  "benchmarks/train_step.py --compile-regions times")
 
 
 def stage_name(stage: int) -> str:
@@ -164,7 +167,8 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
         cfg = PretrainConfig(profile=profile, stage=stage, seed=config.seed, steps=config.steps,
                              batch_size=config.batch_size, lr=config.lr, balancing=config.balancing,
                              log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell,
-                             ckpt_every=config.ckpt_every, eval_max_length=config.eval_max_length)
+                             ckpt_every=config.ckpt_every, eval_max_length=config.eval_max_length,
+                             compile_regions=config.compile_regions)
         resolved = cfg.resolved()
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/{name} (ops.{op}.config): {e}",

@@ -81,6 +81,9 @@ class PretrainConfig:
     eval_ppl_windows: int | None = None
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
+    # CUDA only: k3model.compiled.compile_regions on the model before the first step (the step
+    # benchmarks/train_step.py --compile-regions times; off by default until the loop has run it on a GPU).
+    compile_regions: bool = False
 
     def __post_init__(self) -> None:
         get_profile(self.profile)  # raises ValueError naming the valid profiles
@@ -133,6 +136,9 @@ class PretrainConfig:
             device="cuda" if torch.cuda.is_available() else "cpu",
         )
         check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
+        if self.compile_regions and resolved.device != "cuda":
+            raise ValueError("compile_regions compiles for CUDA (Inductor's Triton kernels) and this machine has "
+                             "no GPU: leave compile_regions false")
         return resolved
 
 
@@ -219,6 +225,10 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     if run.state is None and init_checkpoint is not None:
         load_weights(model, init_checkpoint)
     model.to(device)
+    if cfg.compile_regions:
+        from k3model.compiled import compile_regions
+
+        compile_regions(model, dynamic=True)
 
     # ---- optimizer
     optimizer = build_optimizer(model, stage.lr, cfg.weight_decay)

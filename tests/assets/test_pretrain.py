@@ -120,6 +120,10 @@ def test_invalid_stage_config_names_the_field(smoke_resources):
             pytest.raises(dg.Failure) as err:
         STAGE_ASSETS[0](ctx, PretrainStageConfig(balancing="sometimes"))
     assert "ops.smoke__pretrain_stage_1.config" in err.value.description and "balancing" in err.value.description
+    if not torch.cuda.is_available():
+        with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+                pytest.raises(dg.Failure, match="compile_regions compiles for CUDA"):
+            STAGE_ASSETS[0](ctx, PretrainStageConfig(compile_regions=True))
     with pytest.raises(Exception) as err:
         dg.materialize(STAGE_ASSETS[:1], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
                        run_config={"ops": {"smoke__pretrain_stage_1": {"config": {"steps": 0}}}})

@@ -285,3 +285,9 @@ def test_a_stage_sets_activation_checkpointing_for_its_model(monkeypatch):
     assert PretrainConfig(profile="small", stage=1).resolved().model.activation_checkpointing is False
     assert PretrainConfig(profile="small", stage=2).resolved().model.activation_checkpointing is True
     assert PretrainConfig(profile="tiny", stage=1).resolved().model == get_profile("tiny").model
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_compiled_regions_are_refused_without_a_gpu():
+    with pytest.raises(ValueError, match="compile_regions compiles for CUDA"):
+        PretrainConfig(profile="smoke", compile_regions=True).resolved()
