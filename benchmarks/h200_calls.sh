@@ -13,8 +13,9 @@
 #     bash benchmarks/h200_calls.sh decode    # the small profile's decode step eager and compiled, profiled
 #     bash benchmarks/h200_calls.sh engine    # the engine's GPU tests (captured decode = eager), the compiled-regions
 #                                                # tests, speculative decoding on the small profile (random weights)
-#     bash benchmarks/h200_calls.sh orch      # `k3 run` through Dagster and Ray on the GPU, a short small-profile
-#                                                # selection (carry site.tar.xz from benchmarks/pack_site.sh)
+#     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
+#                                                # GPU, a short small-profile selection (carry site.tar.xz from
+#                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
 # Results land in $OUT as JSON (and logs); copy them to benchmarks/results/<area>/<date>_<label>.json.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -93,7 +94,9 @@ orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3
     export PYTHONPATH=$PYTHONPATH:/tmp/site K3_HOME=/tmp/k3orch_$SECONDS
     steps1=${2:-20} steps2=${3:-6}
-    timeout $((580 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select '*pretrain_stage_2' \
+    compiled=()  # a 4th argument "compiled": both stages with PretrainConfig.compile_regions
+    [ "${4:-}" = compiled ] && compiled=(--set pretrain_stage_1.compile_regions=true --set pretrain_stage_2.compile_regions=true)
+    timeout $((580 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select '*pretrain_stage_2' "${compiled[@]}" \
         --set pretrain_stage_1.steps=$steps1 --set pretrain_stage_1.ckpt_every=$steps1 \
         --set pretrain_stage_1.eval_max_length=4096 --set pretrain_stage_1.eval_examples_per_cell=2 \
         --set pretrain_stage_2.steps=$steps2 --set pretrain_stage_2.ckpt_every=$steps2 \
