@@ -96,7 +96,7 @@ orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2
     steps1=${2:-20} steps2=${3:-6}
     compiled=()  # a 4th argument "compiled": both stages with PretrainConfig.compile_regions
     [ "${4:-}" = compiled ] && compiled=(--set pretrain_stage_1.compile_regions=true --set pretrain_stage_2.compile_regions=true)
-    timeout $((580 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select '*pretrain_stage_2' "${compiled[@]}" \
+    timeout $((580 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select '*pretrain_stage_2' ${compiled[@]+"${compiled[@]}"} \
         --set pretrain_stage_1.steps=$steps1 --set pretrain_stage_1.ckpt_every=$steps1 \
         --set pretrain_stage_1.eval_max_length=4096 --set pretrain_stage_1.eval_examples_per_cell=2 \
         --set pretrain_stage_2.steps=$steps2 --set pretrain_stage_2.ckpt_every=$steps2 \

@@ -257,6 +257,9 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         results["kda_tile_config"] = dataclasses.asdict(TileConfig())  # the model runs the default tiles
     for T in lengths:
         B = max(tokens_per_step // T, 1)
+        if micro_batches < 1 or B % micro_batches:
+            raise ValueError(f"--micro-batches {micro_batches} must divide the {B} rows of a step at length {T} "
+                             "(equal parts give the whole batch's gradient)")
         ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
         row = {"seq_len": T, "batch": B, "tokens_per_step": B * T}
         torch.manual_seed(0)
@@ -274,7 +277,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         if device == "cpu":
             # Both models live at once and take turns; rows report the median step.
             dense_step, info = dense_cpu_step(profile, ids)
-            dts = time_interleaved({"k3": lambda: k3_train_step(model, opt, ids, dtype_ctx), "dense": dense_step},
+            dts = time_interleaved({"k3": lambda: k3_train_step(model, opt, ids, dtype_ctx, micro_batches),
+                                    "dense": dense_step},
                                    warmup, reps)
             row.update({"k3_tokens_per_s": B * T / dts["k3"], "k3_step_s": dts["k3"],
                         "k3_flops_per_token": model_flops_per_token(profile, T),

@@ -172,7 +172,7 @@ class StageConfig:
     # steps small (docs/log/tiny.md).
     mixed_lr: float | None = None
     # Activation checkpointing in this stage; None: the model's setting. A memory knob (the same
-    # gradients): the small profile's 512-token stage fits an H200 without it and runs 29 % faster.
+    # gradients), set per stage because short rows need far less activation memory than long ones.
     activation_checkpointing: bool | None = None
 
 
@@ -219,8 +219,9 @@ def _small() -> Profile:
         vision=VisionConfig(image_size=64, patch_size=8, d_model=512, n_layers=8, n_heads=8,
                             mlp_hidden=2048),
     )
-    # Stage 1 without activation checkpointing: 0.556 → 0.394 s a step, 92.5 GiB at 512 × 64 on the H200
-    # (docs/log/gpu.md); the longer stages keep it.
+    # Stage 1 without activation checkpointing: 0.556 → 0.394 s a step, 92.5 GiB at 512 × 64 on the H200,
+    # measured on the benchmark's model (no MTP head, no vision tower; docs/log/gpu.md); the longer
+    # stages keep it.
     stages = (StageConfig(512, 2000, 64, 1e-3, activation_checkpointing=False), StageConfig(4096, 400, 8, 5e-4),
               StageConfig(16384, 100, 2, 3e-4), StageConfig(65536, 25, 1, 2e-4))
     return Profile(name="small", model=model, stages=stages, device="cuda")
