@@ -29,7 +29,11 @@ past the new length are masked out and overwritten by the next write.
 
 `static=True` is the CUDA-graph layout: fixed capacity, lengths in a device tensor, every update in
 place (so a captured step can be replayed), MLA attending to the whole buffer under a length mask.
-It does not record rollback history. Legend: B batch rows, S capacity, L latent entry width.
+`to_static(capacity, max_tokens=n)` also lets one forward feed up to n tokens (a speculative verify)
+and keeps, in fixed buffers, each KDA layer's state after every one of them; `keep(kept, fed)` then
+makes the state after the first `kept` tokens the live one with `kept` a device tensor, so a whole
+speculative round can be captured with no host synchronisation (k3model/speculative.py).
+Legend: B batch rows, S capacity, L latent entry width, N the most tokens one static forward feeds.
 """
 
 from __future__ import annotations
@@ -53,11 +57,14 @@ class LatentCache:
         B, T, _ = entry_BTL.shape
         owner = self.owner
         if owner.static:
-            if T != 1:
-                raise ValueError("a static (CUDA-graph) cache takes one token per step; prefill into a "
-                                 "dynamic cache and convert it with .to_static(capacity)")
-            rows_B = torch.arange(B, device=entry_BTL.device)
-            self.buffer_BSL.index_put_((rows_B, owner.lengths_B), entry_BTL[:, 0].to(self.buffer_BSL.dtype))
+            if T > owner.max_tokens:
+                raise ValueError(f"this static (CUDA-graph) cache takes at most {owner.max_tokens} token(s) a "
+                                 "forward; prefill into a dynamic cache and convert it with "
+                                 ".to_static(capacity, max_tokens=n)")
+            # No bounds check here (it would synchronise with the host): the caller sizes `capacity`.
+            rows_B1 = torch.arange(B, device=entry_BTL.device).unsqueeze(1)
+            pos_BT = owner.lengths_B.unsqueeze(1) + torch.arange(T, device=entry_BTL.device)
+            self.buffer_BSL.index_put_((rows_B1, pos_BT), entry_BTL.to(self.buffer_BSL.dtype))
             return
         lengths = owner.lengths
         needed = max(lengths) + T
@@ -96,6 +103,10 @@ class ModelCache:
         self.static = static
         self.max_rollback = max_rollback
         self.lengths_B: torch.Tensor | None = None  # device copy of `lengths`, static caches only
+        self.max_tokens = 1  # tokens one forward may feed a static cache (to_static's max_tokens)
+        # Static caches fed several tokens a forward: per KDA layer (conv_q, conv_k, conv_v,
+        # recurrent) stacked over the forward's tokens [N, …], the state after each token.
+        self._static_positions: dict[int, tuple[torch.Tensor, ...]] = {}
         self._history: dict[int, list] = {}
         for layer in self.layers:
             if isinstance(layer, LatentCache):
@@ -161,6 +172,12 @@ class ModelCache:
             return
         if self.static:
             old = self.layers[i]
+            if state.positions is not None and i in self._static_positions:
+                # A multi-token forward: the state after each of its tokens, the last one included
+                # (built before the live state is overwritten: VerifyPositions reads it).
+                steps = [_position_state(state.positions, t) for t in range(len(state.positions))] + [state]
+                for name, stacked in zip(("conv_q", "conv_k", "conv_v", "recurrent"), self._static_positions[i]):
+                    torch.stack([getattr(p, name) for p in steps], out=stacked[: len(steps)])
             for name in ("conv_q", "conv_k", "conv_v", "recurrent"):
                 getattr(old, name).copy_(getattr(state, name))
             return
@@ -270,6 +287,23 @@ class ModelCache:
         for key in [k for k in self._history if k > length]:
             del self._history[key]
 
+    def keep(self, kept: torch.Tensor, fed: int) -> None:
+        """Of the last forward's `fed` tokens into this static cache, keep the first `kept` (a long
+        tensor [1] on the device, 1 ≤ kept ≤ fed, one value for every row): the KDA states after
+        token kept − 1 become the live ones and the lengths shrink by fed − kept. Nothing is read on
+        the host, so a CUDA graph can capture it; `lengths` (the host copy) is left as it was, for
+        the caller to set once it has read `kept`."""
+        if not self.static or fed > self.max_tokens:
+            raise ValueError(f"keep() needs a static cache fed at most max_tokens tokens a forward "
+                             f"(static={self.static}, max_tokens={self.max_tokens}, fed={fed}); "
+                             "build it with .to_static(capacity, max_tokens=n)")
+        index_1 = (kept - 1).view(1)
+        for i, stacked in self._static_positions.items():
+            live = self.layers[i]
+            for name, positions in zip(("conv_q", "conv_k", "conv_v", "recurrent"), stacked):
+                getattr(live, name).copy_(positions.index_select(0, index_1).squeeze(0))
+        self.lengths_B -= fed - kept
+
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor (for saving and restoring a static cache around a CUDA-graph capture)."""
         out = []
@@ -280,19 +314,27 @@ class ModelCache:
                 out.append(layer.buffer_BSL)
         return out + ([self.lengths_B] if self.lengths_B is not None else [])
 
-    def to_static(self, capacity: int) -> "ModelCache":
+    def to_static(self, capacity: int, max_tokens: int = 1) -> "ModelCache":
         """The CUDA-graph layout of this cache: MLA buffers of exactly `capacity` tokens, lengths on the
-        device, every later update in place."""
+        device, every later update in place. `max_tokens` > 1: a forward may feed up to that many
+        tokens, and `keep` can return to the state after any of them (see the module docstring)."""
         if capacity < self.length:
             raise ValueError(f"capacity {capacity} is below the cache's length {self.length}")
-        layers = []
-        for layer in self.layers:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
+        layers, positions = [], {}
+        for i, layer in enumerate(self.layers):
             if isinstance(layer, KDAState):
-                layers.append(KDAState(*(t.clone() for t in (layer.conv_q, layer.conv_k, layer.conv_v, layer.recurrent))))
+                tensors = [t.clone() for t in (layer.conv_q, layer.conv_k, layer.conv_v, layer.recurrent)]
+                # keep_positions asks the KDA layer for each token's state on a multi-token forward.
+                layers.append(KDAState(*tensors, keep_positions=max_tokens > 1))
+                if max_tokens > 1:
+                    positions[i] = tuple(t.new_zeros(max_tokens, *t.shape) for t in tensors)
             else:
                 b = layer.buffer_BSL[:, :capacity]
                 layers.append(LatentCache(torch.nn.functional.pad(b, (0, 0, 0, capacity - b.shape[1])).contiguous(), None))
         cache = ModelCache(layers, self.lengths, self.model_id, static=True)
+        cache.max_tokens, cache._static_positions = max_tokens, positions
         device = layers[0].recurrent.device if isinstance(layers[0], KDAState) else layers[0].buffer_BSL.device
         cache.lengths_B = torch.tensor(self.lengths, device=device)
         return cache

@@ -30,6 +30,14 @@ draft the draft itself gives less than that), which reads only the draft's side 
 nothing of the above. On the CPU the verify runs KDA's recurrence over its K + 1 tokens in one C
 call and rebuilds the state of the last accepted position only when rolling back to it
 (kda_layer.VerifyPositions); the draft computes its head on the last position only.
+
+On CUDA, greedy with a fixed chain (min_draft_prob None) and a bf16 target (engine._capturable),
+a whole round is one captured CUDA graph (`GreedyRound`): the K − 1 draft steps, the verify, the
+accepted count a = the length of the agreeing prefix, both caches' rollback (static caches,
+ModelCache.keep) and the draft's re-read of the kept positions all run on the device, and the host
+reads K + 2 integers a round. Every round drafts K (the budget's last round too; the tokens past
+the budget are dropped), and it needs no host decision: the tokens a round emits, t_0 … t_a, are
+the target's own argmaxes, so the draft re-reads the verify's argmax row as it is.
 Legend: K draft length, V vocabulary, T tokens, D width.
 """
 
@@ -42,7 +50,8 @@ import torch
 
 from k3model.cache import ModelCache
 from k3model.draft import DraftModel, check_draft, target_features
-from k3model.engine import SamplingConfig, _check_prompts, _filter, context_length, last_logits
+from k3model.kda_layer import KDAState
+from k3model.engine import SamplingConfig, _capturable, _check_prompts, _filter, context_length, last_logits
 
 
 @dataclass
@@ -175,6 +184,8 @@ def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], c
     for m in training:
         m.eval()
     try:
+        if device.type == "cuda" and cfg.temperature == 0 and min_draft_prob is None and _capturable(target):
+            return _decode_static(target, draft, prompt_ids, cfg, draft_len, budget, stats, capture=True), stats
         return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device,
                        min_draft_prob), stats
     finally:
@@ -244,5 +255,143 @@ def _decode(target, draft, prompt, cfg, draft_len, budget, generator, stats, dev
             g_1TD, draft_logits_1TV = draft(f_1TD, ids(new), draft_cache, last_only=True)
     for i, t in enumerate(emitted):
         if t in cfg.stop_ids:
+            return emitted[: i + 1]
+    return emitted[:budget]
+
+
+# --- greedy rounds on the device (CUDA graphs) ---------------------------------------------------
+
+class GreedyRound:
+    """One greedy round of a fixed chain of K drafts over static caches with no host synchronisation,
+    replayed as one CUDA graph when `capture` (see the module docstring). Before the first call,
+    `start` gives it the last emitted token (not yet fed to the target), the draft's output g at the
+    position before it and the draft's first draft. Each call returns (t_0 … t_K, the target's argmax
+    after each fed token, and a, how many drafts it accepted); the round has already kept t_0 … t_a
+    in both caches and set up the next round."""
+
+    @torch.no_grad()
+    def __init__(self, target, draft: DraftModel, target_cache: ModelCache, draft_cache: ModelCache,
+                 seen: dict, draft_len: int, capture: bool):
+        K = draft_len
+        if target_cache.max_tokens < K + 1 or draft_cache.max_tokens < K + 1:
+            raise ValueError(f"both caches must take K + 1 = {K + 1} tokens a forward (to_static(..., max_tokens))")
+        if any(isinstance(layer, KDAState) for layer in draft_cache.layers):
+            raise ValueError("the draft's cache must hold MLA layers only: its chain is forgotten by length alone")
+        self.target, self.draft, self.K, self.seen = target, draft, K, seen
+        self.target_cache, self.draft_cache = target_cache, draft_cache
+        device = target_cache.tensors()[0].device
+        self.last_1 = torch.zeros(1, dtype=torch.long, device=device)
+        self.first_1 = torch.zeros(1, dtype=torch.long, device=device)
+        self.h_11D = torch.zeros(1, 1, draft.cfg.d_model, dtype=next(draft.parameters()).dtype, device=device)
+        self.result_K2 = torch.zeros(K + 2, dtype=torch.long, device=device)  # t_0 … t_K, a
+        self.graph = self._capture() if capture else None
+
+    def _state(self) -> list[torch.Tensor]:
+        return self.target_cache.tensors() + self.draft_cache.tensors() + [self.last_1, self.first_1, self.h_11D]
+
+    def _capture(self) -> torch.cuda.CUDAGraph:
+        # Warm-up and capture run a round, which writes the caches: put everything back after each.
+        saved = [t.clone() for t in self._state()]
+        lengths = (list(self.target_cache.lengths), list(self.draft_cache.lengths))
+
+        def restore() -> None:
+            for t, s in zip(self._state(), saved):
+                t.copy_(s)
+            self.target_cache.lengths, self.draft_cache.lengths = list(lengths[0]), list(lengths[1])
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._round()
+                restore()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._round()
+        restore()
+        return graph
+
+    def start(self, last: int, h_11D: torch.Tensor, first_draft: int) -> None:
+        self.last_1.fill_(last)
+        self.first_1.fill_(first_draft)
+        self.h_11D.copy_(h_11D)
+
+    def _round(self) -> None:
+        K, draft, draft_cache = self.K, self.draft, self.draft_cache
+        drafts, h_11D, d_1 = [self.first_1], self.h_11D, self.first_1
+        for _ in range(K - 1):
+            h_11D, logits_11V = draft(h_11D, d_1.view(1, 1), draft_cache)
+            d_1 = logits_11V[0, 0].float().argmax(-1, keepdim=True)
+            drafts.append(d_1)
+        drafts_K = torch.cat(drafts)
+        out = self.target(torch.cat([self.last_1, drafts_K]).view(1, K + 1), cache=self.target_cache)
+        t_K1 = out.logits_BTV[0].float().argmax(-1)
+        a_1 = (drafts_K == t_K1[:K]).long().cumprod(0).sum().view(1)
+        self.target_cache.keep(a_1 + 1, K + 1)
+        # The draft forgets its chain (K − 1 one-token writes: a length is all an MLA cache needs)
+        # and reads the target's features of the K + 1 fed positions, each with the token after it,
+        # t_j; it keeps the first a + 1 of them (the next round overwrites the rest).
+        draft_cache.lengths_B -= K - 1
+        f_1TD = draft.fuse_features([self.seen["low"], self.seen["mid"], out.hidden_BTD])
+        g_1TD, logits_1TV = draft(f_1TD, t_K1.view(1, K + 1), draft_cache)
+        draft_cache.keep(a_1 + 1, K + 1)
+        self.h_11D.copy_(g_1TD.index_select(1, a_1))
+        self.first_1.copy_(logits_1TV[0].index_select(0, a_1).float().argmax(-1))
+        self.last_1.copy_(t_K1.index_select(0, a_1))
+        self.result_K2.copy_(torch.cat([t_K1, a_1]))
+
+    @torch.no_grad()
+    def __call__(self) -> tuple[list[int], int]:
+        if self.graph is None:
+            self._round()
+        else:
+            self.graph.replay()
+        *t, a = self.result_K2.tolist()
+        for cache in (self.target_cache, self.draft_cache):
+            cache.lengths = [n + a + 1 for n in cache.lengths]
+        return t, a
+
+
+def _decode_static(target, draft, prompt, cfg, draft_len, budget, stats, capture: bool) -> list[int]:
+    """Greedy speculative decoding through GreedyRound: the eager prefill of both models, then rounds.
+    `capture` False runs each round eagerly over the same static caches (how the CPU tests check it)."""
+    K, n = draft_len, len(prompt)
+    device = next(target.parameters()).device
+    # The last round may write K + 1 entries past the budget, and the draft's chain K − 1 more.
+    capacity = n + budget + 2 * (K + 1)
+    target_cache = ModelCache.empty(target, 1, capacity=capacity)
+    draft_cache = ModelCache.empty(draft, 1, capacity=capacity)
+    ids = lambda tokens: torch.tensor([tokens], device=device)  # noqa: E731
+    with target_features(target, draft) as seen:
+        out = target(ids(prompt), cache=target_cache, logits=False)
+        stats.target_forwards += 1
+        (first,), _ = _pick(last_logits(target, out.hidden_BTD), cfg, None)
+        emitted = [first]
+        if budget == 1 or first in cfg.stop_ids:
+            return emitted
+        f_1TD = draft.fuse_features([seen["low"], seen["mid"], out.hidden_BTD])
+        g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache, last_only=True)
+        rounds = GreedyRound(target, draft, target_cache.to_static(capacity, K + 1),
+                             draft_cache.to_static(capacity, K + 1), seen, K, capture)
+        rounds.start(first, g_1TD[:, -1:], int(draft_logits_1TV[0, -1].float().argmax()))
+        while True:
+            t, a = rounds()
+            stats.target_forwards += 1
+            # As the eager loop counts it: the budget's last round drafts only what it can still emit.
+            k = min(K, budget - len(emitted) - 1)
+            if k:
+                stats.rounds += 1
+                stats.drafted += k
+                stats.accepted += min(a, k)
+                for j in range(min(a + 1, k)):
+                    stats.reached_at_depth[j] += 1
+                    stats.accepted_at_depth[j] += j < a
+            new = t[: a + 1]
+            emitted = emitted + new
+            if len(emitted) >= budget or any(x in cfg.stop_ids for x in new):
+                break
+    for i, x in enumerate(emitted):
+        if x in cfg.stop_ids:
             return emitted[: i + 1]
     return emitted[:budget]
