@@ -17,11 +17,14 @@ figures (`decode_tokens_per_s`, prefill excluded) come from timing the prefill a
 Without --target, two targets of the profile's shape, both random weights:
   mtp        — a random target with its own (random) MTP module as the draft: the untrained case,
                τ ≈ 1, so this measures the overhead a useless draft costs;
-  predictable — the same shape with a large embedding that the output head reads through a fixed
-               permutation (the next token mostly follows the current one), and the MTP draft with
+  predictable — the same shape with a large embedding (norm --predictable-scale) that the output head
+               reads through a fixed permutation (the next token mostly follows the current one), and the MTP draft with
                its merge reading only the token embedding: a synthetic case where drafts are often
                right, to show what the loop gains at a given τ.
-Every speculative output is compared with the plain greedy output (parity recorded). Repetitions
+Every speculative output is compared with the plain greedy output (parity recorded). On CUDA with
+bf16 weights, plain decoding replays the engine's captured step and greedy speculative decoding one
+captured round (k3model/speculative.py GreedyRound), each captured once and reused across calls
+(the warm-up captures them); --compile-regions compiles both models first. Repetitions
 are interleaved (plain, then each draft length, per prompt); the 2-core machine is shared, so the
 ratio to plain decoding is the figure, not the absolute tokens/s: `speedup` pools every call's
 tokens and seconds, `speedup_median` is the median over calls of (plain seconds / speculative
@@ -50,7 +53,7 @@ from k3model.model import K3Model
 from k3model.speculative import speculative_generate
 
 
-def targets(profile: str, seed: int):
+def targets(profile: str, seed: int, scale: float = 3.0):
     torch.manual_seed(seed)
     cfg = get_profile(profile).model
     random_target = K3Model(cfg).eval()
@@ -58,7 +61,7 @@ def targets(profile: str, seed: int):
     predictable = K3Model(cfg).eval()
     D, V = cfg.d_model, cfg.vocab_size
     with torch.no_grad():
-        predictable.embed.weight.mul_(3.0 / 0.02 / D ** 0.5)
+        predictable.embed.weight.mul_(scale / 0.02 / D ** 0.5)
         predictable.lm_head.weight.copy_(predictable.embed.weight[torch.randperm(V).argsort()])
     aligned = draft_from_mtp(predictable)
     with torch.no_grad():
@@ -118,6 +121,11 @@ def main() -> None:
                     "cuda, where the engine's captured decode step needs the grouped expert GEMM's bf16 "
                     "kernel — torch._grouped_mm's fp32 fallback reads the expert offsets on the host —, "
                     "fp32 on the CPU)")
+    ap.add_argument("--predictable-scale", type=float, default=3.0, help="the predictable case's embedding norm: "
+                    "how far the token's embedding outweighs what the layers add to the final hidden state (3 on "
+                    "tiny: the target follows its permutation at ~every position; small needs ~12 for ~70 %%)")
+    ap.add_argument("--compile-regions", action="store_true", help="k3model.compiled.compile_regions on the target "
+                    "and the draft (CUDA): plain and speculative decoding then replay compiled captured graphs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     draft_lens = [int(k) for k in args.draft_lens.split(",")]
@@ -133,7 +141,7 @@ def main() -> None:
                           "random; see the module docstring"), "cases": {}}
     g = torch.Generator().manual_seed(args.seed)
     cfg = SamplingConfig(max_new_tokens=args.new)
-    cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed)
+    cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed, args.predictable_scale)
     if args.cases:
         cases = {name: cases[name] for name in args.cases.split(",")}
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
@@ -150,16 +158,20 @@ def main() -> None:
 def run_case(name, target, draft, args, variants, cfg, g, dtype) -> dict:
     """One case (a target and its draft): plain decoding and every variant, interleaved per prompt."""
     target, draft = target.to(args.device, dtype), draft.to(args.device, dtype)
+    if args.compile_regions:
+        from k3model.compiled import compile_regions
+        compile_regions(target), compile_regions(draft)
     V = target.cfg.vocab_size
     if args.prompts_table:
         prompts = table_prompts(args.prompts_table, args.prompt_offset + args.prompts,
                                 args.max_prompt_tokens)[args.prompt_offset:]
     else:
         prompts = [torch.randint(0, V, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
-    # Warm-up: every path once (first calls build kernels and allocate).
-    generate(target, prompts[:1], SamplingConfig(max_new_tokens=4))
+    # Warm-up: every path once at the timed budget (first calls build kernels and allocate; on CUDA
+    # they capture the graphs that later calls of the same capacity reuse).
+    generate(target, prompts[:1], cfg)
     for _, k, p in variants:
-        speculative_generate(target, draft, prompts[0], SamplingConfig(max_new_tokens=k + 2), k, **early(p))
+        speculative_generate(target, draft, prompts[0], cfg, k, **early(p))
     plain_s, plain_cpu, tokens, prefill_s = 0.0, 0.0, 0, 0.0
     per_k = {key: {"seconds": 0.0, "cpu_seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0, "ratios": [],
                    "reached": [0] * k, "accepted": [0] * k} for key, k, _ in variants}

@@ -304,6 +304,26 @@ class ModelCache:
                 getattr(live, name).copy_(positions.index_select(0, index_1).squeeze(0))
         self.lengths_B -= fed - kept
 
+    def load(self, other: "ModelCache") -> None:
+        """Copy a dynamic cache of the same model and batch into this static cache, in place, so the
+        CUDA graphs captured over this one replay on the new contents (engine.reused)."""
+        if not self.static or other.static:
+            raise ValueError("load() copies a dynamic cache into a static one")
+        if other.model_id != self.model_id or other.batch != self.batch:
+            raise ValueError(f"load() needs a cache of the same model and batch ({self.batch} rows)")
+        if other.length > self.capacity:
+            raise ValueError(f"the cache holds {other.length} tokens, more than this one's capacity {self.capacity}")
+        for mine, theirs in zip(self.layers, other.layers):
+            if isinstance(mine, KDAState):
+                for name in ("conv_q", "conv_k", "conv_v", "recurrent"):
+                    getattr(mine, name).copy_(getattr(theirs, name))
+            else:
+                # Entries past a row's length are masked out, so what an earlier call left there stays.
+                n = min(theirs.buffer_BSL.shape[1], self.capacity)
+                mine.buffer_BSL[:, :n].copy_(theirs.buffer_BSL[:, :n])
+        self.lengths = list(other.lengths)
+        self.lengths_B.copy_(torch.tensor(other.lengths))
+
     def tensors(self) -> list[torch.Tensor]:
         """Every state tensor (for saving and restoring a static cache around a CUDA-graph capture)."""
         out = []

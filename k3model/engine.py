@@ -41,7 +41,8 @@ Finished rows leave the batch (the cache keeps the remaining rows) while at leas
 
 On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer
 under a length mask, no host synchronisation inside the step); finished rows ride along to the
-end. There the engine's model_logprobs and `score` can part by far more than rounding: the Triton
+end. A step is captured once per model, batch and capacity (rounded up to a power of two) and
+reused by later calls (`reused`), each call loading its prefilled cache into the step's static one. There the engine's model_logprobs and `score` can part by far more than rounding: the Triton
 chunked KDA differs from the recurrence by ~1e-4, enough to flip MoE routing choices
 (docs/log/engine.md, routing flips).
 Legend: B batch rows, V vocabulary.
@@ -49,8 +50,9 @@ Legend: B batch rows, V vocabulary.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -362,6 +364,30 @@ def _capturable(model) -> bool:
     return next(model.parameters()).dtype == torch.bfloat16 or torch.is_autocast_enabled("cuda")
 
 
+_CAPTURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def capacity_bucket(tokens: int) -> int:
+    """The static capacity a captured graph is built for: `tokens` rounded up to a power of two (≥ 64),
+    so calls of similar lengths share one graph."""
+    return max(64, 1 << (tokens - 1).bit_length())
+
+
+def reused(model, key: tuple, build: Callable, *owners) -> object:
+    """build() once per (model, key) and return the same object while every parameter of `owners`
+    stays at the address it had then (a captured graph reads the weights by address: in-place
+    updates such as an optimizer step are seen, replaced tensors such as .to(dtype) are not, so
+    those trigger a new capture). Kept for as long as `model` lives."""
+    addresses = tuple(p.data_ptr() for owner in owners for p in owner.parameters())
+    per_model = _CAPTURED.setdefault(model, {})
+    hit = per_model.get(key)
+    if hit is not None and hit[0] == addresses:
+        return hit[1]
+    built = build()
+    per_model[key] = (addresses, built)
+    return built
+
+
 class GraphStep:
     """One decode step of `model` over a static cache (k3model/cache.py), captured in a CUDA graph:
     fixed batch and capacity, every update in place, no host synchronisation inside. Call it with
@@ -418,5 +444,7 @@ def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generato
         if not live:
             return completions
         if step is None:
-            step = GraphStep(model, cache.to_static(max(n + b for n, b in zip(cache.lengths, budgets))))
+            capacity = capacity_bucket(max(n + b for n, b in zip(cache.lengths, budgets)))
+            step = reused(model, ("decode", B, capacity), lambda: GraphStep(model, cache.to_static(capacity)), model)
+            step.cache.load(cache)
         logits_BV = step(tokens_B)

@@ -51,7 +51,8 @@ import torch
 from k3model.cache import ModelCache
 from k3model.draft import DraftModel, check_draft, target_features
 from k3model.kda_layer import KDAState
-from k3model.engine import SamplingConfig, _capturable, _check_prompts, _filter, context_length, last_logits
+from k3model.engine import (SamplingConfig, _capturable, _check_prompts, _filter, capacity_bucket, context_length,
+                            last_logits, reused)
 
 
 @dataclass
@@ -359,7 +360,7 @@ def _decode_static(target, draft, prompt, cfg, draft_len, budget, stats, capture
     K, n = draft_len, len(prompt)
     device = next(target.parameters()).device
     # The last round may write K + 1 entries past the budget, and the draft's chain K − 1 more.
-    capacity = n + budget + 2 * (K + 1)
+    capacity = capacity_bucket(n + budget + 2 * (K + 1))
     target_cache = ModelCache.empty(target, 1, capacity=capacity)
     draft_cache = ModelCache.empty(draft, 1, capacity=capacity)
     ids = lambda tokens: torch.tensor([tokens], device=device)  # noqa: E731
@@ -372,8 +373,14 @@ def _decode_static(target, draft, prompt, cfg, draft_len, budget, stats, capture
             return emitted
         f_1TD = draft.fuse_features([seen["low"], seen["mid"], out.hidden_BTD])
         g_1TD, draft_logits_1TV = draft(f_1TD, ids(prompt[1:] + emitted), draft_cache, last_only=True)
-        rounds = GreedyRound(target, draft, target_cache.to_static(capacity, K + 1),
-                             draft_cache.to_static(capacity, K + 1), seen, K, capture)
+        def build() -> GreedyRound:
+            return GreedyRound(target, draft, target_cache.to_static(capacity, K + 1),
+                               draft_cache.to_static(capacity, K + 1), seen, K, capture)
+
+        # A captured round is kept for later calls with this draft, draft length and capacity.
+        rounds = reused(target, ("speculative", id(draft), K, capacity), build, target, draft) if capture else build()
+        rounds.target_cache.load(target_cache)
+        rounds.draft_cache.load(draft_cache)
         rounds.start(first, g_1TD[:, -1:], int(draft_logits_1TV[0, -1].float().argmax()))
         while True:
             t, a = rounds()

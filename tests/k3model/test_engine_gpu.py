@@ -74,3 +74,37 @@ def test_the_captured_step_of_a_compiled_model_equals_its_eager_step_bitwise():
             eager_BV = model(tokens_B.unsqueeze(1), cache=eager_cache).logits_BTV[:, 0]
             assert torch.equal(eager_BV, graph(tokens_B))
             tokens_B = eager_BV.argmax(-1)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_captured_speculative_rounds_equal_the_eager_rounds_and_the_plain_greedy_output(compiled):
+    # speculative_generate on CUDA in bf16 replays one captured GreedyRound a round (reused across
+    # calls); the same rounds run eagerly over the same static caches must give the same tokens and
+    # counts, and both the target's plain greedy output.
+    from k3model.compiled import compile_regions
+    from k3model.draft import draft_from_mtp
+    from k3model.speculative import SpeculativeStats, _decode_static, speculative_generate
+    from tests.k3model.test_speculative import aligned_draft, predictable_model
+
+    predictable = predictable_model(1).cuda().to(torch.bfloat16).eval()
+    random_target = _model(torch.bfloat16)
+    cases = [(predictable, aligned_draft(predictable)), (random_target, draft_from_mtp(random_target))]
+    g = torch.Generator().manual_seed(2)
+    cfg = SamplingConfig(max_new_tokens=12)
+    accepted = 0
+    for target, draft in cases:
+        draft.eval()
+        if compiled:
+            compile_regions(target), compile_regions(draft)
+        prompts = [torch.randint(0, target.cfg.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 6)]
+        for K in (1, 3, 4, 6):
+            for prompt in prompts:
+                plain = generate(target, [prompt], cfg)[0].token_ids
+                out, stats = speculative_generate(target, draft, prompt, cfg, K)
+                eager_stats = SpeculativeStats(K, reached_at_depth=[0] * K, accepted_at_depth=[0] * K)
+                with torch.no_grad():
+                    eager = _decode_static(target, draft, prompt, cfg, K, cfg.max_new_tokens, eager_stats, capture=False)
+                assert out == eager and stats.as_dict() == eager_stats.as_dict(), (K, prompt)
+                assert out == plain, (K, prompt)
+                accepted += stats.accepted
+    assert accepted > 0
