@@ -160,8 +160,10 @@ class KDALayer(nn.Module):
                         (state.conv_v, self.v_proj(x_BTD)))]
             W = self.cfg.conv_kernel
             for t in range(T):
-                o_BHK, recurrent = kda_step(q_BTHK[:, t], k_BTHK[:, t], v_BTHK[:, t], g_BTHK[:, t],
-                                                   beta_BTH[:, t], recurrent)
+                # Contiguous slices: the step's reductions then run over the same layout as a decode
+                # step's (on CUDA a strided operand can change their order, and so the last bits).
+                o_BHK, recurrent = kda_step(*(x[:, t].contiguous() for x in (q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH)),
+                                            recurrent)
                 outs.append(o_BHK)
                 if t < T - 1:
                     positions.append(KDAState(*(w[:, :, t + 1: t + W] for w in windows), recurrent))

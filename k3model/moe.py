@@ -101,6 +101,10 @@ def _looped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     return torch.cat([h_nH @ w_down[e].t() for e, h_nH in zip(experts, h_parts)], 0)
 
 
+# Inference on CUDA runs the router's GEMM over at least this many rows (see LatentMoE.route).
+ROUTER_MIN_ROWS = 64
+
+
 def sum_per_token(rows_RL: torch.Tensor, token_R: torch.Tensor, M: int, order_R: torch.Tensor | None = None):
     """u_ML[m] = the sum of token m's K rows (row r belongs to token token_R[r]; `order_R` is the
     permutation that sorted the token-major rows by expert, None if they are token-major). An
@@ -313,8 +317,16 @@ class LatentMoE(nn.Module):
         k = self.cfg.top_k
         # fp32 even under autocast: selection compares scores that can differ by less than bf16's
         # resolution, and the bias steps are ~1e-3.
+        M = x_MD.shape[0]
+        x_MD = x_MD.float()
+        if x_MD.is_cuda and not torch.is_grad_enabled() and M < ROUTER_MIN_ROWS:
+            # CUDA's fp32 GEMMs pick their kernel by row count, so a token's scores would depend on
+            # how many tokens share the call (a decode step's one against a speculative verify's
+            # K + 1; benchmarks/probes/op_rows.py), and near ties would pick other experts. Zero
+            # rows make every small call the same shape.
+            x_MD = torch.cat([x_MD, x_MD.new_zeros(ROUTER_MIN_ROWS - M, x_MD.shape[1])])
         with torch.autocast(device_type=x_MD.device.type, enabled=False):
-            s_ME = sigmoid_vectorized(F.linear(x_MD.float(), self.router.weight.float()))
+            s_ME = sigmoid_vectorized(F.linear(x_MD, self.router.weight.float()))[:M]
         biased_ME = s_ME.detach() + self.expert_bias_E.float()
         n_pick = min(k + 1, self.cfg.n_routed)
         top_vals_MP, top_ids_MP = torch.topk(biased_ME, n_pick, dim=-1, sorted=True)
