@@ -130,6 +130,8 @@ class ShortConv(nn.Module):
                 state_BCW = x_BCT.new_zeros(x_BCT.shape[0], x_BCT.shape[1], self.kernel - 1)
             padded_BCT = torch.cat([state_BCW.to(x_BCT.dtype), x_BCT], dim=2)
             y_BCT = (padded_BCT.unfold(2, self.kernel, 1) * self.weight[:, 0].to(x_BCT.dtype).unsqueeze(1)).sum(-1)
-            return F.silu(y_BCT).transpose(1, 2), padded_BCT[:, :, -(self.kernel - 1):]
+            # Contiguous, as the one-token step's output is: the KDA layer's L2 norm reduces over its
+            # last dim, and on CUDA a strided reduction sums in another order (other last bits).
+            return F.silu(y_BCT).transpose(1, 2).contiguous(), padded_BCT[:, :, -(self.kernel - 1):]
         # On the CPU a C kernel on the [B, T, C] rows, else conv1d on the transpose (kernels/short_conv).
         return short_conv_silu(x_BTC, self.weight, state_BCW)
