@@ -8,7 +8,8 @@ tensor; docs/log/gpu.md). `compile_regions(model)` compiles each repeated module
 so the compile cost is that of a few small graphs, not of 24 layers. What stays eager, on purpose:
 
 - the KDA chunk kernels (`kernels.kda.chunk_kda`: our own Triton launches inside an autograd
-  Function; Dynamo would trace their host code) — a graph break on each side of the call;
+  Function; Dynamo would trace their host code) and the decode recurrence
+  (`kernels.kda.decode.kda_recurrent_triton`) — a graph break on each side of the call;
 - the MoE's balancing statistics (`LatentMoE._observe`: in-place updates of plain tensor
   attributes and a Python-side flag that activation checkpointing toggles);
 - the MLA layer over a cache (Python-side lengths that change every step): only its training /
@@ -49,6 +50,8 @@ def _set_boundaries() -> None:
     import k3model.kda_layer as kda_layer
 
     kda_layer.chunk_kda = torch.compiler.disable(kda_layer.chunk_kda)
+    if kda_layer.kda_recurrent_triton is not None:
+        kda_layer.kda_recurrent_triton = torch.compiler.disable(kda_layer.kda_recurrent_triton)
     LatentMoE._observe = torch.compiler.disable(LatentMoE._observe)
     _BOUNDARIES_SET = True
 

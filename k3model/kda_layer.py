@@ -27,6 +27,11 @@ from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
 from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_l2_norm_cpu, kda_output_gate_cpu
 
+try:
+    from kernels.kda.decode import kda_recurrent_triton
+except ImportError:  # a CPU-only install without triton
+    kda_recurrent_triton = None
+
 
 def kda_step(q_BHK, k_BHK, v_BHV, g_BHK, beta_BH, state_BHKV):
     """One token of KDA (kernels/kda/naive.py's recurrence, scale 1/√K) as broadcasts and sums:
@@ -116,6 +121,12 @@ class KDALayer(nn.Module):
         conv = lambda: torch.zeros(batch, H * K, W - 1, device=device, dtype=dtype)  # noqa: E731
         return KDAState(conv(), conv(), conv(), torch.zeros(batch, H, K, K, device=device, dtype=torch.float32))
 
+    def _conv_windows(self, state: KDAState, x_BTD: torch.Tensor) -> list[torch.Tensor]:
+        """[the conv window before a multi-token forward; its projected inputs] for q, k and v
+        [B, H·K, W − 1 + T]: the window after token t is [..., t + 1 : t + W]."""
+        return [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2) for s, c in
+                ((state.conv_q, self.q_proj(x_BTD)), (state.conv_k, self.k_proj(x_BTD)), (state.conv_v, self.v_proj(x_BTD)))]
+
     def decay(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Per-token, per-channel log decay g ∈ (lb, 0): [B, T, H, K]."""
         B, T, _ = x_BTD.shape
@@ -141,7 +152,17 @@ class KDALayer(nn.Module):
         beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
 
         positions = None
-        if state is not None and T == 1:
+        if state is not None and (T == 1 or state.keep_positions) and x_BTD.is_cuda and kda_recurrent_triton is not None:
+            # A decode step, or a speculative verify into a recording cache, on CUDA: the recurrence
+            # in one Triton launch for any T, which gives each token the bits a one-token call gives
+            # it (kernels/kda/decode.py), and for a verify the state after every token.
+            o_BTHK, recurrent, kept = kda_recurrent_triton(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
+                                                           state.recurrent.contiguous(), keep_states=T > 1)
+            if T > 1:
+                windows = self._conv_windows(state, x_BTD)
+                W = self.cfg.conv_kernel
+                positions = [KDAState(*(w[:, :, t + 1: t + W] for w in windows), kept[t]) for t in range(T - 1)]
+        elif state is not None and T == 1:
             o_BHK, recurrent = kda_step(q_BTHK[:, 0], k_BTHK[:, 0], v_BTHK[:, 0], g_BTHK[:, 0],
                                                beta_BTH[:, 0], state.recurrent)
             o_BTHK = o_BHK.unsqueeze(1)
@@ -155,9 +176,7 @@ class KDALayer(nn.Module):
             # The same on other devices: the decode step token by token, keeping every position's
             # state (recurrent matrix and the three conv windows) for rollback.
             recurrent, outs, positions = state.recurrent, [], []
-            windows = [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2) for s, c in
-                       ((state.conv_q, self.q_proj(x_BTD)), (state.conv_k, self.k_proj(x_BTD)),
-                        (state.conv_v, self.v_proj(x_BTD)))]
+            windows = self._conv_windows(state, x_BTD)
             W = self.cfg.conv_kernel
             for t in range(T):
                 # Contiguous slices: the step's reductions then run over the same layout as a decode

@@ -197,6 +197,24 @@ def case_decode():
     return {"o": rel(o, o_r), "state": rel(state, s_r)}
 
 
+def case_recurrent():
+    # T tokens in one call against the reference, and against T one-token calls (bitwise: the
+    # speculative verify relies on it), the state after each token kept.
+    from kernels.kda.decode import kda_recurrent_triton
+
+    B, T, H, K, V = 2, 4, 2, 16, 24
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, K, V, seed=9)
+    o, final, states = kda_recurrent_triton(q, k, v, g, beta, h0, keep_states=True)
+    o_r, s_r = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    state, steps_o, gap = h0, [], 0.0
+    for t in range(T):
+        o_t, state, _ = kda_recurrent_triton(*(x[:, t: t + 1] for x in (q, k, v, g, beta)), state)
+        steps_o.append(o_t)
+        gap = max(gap, (state - states[t]).abs().max().item())
+    gap = max(gap, (torch.cat(steps_o, 1) - o).abs().max().item(), (final - states[-1]).abs().max().item())
+    return {"o": rel(o, o_r), "state": rel(final, s_r), "steps_gap": gap, "h0_kept": (h0 == make_inputs(B, T, H, K, V, seed=9)[5]).all().item()}
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 if __name__ == "__main__":

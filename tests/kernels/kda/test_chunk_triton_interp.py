@@ -69,6 +69,12 @@ def test_decode_step_updates_state_in_place(results):
     assert r["o"] <= 1e-6 and r["state"] <= 1e-6, r
 
 
+def test_the_recurrent_kernel_over_t_tokens_is_t_one_token_calls_bitwise(results):
+    r = results["recurrent"]
+    assert r["o"] <= 1e-6 and r["state"] <= 1e-6, r
+    assert r["steps_gap"] == 0.0 and r["h0_kept"], r
+
+
 def test_gate_gradient_under_strong_decay_with_tf32_products(results):
     # With the main diagonal of dA_qk inside the tf32 pair products, dg was 7.2e-3 here (the other
     # gradients ≤ 1.8e-3); with it added exactly, 1.1e-3. On the H200 at (1, 777, ·, 128) bf16 the
