@@ -37,12 +37,18 @@ accepted count a = the length of the agreeing prefix, both caches' rollback (sta
 ModelCache.keep) and the draft's re-read of the kept positions all run on the device, and the host
 reads K + 2 integers a round. Every round drafts K (the budget's last round too; the tokens past
 the budget are dropped), and it needs no host decision: the tokens a round emits, t_0 … t_a, are
-the target's own argmaxes, so the draft re-reads the verify's argmax row as it is.
+the target's own argmaxes, so the draft re-reads the verify's argmax row as it is. Its output is the
+plain greedy output bitwise on the H200 with eager modules (bf16 GEMMs there give a row the same bits
+at any row count; the router's fp32 GEMM and KDA's recurrence are made to: moe.ROUTER_MIN_ROWS,
+kernels/kda/decode.py). With compiled regions (k3model/compiled.py) it is not: Inductor's kernels for
+K + 1 tokens round otherwise than the one-token step's, and near ties flip tokens (a warning says so;
+docs/log/deploy.md).
 Legend: K draft length, V vocabulary, T tokens, D width.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -186,6 +192,10 @@ def speculative_generate(target, draft: DraftModel, prompt_ids: Sequence[int], c
         m.eval()
     try:
         if device.type == "cuda" and cfg.temperature == 0 and min_draft_prob is None and _capturable(target):
+            if any(getattr(m, "_compiled_region", False) for m in target.modules()):
+                warnings.warn("the target has compiled regions: greedy speculative output may differ from its "
+                              "plain greedy output (Inductor rounds a K + 1-token verify otherwise than a "
+                              "one-token step); decode with eager modules for lossless output", stacklevel=2)
             return _decode_static(target, draft, prompt_ids, cfg, draft_len, budget, stats, capture=True), stats
         return _decode(target, draft, prompt_ids, cfg, draft_len, budget, generator, stats, device,
                        min_draft_prob), stats

@@ -2,6 +2,8 @@
 loop's tokens, at every budget, and fp32 models (whose grouped expert GEMM cannot be captured)
 decode eagerly. Runs on a machine with a GPU only."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -80,7 +82,9 @@ def test_the_captured_step_of_a_compiled_model_equals_its_eager_step_bitwise():
 def test_captured_speculative_rounds_equal_the_eager_rounds_and_the_plain_greedy_output(compiled):
     # speculative_generate on CUDA in bf16 replays one captured GreedyRound a round (reused across
     # calls); the same rounds run eagerly over the same static caches must give the same tokens and
-    # counts, and both the target's plain greedy output.
+    # counts, and with eager modules both the target's plain greedy output. Compiled regions give
+    # no such parity (Inductor's K + 1-token kernels round otherwise; docs/log/deploy.md): checked
+    # there is only the capture.
     from k3model.compiled import compile_regions
     from k3model.draft import draft_from_mtp
     from k3model.speculative import SpeculativeStats, _decode_static, speculative_generate
@@ -100,11 +104,15 @@ def test_captured_speculative_rounds_equal_the_eager_rounds_and_the_plain_greedy
         for K in (1, 3, 4, 6):
             for prompt in prompts:
                 plain = generate(target, [prompt], cfg)[0].token_ids
-                out, stats = speculative_generate(target, draft, prompt, cfg, K)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    out, stats = speculative_generate(target, draft, prompt, cfg, K)
+                assert any("compiled regions" in str(w.message) for w in caught) == compiled
                 eager_stats = SpeculativeStats(K, reached_at_depth=[0] * K, accepted_at_depth=[0] * K)
                 with torch.no_grad():
                     eager = _decode_static(target, draft, prompt, cfg, K, cfg.max_new_tokens, eager_stats, capture=False)
                 assert out == eager and stats.as_dict() == eager_stats.as_dict(), (K, prompt)
-                assert out == plain, (K, prompt)
+                if not compiled:
+                    assert out == plain, (K, prompt)
                 accepted += stats.accepted
     assert accepted > 0
