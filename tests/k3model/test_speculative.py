@@ -283,17 +283,24 @@ def test_speculative_sampling_follows_the_target_chi_square():
 
 # --- greedy parity ------------------------------------------------------------------------------
 
-@torch.no_grad()
-def test_greedy_speculative_output_is_the_targets_greedy_output_at_every_draft_length():
-    g = torch.Generator().manual_seed(0)
+def greedy_cases(prompts_per_case: int, seed: int = 0):
+    """(target, draft, name, prompts of 1–8 tokens) for greedy parity: the untrained MTP draft and a
+    random one on a random target (drafts rejected), an aligned draft on a predictable target."""
+    g = torch.Generator().manual_seed(seed)
     random_target, predictable = smoke_model(3), predictable_model(1)
     cases = [(random_target, draft_from_mtp(random_target), "mtp"),
              (random_target, random_draft(random_target), "random"),
              (predictable, aligned_draft(predictable), "aligned")]
-    cfg = SamplingConfig(max_new_tokens=10)
     for target, draft, name in cases:
         prompts = [torch.randint(0, 512, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
-                   for _ in range(6)]
+                   for _ in range(prompts_per_case)]
+        yield target, draft, name, prompts
+
+
+@torch.no_grad()
+def test_greedy_speculative_output_is_the_targets_greedy_output_at_every_draft_length():
+    cfg = SamplingConfig(max_new_tokens=10)
+    for target, draft, name, prompts in greedy_cases(6):
         plain = [c.token_ids for c in generate(target, prompts, cfg)]
         for draft_len in range(1, 7):
             for prompt, expected in zip(prompts, plain):

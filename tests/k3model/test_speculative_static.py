@@ -11,7 +11,7 @@ from k3model.engine import SamplingConfig, generate
 from k3model.speculative import GreedyRound, SpeculativeStats, _decode_static, speculative_generate
 
 from tests.k3model.test_model import smoke_model
-from tests.k3model.test_speculative import aligned_draft, predictable_model, random_draft
+from tests.k3model.test_speculative import aligned_draft, greedy_cases, predictable_model
 
 
 def static_rounds(target, draft, prompt, cfg, draft_len):
@@ -22,16 +22,9 @@ def static_rounds(target, draft, prompt, cfg, draft_len):
 
 @torch.no_grad()
 def test_static_rounds_give_the_targets_greedy_output_and_the_eager_loops_counts():
-    g = torch.Generator().manual_seed(0)
-    random_target, predictable = smoke_model(3), predictable_model(1)
-    cases = [(random_target, draft_from_mtp(random_target), "mtp"),
-             (random_target, random_draft(random_target), "random"),
-             (predictable, aligned_draft(predictable), "aligned")]
     cfg = SamplingConfig(max_new_tokens=10)
     partly = 0
-    for target, draft, name in cases:
-        prompts = [torch.randint(0, 512, (int(torch.randint(1, 9, (), generator=g)),), generator=g).tolist()
-                   for _ in range(4)]
+    for target, draft, name, prompts in greedy_cases(4):
         plain = [c.token_ids for c in generate(target, prompts, cfg)]
         for draft_len in range(1, 7):
             for prompt, expected in zip(prompts, plain):
