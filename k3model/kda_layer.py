@@ -121,11 +121,12 @@ class KDALayer(nn.Module):
         conv = lambda: torch.zeros(batch, H * K, W - 1, device=device, dtype=dtype)  # noqa: E731
         return KDAState(conv(), conv(), conv(), torch.zeros(batch, H, K, K, device=device, dtype=torch.float32))
 
-    def _conv_windows(self, state: KDAState, x_BTD: torch.Tensor) -> list[torch.Tensor]:
-        """[the conv window before a multi-token forward; its projected inputs] for q, k and v
-        [B, H·K, W − 1 + T]: the window after token t is [..., t + 1 : t + W]."""
-        return [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2) for s, c in
-                ((state.conv_q, self.q_proj(x_BTD)), (state.conv_k, self.k_proj(x_BTD)), (state.conv_v, self.v_proj(x_BTD)))]
+    @staticmethod
+    def _conv_windows(state: KDAState, projected: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """[the conv window before a multi-token forward; its projected inputs (q, k, v [B, T, H·K])]
+        [B, H·K, W − 1 + T] each: the window after token t is [..., t + 1 : t + W]."""
+        return [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2)
+                for s, c in zip((state.conv_q, state.conv_k, state.conv_v), projected)]
 
     def decay(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Per-token, per-channel log decay g ∈ (lb, 0): [B, T, H, K]."""
@@ -139,9 +140,10 @@ class KDALayer(nn.Module):
         B, T, _ = x_BTD.shape
         H, K = self.cfg.n_heads, self.cfg.head_dim
         cq, ck, cv = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
-        q, new_cq = self.q_conv(self.q_proj(x_BTD), cq)
-        k, new_ck = self.k_conv(self.k_proj(x_BTD), ck)
-        v, new_cv = self.v_conv(self.v_proj(x_BTD), cv)
+        projected = (self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD))
+        q, new_cq = self.q_conv(projected[0], cq)
+        k, new_ck = self.k_conv(projected[1], ck)
+        v, new_cv = self.v_conv(projected[2], cv)
         # K = V here: the C kernels of kernels/kda/cpu.py (the device test first: no graph break on CUDA)
         c_path = q.device.type == "cpu" and kda_cpu_backend(q.view(B, T, H, K)) == "c"
         l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
@@ -159,7 +161,7 @@ class KDALayer(nn.Module):
             o_BTHK, recurrent, kept = kda_recurrent_triton(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH,
                                                            state.recurrent.contiguous(), keep_states=T > 1)
             if T > 1:
-                windows = self._conv_windows(state, x_BTD)
+                windows = self._conv_windows(state, projected)
                 W = self.cfg.conv_kernel
                 positions = [KDAState(*(w[:, :, t + 1: t + W] for w in windows), kept[t]) for t in range(T - 1)]
         elif state is not None and T == 1:
@@ -176,7 +178,7 @@ class KDALayer(nn.Module):
             # The same on other devices: the decode step token by token, keeping every position's
             # state (recurrent matrix and the three conv windows) for rollback.
             recurrent, outs, positions = state.recurrent, [], []
-            windows = self._conv_windows(state, x_BTD)
+            windows = self._conv_windows(state, projected)
             W = self.cfg.conv_kernel
             for t in range(T):
                 # Contiguous slices: the step's reductions then run over the same layout as a decode
