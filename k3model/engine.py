@@ -25,8 +25,8 @@ prompt alone: its numbers would depend on the longest prompt in the batch.
 Batch invariance (a row gets bitwise what it gets alone, greedy, CPU, one intra-op thread — with two
 threads the CPU kernels split some reductions by the batch's shape, and a row parts from itself
 alone by ~1e-7 in log-probability, same tokens; docs/log/engine.md): besides the above, the CPU
-GEMMs give a row the same bits only when the matrix has at least 4 rows (MKL/oneDNN take other
-kernels for M = 1, 2, 3; measured in docs/log/engine.md), so decode batches are padded to
+GEMMs give a row the same bits only when the matrix has at least 4 rows (oneDNN, and MKL outside
+the strict mode that k3model/__init__.py sets, take other kernels by row count; docs/log/engine.md), so decode batches are padded to
 `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
 prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
 batches (k3model/moe.py `_dense_experts`). Small elementwise tensors whose length follows the batch
@@ -50,6 +50,7 @@ Legend: B batch rows, V vocabulary.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -62,6 +63,7 @@ from k3model.config import PROFILES, get_profile
 # The smallest decode batch: CPU GEMMs with fewer rows take other kernels, so a row's bits would
 # depend on how many rows share its batch.
 MIN_ROWS = 4
+_CPU_ROWS_CHECKED = False
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
@@ -236,6 +238,7 @@ def generate(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig | Sequ
     """
     cfgs = _per_row(cfg, len(prompts))
     _check_prompts(model, prompts)
+    _check_cpu_rows(model)
     if images is not None and len(images) != len(prompts):
         raise ValueError(f"images must hold one entry (None or (images, mask)) per prompt, got {len(images)}")
     limit = context_length(model)
@@ -257,6 +260,23 @@ def generate(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig | Sequ
     for i, completion in zip(live, done):
         completions[i] = completion
     return completions
+
+
+def _check_cpu_rows(model) -> None:
+    """Warn once per process if this CPU's GEMMs give a row other bits at other row counts (MKL
+    outside its strict mode, which k3model/__init__.py sets before any matmul runs): batched decoding
+    then stays correct but no longer equals each row decoded alone."""
+    global _CPU_ROWS_CHECKED
+    if _CPU_ROWS_CHECKED or next(model.parameters()).device.type != "cpu":
+        return
+    _CPU_ROWS_CHECKED = True
+    generator = torch.Generator().manual_seed(0)
+    w_OI, x_MI = torch.randn(128, 128, generator=generator), torch.randn(64, 128, generator=generator)
+    first = torch.nn.functional.linear(x_MI[:MIN_ROWS], w_OI)[0]
+    if not all(torch.equal(torch.nn.functional.linear(x_MI[:m], w_OI)[0], first) for m in range(MIN_ROWS, 65)):
+        warnings.warn("this CPU's matmuls give a row other bits beside other rows (was a CPU matmul run "
+                      "before k3model was imported? MKL's strict mode is then off): a batched decode will not equal "
+                      "each row decoded alone bitwise", RuntimeWarning, stacklevel=3)
 
 
 def _record(done: Completion, token: int, logp: float, model_logp: float, cfg: SamplingConfig, budget: int) -> bool:

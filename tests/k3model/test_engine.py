@@ -44,6 +44,17 @@ def test_a_batch_gives_every_row_what_it_gets_alone_greedy_bitwise(one_thread):
     assert stopped[1].token_ids == batch[1].token_ids
 
 
+def test_cpu_matmuls_give_a_row_the_same_bits_at_any_row_count(one_thread):
+    # What the batch invariance above stands on: MKL's strict mode, set by k3model/__init__.py (on an
+    # AVX-512 + AMX Xeon without it a 128-wide row differs at M = 4 and at M ≥ 6).
+    generator = torch.Generator().manual_seed(1)
+    for width_in, width_out in [(64, 64), (128, 64), (128, 128), (256, 256), (96, 256), (64, 2048)]:
+        w = torch.randn(width_out, width_in, generator=generator)
+        x = torch.randn(80, width_in, generator=generator)
+        first = torch.nn.functional.linear(x[:4], w)[0]
+        assert [m for m in range(4, 81) if not torch.equal(torch.nn.functional.linear(x[:m], w)[0], first)] == []
+
+
 def test_greedy_equals_argmax_of_the_full_forward():
     model = smoke_model(3)
     prompt = prompts_of([12], seed=1)[0]
