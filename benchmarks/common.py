@@ -212,7 +212,7 @@ def kernel_breakdown(events) -> dict:
     launch_host_ms = 0.0
     for e in events:
         name = e.key.lower()
-        if e.device_type.name == "CUDA":
+        if e.device_type.name == "CUDA" and not e.key.startswith("k3::"):  # not profile_step's ranges
             kind = next((k for k, pats in KERNEL_KINDS if any(p in name for p in pats)), "other")
             row = kinds.setdefault(kind, {"ms": 0.0, "launches": 0})
             row["ms"] += e.self_device_time_total / 1e3

@@ -10,12 +10,21 @@ AttnRes, RMSNorm, the LM head with its loss, AdamW): each module's inputs are ca
 real forward, then its forward + backward is profiled on them in isolation, so backward work is
 attributed too (the autograd engine's own ops carry no module). On the CPU this is the table that
 decided issue 17's changes (docs/log/tiny.md).
+
+`--attribute` adds the device time per module kind, forward and backward, inside the real step
+(compiled regions included): each module kind's eager call opens a profiler range, and a chrome
+trace of the step is parsed (see `attribute`). `--checkpointing` and `--micro-batches` set the step
+as benchmarks/train_step.py does:
+
+    PYTHONPATH=. python3 benchmarks/profile_step.py --compile-regions --checkpointing off --micro-batches 2 \
+        --attribute --out prof.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -62,7 +71,7 @@ def by_module(model: K3Model, ids, reps: int = 3) -> list[dict]:
             out.backward(torch.ones_like(out))
         return run
 
-    hidden = torch.randn(*ids.shape, model.cfg.d_model, requires_grad=True)
+    hidden = torch.randn(*ids.shape, model.cfg.d_model, device=ids.device, requires_grad=True)
 
     def head():
         logits = model.lm_head(model.final_norm(hidden)).float()
@@ -75,17 +84,94 @@ def by_module(model: K3Model, ids, reps: int = 3) -> list[dict]:
              runner(m, caught[n])) for n, m in named.items()]
     jobs += [("lm_head+loss", head), ("AdamW", opt.step)]
     totals = defaultdict(lambda: {"ms": 0.0, "ops": 0, "calls": 0})
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
     for group, fn in jobs:
         fn()
+        sync()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
+        sync()
         totals[group]["ms"] += (time.perf_counter() - t0) / reps * 1e3
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             fn()
         totals[group]["ops"] += sum(e.count for e in prof.key_averages())
         totals[group]["calls"] += 1
     return sorted(({"module": k, **v} for k, v in totals.items()), key=lambda r: -r["ms"])
+
+
+KINDS_ATTRIBUTED = ("AttnRes", "RMSNorm", "KDALayer", "GatedMLA", "LatentMoE", "DenseFFN")
+
+
+def label_module_calls() -> None:
+    """Wrap each module kind's eager call in a profiler range `k3::<kind>` (not inside compiled code,
+    where the call is traced), for `attribute`."""
+    import torch.nn as nn
+    from torch.profiler import record_function
+
+    import k3model.model as model_module
+
+    for cls in {getattr(model_module, name, None) for name in KINDS_ATTRIBUTED} - {None}:
+        def call(self, *args, _kind=cls.__name__, **kwargs):
+            if torch.compiler.is_compiling():
+                return nn.Module.__call__(self, *args, **kwargs)
+            with record_function(f"k3::{_kind}"):
+                return nn.Module.__call__(self, *args, **kwargs)
+        cls.__call__ = call
+
+
+def attribute(trace_path: str) -> dict:
+    """Device ms per (module kind, forward / backward) from a chrome trace of a step whose module
+    calls carry `k3::<kind>` ranges. A kernel belongs to the CPU op that launched it (correlation id);
+    a forward kernel to the outermost k3 range around that launch; a backward kernel to the autograd
+    node that launched it, and through the node's sequence number to the forward op that made it,
+    and so to that op's range. Kernels of neither (the optimizer, gradient accumulation, the loss)
+    count as "other"."""
+    import bisect
+    from collections import defaultdict
+
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    ranges, nodes, forward_ops = defaultdict(list), defaultdict(list), []
+    launches, kernels = {}, []
+    for e in events:
+        cat, args = e.get("cat", ""), e.get("args", {})
+        if e["name"].startswith("k3::") and cat == "user_annotation":
+            ranges[e["tid"]].append(e)
+        elif cat == "cpu_op" and "Sequence number" in args:
+            backward = "Backward" in e["name"] or "evaluate_function" in e["name"]
+            (nodes[e["tid"]] if backward else forward_ops).append(e)
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in args:  # Triton launches: driver API
+            launches[args["correlation"]] = e
+        elif cat == "kernel":
+            kernels.append(e)
+
+    def around(table, tid, ts):
+        """The events of table[tid] whose span holds ts, outermost first."""
+        spans = table.get(tid, [])
+        i = bisect.bisect_right([e["ts"] for e in spans], ts) if spans else 0
+        return [e for e in spans[max(0, i - 2000):i] if e["ts"] <= ts <= e["ts"] + e["dur"]]
+
+    for table in (ranges, nodes):
+        for spans in table.values():
+            spans.sort(key=lambda e: (e["ts"], -e["dur"]))
+    seq_kind = {}
+    for e in forward_ops:
+        outer = around(ranges, e["tid"], e["ts"])
+        if outer:
+            seq_kind.setdefault(e["args"]["Sequence number"], outer[0]["name"][4:])
+    table = defaultdict(float)
+    for k in kernels:
+        launch, label = launches.get(k["args"].get("correlation")), "other"
+        if launch is not None:
+            outer = around(ranges, launch["tid"], launch["ts"])
+            node = around(nodes, launch["tid"], launch["ts"])
+            if outer:
+                label = f"{outer[0]['name'][4:]} forward"
+            elif node and node[-1]["args"]["Sequence number"] in seq_kind:
+                label = f"{seq_kind[node[-1]['args']['Sequence number']]} backward"
+        table[label] += k["dur"] / 1e3
+    return dict(sorted(table.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -98,10 +184,19 @@ def main() -> None:
     ap.add_argument("--by-module", action="store_true", help="also time each module kind in isolation")
     ap.add_argument("--compile-regions", action="store_true", help="k3model.compiled.compile_regions first")
     ap.add_argument("--trace", default=None, help="also write a chrome trace of the profiled step here")
+    ap.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
+                    help="activation checkpointing of every layer: the profile's setting, or on / off")
+    ap.add_argument("--micro-batches", type=int, default=1, help="the step's rows in this many backward passes")
+    ap.add_argument("--attribute", action="store_true",
+                    help="also the device time per module kind, forward and backward (a chrome trace, parsed)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = replace(get_profile(args.profile).model, vision=None, mtp_depth=0)
+    if args.checkpointing != "profile":
+        cfg = replace(cfg, activation_checkpointing=args.checkpointing == "on")
     torch.manual_seed(0)
+    if args.attribute:
+        label_module_calls()
     model = K3Model(cfg).to(device)
     if args.compile_regions:
         from k3model.compiled import compile_regions
@@ -111,7 +206,8 @@ def main() -> None:
     ids = torch.randint(0, cfg.vocab_size, (max(args.tokens // args.seq_len, 1), args.seq_len), device=device)
 
     def step():
-        k3_train_step(model, opt, ids, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"))
+        k3_train_step(model, opt, ids, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"),
+                      args.micro_batches)
 
     def sync():
         if device == "cuda":
@@ -129,8 +225,9 @@ def main() -> None:
         step()
         sync()
     events = prof.key_averages()
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
+    trace = args.trace or (args.out + ".trace.json" if args.attribute else None)
+    if trace:
+        prof.export_chrome_trace(trace)
     dev_attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
 
     def rows(attr):
@@ -147,11 +244,17 @@ def main() -> None:
         "top_by_device_time": rows(dev_attr),
         "top_by_host_time": rows("self_cpu_time_total"),
         "compiled_regions": args.compile_regions,
+        "activation_checkpointing": cfg.activation_checkpointing, "micro_batches": args.micro_batches,
     }
     if device == "cuda":
         res.update(kernel_breakdown(events))
+    if args.attribute:
+        res["device_ms_by_module"] = attribute(trace)
+        if not args.trace:
+            os.remove(trace)
     if args.by_module:
-        res["by_module"] = by_module(model, ids)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            res["by_module"] = by_module(model, ids[:max(len(ids) // args.micro_batches, 1)])
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(f"step {wall:.2f} s; device {res['device_ms_total']:.0f} ms; host {res['host_ms_total_self']:.0f} ms")
@@ -164,6 +267,8 @@ def main() -> None:
     print("host:")
     for r in res["top_by_host_time"][:12]:
         print(f"  {r['self_ms']:9.1f} ms {r['calls']:6d}x  {r['op'][:90]}")
+    for label, ms in res.get("device_ms_by_module", {}).items():
+        print(f"  {label:24s} {ms:8.1f} ms")
     for r in res.get("by_module", []):
         print(f"  {r['module']:18s} {r['ms']:8.1f} ms fwd+bwd  {r['ops']:6d} ops  ({r['calls']} modules)")
 
