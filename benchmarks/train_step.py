@@ -235,18 +235,20 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
-          compiled_regions: bool = False, dense: bool = True, checkpointing: bool | None = None,
-          micro_batches: int = 1) -> dict:
+          compiled_regions: bool = False, dense: bool = True, checkpointing=None,
+          micro_batches=1) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
-    cut short (a device time limit) keeps the rows it finished."""
+    cut short (a device time limit) keeps the rows it finished. `checkpointing` (None: the profile's
+    setting) and `micro_batches` are one value for every length or a list, one per length."""
+    per_length = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * len(lengths)  # noqa: E731
+    checkpointings, micro_batch_counts = per_length(checkpointing), per_length(micro_batches)
+    if len(checkpointings) != len(lengths) or len(micro_batch_counts) != len(lengths):
+        raise ValueError(f"checkpointing and micro_batches take one value or one per length ({len(lengths)})")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
-    cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
-    if checkpointing is not None:
-        cfg = replace(cfg, activation_checkpointing=checkpointing)
+    profile_cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
-               "micro_batches": micro_batches,
                "compiled_regions": compiled_regions,
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
@@ -255,13 +257,14 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
         from kernels.kda.triton.common import TileConfig
         results["kda_tile_config"] = dataclasses.asdict(TileConfig())  # the model runs the default tiles
-    for T in lengths:
+    for T, checkpointing, micro_batches in zip(lengths, checkpointings, micro_batch_counts):
+        cfg = profile_cfg if checkpointing is None else replace(profile_cfg, activation_checkpointing=checkpointing)
         B = max(tokens_per_step // T, 1)
         if micro_batches < 1 or B % micro_batches:
             raise ValueError(f"--micro-batches {micro_batches} must divide the {B} rows of a step at length {T} "
                              "(equal parts give the whole batch's gradient)")
         ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
-        row = {"seq_len": T, "batch": B, "tokens_per_step": B * T}
+        row = {"seq_len": T, "batch": B, "tokens_per_step": B * T, "micro_batches": micro_batches}
         torch.manual_seed(0)
         model = K3Model(cfg).to(device)
         for layer in model.moe_layers():
@@ -308,6 +311,17 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     return results
 
 
+_CHECKPOINTING = {"profile": None, "on": True, "off": False}.__getitem__
+
+
+def _per_length_arg(text: str, lengths: list[int], parse) -> list:
+    """"2" or "2,1": one value for every length, or one per length."""
+    values = [parse(v) for v in text.split(",")]
+    if len(values) not in (1, len(lengths)):
+        raise SystemExit(f"{text!r}: give one value or one per length ({len(lengths)})")
+    return values * len(lengths) if len(values) == 1 else values
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default=None, help="default: small on a GPU, tiny on the CPU")
@@ -323,10 +337,12 @@ def main() -> None:
     parser.add_argument("--no-dense", action="store_true", help="time the K3 model only")
     parser.add_argument("--compile-glue", action="store_true",
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
-    parser.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
-                        help="activation checkpointing of every layer: the profile's setting, or on / off")
-    parser.add_argument("--micro-batches", type=int, default=1,
-                        help="the K3 step's batch in this many parts, one backward each (gradient accumulation)")
+    parser.add_argument("--checkpointing", default="profile",
+                        help="activation checkpointing of every layer: profile (its setting), on or off; "
+                             "or one per length, comma-separated")
+    parser.add_argument("--micro-batches", default="1",
+                        help="the K3 step's batch in this many parts, one backward each (gradient "
+                             "accumulation); or one count per length, comma-separated")
     args = parser.parse_args()
     if args.compile_glue:
         compile_glue()
@@ -336,8 +352,8 @@ def main() -> None:
                else [stages[0].seq_len, stages[-1].seq_len])
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
-          dense=not args.no_dense, checkpointing={"profile": None, "on": True, "off": False}[args.checkpointing],
-          micro_batches=args.micro_batches)
+          dense=not args.no_dense, checkpointing=_per_length_arg(args.checkpointing, lengths, _CHECKPOINTING),
+          micro_batches=_per_length_arg(args.micro_batches, lengths, int))
     print(f"wrote {args.out}")
 
 
