@@ -122,33 +122,6 @@ def sum_per_token(rows_RL: torch.Tensor, token_R: torch.Tensor, M: int, order_R:
     return rows_RL.view(M, -1, rows_RL.shape[-1]).sum(1)
 
 
-class _ExpertRows(torch.autograd.Function):
-    """z_RL = z_ML[order_R // K]: each token's row once per slot, sorted by expert. The backward sums
-    each token's K row gradients in slot order (the inverse gather, then a sum over K), where
-    index_select's own backward is a bf16 index_add with atomics: 0.56 ms a layer at 32k tokens on
-    the H200, 3 % of the small step (docs/log/gpu.md)."""
-
-    @staticmethod
-    def forward(ctx, z_ML, order_R, K):
-        ctx.save_for_backward(order_R)
-        ctx.K = K
-        return z_ML.index_select(0, order_R // K)
-
-    @staticmethod
-    def backward(ctx, grad_RL):
-        (order_R,) = ctx.saved_tensors
-        unsort_R = torch.empty_like(order_R).scatter_(0, order_R, torch.arange(len(order_R), device=order_R.device))
-        return grad_RL.index_select(0, unsort_R).view(-1, ctx.K, grad_RL.shape[-1]).sum(1), None, None
-
-
-def expert_rows(z_ML: torch.Tensor, order_R: torch.Tensor, K: int) -> torch.Tensor:
-    """Row r is token order_R[r] // K's row (`order_R` sorts the token-major (token, slot) pairs by
-    expert): an index_select, with `_ExpertRows`'s backward on CUDA."""
-    if z_ML.is_cuda and torch.is_grad_enabled():
-        return _ExpertRows.apply(z_ML, order_R, K)
-    return z_ML.index_select(0, order_R // K)
-
-
 def _grouped_experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH, glu, act):
     """The same as `_looped_experts` with one grouped GEMM per projection (`torch._grouped_mm`, the
     op torchtitan's MoE uses): the expert boundaries stay on the device. Under autocast the
@@ -393,7 +366,7 @@ class LatentMoE(nn.Module):
         token_R = order_R // K
         weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         counts_E = count_per_expert(ids_R, self.cfg.n_routed)
-        z_RL = self._expert_act(expert_rows(z_ML, order_R, K))
+        z_RL = self._expert_act(z_ML.index_select(0, token_R))
         # Under torch.compile on the CPU the loop: torch 2.13's fake-tensor rule for _grouped_mm
         # takes bf16 only (the same bits either way).
         grouped = self.grouped_matmuls if self.grouped_matmuls is not None else \

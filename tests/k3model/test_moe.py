@@ -330,20 +330,3 @@ def test_grouped_expert_matmuls_equal_the_expert_loop(dtype):
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for name, a, b in zip(["y", "dx", "dw_gate", "dw_up", "dw_down"], results[True], results[False]):
         torch.testing.assert_close(a.float(), b.float(), **tol, msg=name)
-
-
-def test_the_expert_rows_backward_is_index_selects_without_atomics():
-    # The Function CUDA training takes for the gather of routed rows (its backward sums each token's K
-    # row gradients in slot order instead of index_select's atomic index_add).
-    from k3model.moe import _ExpertRows
-
-    torch.manual_seed(0)
-    M, K, L = 9, 3, 5
-    z = torch.randn(M, L, dtype=torch.float64, requires_grad=True)
-    order = torch.argsort(torch.randint(0, 4, (M * K,)), stable=True)
-    assert torch.equal(_ExpertRows.apply(z, order, K), z.index_select(0, order // K))
-    assert torch.autograd.gradcheck(lambda z: _ExpertRows.apply(z, order, K), (z,))
-    grad = torch.randn(M * K, L, dtype=torch.float64)
-    ours, = torch.autograd.grad(_ExpertRows.apply(z, order, K), z, grad)
-    theirs, = torch.autograd.grad(z.index_select(0, order // K), z, grad)
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
