@@ -11,7 +11,7 @@ import torch
 # the engine's batched decode would not equal each row decoded alone (docs/log/engine.md). The mode
 # can be set only before MKL's first call in the process; the engine checks the property it needs at
 # its first CPU decode (k3model/engine.py). Set through MKL's own function rather than the MKL_CBWR
-# variable, so that other programs this process starts keep their defaults.
+# variable, which every program this process starts would inherit.
 _MKL_CBWR_AUTO, _MKL_CBWR_STRICT = 2, 0x10000
 
 
