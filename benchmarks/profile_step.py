@@ -146,15 +146,17 @@ def attribute(trace_path: str) -> dict:
         elif cat == "kernel":
             kernels.append(e)
 
-    def around(table, tid, ts):
-        """The events of table[tid] whose span holds ts, outermost first."""
-        spans = table.get(tid, [])
-        i = bisect.bisect_right([e["ts"] for e in spans], ts) if spans else 0
-        return [e for e in spans[max(0, i - 2000):i] if e["ts"] <= ts <= e["ts"] + e["dur"]]
-
     for table in (ranges, nodes):
         for spans in table.values():
             spans.sort(key=lambda e: (e["ts"], -e["dur"]))
+    starts = {id(spans): [e["ts"] for e in spans] for table in (ranges, nodes) for spans in table.values()}
+
+    def around(table, tid, ts):
+        """The events of table[tid] whose span holds ts, outermost first."""
+        spans = table.get(tid, [])
+        i = bisect.bisect_right(starts[id(spans)], ts) if spans else 0
+        return [e for e in spans[max(0, i - 2000):i] if e["ts"] <= ts <= e["ts"] + e["dur"]]
+
     seq_kind = {}
     for e in forward_ops:
         outer = around(ranges, e["tid"], e["ts"])

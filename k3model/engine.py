@@ -26,9 +26,9 @@ Batch invariance (a row gets bitwise what it gets alone, greedy, CPU, one intra-
 threads the CPU kernels split some reductions by the batch's shape, and a row parts from itself
 alone by ~1e-7 in log-probability, same tokens; docs/log/engine.md): besides the above, the CPU
 GEMMs give a row the same bits only when the matrix has at least 4 rows (oneDNN, and MKL outside
-the strict mode that k3model/__init__.py sets, take other kernels by row count; docs/log/engine.md), so decode batches are padded to
-`MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows, prompts shorter than MIN_ROWS are
-prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
+the strict mode that k3model/__init__.py sets, take other kernels by row count; docs/log/engine.md),
+so decode batches are padded to `MIN_ROWS` rows, the prefill's output head runs over ≥ 4 rows,
+prompts shorter than MIN_ROWS are prefilled alone, and the MoE runs every routed expert on every token of small CPU inference
 batches (k3model/moe.py `_dense_experts`). Small elementwise tensors whose length follows the batch
 (the router's sigmoid over [M, E], KDA's β over [B, T, H], AttnRes's depth softmax) run through
 whole vectors (`k3model.common.sigmoid_vectorized`): torch puts a tensor's remainder through scalar
