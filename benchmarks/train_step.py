@@ -249,7 +249,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         (lambda: torch.autocast("cpu", enabled=False))
     profile_cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
-               "compiled_regions": compiled_regions,
+               "compiled_regions": compiled_regions, "inductor_tuning": _inductor_tuning(),
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
     if device == "cuda":
@@ -311,6 +311,12 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     return results
 
 
+def _inductor_tuning() -> bool:
+    import torch._inductor.config
+
+    return bool(torch._inductor.config.coordinate_descent_tuning)
+
+
 _CHECKPOINTING = {"profile": None, "on": True, "off": False}.__getitem__
 
 
@@ -343,7 +349,13 @@ def main() -> None:
     parser.add_argument("--micro-batches", default="1",
                         help="the K3 step's batch in this many parts, one backward each (gradient "
                              "accumulation); or one count per length, comma-separated")
+    parser.add_argument("--inductor-tuning", action="store_true",
+                        help="Inductor's coordinate-descent tuning of its kernels' launch shapes (longer compiles)")
     args = parser.parse_args()
+    if args.inductor_tuning:
+        import torch._inductor.config
+
+        torch._inductor.config.coordinate_descent_tuning = True
     if args.compile_glue:
         compile_glue()
     profile = args.profile or ("small" if torch.cuda.is_available() else "tiny")
