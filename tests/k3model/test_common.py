@@ -9,14 +9,13 @@ from k3model.common import sigmoid_vectorized, softmax0_vectorized
 def test_sigmoid_bits_do_not_depend_on_the_tensor_length():
     torch.manual_seed(0)
     x = torch.randn(200) * 3
-    # torch.sigmoid parts from itself: a 16-value tensor goes through its scalar path, a long one through vectors
-    torch_differs = any(not torch.equal(torch.sigmoid(x[i:i + 16]), torch.sigmoid(x)[i:i + 16]) for i in range(0, 184, 16))
+    # Where torch.sigmoid parts from itself (a 16-value tensor through its scalar path, a long one through
+    # vectors: seen with AVX-512, not on an AVX2 EPYC with torch 2.13), the whole-vector form must not.
     whole = sigmoid_vectorized(x)
     for n in (1, 4, 16, 31, 33, 100):
         assert torch.equal(sigmoid_vectorized(x[:n]), whole[:n])
         assert torch.equal(sigmoid_vectorized(x[:n].view(n, 1)), whole[:n].view(n, 1))
     torch.testing.assert_close(whole, torch.sigmoid(x), rtol=1e-6, atol=0)
-    assert torch_differs or torch.backends.cpu.get_cpu_capability() == "DEFAULT"
 
 
 def test_depth_softmax_bits_do_not_depend_on_the_number_of_columns():
