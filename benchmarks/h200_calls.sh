@@ -13,6 +13,11 @@
 #     bash benchmarks/h200_calls.sh decode    # the small profile's decode step eager and compiled, profiled
 #     bash benchmarks/h200_calls.sh engine    # the engine's GPU tests (captured decode = eager), the compiled-regions
 #                                                # tests, speculative decoding on the small profile (random weights)
+#     bash benchmarks/h200_calls.sh glue      # the Triton ShortConv and AttnRes kernels (GPU tests, timings against
+#                                                # Inductor), the compiled-regions tests, then the 512 × 128 and
+#                                                # 65,536 × 1 training steps with their dense peer (issue 22 item 3)
+#     bash benchmarks/h200_calls.sh glue-sweep # their launch shapes swept (benchmarks/probes/glue_sweep.py), then both
+#                                                # training-step rows with the fastest
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                                # GPU, a short small-profile selection (carry site.tar.xz from
 #                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -24,7 +29,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, glue-sweep or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -89,6 +94,34 @@ engine)  # the engine's CUDA path (issue 16), then speculative decoding on small
     timeout $((590 - (SECONDS - T0))) python3 benchmarks/speculative.py --profile small --device cuda --dtype bf16 \
         --prompts 2 --new 32 --reps 1 --draft-lens 1,4 --out "$OUT/speculative_small_h200.json"
     elapsed "speculative exit $?"
+    ;;
+glue)  # issue 22 item 3: the KDA layer's conv and the AttnRes mix as Triton kernels
+    timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
+        tests/kernels/attn_res/test_attn_res_triton_gpu.py >"$OUT/glue_gpu_tests.log" 2>&1
+    elapsed "glue GPU tests exit $?"; tail -n 12 "$OUT/glue_gpu_tests.log"
+    timeout 60 python3 benchmarks/short_conv.py --out "$OUT/short_conv_h200.json" >"$OUT/short_conv.log" 2>&1
+    elapsed "short_conv bench exit $?"; tail -n 8 "$OUT/short_conv.log"
+    timeout 60 python3 benchmarks/attn_res.py --out "$OUT/attn_res_h200.json" >"$OUT/attn_res.log" 2>&1
+    elapsed "attn_res bench exit $?"; tail -n 8 "$OUT/attn_res.log"
+    timeout 360 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+        --checkpointing off,profile --compile-regions --reps 3 --out "$OUT/train_step_small_h200_glue.json" \
+        >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    timeout $((590 - (SECONDS - T0))) python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py \
+        >"$OUT/compiled_tests.log" 2>&1
+    elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
+    ;;
+glue-sweep)  # the glue kernels' launch shapes swept, then both training-step rows with the fastest
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
+        tests/kernels/attn_res/test_attn_res_triton_gpu.py >"$OUT/glue_gpu_tests.log" 2>&1
+    elapsed "glue GPU tests exit $?"; tail -n 3 "$OUT/glue_gpu_tests.log"
+    timeout 170 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
+    elapsed "glue sweep exit $?"; best=$(tail -n 1 "$OUT/glue_sweep.log"); echo "fastest: $best"
+    case "$best" in kernels.*) ;; *) best="" ;; esac
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+        --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 --kernel-constants "$best" \
+        --out "$OUT/train_step_small_h200_glue_sweep.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3

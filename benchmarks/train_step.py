@@ -236,7 +236,7 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
           compiled_regions: bool = False, dense: bool = True, checkpointing=None,
-          micro_batches=1) -> dict:
+          micro_batches=1, kernel_constants=None) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished. `checkpointing` (None: the profile's
     setting) and `micro_batches` are one value for every length or a list, one per length."""
@@ -250,6 +250,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     profile_cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
                "compiled_regions": compiled_regions, "inductor_tuning": _inductor_tuning(),
+               "kernel_constants": kernel_constants or {},
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
     if device == "cuda":
@@ -311,6 +312,24 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
     return results
 
 
+def set_kernel_constants(text: str) -> dict:
+    """"kernels.attn_res.triton:ROW_TILE=1024,BWD_STAGES=2;kernels.short_conv.triton:BACKWARD=split"
+    set on those modules (integers where they parse); returns what was set, by module."""
+    import importlib
+
+    done = {}
+    for part in filter(None, text.split(";")):
+        module_name, _, items = part.partition(":")
+        module = importlib.import_module(module_name)
+        for item in filter(None, items.split(",")):
+            name, _, value = item.partition("=")
+            if not hasattr(module, name):
+                raise SystemExit(f"--kernel-constants: {module_name} has no constant {name!r}")
+            setattr(module, name, int(value) if value.lstrip("-").isdigit() else value)
+            done.setdefault(module_name, {})[name] = getattr(module, name)
+    return done
+
+
 def _inductor_tuning() -> bool:
     import torch._inductor.config
 
@@ -351,7 +370,11 @@ def main() -> None:
                              "accumulation); or one count per length, comma-separated")
     parser.add_argument("--inductor-tuning", action="store_true",
                         help="Inductor's coordinate-descent tuning of its kernels' launch shapes (longer compiles)")
+    parser.add_argument("--kernel-constants", default="",
+                        help="MODULE:NAME=VALUE,...;MODULE:... — launch-shape constants of kernels/*/triton.py "
+                             "set before the model runs (benchmarks/probes/glue_sweep.py prints its fastest so)")
     args = parser.parse_args()
+    kernel_constants = set_kernel_constants(args.kernel_constants)
     if args.inductor_tuning:
         import torch._inductor.config
 
@@ -365,7 +388,7 @@ def main() -> None:
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
           dense=not args.no_dense, checkpointing=_per_length_arg(args.checkpointing, lengths, _CHECKPOINTING),
-          micro_batches=_per_length_arg(args.micro_batches, lengths, int))
+          micro_batches=_per_length_arg(args.micro_batches, lengths, int), kernel_constants=kernel_constants)
     print(f"wrote {args.out}")
 
 

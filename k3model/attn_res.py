@@ -8,6 +8,8 @@ mixture over depth:
 where the sources v_i are the token embedding, the sums of the completed blocks of layers, and the
 partial sum of the current block; w is a learned pseudo-query per sublayer, zero-initialized so that
 at step 0 every sublayer averages its sources uniformly. The softmax over depth runs in fp32.
+The mix runs in C for fp32 CPU sources, in Triton for 2–4 CUDA sources (kernels/attn_res), and
+in torch otherwise.
 Legend: N sources, B batch, T tokens, D width.
 """
 
@@ -17,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from k3model.common import RMSNorm, softmax0_vectorized
-from kernels.attn_res import attn_res_backend, attn_res_cpu
+from kernels.attn_res import TRITON_MAX_SOURCES, attn_res_backend, attn_res_cpu, attn_res_mix_triton
 
 
 class AttnRes(nn.Module):
@@ -57,6 +59,16 @@ class AttnRes(nn.Module):
         """Σ_i α_i v_i in fp32, cast back to the first source's dtype. A method of its own so that
         compiled regions compile it: layer 0's call of `forward` has one source and traces no op, and
         Dynamo then runs `forward`'s code eagerly for good, compiling only what it calls."""
+        if sources[0].is_cuda and attn_res_mix_triton is not None and 2 <= len(sources) <= TRITON_MAX_SOURCES:
+            # CUDA: one Triton pass each way (kernels/attn_res/triton.py), a custom op that compiled
+            # regions keep in their graph; Inductor's kernels for the torch code below read the
+            # sources several times and stored a stacked fp32 copy (~5× the bandwidth floor).
+            return attn_res_mix_triton(sources, self.query, self.key_norm.weight, self.key_norm.eps)
+        return self._mix_torch(sources)
+
+    def _mix_torch(self, sources: list[torch.Tensor]) -> torch.Tensor:
+        """The mix in torch: every CPU case the C kernel does not take, and CUDA without triton or
+        with more than four sources."""
         v_list_BTD = [v.float() for v in sources]
         alpha_NBT = self._alpha(v_list_BTD)
         if torch.compiler.is_compiling():

@@ -26,6 +26,7 @@ from k3model.common import RMSNorm, ShortConv, sigmoid_vectorized
 from k3model.config import KDAConfig
 from kernels.kda import chunk_kda
 from kernels.kda.cpu import kda_cpu, kda_cpu_backend, kda_l2_norm_cpu, kda_output_gate_cpu
+from kernels.short_conv import short_conv_silu_l2
 
 try:
     from kernels.kda.decode import kda_recurrent_triton
@@ -141,14 +142,25 @@ class KDALayer(nn.Module):
         H, K = self.cfg.n_heads, self.cfg.head_dim
         cq, ck, cv = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
         projected = (self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD))
-        q, new_cq = self.q_conv(projected[0], cq)
-        k, new_ck = self.k_conv(projected[1], ck)
-        v, new_cv = self.v_conv(projected[2], cv)
-        # K = V here: the C kernels of kernels/kda/cpu.py (the device test first: no graph break on CUDA)
-        c_path = q.device.type == "cpu" and kda_cpu_backend(q.view(B, T, H, K)) == "c"
-        l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
-        q_BTHK = l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
-        k_BTHK = l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
+        if state is None and x_BTD.is_cuda:
+            # Training on CUDA: conv, SiLU and the L2 norm of q and k in one Triton pass each way
+            # (kernels/short_conv/triton.py), out in the projections' dtype: under autocast the dtype
+            # chunk_kda takes below, else cast to fp32 as the two-step form gives.
+            qk_dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.float32
+            eps = self.cfg.norm_eps
+            q_BTHK = short_conv_silu_l2(projected[0], self.q_conv.weight, K, eps).view(B, T, H, K).to(qk_dtype)
+            k_BTHK = short_conv_silu_l2(projected[1], self.k_conv.weight, K, eps).view(B, T, H, K).to(qk_dtype)
+            v, new_cv = self.v_conv(projected[2])
+            c_path = False
+        else:
+            q, new_cq = self.q_conv(projected[0], cq)
+            k, new_ck = self.k_conv(projected[1], ck)
+            v, new_cv = self.v_conv(projected[2], cv)
+            # K = V here: the C kernels of kernels/kda/cpu.py (the device test first: no graph break on CUDA)
+            c_path = q.device.type == "cpu" and kda_cpu_backend(q.view(B, T, H, K)) == "c"
+            l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
+            q_BTHK = l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
+            k_BTHK = l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
         g_BTHK = self.decay(x_BTD)
         v_BTHK = v.view(B, T, H, K).float()
         beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
