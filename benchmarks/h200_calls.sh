@@ -112,13 +112,13 @@ glue)  # issue 22 item 3: the KDA layer's conv and the AttnRes mix as Triton ker
     elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
     ;;
 glue-sweep)  # the glue kernels' launch shapes swept, then both training-step rows with the fastest
-    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
+    timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
         tests/kernels/attn_res/test_attn_res_triton_gpu.py >"$OUT/glue_gpu_tests.log" 2>&1
     elapsed "glue GPU tests exit $?"; tail -n 3 "$OUT/glue_gpu_tests.log"
-    timeout 170 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
+    timeout 120 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
     elapsed "glue sweep exit $?"; best=$(tail -n 1 "$OUT/glue_sweep.log"); echo "fastest: $best"
     case "$best" in kernels.*) ;; *) best="" ;; esac
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+    timeout $((480 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 --kernel-constants "$best" \
         --out "$OUT/train_step_small_h200_glue_sweep.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"

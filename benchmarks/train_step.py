@@ -313,7 +313,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
 
 
 def set_kernel_constants(text: str) -> dict:
-    """"kernels.attn_res.triton:ROW_TILE=1024,BWD_STAGES=2;kernels.short_conv.triton:BACKWARD=split"
+    """"kernels.attn_res.triton:ROW_TILE=1024,BWD_STAGES=2;kernels.short_conv.triton:BWD_ROWS=32"
     set on those modules (integers where they parse); returns what was set, by module."""
     import importlib
 

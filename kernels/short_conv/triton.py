@@ -14,13 +14,12 @@ computed in fp32, y in x's dtype. Backward, per row and head (n = y, r = rsqrt(m
     dw[c, j] = Σ_{b,t} dp[b, t, c] · x[b, t + j − (W − 1), c]
 
 Forward: one pass, each program a tile of rows × one head (or 128 channels): x read once (its W
-shifted row loads hit cache), y written once. Backward: one pass; a program computes dp once on a tile
-of BT rows and writes dx for its first BT − (W − 1), the last W − 1 rows being the halo its shifted
-terms need (recomputed by the next tile). The shifts of dp inside the tile are `tl.gather`s along the
-rows (through shared memory): recomputing dp at every shift instead would cost W² conv loads and W
-sigmoids and norms per element, about 150 fp32 instructions, which at B·T·C = 2²⁵ is more time than
-the bytes take. Each program walks several tiles and writes its dw as fp32 partial sums, summed on
-the host. Rows are the flattened B·T rows; a row's t = row mod T masks the sequence boundaries.
+shifted row loads hit cache), y written once. Backward: two kernels, one tile per program: dp (the
+pre-activation again, then the norm's and the SiLU's backward) into an fp32 buffer, then dx from dp's
+W shifted rows and each tile's dw as fp32 partial sums, summed on the host. On the H200 this takes
+0.39 ms at (64, 512, 1024) bf16, against 0.54 ms for one kernel that shifted dp inside its tile with
+`tl.gather` (docs/log/gpu.md, session 19). Rows are the flattened B·T rows; a row's t = row mod T
+masks the sequence boundaries.
 
 `short_conv_silu_triton(x_BTC, weight_C1W, head_dim=0, eps=1e-6) -> y_BTC` is the public function:
 the custom op `k3::short_conv_silu` with autograd (x and the weight), usable inside torch.compile
@@ -38,15 +37,8 @@ MAX_TAPS = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 FWD_ROWS, FWD_WARPS = 64, 4
-BWD_ROWS, BWD_WARPS = 64, 8
-# Backward programs to aim for (each walks several row tiles, a compile-time count: one compile per
-# training shape): enough to fill the GPU, few enough that the dw partial sums (programs × W × C
-# fp32) stay a few MiB.
-BWD_PROGRAMS = 1024
-# The backward: "gather" (one kernel, above) or "split" (dp to an fp32 buffer, then dx and dw's
-# partial sums from it: two kernels, one tile per program, no loop and no gather).
-BACKWARD = "split"
-SPLIT_ROWS, SPLIT_WARPS = 32, 4
+# The backward's tiles: 64 rows and 4 warps were the fastest of 16–64 rows × 4–8 warps on the H200.
+BWD_ROWS, BWD_WARPS = 64, 4
 
 
 @triton.jit
@@ -80,52 +72,9 @@ def _fwd_kernel(x, w, y, N, T, C, eps2, W: tl.constexpr, CB: tl.constexpr, BT: t
 
 
 @triton.jit
-def _bwd_kernel(x, w, dy, dx, dw_part, N, T, C, eps2, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
-                BC: tl.constexpr, BW: tl.constexpr, TILES: tl.constexpr, NORM: tl.constexpr):
-    i_p = tl.program_id(0)
-    o_k = tl.arange(0, BT)
-    o_c = tl.program_id(1) * CB + tl.arange(0, BC)
-    m_c = (tl.arange(0, BC) < CB) & (o_c < C)
-    o_w = tl.arange(0, BW)
-    # A tile's rows k < RS are its own; rows RS … BT − 1 are the halo of its shifted terms.
-    RS: tl.constexpr = BT - (W - 1)
-    b_dw = tl.zeros([BW, BC], dtype=tl.float32)
-    for i in range(TILES):
-        rows = (i_p * TILES + i).to(tl.int64) * RS + o_k
-        t = rows % T
-        m_r = rows < N
-        b_p = _preact(x, w, rows, t, m_r, o_c, m_c, C, W, BT, BC)
-        b_sig = tl.sigmoid(b_p)
-        b_dy = _load_rows(dy, rows, m_r, o_c, m_c, C)
-        if NORM:
-            b_u = b_p * b_sig
-            b_ss = tl.sum(b_u * b_u, 1)[:, None]
-            b_r = tl.rsqrt(tl.maximum(b_ss, eps2))
-            b_n = b_u * b_r
-            b_du = b_r * (b_dy - tl.where(b_ss >= eps2, b_n * tl.sum(b_n * b_dy, 1)[:, None], 0.0))
-        else:
-            b_du = b_dy
-        b_dp = b_du * b_sig * (1.0 + b_p * (1.0 - b_sig))
-        # dx[k] = Σ_s w[W − 1 − s] · dp[k + s], the terms of rows past the sequence's end zero.
-        b_dx = b_dp * tl.load(w + o_c * W + (W - 1), mask=m_c, other=0.0).to(tl.float32)[None, :]
-        for s in tl.static_range(1, W):
-            at = tl.minimum(o_k + s, BT - 1)[:, None] + tl.zeros([BT, BC], dtype=tl.int32)
-            b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0.0).to(tl.float32)
-            b_dx += tl.where((t + s < T)[:, None], tl.gather(b_dp, at, 0), 0.0) * b_w[None, :]
-        m_own = m_r & (o_k < RS)
-        tl.store(dx + rows[:, None] * C + o_c[None, :], b_dx.to(dx.dtype.element_ty),
-                 mask=m_own[:, None] & m_c[None, :])
-        b_dp = tl.where(m_own[:, None], b_dp, 0.0)
-        for j in tl.static_range(W):
-            b_x = _load_rows(x, rows - (W - 1 - j), m_r & (t >= W - 1 - j), o_c, m_c, C)
-            b_dw += tl.where(o_w[:, None] == j, tl.sum(b_dp * b_x, 0)[None, :], 0.0)
-    tl.store(dw_part + (i_p * W + o_w[:, None]) * C + o_c[None, :], b_dw, mask=(o_w < W)[:, None] & m_c[None, :])
-
-
-@triton.jit
 def _bwd_dp_kernel(x, w, dy, dp, N, T, C, eps2, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, NORM: tl.constexpr):
-    """Split backward, part 1: dp (fp32) on a tile of rows, from x (the pre-activation again) and dy."""
+    """Backward, part 1: dp (fp32) on a tile of rows, from x (the pre-activation again) and dy."""
     rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     o_c = tl.program_id(1) * CB + tl.arange(0, BC)
     m_r = rows < N
@@ -148,7 +97,7 @@ def _bwd_dp_kernel(x, w, dy, dp, N, T, C, eps2, W: tl.constexpr, CB: tl.constexp
 @triton.jit
 def _bwd_dx_kernel(x, w, dp, dx, dw_part, N, T, C, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BW: tl.constexpr):
-    """Split backward, part 2: dx[t] = Σ_s w[W − 1 − s] · dp[t + s] (zero past the sequence's end) and
+    """Backward, part 2: dx[t] = Σ_s w[W − 1 − s] · dp[t + s] (zero past the sequence's end) and
     this tile's dw[c, j] = Σ_t dp[t] · x[t + j − (W − 1)] as fp32 partial sums, from the stored dp."""
     i_t = tl.program_id(0)
     rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
@@ -216,25 +165,15 @@ def _backward(dy_BTC: torch.Tensor, x_BTC: torch.Tensor, weight_C1W: torch.Tenso
     CB, BC = _channel_block(C, head_dim)
     n_cb = triton.cdiv(C, CB)
     x_BTC, weight_C1W, dy_BTC = x_BTC.contiguous(), weight_C1W.contiguous(), dy_BTC.contiguous()
-    if BACKWARD == "split":
-        n_tiles = triton.cdiv(B * T, SPLIT_ROWS)
-        dp_BTC = torch.empty(B, T, C, device=x_BTC.device, dtype=torch.float32)
-        _bwd_dp_kernel[(n_tiles, n_cb)](
-            x_BTC, weight_C1W, dy_BTC, dp_BTC, B * T, T, C, eps * eps,
-            W=W, CB=CB, BT=SPLIT_ROWS, BC=BC, NORM=head_dim > 0, num_warps=SPLIT_WARPS)
-        dw_part = torch.empty(n_tiles, W, C, device=x_BTC.device, dtype=torch.float32)
-        _bwd_dx_kernel[(n_tiles, n_cb)](
-            x_BTC, weight_C1W, dp_BTC, dx_BTC, dw_part, B * T, T, C,
-            W=W, CB=CB, BT=SPLIT_ROWS, BC=BC, BW=triton.next_power_of_2(W), num_warps=SPLIT_WARPS)
-    else:
-        n_tiles = triton.cdiv(B * T, BWD_ROWS - (W - 1))
-        tiles_per_prog = triton.cdiv(n_tiles, max(1, min(n_tiles, BWD_PROGRAMS // n_cb)))
-        programs = triton.cdiv(n_tiles, tiles_per_prog)
-        dw_part = torch.empty(programs, W, C, device=x_BTC.device, dtype=torch.float32)
-        _bwd_kernel[(programs, n_cb)](
-            x_BTC, weight_C1W, dy_BTC, dx_BTC, dw_part, B * T, T, C, eps * eps,
-            W=W, CB=CB, BT=BWD_ROWS, BC=BC, BW=triton.next_power_of_2(W), TILES=tiles_per_prog,
-            NORM=head_dim > 0, num_warps=BWD_WARPS)
+    n_tiles = triton.cdiv(B * T, BWD_ROWS)
+    dp_BTC = torch.empty(B, T, C, device=x_BTC.device, dtype=torch.float32)
+    _bwd_dp_kernel[(n_tiles, n_cb)](
+        x_BTC, weight_C1W, dy_BTC, dp_BTC, B * T, T, C, eps * eps,
+        W=W, CB=CB, BT=BWD_ROWS, BC=BC, NORM=head_dim > 0, num_warps=BWD_WARPS)
+    dw_part = torch.empty(n_tiles, W, C, device=x_BTC.device, dtype=torch.float32)
+    _bwd_dx_kernel[(n_tiles, n_cb)](
+        x_BTC, weight_C1W, dp_BTC, dx_BTC, dw_part, B * T, T, C,
+        W=W, CB=CB, BT=BWD_ROWS, BC=BC, BW=triton.next_power_of_2(W), num_warps=BWD_WARPS)
     dw_C1W = dw_part.sum(0).t().contiguous().view(C, 1, W).to(weight_C1W.dtype)
     return dx_BTC, dw_C1W
 

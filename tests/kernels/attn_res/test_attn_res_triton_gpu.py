@@ -10,8 +10,8 @@ rounding, ~1.5e-3 RMS in the interpreter). fp32 1e-5 on h and the sources' gradi
 interpreter at this very size (N = 3, fp32) gave 3e-7 on h and 1.5e-6 on dv, as far from a float64
 reference as the fp32 torch path is (the logits here are large, so α's rounding shows). The query's
 and key norm's gradients (fp32 in every case) sum N·M ≈ 98k terms per column, which the kernel adds
-16 rows per program and torch then over the 2,048 programs, the reference pairwise: 1.6e-6 in the
-interpreter (from float64: 1.3e-6, the torch path's 1.4e-6), so the sum's order adds little to the
+a few rows per program and torch then over the programs, the reference pairwise: 1.6e-6 in the
+interpreter (16 rows a program) (from float64: 1.3e-6, the torch path's 1.4e-6), so the sum's order adds little to the
 rows' own rounding; 5e-5 leaves room for the GPU's approximate exp/rsqrt and other reduction orders,
 and a wrong or missing term is O(1) off.
 """

@@ -95,16 +95,17 @@ def case_tiny_heads():
     return compare(2, 20, 32, 4, head_dim=16, seed=7, x=x)
 
 
-def case_several_tiles_per_program():
-    """Backward programs walking 3 row tiles each, the last program past the rows' end (5 tiles over
-    2 programs); sequences straddling tiles; non-power-of-two head width (24)."""
+def case_several_tiles():
+    """Many row tiles, the last one past the rows' end; sequences straddling tiles (dx's shifted dp and
+    dw's shifted x across a tile edge); non-power-of-two head width (24)."""
     from kernels.short_conv import triton as triton_conv
 
-    triton_conv.BWD_PROGRAMS = 4
+    rows = triton_conv.BWD_ROWS
+    triton_conv.BWD_ROWS = 16
     try:
         return compare(2, 150, 48, 4, head_dim=24, seed=8)
     finally:
-        triton_conv.BWD_PROGRAMS = 1024
+        triton_conv.BWD_ROWS = rows
 
 
 def case_non_contiguous_input():
@@ -152,7 +153,7 @@ def results():
 
 
 @pytest.mark.parametrize("case", ["fp32_heads", "fp32_plain", "shorter_than_taps_heads", "shorter_than_taps_plain",
-                                  "tiny_heads", "several_tiles_per_program"])
+                                  "tiny_heads", "several_tiles"])
 def test_fp32_outputs_and_both_gradients(results, case):
     r = results[case]
     assert r["finite"] and r["dtypes"] == ["torch.float32"] * 3, r
