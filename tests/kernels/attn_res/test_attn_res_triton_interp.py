@@ -129,27 +129,13 @@ def _cases() -> dict:
     return cases
 
 
-def _poison_allocations() -> None:
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def nan_empty(*args, **kwargs):
-        x = empty(*args, **kwargs)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    def nan_empty_like(*args, **kwargs):
-        x = empty_like(*args, **kwargs)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    torch.empty, torch.empty_like = nan_empty, nan_empty_like
-
-
 def _main(names: list[str]) -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1")
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kda"))
-    import conftest  # noqa: F401  (the KDA tests' shims for Triton 3.6's interpreter: NumPy ≥ 2.4, bf16 rounding)
+    import conftest  # (the KDA tests' shims for Triton 3.6's interpreter: NumPy ≥ 2.4, bf16 rounding)
 
-    _poison_allocations()
+    conftest.poison_allocations()
     cases = _cases()
     for name in names or list(cases):
         print(json.dumps({"case": name, **cases[name]()}), flush=True)

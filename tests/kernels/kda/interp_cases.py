@@ -16,24 +16,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import conftest  # noqa: E402,F401  (the NumPy ≥ 2.4 shim for the interpreter)
+import conftest  # noqa: E402  (the NumPy ≥ 2.4 shim for the interpreter; poisoned allocations)
 
 from kernels.kda import chunk_kda, kda_decode_step, kda_decode_step_, naive_recurrent_kda  # noqa: E402
 
-_empty, _empty_like = torch.empty, torch.empty_like
-
-
-def _nan_empty(*args, **kwargs):
-    x = _empty(*args, **kwargs)
-    return x.fill_(float("nan")) if x.is_floating_point() else x
-
-
-def _nan_empty_like(*args, **kwargs):
-    x = _empty_like(*args, **kwargs)
-    return x.fill_(float("nan")) if x.is_floating_point() else x
-
-
-torch.empty, torch.empty_like = _nan_empty, _nan_empty_like
+conftest.poison_allocations()
 
 
 def make_inputs(B, T, H, K, V, seed, decay_scale=1.0, dtype=torch.float32):

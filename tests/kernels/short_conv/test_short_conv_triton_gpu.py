@@ -8,33 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from short_conv_references import outputs_and_grads, reference, rel
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
-
-
-def reference(x_BTC, weight_C1W, head_dim, eps=1e-6):
-    from kernels.short_conv.naive import short_conv_silu_taps
-
-    y_BTC, _ = short_conv_silu_taps(x_BTC, weight_C1W, None)
-    if not head_dim:
-        return y_BTC
-    y_BTHK = y_BTC.unflatten(-1, (-1, head_dim))
-    return (y_BTHK * torch.rsqrt((y_BTHK * y_BTHK).sum(-1, keepdim=True).clamp_min(eps * eps))).flatten(-2)
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def outputs_and_grads(fn, x, w, dy):
-    x, w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    y = fn(x, w)
-    y.backward(dy.to(y.dtype))
-    return y.detach(), x.grad, w.grad
 
 
 @pytest.mark.parametrize("shape", [(64, 512, 1024), (1, 65536, 1024), (3, 1000, 256)])

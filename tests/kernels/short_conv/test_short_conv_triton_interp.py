@@ -3,8 +3,9 @@ TRITON_INTERPRET=1.
 
 `triton.jit` picks interpreter or compiler when the kernels are imported, so the cases run in one
 fresh process: this file run as a script (`TRITON_INTERPRET=1 python <this file> [case ...]`) prints
-one JSON line of metrics per case, and each test checks one case's. The reference is
-`short_conv_silu_torch` followed by the torch L2 formula, in float64 with autograd; bf16 inputs are
+one JSON line of metrics per case, and each test checks one case's. The reference
+(`short_conv_references.py`) is naive.py's tap sum followed by the torch L2 formula, in float64 with
+autograd; bf16 inputs are
 compared against it on the same bf16-rounded inputs. Every buffer the kernels allocate starts
 NaN-poisoned, so an element a kernel forgets to write shows up.
 """
@@ -18,32 +19,11 @@ import sys
 
 import pytest
 import torch
+from short_conv_references import outputs_and_grads, reference, rel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 OUTS = ["y", "dx", "dw"]
-
-
-def reference(x_BTC, weight_C1W, head_dim, eps=1e-6):
-    from kernels.short_conv.naive import short_conv_silu_torch
-
-    y_BTC, _ = short_conv_silu_torch(x_BTC, weight_C1W, None)
-    if not head_dim:
-        return y_BTC
-    y_BTHK = y_BTC.unflatten(-1, (-1, head_dim))
-    return (y_BTHK * torch.rsqrt((y_BTHK * y_BTHK).sum(-1, keepdim=True).clamp_min(eps * eps))).flatten(-2)
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def outputs_and_grads(fn, x, w, dy):
-    x, w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    y = fn(x, w)
-    y.backward(dy.to(y.dtype))
-    return y.detach(), x.grad, w.grad
 
 
 def compare(B, T, C, W, head_dim, seed, dtype=torch.float32, w_dtype=torch.float32, x=None):
@@ -211,18 +191,8 @@ if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("run with TRITON_INTERPRET=1")
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kda"))
-    import conftest  # noqa: F401  (the KDA tests' shims for Triton's interpreter: NumPy ≥ 2.4, bf16 casts)
+    import conftest  # (the KDA tests' shims for Triton's interpreter: NumPy ≥ 2.4, bf16 casts)
 
-    _empty, _empty_like = torch.empty, torch.empty_like
-
-    def _nan_empty(*args, **kwargs):
-        x = _empty(*args, **kwargs)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    def _nan_empty_like(*args, **kwargs):
-        x = _empty_like(*args, **kwargs)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-
-    torch.empty, torch.empty_like = _nan_empty, _nan_empty_like
+    conftest.poison_allocations()
     for name in sys.argv[1:] or list(CASES):
         print(json.dumps({"case": name, **CASES[name]()}), flush=True)
