@@ -62,7 +62,7 @@ class AttnRes(nn.Module):
         if sources[0].is_cuda and attn_res_mix_triton is not None and 2 <= len(sources) <= TRITON_MAX_SOURCES:
             # CUDA: one Triton pass each way (kernels/attn_res/triton.py), a custom op that compiled
             # regions keep in their graph; Inductor's kernels for the torch code below read the
-            # sources several times and stored a stacked fp32 copy (~5× the bandwidth floor).
+            # sources several times and store a stacked fp32 copy (~5× the bandwidth floor).
             return attn_res_mix_triton(sources, self.query, self.key_norm.weight, self.key_norm.eps)
         return self._mix_torch(sources)
 

@@ -44,16 +44,15 @@ _LOGGED: set[str] = set()
 MAX_SOURCES = 4  # pointer slots v0..v3
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # One source's tile is [BLOCK_M, BLOCK_D], BLOCK_M·BLOCK_D = ROW_TILE (or BLOCK_D when wider), with
-# 8 values per thread (one 16-byte bf16 vector): at D = 1024, one row and 4 warps. With 4 rows per
-# backward program this was the fastest on the H200 of three shapes (device time at 32,768 rows, N = 3:
-# backward 244 µs against 293 for 2 rows / 8 warps / 16 rows a program; docs/log/gpu.md, session 19).
-# Rows wider than MAX_BLOCK_D take the loop over D chunks.
+# 8 values per thread (one 16-byte bf16 vector): at D = 1024, one row and 4 warps — with 4 rows a
+# backward program, the fastest measured shape on the H200 (docs/log/gpu.md). Rows wider than
+# MAX_BLOCK_D take the loop over D chunks.
 ROW_TILE = 1024
 MAX_BLOCK_D = 4096
 VALUES_PER_THREAD = 8
 # Backward: rows per program. Each program writes one fp32 row of dwq partial sums ([M/4, D]); a fixed
 # count, not one per SM, so that the sum's order does not depend on the GPU's SM count, and many short
-# programs balance the SMs (one row a program, [M, D] of partial sums, was slower: 318 µs).
+# programs balance the SMs (one row a program writes [M, D] of partial sums and is slower).
 BWD_ROWS_PER_PROGRAM = 4
 # Software-pipelining stages of the backward's loop over a program's row blocks (1: none).
 BWD_STAGES = 1

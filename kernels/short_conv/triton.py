@@ -16,10 +16,9 @@ computed in fp32, y in x's dtype. Backward, per row and head (n = y, r = rsqrt(m
 Forward: one pass, each program a tile of rows × one head (or 128 channels): x read once (its W
 shifted row loads hit cache), y written once. Backward: two kernels, one tile per program: dp (the
 pre-activation again, then the norm's and the SiLU's backward) into an fp32 buffer, then dx from dp's
-W shifted rows and each tile's dw as fp32 partial sums, summed on the host. On the H200 this takes
-0.39 ms at (64, 512, 1024) bf16, against 0.54 ms for one kernel that shifted dp inside its tile with
-`tl.gather` (docs/log/gpu.md, session 19). Rows are the flattened B·T rows; a row's t = row mod T
-masks the sequence boundaries.
+W shifted rows and each tile's dw as fp32 partial sums, summed on the host: faster on the H200 than
+shifting dp inside one kernel's tile (docs/log/gpu.md). Rows are the flattened B·T rows; a row's
+t = row mod T masks the sequence boundaries.
 
 `short_conv_silu_triton(x_BTC, weight_C1W, head_dim=0, eps=1e-6) -> y_BTC` is the public function:
 the custom op `k3::short_conv_silu` with autograd (x and the weight), usable inside torch.compile
@@ -37,7 +36,7 @@ MAX_TAPS = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 FWD_ROWS, FWD_WARPS = 64, 4
-# The backward's tiles: 64 rows and 4 warps were the fastest of 16–64 rows × 4–8 warps on the H200.
+# The backward's tiles: 64 rows and 4 warps, the fastest measured on the H200 (docs/log/gpu.md).
 BWD_ROWS, BWD_WARPS = 64, 4
 
 
