@@ -451,7 +451,7 @@ class LatentMoE(nn.Module):
                 f"expert_bias_E is {self.expert_bias_E.dtype}; keep it in fp32 (bias steps of 1e-3 vanish "
                 "in bf16): use autocast for mixed precision rather than module.to(dtype)"
             )
-        if self._load_acc_E.sum() == 0:
+        if self.quantile_method == "exact" and self.cfg.balancing == "quantile" and not self._margins:
             return
         if self.cfg.balancing == "deepseek":
             new_E = self.expert_bias_E + self.cfg.bias_update_rate * torch.sign(
@@ -460,7 +460,11 @@ class LatentMoE(nn.Module):
             # −quantile(m_·j) = b_j − quantile(m_·j + b_j): the quantile is taken of biased margins.
             q = 1.0 - self.cfg.top_k / self.cfg.n_routed
             new_E = self.expert_bias_E - self.margin_quantile(q)
-        self.expert_bias_E.copy_(new_E - new_E.mean())
+        # No training forward since the last call (nothing loaded): the bias stays. Decided on the
+        # device, not with `if sum == 0` on the host: that read waited for the whole step on CUDA,
+        # once per layer, and left the GPU idle while the next step's first kernels were launched.
+        seen = self._load_acc_E.sum() > 0
+        self.expert_bias_E.copy_(torch.where(seen, new_E - new_E.mean(), self.expert_bias_E))
         self._reset_stats()
 
     def margin_quantile(self, q: float) -> torch.Tensor:
