@@ -60,6 +60,8 @@ import torch.nn.functional as F
 
 from k3model.common import RMSNorm, sigmoid_vectorized
 from k3model.config import MoEConfig
+# Training on CUDA: the rows between tokens and experts without atomics (None without triton).
+from kernels.moe_rows import combine_rows, dispatch_rows
 # On the CPU one fused C pass forward and one backward, else the torch formula (kernels/situ_glu).
 from kernels.situ_glu import situ_glu
 
@@ -111,8 +113,8 @@ def sum_per_token(rows_RL: torch.Tensor, token_R: torch.Tensor, M: int, order_R:
     index_add, which adds in row order on the CPU. On CUDA index_add (and Inductor's lowering of it)
     adds with atomics in no fixed order, so a token's sum changes in its last bits from call to call
     and a captured decode step drifts from the eager one: inference there puts the rows back in
-    token-major order and sums each token's K in slot order. Training keeps index_add: the slot-order
-    sum, with autograd's atomic backward, made the small step ~2 % slower on the H200 (docs/log/gpu.md)."""
+    token-major order and sums each token's K in slot order. Training on CUDA does not come here: it
+    sums in slot order in a Triton kernel whose backward has no atomics either (kernels/moe_rows)."""
     if not rows_RL.is_cuda or torch.is_grad_enabled():
         return torch.zeros(M, rows_RL.shape[-1], dtype=rows_RL.dtype, device=rows_RL.device).index_add(
             0, token_R, rows_RL)
@@ -364,9 +366,15 @@ class LatentMoE(nn.Module):
         ids_R = ids_MK.reshape(-1)
         order_R = torch.argsort(ids_R, stable=True)
         token_R = order_R // K
-        weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         counts_E = count_per_expert(ids_R, self.cfg.n_routed)
-        z_RL = self._expert_act(z_ML.index_select(0, token_R))
+        # Training on CUDA moves the rows with the atomic-free Triton ops (kernels/moe_rows): the row of
+        # token m's slot k is inv_MK[m, k]; elsewhere index_select here and index_add in sum_per_token.
+        rows_kernels = z_ML.is_cuda and torch.is_grad_enabled() and dispatch_rows is not None
+        if rows_kernels:
+            inv_MK = torch.empty_like(order_R).scatter_(0, order_R, torch.arange(M * K, device=order_R.device)).view(M, K)
+            z_RL = self._expert_act(dispatch_rows(z_ML, token_R, inv_MK))
+        else:
+            z_RL = self._expert_act(z_ML.index_select(0, token_R))
         # Under torch.compile on the CPU the loop: torch 2.13's fake-tensor rule for _grouped_mm
         # takes bf16 only (the same bits either way).
         grouped = self.grouped_matmuls if self.grouped_matmuls is not None else \
@@ -374,7 +382,9 @@ class LatentMoE(nn.Module):
         experts = _grouped_experts if grouped else _looped_experts
         out_RL = experts(z_RL, counts_E, w_gate_EHL, w_up_EHL, w_down_ELH,
                          lambda g, u: situ_glu(g, u, self.cfg.situ_beta1, self.cfg.situ_beta2), self._expert_act)
-
+        if rows_kernels:
+            return combine_rows(out_RL, p_MK.float(), inv_MK, z_ML.dtype)
+        weight_R1 = p_MK.reshape(-1)[order_R].unsqueeze(-1)
         return sum_per_token(out_RL.float() * weight_R1, token_R, M, order_R).to(z_ML.dtype)
 
     def _dense_experts(self, z_ML, ids_MK, p_MK, w_gate_EHL, w_up_EHL, w_down_ELH) -> torch.Tensor:
