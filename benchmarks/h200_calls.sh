@@ -16,6 +16,7 @@
 #     bash benchmarks/h200_calls.sh glue      # the Triton ShortConv and AttnRes kernels (GPU tests, timings against
 #                                                # Inductor), the compiled-regions tests, then the 512 × 128 and
 #                                                # 65,536 × 1 training steps with their dense peer (issue 22 item 3)
+#     bash benchmarks/h200_calls.sh rows      # the MoE row ops' GPU tests, the 512 × 128 step with its dense peer, its profile
 #     bash benchmarks/h200_calls.sh glue-sweep # their launch shapes swept (benchmarks/probes/glue_sweep.py), then both
 #                                                # training-step rows with the fastest
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
@@ -29,7 +30,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, glue-sweep or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, glue-sweep or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -110,6 +111,20 @@ glue)  # issue 22 item 3: the KDA layer's conv and the AttnRes mix as Triton ker
     timeout $((590 - (SECONDS - T0))) python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py \
         >"$OUT/compiled_tests.log" 2>&1
     elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
+    ;;
+rows)  # the MoE's atomic-free row ops (kernels/moe_rows) and the step without the bias update's host reads:
+    # their GPU tests, the 512 × 128 row with its dense peer, then the profile of that step
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/moe_rows/test_moe_rows_triton_gpu.py \
+        >"$OUT/moe_rows_gpu_tests.log" 2>&1
+    elapsed "moe_rows GPU tests exit $?"; tail -n 12 "$OUT/moe_rows_gpu_tests.log"
+    timeout 300 python3 benchmarks/train_step.py --profile small --lengths 512 --micro-batches 2 \
+        --checkpointing off --compile-regions --reps 3 --out "$OUT/train_step_small_h200_512.json" \
+        >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+        --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --attribute --top 40 \
+        --out "$OUT/profile_step.json" >"$OUT/profile_step.log" 2>&1
+    elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
     ;;
 glue-sweep)  # the glue kernels' launch shapes swept, then both training-step rows with the fastest
     timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
