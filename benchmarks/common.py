@@ -127,6 +127,30 @@ def time_calls(fns, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graph_us(fn, calls: int = 10, replays: int = 20) -> float:
+    """Device µs per call of fn (CUDA): `calls` calls captured in one CUDA graph, replayed `replays`
+    times between two events — the device's time alone, whatever the host's pace."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / (calls * replays)
+
+
 def measure_ceilings(dev, smoke: bool = False) -> dict:
     """A device-to-device copy (bytes read + written) and a large bf16 GEMM, in this run."""
     a = torch.empty(2**29 if not smoke else 2**20, device=dev, dtype=torch.bfloat16).normal_()

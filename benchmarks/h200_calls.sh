@@ -126,14 +126,15 @@ rows)  # the MoE's atomic-free row ops (kernels/moe_rows) and the step without t
         --out "$OUT/profile_step.json" >"$OUT/profile_step.log" 2>&1
     elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
     ;;
-glue-sweep)  # the glue kernels' launch shapes swept, then both training-step rows with the fastest
+glue-sweep)  # the glue kernels' launch shapes swept by device time, then both training-step rows with the fastest
     timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
-        tests/kernels/attn_res/test_attn_res_triton_gpu.py >"$OUT/glue_gpu_tests.log" 2>&1
+        tests/kernels/attn_res/test_attn_res_triton_gpu.py tests/kernels/moe_rows/test_moe_rows_triton_gpu.py \
+        >"$OUT/glue_gpu_tests.log" 2>&1
     elapsed "glue GPU tests exit $?"; tail -n 3 "$OUT/glue_gpu_tests.log"
-    timeout 120 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
+    timeout 200 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
     elapsed "glue sweep exit $?"; best=$(tail -n 1 "$OUT/glue_sweep.log"); echo "fastest: $best"
     case "$best" in kernels.*) ;; *) best="" ;; esac
-    timeout $((480 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+    timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 --kernel-constants "$best" \
         --out "$OUT/train_step_small_h200_glue_sweep.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"

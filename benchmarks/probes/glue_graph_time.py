@@ -17,30 +17,7 @@ import time
 
 import torch
 
-from benchmarks.common import run_header, write_json
-
-
-def graph_us(fn, calls: int = 10, replays: int = 20) -> float:
-    """Device µs per call of fn: `calls` calls captured in one CUDA graph, replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / (calls * replays)
+from benchmarks.common import graph_us, run_header, write_json
 
 
 def host_us(fn, calls: int = 50) -> float:

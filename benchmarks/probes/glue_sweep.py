@@ -1,11 +1,12 @@
-"""Launch shapes of the two Triton glue kernels of the KDA / AttnRes training step, on one GPU: which
-module constants of `kernels/attn_res/triton.py` and `kernels/short_conv/triton.py` give the fastest
-forward + backward at the small profile's training shapes (one micro-batch: 32,768 rows, D = C = 1024,
-bf16). Triton alone (the Inductor peer is `benchmarks/attn_res.py` / `benchmarks/short_conv.py`).
-The GPU is kept busy for a second first (an idle H200 sits at 345 MHz). The last line printed is the
-fastest variants as `benchmarks/train_step.py --kernel-constants` takes them. Caution: these eager
-calls are paced by the host (~0.6–1.1 ms a forward + backward on the H200's host, session 19), so the
-medians hardly see the launch shapes; `glue_graph_time.py` times the device alone.
+"""Launch shapes of the Triton glue kernels of the small profile's training step, on one GPU: which
+module constants of `kernels/attn_res/triton.py`, `kernels/short_conv/triton.py` and
+`kernels/moe_rows/triton.py` give the least device time for a forward + backward at the training
+shapes of one micro-batch (32,768 rows; D = C = 1024; the MoE's 131,072 rows of L = 512, K = 4).
+Each variant's forward and backward run ten times inside one CUDA graph, replayed (the device's time
+alone: the eager calls are paced by the host, ~0.6–1.1 ms a forward + backward on the H200's host,
+which hid the launch shapes in session 19's do_bench sweep). Per module the variants come in groups
+(forward constants, backward constants); the fastest of each group are merged. The last line printed
+is the result as `benchmarks/train_step.py --kernel-constants` takes it.
 
     PYTHONPATH=. python3 benchmarks/probes/glue_sweep.py --out $OUT/glue_sweep.json
 """
@@ -23,13 +24,18 @@ from benchmarks.common import run_header, write_json
 
 ATTN_RES = "kernels.attn_res.triton"
 SHORT_CONV = "kernels.short_conv.triton"
-ATTN_RES_VARIANTS = [
+MOE_ROWS = "kernels.moe_rows.triton"
+# Groups of variants per module; each group's fastest are merged into the module's result.
+ATTN_RES_GROUPS = [[
     {"ROW_TILE": rt, "VALUES_PER_THREAD": vpt, "BWD_ROWS_PER_PROGRAM": rows, "BWD_STAGES": st}
     for rt, vpt in ((1024, 8), (2048, 8))
-    for rows in sorted({rt // 1024, 4, 16}) for st in (1, 2)
+    for rows in sorted({rt // 1024, 4, 16}) for st in (1,)
+]]
+SHORT_CONV_GROUPS = [
+    [{"BWD_ROWS": r, "BWD_WARPS": w} for r in (16, 32, 64, 128) for w in (4, 8)],
+    [{"FWD_ROWS": r, "FWD_WARPS": w} for r in (32, 64, 128) for w in (4, 8)],
 ]
-SHORT_CONV_VARIANTS = [{"BWD_ROWS": r, "BWD_WARPS": w} for r in (16, 32, 64) for w in (4, 8)] + [
-    {"FWD_ROWS": r, "FWD_WARPS": w} for r, w in ((16, 4), (32, 4), (32, 8), (64, 8))]
+MOE_ROWS_GROUPS = [[{"ROW_TILE": rt, "NUM_WARPS": w} for rt in (2048, 4096, 8192) for w in (4, 8)]]
 
 
 def set_constants(module_name: str, constants: dict) -> dict:
@@ -49,19 +55,20 @@ def spin(seconds: float = 1.0) -> None:
 
 
 def time_variants(module_name, variants, cases, quick=False) -> list[dict]:
-    from triton.testing import do_bench
+    """Device µs of each case (a function of device work) under each variant's constants."""
+    from benchmarks.common import graph_us
 
-    if quick:  # once each, untimed: the CPU smoke under TRITON_INTERPRET=1
-        do_bench = lambda fn, **kw: (fn(), 0.0)[1]  # noqa: E731
     rows = []
     for constants in variants:
         before = set_constants(module_name, constants)
         row = {"constants": constants, "us": {}}
         try:
-            for label, make in cases.items():
-                fn = make()
-                fn()
-                row["us"][label] = round(1e3 * do_bench(fn, warmup=25, rep=100, return_mode="median"), 1)
+            for label, fn in cases.items():
+                if quick:  # once each, untimed: the CPU smoke under TRITON_INTERPRET=1
+                    fn()
+                    row["us"][label] = 0.0
+                else:
+                    row["us"][label] = round(graph_us(fn), 1)
             row["total_us"] = round(sum(row["us"].values()), 1)
         except Exception as e:  # a launch shape that does not compile: record it, keep sweeping
             row["error"] = repr(e)[:300]
@@ -69,6 +76,11 @@ def time_variants(module_name, variants, cases, quick=False) -> list[dict]:
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def fastest(rows: list[dict]) -> dict:
+    ok = [r for r in rows if "total_us" in r]
+    return min(ok, key=lambda r: r["total_us"])["constants"] if ok else {}
 
 
 def main() -> int:
@@ -82,44 +94,52 @@ def main() -> int:
         from benchmarks.common import ROOT
         sys.path.insert(0, os.path.join(ROOT, "tests", "kernels", "kda"))
         import conftest  # noqa: F401  (the interpreter's shims)
-    from kernels.attn_res.triton import attn_res_mix_triton
-    from kernels.short_conv.triton import short_conv_silu_triton
+    import kernels.attn_res.triton as ar
+    import kernels.moe_rows.triton as mr
+    import kernels.short_conv.triton as sc
 
     dev = "cpu" if args.quick else "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
-    M, D, B, T, HD = (64, 64, 2, 32, 32) if args.quick else (32768, 1024, 64, 512, 128)
+    M, D, B, T, HD, L, K = (64, 64, 2, 32, 32, 64, 4) if args.quick else (32768, 1024, 64, 512, 128, 512, 4)
 
     def attn_case(N):
-        def make():
-            src = [(torch.randn(M, D, device=dev, generator=gen) * (1 + i)).to(torch.bfloat16).requires_grad_()
-                   for i in range(N)]
-            src[0] = src[0].detach().float().requires_grad_()  # the embedding source is fp32 in the model
-            q = (0.5 * torch.randn(D, device=dev, generator=gen)).requires_grad_()
-            kw = (0.5 + torch.rand(D, device=dev, generator=gen)).requires_grad_()
-            dh = torch.randn(M, D, device=dev, generator=gen)
-            return lambda: torch.autograd.grad(attn_res_mix_triton(src, q, kw, 1e-6), src + [q, kw], dh)
-        return make
+        src = [torch.randn(M, D, device=dev, generator=gen).float()] + [  # the embedding source is fp32
+            (torch.randn(M, D, device=dev, generator=gen) * 2).to(torch.bfloat16) for _ in range(N - 1)]
+        wq = (0.5 * torch.randn(D, device=dev, generator=gen)) * (0.5 + torch.rand(D, device=dev, generator=gen))
+        dh = torch.randn(M, D, device=dev, generator=gen)
+        return lambda: (ar.attn_res_forward(src, wq, 1e-6), ar.attn_res_backward(dh, src, wq, 1e-6))
 
     def conv_case(head_dim):
-        def make():
-            x = torch.randn(B, T, D, device=dev, generator=gen).to(torch.bfloat16).requires_grad_()
-            w = (torch.randn(D, 1, 4, device=dev, generator=gen) * 0.5).requires_grad_()
-            dy = torch.randn(B, T, D, device=dev, generator=gen).to(torch.bfloat16)
-            return lambda: torch.autograd.grad(short_conv_silu_triton(x, w, head_dim), (x, w), dy)
-        return make
+        x = torch.randn(B, T, D, device=dev, generator=gen).to(torch.bfloat16)
+        w = torch.randn(D, 1, 4, device=dev, generator=gen) * 0.5
+        dy = torch.randn(B, T, D, device=dev, generator=gen).to(torch.bfloat16)
+        return lambda: (sc._forward(x, w, head_dim, 1e-6), sc._backward(dy, x, w, head_dim, 1e-6))
 
-    report = {"env": run_header(), "shape": {"rows": M, "width": D}, "timing": "do_bench median, fwd+bwd, us"}
+    def rows_case():
+        order = torch.randint(0, 32, (M * K,), device=dev, generator=gen).argsort(stable=True)
+        inv = torch.empty_like(order).scatter_(0, order, torch.arange(M * K, device=dev)).view(M, K)
+        y = torch.randn(M * K, L, device=dev, generator=gen).to(torch.bfloat16)
+        p = torch.rand(M, K, device=dev, generator=gen)
+        du = torch.randn(M, L, device=dev, generator=gen).to(torch.bfloat16)
+        return lambda: (mr._gather_sum(y, inv, None, y.dtype), mr._gather_sum(y, inv, p, y.dtype),
+                        mr.combine_backward(du, y, p, inv))
+
+    report = {"env": run_header(), "shape": {"rows": M, "width": D, "moe_latent": L, "top_k": K},
+              "timing": "device us of forward + backward, CUDA-graph replay"}
     if not args.quick:
         spin()
-    attn_variants = ATTN_RES_VARIANTS[:2] if args.quick else ATTN_RES_VARIANTS
-    report["attn_res"] = time_variants(ATTN_RES, attn_variants, {"N2": attn_case(2), "N3": attn_case(3)}, args.quick)
-    write_json(args.out, report)
-    report["short_conv"] = time_variants(SHORT_CONV, SHORT_CONV_VARIANTS, {"l2": conv_case(HD), "plain": conv_case(0)},
-                                         args.quick)
     best = {}
-    for key, module_name in (("attn_res", ATTN_RES), ("short_conv", SHORT_CONV)):
-        ok = [r for r in report[key] if "total_us" in r]
-        best[module_name] = min(ok, key=lambda r: r["total_us"])["constants"] if ok else {}
+    for key, module_name, groups, cases in (
+            ("attn_res", ATTN_RES, ATTN_RES_GROUPS, {"N2": attn_case(2), "N3": attn_case(3)}),
+            ("short_conv", SHORT_CONV, SHORT_CONV_GROUPS, {"l2": conv_case(HD), "plain": conv_case(0)}),
+            ("moe_rows", MOE_ROWS, MOE_ROWS_GROUPS, {"dispatch_bwd+combine": rows_case()})):
+        report[key] = []
+        best[module_name] = {}
+        for group in groups:
+            rows = time_variants(module_name, group[:2] if args.quick else group, cases, args.quick)
+            report[key] += rows
+            best[module_name].update(fastest(rows))
+        write_json(args.out, report)
     report["best"] = best
     write_json(args.out, report)
     print(";".join(f"{m}:" + ",".join(f"{k}={v}" for k, v in c.items()) for m, c in best.items() if c))
