@@ -17,6 +17,7 @@
 #                                                # Inductor), the compiled-regions tests, then the 512 × 128 and
 #                                                # 65,536 × 1 training steps with their dense peer (issue 22 item 3)
 #     bash benchmarks/h200_calls.sh rows      # the MoE row ops' GPU tests, the 512 × 128 step with its dense peer, its profile
+#     bash benchmarks/h200_calls.sh step-both # the compiled-regions GPU tests, both training-step rows and the dense peer
 #     bash benchmarks/h200_calls.sh glue-sweep # their launch shapes swept (benchmarks/probes/glue_sweep.py), then both
 #                                                # training-step rows with the fastest
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
@@ -30,7 +31,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, glue-sweep or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, glue-sweep or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -137,6 +138,14 @@ glue-sweep)  # the glue kernels' launch shapes swept by device time, then both t
     timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 --kernel-constants "$best" \
         --out "$OUT/train_step_small_h200_glue_sweep.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    ;;
+step-both)  # the compiled-regions GPU tests, then both training-step rows with their dense peer, one run
+    timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
+    elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
+    timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+        --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 \
+        --out "$OUT/train_step_small_h200_both.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
