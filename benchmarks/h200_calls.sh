@@ -141,7 +141,7 @@ glue-sweep)  # the glue kernels' launch shapes swept by device time, then both t
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
     ;;
 step-both)  # the compiled-regions GPU tests, then both training-step rows with their dense peer, one run
-    timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
+    timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
     elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
     timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 \
