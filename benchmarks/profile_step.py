@@ -13,7 +13,8 @@ decided issue 17's changes (docs/log/tiny.md).
 
 `--attribute` adds the device time per module kind, forward and backward, inside the real step
 (compiled regions included): each module kind's eager call opens a profiler range, and a chrome
-trace of the step is parsed (see `attribute`). `--checkpointing` and `--micro-batches` set the step
+trace of the step is parsed (see `attribute`), and where the device sat idle in the step (gaps between
+kernels by size, and whether the host launched the next kernel late: `device_idle`). `--checkpointing` and `--micro-batches` set the step
 as benchmarks/train_step.py does:
 
     PYTHONPATH=. python3 benchmarks/profile_step.py --compile-regions --checkpointing off --micro-batches 2 \
@@ -176,6 +177,46 @@ def attribute(trace_path: str) -> dict:
     return dict(sorted(table.items(), key=lambda kv: -kv[1]))
 
 
+GAP_BUCKETS_US = (5, 20, 100, 1000)
+
+
+def device_idle(events: list[dict], top: int = 12) -> dict:
+    """Where the device had nothing to run, from a chrome trace's complete ("X") events: the span from
+    the first device activity (kernel, memcpy, memset) to the last, the time none ran, the idle gaps by
+    size, and the largest gaps with the kernels around them and whether the host launched the next one
+    late (its launch call began after the device had gone idle: the host set the pace there) or in time
+    (the gap is the device's own launch latency between dependent kernels)."""
+    work = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    if not work:
+        return {}
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    buckets = {f"<{b}us": [0, 0.0] for b in GAP_BUCKETS_US}
+    buckets[f">={GAP_BUCKETS_US[-1]}us"] = [0, 0.0]
+    gaps, busy_end, late_us = [], work[0]["ts"], 0.0
+    for e in work:
+        gap = e["ts"] - busy_end
+        if gap > 0:
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            late = launch is not None and launch["ts"] > busy_end
+            late_us += gap if late else 0.0
+            key = next((f"<{b}us" for b in GAP_BUCKETS_US if gap < b), f">={GAP_BUCKETS_US[-1]}us")
+            buckets[key][0] += 1
+            buckets[key][1] += gap / 1e3
+            gaps.append((gap, late, e["name"][:80], busy_end))
+        busy_end = max(busy_end, e["ts"] + e["dur"])
+    span_us = busy_end - work[0]["ts"]
+    idle_us = sum(g[0] for g in gaps)
+    largest = sorted(gaps, reverse=True)[:top]
+    return {
+        "span_ms": span_us / 1e3, "busy_ms": (span_us - idle_us) / 1e3, "idle_ms": idle_us / 1e3,
+        "idle_host_late_ms": late_us / 1e3, "gaps": len(gaps),
+        "gaps_by_size": {k: {"count": n, "ms": round(ms, 3)} for k, (n, ms) in buckets.items()},
+        "largest_gaps": [{"us": round(g, 1), "host_late": late, "next_kernel": name,
+                          "at_ms": round((at - work[0]["ts"]) / 1e3, 3)} for g, late, name, at in largest],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="small")
@@ -185,6 +226,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--by-module", action="store_true", help="also time each module kind in isolation")
     ap.add_argument("--compile-regions", action="store_true", help="k3model.compiled.compile_regions first")
+    ap.add_argument("--compile-mode", default=None,
+                    help="torch.compile mode of the compiled regions, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--trace", default=None, help="also write a chrome trace of the profiled step here")
     ap.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
                     help="activation checkpointing of every layer: the profile's setting, or on / off")
@@ -203,7 +246,7 @@ def main() -> None:
     if args.compile_regions:
         from k3model.compiled import compile_regions
 
-        compile_regions(model, dynamic=True)
+        compile_regions(model, dynamic=True, **({"mode": args.compile_mode} if args.compile_mode else {}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     ids = torch.randint(0, cfg.vocab_size, (max(args.tokens // args.seq_len, 1), args.seq_len), device=device)
 
@@ -245,13 +288,15 @@ def main() -> None:
         "kernel_launches": sum(e.count for e in events if getattr(e, dev_attr) > 0 and e.device_type.name == "CUDA"),
         "top_by_device_time": rows(dev_attr),
         "top_by_host_time": rows("self_cpu_time_total"),
-        "compiled_regions": args.compile_regions,
+        "compiled_regions": args.compile_regions, "compile_mode": args.compile_mode,
         "activation_checkpointing": cfg.activation_checkpointing, "micro_batches": args.micro_batches,
     }
     if device == "cuda":
         res.update(kernel_breakdown(events))
     if args.attribute:
         res["device_ms_by_module"] = attribute(trace)
+        with open(trace) as f:
+            res["device_idle"] = device_idle([e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"])
         if not args.trace:
             os.remove(trace)
     if args.by_module:
@@ -266,6 +311,10 @@ def main() -> None:
         print(f"  {kind:28s} {r['ms']:8.1f} ms {r['launches']:6d} launches")
     if "host_synchronisations" in res:
         print("  host syncs:", res["host_synchronisations"], "launch host ms:", round(res["launch_calls_host_ms"], 1))
+    idle = res.get("device_idle")
+    if idle:
+        print(f"device idle {idle['idle_ms']:.1f} ms of a {idle['span_ms']:.1f} ms span ({idle['gaps']} gaps; "
+              f"{idle['idle_host_late_ms']:.1f} ms where the host launched late):", idle["gaps_by_size"])
     print("host:")
     for r in res["top_by_host_time"][:12]:
         print(f"  {r['self_ms']:9.1f} ms {r['calls']:6d}x  {r['op'][:90]}")

@@ -113,6 +113,9 @@ def k3_train_step(model: K3Model, opt: torch.optim.Optimizer, ids: torch.Tensor,
     optimizer step, then each MoE layer's balancing-bias update. With `micro_batches` > 1 the batch's
     rows in that many equal parts, each part's mean loss / micro_batches backpropagated in turn (the
     same gradient as one backward of the whole batch's mean, up to rounding)."""
+    # A new iteration for CUDA graph trees (compile mode "reduce-overhead"): the last step's graph
+    # outputs may be overwritten. A counter bump otherwise.
+    torch.compiler.cudagraph_mark_step_begin()
     opt.zero_grad(set_to_none=True)
     for part in ids.chunk(micro_batches):
         with autocast():
@@ -236,7 +239,7 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
           compiled_regions: bool = False, dense: bool = True, checkpointing=None,
-          micro_batches=1, kernel_constants=None) -> dict:
+          micro_batches=1, kernel_constants=None, compile_mode: str | None = None) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished. `checkpointing` (None: the profile's
     setting) and `micro_batches` are one value for every length or a list, one per length."""
@@ -249,7 +252,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         (lambda: torch.autocast("cpu", enabled=False))
     profile_cfg = replace(get_profile(profile).model, vision=None, mtp_depth=0)
     results = {"profile": profile, "device": device, "rows": [], "compiled_glue": compiled_glue,
-               "compiled_regions": compiled_regions, "inductor_tuning": _inductor_tuning(),
+               "compiled_regions": compiled_regions, "compile_mode": compile_mode, "inductor_tuning": _inductor_tuning(),
                "kernel_constants": kernel_constants or {},
                "moe_expert_matmuls": moe, "threads": torch.get_num_threads(),
                "load_avg_1min_start": os.getloadavg()[0]}
@@ -273,7 +276,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         if compiled_regions:
             from k3model.compiled import compile_regions
 
-            compile_regions(model, dynamic=True)
+            compile_regions(model, dynamic=True, **({"mode": compile_mode} if compile_mode else {}))
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -359,6 +362,8 @@ def main() -> None:
                         help="expert matmuls: grouped GEMM or a loop over experts (auto: grouped on CUDA)")
     parser.add_argument("--compile-regions", action="store_true",
                         help="k3model.compiled.compile_regions: the model's modules compiled regionally")
+    parser.add_argument("--compile-mode", default=None,
+                        help="torch.compile mode of the compiled regions, e.g. reduce-overhead (CUDA graphs)")
     parser.add_argument("--no-dense", action="store_true", help="time the K3 model only")
     parser.add_argument("--compile-glue", action="store_true",
                         help="torch.compile RMSNorm, AttnRes and SiTU-GLU first (see compile_glue)")
@@ -388,7 +393,8 @@ def main() -> None:
     bench(profile, lengths, args.tokens_per_step or stages[-1].seq_len, args.warmup, args.reps, args.out,
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
           dense=not args.no_dense, checkpointing=_per_length_arg(args.checkpointing, lengths, _CHECKPOINTING),
-          micro_batches=_per_length_arg(args.micro_batches, lengths, int), kernel_constants=kernel_constants)
+          micro_batches=_per_length_arg(args.micro_batches, lengths, int), kernel_constants=kernel_constants,
+          compile_mode=args.compile_mode)
     print(f"wrote {args.out}")
 
 
