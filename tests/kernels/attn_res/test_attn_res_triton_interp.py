@@ -9,21 +9,17 @@ The kernel cases run in one fresh interpreter process, this file run as a script
 interpreter or compiler when the kernels are imported, so the test session cannot have imported them
 first); each case prints one JSON line of relative RMS errors ‖a − b‖ / ‖b‖. Every buffer the op
 allocates starts NaN-poisoned, so an element a kernel forgets to write shows up.
-    TRITON_INTERPRET=1 python tests/kernels/attn_res/test_attn_res_triton_interp.py [case ...]
+    TRITON_INTERPRET=1 PYTHONPATH=. python tests/kernels/attn_res/test_attn_res_triton_interp.py [case ...]
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+from tests.kernels.interp_script import run_cases, script_results
 NAMES = ["h", "dv0", "dv1", "dv2", "dv3", "dquery", "dkey_weight"]
 
 # Module constants of kernels/attn_res/triton.py per case. "small": at D = 48 and 64, 4-row blocks,
@@ -129,30 +125,12 @@ def _cases() -> dict:
     return cases
 
 
-def _main(names: list[str]) -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("run with TRITON_INTERPRET=1")
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kda"))
-    import conftest  # (the KDA tests' shims for Triton 3.6's interpreter: NumPy ≥ 2.4, bf16 rounding)
-
-    conftest.poison_allocations()
-    cases = _cases()
-    for name in names or list(cases):
-        print(json.dumps({"case": name, **cases[name]()}), flush=True)
-
-
 # ---- the tests --------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter cases failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    return script_results(__file__)
 
 
 @pytest.mark.parametrize("N", [2, 3, 4])
@@ -230,4 +208,4 @@ def test_cpu_sources_keep_the_c_and_torch_paths(monkeypatch):
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    run_cases(_cases(), sys.argv[1:])

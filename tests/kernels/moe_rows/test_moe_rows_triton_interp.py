@@ -9,21 +9,18 @@ The kernel cases run in one fresh interpreter process, this file run as a script
 interpreter or compiler when the kernels are imported); each prints one JSON line of relative RMS
 errors ‖a − b‖ / ‖b‖. Every buffer the ops allocate starts NaN-poisoned, so an element a kernel
 forgets to write shows up.
-    TRITON_INTERPRET=1 python tests/kernels/moe_rows/test_moe_rows_triton_interp.py [case ...]
+    TRITON_INTERPRET=1 PYTHONPATH=. python tests/kernels/moe_rows/test_moe_rows_triton_interp.py [case ...]
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+from tests.kernels.interp_script import run_cases, script_results
+
 NAMES = ["z_R", "dz", "u", "dy", "dp"]
 # Module constants of kernels/moe_rows/triton.py per case; "chunked": 16-wide chunks of L = 48 (3 a
 # row), 4 tokens a program (10 programs over 37 tokens, the last of one token).
@@ -102,31 +99,12 @@ def _cases() -> dict:
     return cases
 
 
-def _main(names: list[str]) -> None:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("run with TRITON_INTERPRET=1")
-    sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kda"))
-    import conftest  # (the KDA tests' shims for Triton 3.6's interpreter: NumPy ≥ 2.4, bf16 rounding)
-
-    conftest.poison_allocations()
-    cases = _cases()
-    for name in names or list(cases):
-        print(json.dumps({"case": name, **cases[name]()}), flush=True)
-
-
 # ---- the tests --------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter cases failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    return script_results(__file__)
 
 
 @pytest.mark.parametrize("K", [1, 4, 6])
@@ -176,4 +154,4 @@ def test_bad_inputs_raise_value_errors_that_say_what_to_change(monkeypatch):
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    run_cases(_cases(), sys.argv[1:])

@@ -2,7 +2,7 @@
 TRITON_INTERPRET=1.
 
 `triton.jit` picks interpreter or compiler when the kernels are imported, so the cases run in one
-fresh process: this file run as a script (`TRITON_INTERPRET=1 python <this file> [case ...]`) prints
+fresh process: this file run as a script (`TRITON_INTERPRET=1 PYTHONPATH=. python <this file> [case ...]`) prints
 one JSON line of metrics per case, and each test checks one case's. The reference
 (`short_conv_references.py`) is naive.py's tap sum followed by the torch L2 formula, in float64 with
 autograd; bf16 inputs are
@@ -12,17 +12,13 @@ NaN-poisoned, so an element a kernel forgets to write shows up.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
 from short_conv_references import outputs_and_grads, reference, rel
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+from tests.kernels.interp_script import run_cases, script_results
 OUTS = ["y", "dx", "dw"]
 
 
@@ -123,13 +119,7 @@ CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case
 
 @pytest.fixture(scope="module")
 def results():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter cases failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return {r["case"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    return script_results(__file__)
 
 
 @pytest.mark.parametrize("case", ["fp32_heads", "fp32_plain", "shorter_than_taps_heads", "shorter_than_taps_plain",
@@ -188,11 +178,4 @@ def test_cpu_tensors_keep_their_paths_and_the_l2_form_falls_back_to_torch():
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("run with TRITON_INTERPRET=1")
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "kda"))
-    import conftest  # (the KDA tests' shims for Triton's interpreter: NumPy ≥ 2.4, bf16 casts)
-
-    conftest.poison_allocations()
-    for name in sys.argv[1:] or list(CASES):
-        print(json.dumps({"case": name, **CASES[name]()}), flush=True)
+    run_cases(CASES, sys.argv[1:])
