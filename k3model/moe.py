@@ -357,7 +357,8 @@ class LatentMoE(nn.Module):
 
     def routed_experts(self, z_ML: torch.Tensor, ids_MK: torch.Tensor, p_MK: torch.Tensor) -> torch.Tensor:
         """u_ML = Σ_{j∈I_m} p_mj E_j(z_m): tokens sorted by expert, the experts' matmuls over their
-        contiguous row ranges, then each token's K outputs summed back (index_add on the CPU)."""
+        contiguous row ranges, then each token's K outputs summed back (index_add on the CPU, slot order
+        in CUDA inference, kernels/moe_rows' Triton ops in CUDA training)."""
         M, K = ids_MK.shape
         w_gate_EHL, w_up_EHL, w_down_ELH = self._expert_weights()
         E = self.cfg.n_routed
