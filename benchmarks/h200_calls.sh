@@ -18,6 +18,8 @@
 #                                                # 65,536 × 1 training steps with their dense peer (issue 22 item 3)
 #     bash benchmarks/h200_calls.sh rows      # the MoE row ops' GPU tests, the 512 × 128 step with its dense peer, its profile
 #     bash benchmarks/h200_calls.sh step-both # the compiled-regions GPU tests, both training-step rows and the dense peer
+#     bash benchmarks/h200_calls.sh idle      # the 512 × 128 step's idle device time, regions as they are and as CUDA graphs
+#     bash benchmarks/h200_calls.sh cudagraphs # both training-step rows with the regions under CUDA graph trees
 #     bash benchmarks/h200_calls.sh glue-sweep # their launch shapes swept (benchmarks/probes/glue_sweep.py), then both
 #                                                # training-step rows with the fastest
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
@@ -31,7 +33,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, glue-sweep or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -147,6 +149,23 @@ step-both)  # the compiled-regions GPU tests, then both training-step rows with 
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 \
         --out "$OUT/train_step_small_h200_both.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    ;;
+idle)  # where the 512 × 128 step's device sits idle (profile_step's device_idle), with the compiled regions as
+    # they are and then under CUDA graph trees (compile mode reduce-overhead); never run yet
+    for mode in default reduce-overhead; do
+        end=$([ $mode = default ] && echo 290 || echo 585)
+        timeout $((end - (SECONDS - T0))) python3 benchmarks/profile_step.py \
+            --profile small --seq-len 512 --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 \
+            --attribute --top 40 $([ $mode = default ] || echo --compile-mode $mode) \
+            --out "$OUT/profile_step_$mode.json" >"$OUT/profile_step_$mode.log" 2>&1
+        elapsed "profile_step $mode exit $?"; grep -A3 "device idle" "$OUT/profile_step_$mode.log"
+    done
+    ;;
+cudagraphs)  # both training-step rows with the dense peer, the compiled regions under CUDA graph trees; never run yet
+    timeout 585 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+        --checkpointing off,profile --compile-regions --compile-mode reduce-overhead --reps 3 \
+        --out "$OUT/train_step_small_h200_cudagraphs.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"; grep -i "skipping cudagraphs" "$OUT/train_step.log" | sort | uniq -c | head
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3
