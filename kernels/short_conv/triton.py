@@ -18,7 +18,11 @@ shifted row loads hit cache), y written once. Backward: two kernels, one tile pe
 pre-activation again, then the norm's and the SiLU's backward) into an fp32 buffer, then dx from dp's
 W shifted rows and each tile's dw as fp32 partial sums, summed on the host: faster on the H200 than
 shifting dp inside one kernel's tile (docs/log/gpu.md). Rows are the flattened B·T rows; a row's
-t = row mod T masks the sequence boundaries.
+t = row mod T masks the sequence boundaries. Addresses: one int64 base per tile and int32 offsets in
+it, with the width C a compile-time constant (one compile per width), so that the W shifted loads
+share one offset tensor and differ by constants: with int64 row indices every shifted load held its own
+64-bit addresses, and the backward at 64 rows / 4 warps spilled ~2.4 KB a thread (ptxas for sm_90,
+`benchmarks/probes/kernel_registers.py`).
 
 `short_conv_silu_triton(x_BTC, weight_C1W, head_dim=0, eps=1e-6) -> y_BTC` is the public function:
 the custom op `k3::short_conv_silu` with autograd (x and the weight), usable inside torch.compile
@@ -36,51 +40,61 @@ MAX_TAPS = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 FWD_ROWS, FWD_WARPS = 64, 4
-# The backward's tiles: 64 rows and 4 warps, the fastest measured on the H200 (docs/log/gpu.md).
+# The backward's tiles: 64 rows and 4 warps, the fastest measured on the H200 (docs/log/gpu.md) with
+# int64 row addresses; not yet re-timed with the int32 tile offsets, which spill less at every shape.
 BWD_ROWS, BWD_WARPS = 64, 4
 
 
 @triton.jit
-def _load_rows(ptr, rows, m_r, o_c, m_c, C):
-    """ptr[rows, o_c] of a [N, C] tensor as fp32, zero where masked."""
-    return tl.load(ptr + rows[:, None] * C + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
+def _load_rows(ptr, r, m_r, o_c, m_c, C: tl.constexpr):
+    """ptr[r, o_c] as fp32, zero where masked: ptr at the tile's first row, r the tile's row indices (int32,
+    so that the W shifted loads share one offset tensor and differ by a constant)."""
+    return tl.load(ptr + r[:, None] * C + o_c[None, :], mask=m_r[:, None] & m_c[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _preact(x, w, rows, t, m_r, o_c, m_c, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """p = Σ_j w[c, j] · x[row − (W − 1 − j), c], zero before each sequence's first row."""
+def _preact(x, w, r, t, m_r, o_c, m_c, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """p = Σ_j w[c, j] · x[row − (W − 1 − j), c], zero before each sequence's first row (x at the tile)."""
     b_p = tl.zeros([BT, BC], dtype=tl.float32)
     for j in tl.static_range(W):
         b_w = tl.load(w + o_c * W + j, mask=m_c, other=0.0).to(tl.float32)
-        b_p += _load_rows(x, rows - (W - 1 - j), m_r & (t >= W - 1 - j), o_c, m_c, C) * b_w[None, :]
+        b_p += _load_rows(x, r - (W - 1 - j), m_r & (t >= W - 1 - j), o_c, m_c, C) * b_w[None, :]
     return b_p
 
 
 @triton.jit
-def _fwd_kernel(x, w, y, N, T, C, eps2, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                NORM: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
-    o_c = tl.program_id(1) * CB + tl.arange(0, BC)
-    m_r = rows < N
-    m_c = (tl.arange(0, BC) < CB) & (o_c < C)
-    b_p = _preact(x, w, rows, rows % T, m_r, o_c, m_c, C, W, BT, BC)
-    b_u = b_p * tl.sigmoid(b_p)
-    if NORM:
-        b_u = b_u * tl.rsqrt(tl.maximum(tl.sum(b_u * b_u, 1), eps2))[:, None]
-    tl.store(y + rows[:, None] * C + o_c[None, :], b_u.to(y.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
+def _tile(N, T, BT: tl.constexpr):
+    """This program's first row (int64), its rows' indices in the tile (int32), which of them exist, and
+    each one's position t in its sequence (int32)."""
+    row0 = tl.program_id(0).to(tl.int64) * BT
+    r = tl.arange(0, BT)
+    return row0, r, r < N - row0, ((row0 % T).to(tl.int32) + r) % T
 
 
 @triton.jit
-def _bwd_dp_kernel(x, w, dy, dp, N, T, C, eps2, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
-                   BC: tl.constexpr, NORM: tl.constexpr):
-    """Backward, part 1: dp (fp32) on a tile of rows, from x (the pre-activation again) and dy."""
-    rows = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+def _fwd_kernel(x, w, y, N, T, C: tl.constexpr, eps2, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
+                BC: tl.constexpr, NORM: tl.constexpr):
+    row0, r, m_r, t = _tile(N, T, BT)
     o_c = tl.program_id(1) * CB + tl.arange(0, BC)
-    m_r = rows < N
     m_c = (tl.arange(0, BC) < CB) & (o_c < C)
-    b_p = _preact(x, w, rows, rows % T, m_r, o_c, m_c, C, W, BT, BC)
+    b_p = _preact(x + row0 * C, w, r, t, m_r, o_c, m_c, C, W, BT, BC)
+    b_u = b_p * tl.sigmoid(b_p)
+    if NORM:
+        b_u = b_u * tl.rsqrt(tl.maximum(tl.sum(b_u * b_u, 1), eps2))[:, None]
+    tl.store(y + row0 * C + r[:, None] * C + o_c[None, :], b_u.to(y.dtype.element_ty),
+             mask=m_r[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _bwd_dp_kernel(x, w, dy, dp, N, T, C: tl.constexpr, eps2, W: tl.constexpr, CB: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr, NORM: tl.constexpr):
+    """Backward, part 1: dp (fp32) on a tile of rows, from x (the pre-activation again) and dy."""
+    row0, r, m_r, t = _tile(N, T, BT)
+    o_c = tl.program_id(1) * CB + tl.arange(0, BC)
+    m_c = (tl.arange(0, BC) < CB) & (o_c < C)
+    b_p = _preact(x + row0 * C, w, r, t, m_r, o_c, m_c, C, W, BT, BC)
     b_sig = tl.sigmoid(b_p)
-    b_dy = _load_rows(dy, rows, m_r, o_c, m_c, C)
+    b_dy = _load_rows(dy + row0 * C, r, m_r, o_c, m_c, C)
     if NORM:
         b_u = b_p * b_sig
         b_ss = tl.sum(b_u * b_u, 1)[:, None]
@@ -90,32 +104,32 @@ def _bwd_dp_kernel(x, w, dy, dp, N, T, C, eps2, W: tl.constexpr, CB: tl.constexp
     else:
         b_du = b_dy
     b_dp = b_du * b_sig * (1.0 + b_p * (1.0 - b_sig))
-    tl.store(dp + rows[:, None] * C + o_c[None, :], b_dp, mask=m_r[:, None] & m_c[None, :])
+    tl.store(dp + row0 * C + r[:, None] * C + o_c[None, :], b_dp, mask=m_r[:, None] & m_c[None, :])
 
 
 @triton.jit
-def _bwd_dx_kernel(x, w, dp, dx, dw_part, N, T, C, W: tl.constexpr, CB: tl.constexpr, BT: tl.constexpr,
-                   BC: tl.constexpr, BW: tl.constexpr):
+def _bwd_dx_kernel(x, w, dp, dx, dw_part, N, T, C: tl.constexpr, W: tl.constexpr, CB: tl.constexpr,
+                   BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr):
     """Backward, part 2: dx[t] = Σ_s w[W − 1 − s] · dp[t + s] (zero past the sequence's end) and
     this tile's dw[c, j] = Σ_t dp[t] · x[t + j − (W − 1)] as fp32 partial sums, from the stored dp."""
-    i_t = tl.program_id(0)
-    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
+    row0, r, m_r, t = _tile(N, T, BT)
     o_c = tl.program_id(1) * CB + tl.arange(0, BC)
-    t = rows % T
-    m_r = rows < N
     m_c = (tl.arange(0, BC) < CB) & (o_c < C)
     o_w = tl.arange(0, BW)
+    dp_t, x_t = dp + row0 * C, x + row0 * C
     b_dx = tl.zeros([BT, BC], dtype=tl.float32)
     for s in tl.static_range(W):
         b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0.0).to(tl.float32)
-        b_dx += _load_rows(dp, rows + s, m_r & (t + s < T) & (rows + s < N), o_c, m_c, C) * b_w[None, :]
-    tl.store(dx + rows[:, None] * C + o_c[None, :], b_dx.to(dx.dtype.element_ty), mask=m_r[:, None] & m_c[None, :])
-    b_dp = _load_rows(dp, rows, m_r, o_c, m_c, C)
+        b_dx += _load_rows(dp_t, r + s, m_r & (t + s < T) & (r + s < N - row0), o_c, m_c, C) * b_w[None, :]
+    tl.store(dx + row0 * C + r[:, None] * C + o_c[None, :], b_dx.to(dx.dtype.element_ty),
+             mask=m_r[:, None] & m_c[None, :])
+    b_dp = _load_rows(dp_t, r, m_r, o_c, m_c, C)
     b_dw = tl.zeros([BW, BC], dtype=tl.float32)
     for j in tl.static_range(W):
-        b_x = _load_rows(x, rows - (W - 1 - j), m_r & (t >= W - 1 - j), o_c, m_c, C)
+        b_x = _load_rows(x_t, r - (W - 1 - j), m_r & (t >= W - 1 - j), o_c, m_c, C)
         b_dw += tl.where(o_w[:, None] == j, tl.sum(b_dp * b_x, 0)[None, :], 0.0)
-    tl.store(dw_part + (i_t * W + o_w[:, None]) * C + o_c[None, :], b_dw, mask=(o_w < W)[:, None] & m_c[None, :])
+    tl.store(dw_part + tl.program_id(0).to(tl.int64) * W * C + o_w[:, None] * C + o_c[None, :], b_dw,
+             mask=(o_w < W)[:, None] & m_c[None, :])
 
 
 def check_inputs(x_BTC: torch.Tensor, weight_C1W: torch.Tensor, head_dim: int) -> None:
