@@ -47,8 +47,10 @@ def registers(fn, signature: dict, constexprs: dict, num_warps: int) -> dict:
 
 def cases():
     """(kernel name, constants, fn, signature, constexprs, warps) at the training shapes: the conv's q / k
-    (head_dim 128, L2 norm) at its swept row counts, AttnRes at D = 1024, the MoE rows at L = 512."""
+    (head_dim 128, L2 norm) at its swept row counts, KDA's pairs backward, AttnRes at D = 1024, the MoE
+    rows at L = 512."""
     import kernels.attn_res.triton as ar
+    import kernels.kda.triton.bwd as kda_bwd
     import kernels.moe_rows.triton as mr
     import kernels.short_conv.triton as sc
 
@@ -65,6 +67,13 @@ def cases():
                {"x": "*bf16", "w": "*fp32", "dp": "*fp32", "dx": "*bf16", "dw_part": "*fp32", "N": "i32", "T": "i32",
                 "C": "constexpr", **dict.fromkeys(["W", "CB", "BT", "BC", "BW"], "constexpr")},
                {"C": 1024, "W": 4, "CB": 128, "BT": rows, "BC": 128, "BW": 4}, warps)
+    # KDA's pairs backward (8 heads of 128), the step's largest kernel (86 ms), at its key slices.
+    pairs = {n: "*bf16" for n in ("q", "k", "beta", "dq", "dk", "dbeta")}
+    pairs.update({n: "*fp32" for n in ("Gs", "dAs", "dQG", "dKG", "dXH", "dGAM", "DB", "dg")})
+    for bks, warps in ((16, 8), (32, 8), (32, 4)):
+        yield ("kda._bwd_pairs_kernel", {"bwd_key_slice": bks, "bwd_pairs_warps": warps}, kda_bwd._bwd_pairs_kernel,
+               {**pairs, "scale": "fp32", "T": "i32", **dict.fromkeys(["H", "K", "BKS", "SHIFT", "CLAMP"], "constexpr")},
+               {"H": 8, "K": 128, "BKS": bks, "SHIFT": 64.0, "CLAMP": 100.0}, warps)
     block_m, block_d, one_chunk, warps = ar._tiles(1024)
     slots = {f"v{i}": ("*fp32" if i == 0 else "*bf16") for i in range(4)}
     for n in (2, 3):
