@@ -472,8 +472,8 @@ class LatentMoE(nn.Module):
             q = 1.0 - self.cfg.top_k / self.cfg.n_routed
             new_E = self.expert_bias_E - self.margin_quantile(q)
         # No training forward since the last call (nothing loaded): the bias stays. Decided on the
-        # device, not with `if sum == 0` on the host: that read waited for the whole step on CUDA,
-        # once per layer, and left the GPU idle while the next step's first kernels were launched.
+        # device: a host read here would wait for the whole step on CUDA, once per layer, and leave
+        # the GPU idle while the next step's first kernels are launched.
         seen = self._load_acc_E.sum() > 0
         self.expert_bias_E.copy_(torch.where(seen, new_E - new_E.mean(), self.expert_bias_E))
         self._reset_stats()

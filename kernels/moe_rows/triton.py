@@ -10,15 +10,14 @@ outputs y [R, L] and the gate weights p [M, K] (fp32):
                                                                  dp[m, k]     = du[m] · y[inv[m, k]]
 
 Every sum runs in fp32 in slot order k = 0..K−1 and is rounded once to its output's dtype; every
-output element is written by exactly one program. torch's index_select backward and index_add add
-with atomics instead: in bf16 for the dispatch's backward (rounding after every add, 25 ms of the
-small profile's 512 × 128 step on the H200), in no fixed order for the combine (docs/log/gpu.md).
-The dispatch's forward is torch's index_select (a plain gather).
+output element is written by exactly one program, so the results are the same bits run to run
+(torch's index_select backward and index_add add with atomics: in bf16 for the gather's backward,
+rounding after every add, and in no fixed order). The dispatch's forward is torch's index_select.
 
 `dispatch_rows(z, token_R, inv_MK)` and `combine_rows(y, p, inv_MK, dtype)` are the public
 functions: `torch.library` custom ops (`k3::moe_dispatch_rows`, `k3::moe_combine_rows` and their
-backwards) with autograd, kept whole inside torch.compile's graphs (Inductor fused an autograd
-Function's gather-sum with its neighbours into a slower kernel, docs/log/gpu.md session 18).
+backwards) with autograd, opaque to torch.compile: Inductor keeps each as one call in its graph and
+does not fuse it with its neighbours.
 Legend: M tokens, K slots a token, R = M·K rows, L width.
 """
 

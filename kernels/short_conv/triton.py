@@ -20,9 +20,8 @@ W shifted rows and each tile's dw as fp32 partial sums, summed on the host: fast
 shifting dp inside one kernel's tile (docs/log/gpu.md). Rows are the flattened B·T rows; a row's
 t = row mod T masks the sequence boundaries. Addresses: one int64 base per tile and int32 offsets in
 it, with the width C a compile-time constant (one compile per width), so that the W shifted loads
-share one offset tensor and differ by constants: with int64 row indices every shifted load held its own
-64-bit addresses, and the backward at 64 rows / 4 warps spilled ~2.4 KB a thread (ptxas for sm_90,
-`benchmarks/probes/kernel_registers.py`).
+share one offset tensor and differ by constants, which keeps the registers a thread needs low
+(`benchmarks/probes/kernel_registers.py` reads them from ptxas for sm_90).
 
 `short_conv_silu_triton(x_BTC, weight_C1W, head_dim=0, eps=1e-6) -> y_BTC` is the public function:
 the custom op `k3::short_conv_silu` with autograd (x and the weight), usable inside torch.compile
@@ -40,8 +39,8 @@ MAX_TAPS = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 FWD_ROWS, FWD_WARPS = 64, 4
-# The backward's tiles: 64 rows and 4 warps, the fastest measured on the H200 (docs/log/gpu.md) with
-# int64 row addresses; not yet re-timed with the int32 tile offsets, which spill less at every shape.
+# The backward's tiles: 64 rows and 4 warps (the fastest on the H200 of the shapes swept,
+# docs/log/gpu.md; to be re-swept for the int32 tile offsets).
 BWD_ROWS, BWD_WARPS = 64, 4
 
 
