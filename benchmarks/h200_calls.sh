@@ -22,6 +22,8 @@
 #     bash benchmarks/h200_calls.sh cudagraphs # both training-step rows with the regions under CUDA graph trees
 #     bash benchmarks/h200_calls.sh glue-sweep # their launch shapes swept (benchmarks/probes/glue_sweep.py), then both
 #                                                # training-step rows with the fastest
+#     bash benchmarks/h200_calls.sh graph     # both training-step rows, each model's whole step one CUDA graph; its GPU
+#                                                # test; the conv kernels' launch shapes by device time
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                                # GPU, a short small-profile selection (carry site.tar.xz from
 #                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -33,7 +35,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -166,6 +168,20 @@ cudagraphs)  # both training-step rows with the dense peer, the compiled regions
         --checkpointing off,profile --compile-regions --compile-mode reduce-overhead --reps 3 \
         --out "$OUT/train_step_small_h200_cudagraphs.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"; grep -i "skipping cudagraphs" "$OUT/train_step.log" | sort | uniq -c | head
+    ;;
+graph)  # issue 22 item 3: the whole training step captured in one CUDA graph (k3model.train.common.CapturedStep),
+    # the dense peer's step captured alike: both rows, then the capture's GPU test, then the conv kernels' launch
+    # shapes by device time (their int32 tile addressing, never timed before)
+    timeout 420 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+        --checkpointing off,profile --compile-regions --cuda-graph on --reps 5 \
+        --out "$OUT/train_step_small_h200_cuda_graph.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    timeout $((540 - (SECONDS - T0))) python3 -m pytest -q -x -s -p no:cacheprovider \
+        tests/k3model/test_captured_step_gpu.py >"$OUT/captured_step_gpu_tests.log" 2>&1
+    elapsed "captured-step GPU tests exit $?"; grep -E "compiled=|passed|failed|Error" "$OUT/captured_step_gpu_tests.log" | head
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/probes/glue_sweep.py --only short_conv \
+        --out "$OUT/glue_sweep_short_conv_h200.json" >"$OUT/glue_sweep.log" 2>&1
+    elapsed "conv sweep exit $?"; grep -E '"BWD_ROWS": (32|64), "BWD_WARPS": 4|"FWD_ROWS": (32|64), "FWD_WARPS": 4' "$OUT/glue_sweep.log"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3

@@ -185,17 +185,38 @@ def time_interleaved(step_fns: dict, warmup: int, reps: int) -> dict[str, float]
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
+def captured_or_eager(row: dict, who: str, step, ids, opt, cuda_graph: bool):
+    """`step` as `f()` on `ids`: replays of one CUDA graph of it (train.common.CapturedStep) when
+    `cuda_graph`, else the eager call. A capture that fails is written to the row
+    (`{who}_cuda_graph_error`) and the row goes on eagerly; `{who}_cuda_graph` says which ran."""
+    row[f"{who}_cuda_graph"] = False
+    if cuda_graph:
+        from k3model.train.common import CapturedStep
+
+        try:
+            captured = CapturedStep(step, ids, optimizer=opt)
+            row[f"{who}_cuda_graph"] = True
+            return lambda: captured(ids)
+        except Exception as e:  # noqa: BLE001 — reported in the row, the eager step still timed
+            row[f"{who}_cuda_graph_error"] = repr(e)[:500]
+            torch.cuda.synchronize()
+    return lambda: step(ids)
+
+
 def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int,
-             device: str, micro_batches: int = 1) -> None:
+             device: str, micro_batches: int = 1, cuda_graph: bool = False) -> None:
     """The K3 model's steps alone, into `row` (on CUDA; the caller frees the model before the dense one)."""
     B, T = ids.shape
     try:
         t0 = time.perf_counter()
-        k3_train_step(model, opt, ids, dtype_ctx, micro_batches)  # the first step compiles (compiled regions)
+        # The first step compiles (compiled regions); a captured one warms up and records the graph.
+        step = captured_or_eager(row, "k3", lambda b: k3_train_step(model, opt, b, dtype_ctx, micro_batches),
+                                 ids, opt, cuda_graph)
+        step()
         if device == "cuda":
             torch.cuda.synchronize()
         row["k3_first_step_s"] = time.perf_counter() - t0
-        dt = time_steps(lambda: k3_train_step(model, opt, ids, dtype_ctx, micro_batches), warmup, reps, device)
+        dt = time_steps(step, warmup, reps, device)
         row["k3_tokens_per_s"] = B * T / dt
         row["k3_step_s"] = dt
         row["k3_flops_per_token"] = model_flops_per_token(profile, T)
@@ -208,22 +229,23 @@ def _time_k3(row: dict, model, opt, ids, dtype_ctx, profile: str, cfg, warmup: i
         row["k3_error"] = repr(e)[:500]
 
 
-def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int, device: str) -> None:
-    """The dense baseline's steps alone, into `row`."""
+def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps: int, device: str,
+                cuda_graph: bool = False) -> None:
+    """The dense baseline's steps alone, into `row` (captured in a CUDA graph as the K3 step was)."""
     B, T = ids.shape
     dense, info = dense_baseline_for(profile)
     dense = dense.to(device)
-    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda")
+    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=device == "cuda", capturable=cuda_graph)
 
-    def dense_step():
+    def dense_step(batch):
         with dtype_ctx():
-            loss = dense.loss(ids)
+            loss = dense.loss(batch)
         dopt.zero_grad(set_to_none=True)
         loss.backward()
         dopt.step()
 
     try:
-        dt = time_steps(dense_step, warmup, reps, device)
+        dt = time_steps(captured_or_eager(row, "dense", dense_step, ids, dopt, cuda_graph), warmup, reps, device)
         row["dense_tokens_per_s"] = B * T / dt
         n_nonembed = info["params"] - 2 * cfg.vocab_size * cfg.d_model
         attn = info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model
@@ -239,14 +261,17 @@ def _time_dense(row: dict, ids, dtype_ctx, profile: str, cfg, warmup: int, reps:
 def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, reps: int,
           out: str | None = None, compiled_glue: bool = False, moe: str = "auto",
           compiled_regions: bool = False, dense: bool = True, checkpointing=None,
-          micro_batches=1, kernel_constants=None, compile_mode: str | None = None) -> dict:
+          micro_batches=1, kernel_constants=None, compile_mode: str | None = None, cuda_graph=False) -> dict:
     """Times both models at every length; with `out`, rewrites the JSON after each length so a run
     cut short (a device time limit) keeps the rows it finished. `checkpointing` (None: the profile's
-    setting) and `micro_batches` are one value for every length or a list, one per length."""
+    setting), `micro_batches` and `cuda_graph` (both models' whole step captured in one CUDA graph,
+    on CUDA) are one value for every length or a list, one per length."""
     per_length = lambda v: list(v) if isinstance(v, (list, tuple)) else [v] * len(lengths)  # noqa: E731
     checkpointings, micro_batch_counts = per_length(checkpointing), per_length(micro_batches)
-    if len(checkpointings) != len(lengths) or len(micro_batch_counts) != len(lengths):
-        raise ValueError(f"checkpointing and micro_batches take one value or one per length ({len(lengths)})")
+    cuda_graphs = per_length(cuda_graph)
+    if not len(checkpointings) == len(micro_batch_counts) == len(cuda_graphs) == len(lengths):
+        raise ValueError(f"checkpointing, micro_batches and cuda_graph take one value or one per length "
+                         f"({len(lengths)})")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype_ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else \
         (lambda: torch.autocast("cpu", enabled=False))
@@ -261,7 +286,8 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
         results["bf16_matmul_tflops_ceiling"] = matmul_ceiling_tflops(device)
         from kernels.kda.triton.common import TileConfig
         results["kda_tile_config"] = dataclasses.asdict(TileConfig())  # the model runs the default tiles
-    for T, checkpointing, micro_batches in zip(lengths, checkpointings, micro_batch_counts):
+    for T, checkpointing, micro_batches, cuda_graph in zip(lengths, checkpointings, micro_batch_counts, cuda_graphs):
+        cuda_graph = cuda_graph and device == "cuda"
         cfg = profile_cfg if checkpointing is None else replace(profile_cfg, activation_checkpointing=checkpointing)
         B = max(tokens_per_step // T, 1)
         if micro_batches < 1 or B % micro_batches:
@@ -279,7 +305,7 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
             compile_regions(model, dynamic=True, **({"mode": compile_mode} if compile_mode else {}))
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=cuda_graph)
 
         if device == "cpu":
             # Both models live at once and take turns; rows report the median step.
@@ -294,12 +320,12 @@ def bench(profile: str, lengths: list[int], tokens_per_step: int, warmup: int, r
                         "dense_flops_per_token": 6 * (info["params"] - 2 * cfg.vocab_size * cfg.d_model)
                         + info["layers"] * 3 * 2 * (T / 2) * 2 * cfg.d_model})
         else:
-            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device, micro_batches)
+            _time_k3(row, model, opt, ids, dtype_ctx, profile, cfg, warmup, reps, device, micro_batches, cuda_graph)
         del model, opt
         if device == "cuda":
             torch.cuda.empty_cache()
             if dense:
-                _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device)
+                _time_dense(row, ids, dtype_ctx, profile, cfg, warmup, reps, device, cuda_graph)
         ceiling = results.get("bf16_matmul_tflops_ceiling")
         for who in ("k3", "dense"):
             if f"{who}_tokens_per_s" in row and ceiling:
@@ -340,6 +366,7 @@ def _inductor_tuning() -> bool:
 
 
 _CHECKPOINTING = {"profile": None, "on": True, "off": False}.__getitem__
+_ON_OFF = {"on": True, "off": False}.__getitem__
 
 
 def _per_length_arg(text: str, lengths: list[int], parse) -> list:
@@ -373,6 +400,9 @@ def main() -> None:
     parser.add_argument("--micro-batches", default="1",
                         help="the K3 step's batch in this many parts, one backward each (gradient "
                              "accumulation); or one count per length, comma-separated")
+    parser.add_argument("--cuda-graph", default="off",
+                        help="on: both models' whole training step captured in one CUDA graph and replayed "
+                             "(k3model.train.common.CapturedStep); or one on/off per length, comma-separated")
     parser.add_argument("--inductor-tuning", action="store_true",
                         help="Inductor's coordinate-descent tuning of its kernels' launch shapes (longer compiles)")
     parser.add_argument("--kernel-constants", default="",
@@ -394,7 +424,7 @@ def main() -> None:
           compiled_glue=args.compile_glue, moe=args.moe, compiled_regions=args.compile_regions,
           dense=not args.no_dense, checkpointing=_per_length_arg(args.checkpointing, lengths, _CHECKPOINTING),
           micro_batches=_per_length_arg(args.micro_batches, lengths, int), kernel_constants=kernel_constants,
-          compile_mode=args.compile_mode)
+          compile_mode=args.compile_mode, cuda_graph=_per_length_arg(args.cuda_graph, lengths, _ON_OFF))
     print(f"wrote {args.out}")
 
 

@@ -423,8 +423,15 @@ class LatentMoE(nn.Module):
     def _reset_stats(self) -> None:
         E = self.cfg.n_routed
         device = self.expert_bias_E.device
-        self._load_acc_E = torch.zeros(E, device=device)
-        self._margin_hist_EX = torch.zeros(E, HIST_BINS, device=device)
+        acc = getattr(self, "_load_acc_E", None)
+        if acc is not None and acc.device == device:
+            # Zeroed in place: a training step captured in a CUDA graph (train.common.CapturedStep)
+            # replays its kernels on the very tensors it saw, so they must stay the same tensors.
+            acc.zero_()
+            self._margin_hist_EX.zero_()
+        else:
+            self._load_acc_E = torch.zeros(E, device=device)
+            self._margin_hist_EX = torch.zeros(E, HIST_BINS, device=device)
         self._margins: list[torch.Tensor] = []
 
     @torch.no_grad()

@@ -86,6 +86,8 @@ def fastest(rows: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default=None, choices=("attn_res", "short_conv", "moe_rows"),
+                    help="sweep this module's kernels alone")
     ap.add_argument("--quick", action="store_true", help="CPU smoke under TRITON_INTERPRET=1: tiny shapes, untimed")
     args = ap.parse_args()
     if args.quick:
@@ -133,6 +135,8 @@ def main() -> int:
             ("attn_res", ATTN_RES, ATTN_RES_GROUPS, {"N2": attn_case(2), "N3": attn_case(3)}),
             ("short_conv", SHORT_CONV, SHORT_CONV_GROUPS, {"l2": conv_case(HD), "plain": conv_case(0)}),
             ("moe_rows", MOE_ROWS, MOE_ROWS_GROUPS, {"dispatch_bwd+combine": rows_case()})):
+        if args.only not in (None, key):
+            continue
         report[key] = []
         best[module_name] = {}
         for group in groups:

@@ -15,6 +15,7 @@ Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data
 - `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
   with the full train state (optimizer, RNG, whatever the loop keeps) around `k3model.checkpoint`, so
   a killed run called again resumes and ends where an uninterrupted one would.
+- `CapturedStep`: a whole step captured in one CUDA graph and replayed (fixed shapes, state kept in place).
 - `MetricBuffer`: keeps each step's metrics as tensors and reads them to the host in one transfer
   when the loop logs or checkpoints (`log_and_checkpoint`), so a step never waits on the device
   (nanoGPT, nanochat).
@@ -137,6 +138,49 @@ def balance_experts(model: nn.Module, reduce_loads: Callable[[torch.Tensor], Non
             sync(m)
         m.update_bias()
     return {"moe/load_max_over_mean": mean_ratio, "moe/load_max_over_mean_worst": ratio_N.max()}
+
+
+class CapturedStep:
+    """A whole training step — forward, backward, optimizer step, balancing — captured once in a CUDA
+    graph and replayed: one launch a step instead of thousands, and no idle device while the host
+    walks the modules (the small profile's 512 × 128 step was partly host-paced; docs/log/gpu.md).
+
+    `step(batch)` must be capturable: the same shapes every call, no host read of a device value,
+    and every state it carries between steps updated in place — the optimizer built with
+    `capturable=True` (its step count then lives on the device; pass it as `optimizer` to have that
+    checked), LatentMoE's statistics are cleared in place, and the learning rate stays what it was
+    at capture unless the optimizer holds it as a tensor. The first `warmup` calls run eagerly on a
+    side stream — they compile and tune what the step launches, and they are real steps on `batch`;
+    the capture records the next step without running it. A call copies its batch into the captured
+    input and replays; it returns the step's output (a tensor the next call overwrites)."""
+
+    def __init__(self, step: Callable[[torch.Tensor], Any], batch: torch.Tensor, warmup: int = 2,
+                 optimizer: torch.optim.Optimizer | None = None):
+        if batch.device.type != "cuda":
+            raise ValueError(f"CapturedStep needs a CUDA batch (a CUDA graph), got {batch.device}")
+        if warmup < 1:
+            raise ValueError(f"warmup must be ≥ 1 (the optimizer's state is created by a first step), got {warmup}")
+        if optimizer is not None and not all(g.get("capturable") for g in optimizer.param_groups):
+            raise ValueError("the optimizer must be built with capturable=True: its step count is read on "
+                             "the host otherwise, which a CUDA graph cannot replay")
+        self.batch = batch.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                step(self.batch)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        # The warm-up's freed activations go back to the device: the graph keeps a pool of its own.
+        torch.cuda.empty_cache()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = step(self.batch)
+
+    def __call__(self, batch: torch.Tensor) -> Any:
+        self.batch.copy_(batch)
+        self.graph.replay()
+        return self.out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -232,6 +232,19 @@ def test_frozen_bias_and_eval_do_not_move():
     assert (moe.expert_bias_E != 0).any()
 
 
+def test_statistics_stay_the_same_tensors_across_updates():
+    """A training step captured in a CUDA graph replays its kernels on the tensors it saw at capture:
+    update_bias must clear the statistics in place, not bind new ones."""
+    for balancing in ("quantile", "deepseek"):
+        moe, sample = skewed_moe(balancing)
+        acc, hist = moe._load_acc_E, moe._margin_hist_EX
+        balance_trace(moe, sample, 2)
+        assert moe._load_acc_E is acc and moe._margin_hist_EX is hist
+        assert (acc == 0).all() and (hist == 0).all()  # cleared by the last update
+        moe(sample(64))
+        assert acc.sum() > 0
+
+
 def test_bias_must_stay_fp32():
     moe, sample = skewed_moe("quantile")
     with torch.no_grad():
