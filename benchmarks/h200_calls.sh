@@ -24,6 +24,7 @@
 #                                                # training-step rows with the fastest
 #     bash benchmarks/h200_calls.sh graph     # both training-step rows, each model's whole step one CUDA graph; its GPU
 #                                                # test; the conv kernels' launch shapes by device time
+#     bash benchmarks/h200_calls.sh graph-profile # both rows captured again, then the captured 512 × 128 step's profile
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                                # GPU, a short small-profile selection (carry site.tar.xz from
 #                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -35,7 +36,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph, graph-profile or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -182,6 +183,17 @@ graph)  # issue 22 item 3: the whole training step captured in one CUDA graph (k
     timeout $((590 - (SECONDS - T0))) python3 benchmarks/probes/glue_sweep.py --only short_conv \
         --out "$OUT/glue_sweep_short_conv_h200.json" >"$OUT/glue_sweep.log" 2>&1
     elapsed "conv sweep exit $?"; grep -E '"BWD_ROWS": (32|64), "BWD_WARPS": 4|"FWD_ROWS": (32|64), "FWD_WARPS": 4' "$OUT/glue_sweep.log"
+    ;;
+graph-profile)  # the captured step again (both rows, both models captured), then the 512 × 128 step's profile
+    # under the graph: device time by kernel kind, idle device between kernels
+    timeout 330 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+        --checkpointing off,profile --compile-regions --cuda-graph on --reps 5 \
+        --out "$OUT/train_step_small_h200_cuda_graph.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+        --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --cuda-graph --attribute --top 40 \
+        --out "$OUT/profile_step_cuda_graph.json" >"$OUT/profile_step.log" 2>&1
+    elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3

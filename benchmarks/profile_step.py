@@ -232,6 +232,8 @@ def main() -> None:
     ap.add_argument("--checkpointing", choices=("profile", "on", "off"), default="profile",
                     help="activation checkpointing of every layer: the profile's setting, or on / off")
     ap.add_argument("--micro-batches", type=int, default=1, help="the step's rows in this many backward passes")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="the whole step captured in one CUDA graph and replayed (k3model.train.common.CapturedStep)")
     ap.add_argument("--attribute", action="store_true",
                     help="also the device time per module kind, forward and backward (a chrome trace, parsed)")
     args = ap.parse_args()
@@ -247,12 +249,20 @@ def main() -> None:
         from k3model.compiled import compile_regions
 
         compile_regions(model, dynamic=True, **({"mode": args.compile_mode} if args.compile_mode else {}))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda", capturable=args.cuda_graph)
     ids = torch.randint(0, cfg.vocab_size, (max(args.tokens // args.seq_len, 1), args.seq_len), device=device)
 
-    def step():
-        k3_train_step(model, opt, ids, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"),
+    def eager_step(batch):
+        k3_train_step(model, opt, batch, lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"),
                       args.micro_batches)
+
+    if args.cuda_graph:  # module ranges (--attribute) exist only while capturing: its kernels read "other"
+        from k3model.train.common import CapturedStep
+
+        captured = CapturedStep(eager_step, ids, optimizer=opt)
+        step = lambda: captured(ids)  # noqa: E731
+    else:
+        step = lambda: eager_step(ids)  # noqa: E731
 
     def sync():
         if device == "cuda":
@@ -288,7 +298,7 @@ def main() -> None:
         "kernel_launches": sum(e.count for e in events if getattr(e, dev_attr) > 0 and e.device_type.name == "CUDA"),
         "top_by_device_time": rows(dev_attr),
         "top_by_host_time": rows("self_cpu_time_total"),
-        "compiled_regions": args.compile_regions, "compile_mode": args.compile_mode,
+        "compiled_regions": args.compile_regions, "compile_mode": args.compile_mode, "cuda_graph": args.cuda_graph,
         "activation_checkpointing": cfg.activation_checkpointing, "micro_batches": args.micro_batches,
     }
     if device == "cuda":
