@@ -25,6 +25,7 @@
 #     bash benchmarks/h200_calls.sh graph     # both training-step rows, each model's whole step one CUDA graph; its GPU
 #                                                # test; the conv kernels' launch shapes by device time
 #     bash benchmarks/h200_calls.sh graph-profile # both rows captured again, then the captured 512 × 128 step's profile
+#     bash benchmarks/h200_calls.sh gpu-tests # the GPU tests of the glue kernels, compiled regions, captured step, engine
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                                # GPU, a short small-profile selection (carry site.tar.xz from
 #                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -36,7 +37,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph, graph-profile or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph, graph-profile, gpu-tests or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -194,6 +195,18 @@ graph-profile)  # the captured step again (both rows, both models captured), the
         --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --cuda-graph --attribute --top 40 \
         --out "$OUT/profile_step_cuda_graph.json" >"$OUT/profile_step.log" 2>&1
     elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
+    ;;
+gpu-tests)  # the GPU tests of what session 21 touched: the glue kernels (the conv's int32 tile addressing), the
+    # compiled regions and LatentMoE's in-place statistics, the captured step, the engine
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
+        tests/kernels/attn_res/test_attn_res_triton_gpu.py tests/kernels/moe_rows/test_moe_rows_triton_gpu.py \
+        >"$OUT/glue_gpu_tests.log" 2>&1
+    elapsed "glue GPU tests exit $?"; tail -n 3 "$OUT/glue_gpu_tests.log"
+    timeout 250 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
+    elapsed "compiled-regions tests exit $?"; tail -n 3 "$OUT/compiled_tests.log"
+    timeout $((590 - (SECONDS - T0))) python3 -m pytest -q -x -s -p no:cacheprovider tests/k3model/test_captured_step_gpu.py \
+        tests/k3model/test_engine_gpu.py >"$OUT/captured_engine_tests.log" 2>&1
+    elapsed "captured-step and engine GPU tests exit $?"; grep -E "compiled=|passed|failed|Error" "$OUT/captured_engine_tests.log" | head
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3
