@@ -26,6 +26,7 @@
 #                                                # test; the conv kernels' launch shapes by device time
 #     bash benchmarks/h200_calls.sh graph-profile # both rows captured again, then the captured 512 × 128 step's profile
 #     bash benchmarks/h200_calls.sh gpu-tests # the GPU tests of the glue kernels, compiled regions, captured step, engine
+#     bash benchmarks/h200_calls.sh eager-profile # the 512 × 128 row and its profile without the capture
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                                # GPU, a short small-profile selection (carry site.tar.xz from
 #                                                # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -37,7 +38,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph, graph-profile, gpu-tests or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, step, decode, engine, glue, rows, step-both, idle, cudagraphs, glue-sweep, graph, graph-profile, gpu-tests, eager-profile or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -207,6 +208,15 @@ gpu-tests)  # the GPU tests of what session 21 touched: the glue kernels (the co
     timeout $((590 - (SECONDS - T0))) python3 -m pytest -q -x -s -p no:cacheprovider tests/k3model/test_captured_step_gpu.py \
         tests/k3model/test_engine_gpu.py >"$OUT/captured_engine_tests.log" 2>&1
     elapsed "captured-step and engine GPU tests exit $?"; grep -E "compiled=|passed|failed|Error" "$OUT/captured_engine_tests.log" | head
+    ;;
+eager-profile)  # the same machine's "before": the 512 × 128 row without the capture, then that step's profile
+    timeout 250 python3 benchmarks/train_step.py --profile small --lengths 512 --micro-batches 2 --checkpointing off \
+        --compile-regions --cuda-graph off --reps 5 --out "$OUT/train_step_small_h200_512_eager.json" >"$OUT/train_step.log" 2>&1
+    elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
+    timeout $((440 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+        --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --attribute --top 40 \
+        --out "$OUT/profile_step_eager.json" >"$OUT/profile_step.log" 2>&1
+    elapsed "profile_step exit $?"; grep -E "^step|device idle|launches|host syncs" "$OUT/profile_step.log"
     ;;
 orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2 63 s)
     mkdir -p /tmp/site && tar xJf site.tar.xz -C /tmp/site || exit 3

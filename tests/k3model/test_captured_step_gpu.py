@@ -70,6 +70,6 @@ def test_captured_steps_equal_eager_steps(compiled):
     for m0, m1 in zip(eager.moe_layers(), graphed.moe_layers()):
         assert m0.expert_bias_E.abs().sum() > 0
         torch.testing.assert_close(m1.expert_bias_E, m0.expert_bias_E, rtol=1e-3, atol=1e-5)
-    diffs = [float((p1 - p0).abs().max()) for p0, p1 in zip(eager.parameters(), graphed.parameters())]
+    diffs = [float((p1 - p0).detach().abs().max()) for p0, p1 in zip(eager.parameters(), graphed.parameters())]
     print(f"compiled={compiled}: max |Δparam| {max(diffs):.3g}, "
           f"bitwise equal tensors {sum(d == 0 for d in diffs)}/{len(diffs)}, losses {[float(x) for x in graphed_losses]}")
