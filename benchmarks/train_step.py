@@ -5,6 +5,12 @@ same run).
     python benchmarks/train_step.py --profile small --lengths 512,65536 --out results.json
 
 Reports tokens/s and model-FLOPs utilization (MFU) for a forward+backward+AdamW step at each length.
+The issue-22 figures on the H200 (docs/log/gpu.md) are of
+
+    python benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+        --checkpointing off,profile --compile-regions --cuda-graph on --reps 5
+
+where `--cuda-graph on` captures each model's whole step (the dense peer's too) in one CUDA graph.
 Model FLOPs per token = 6 · (active non-embedding parameters) + the sequence mixers' own work:
 causal attention 3 · 2 · (T/2) · H · (d_qk + d_v) per MLA layer (half the T² matrix), and KDA's chunked
 matmuls (Kimi Linear report Eq. 13, ×3 for forward + backward). The MFU denominator is a bf16
