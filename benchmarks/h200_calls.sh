@@ -6,7 +6,7 @@
 #                                                # SHAPES: kda.py --shapes, e.g. 0; "strong": the strong-decay
 #                                                # gradient check first. fla compiles and autotunes per shape
 #                                                # (> 150 s at shape 0): one shape per call
-#     bash benchmarks/h200_calls.sh sweep     # KDA launch-shape sweep (benchmarks/kda_variants.py)
+#     bash benchmarks/h200_calls.sh sweep     # KDA launch-shape sweep (benchmarks/kernels/kda_variants.py)
 #     bash benchmarks/h200_calls.sh mx        # MXFP4 matmul and grouped GEMV vs bf16
 #     bash benchmarks/h200_calls.sh step      # the small profile's training step eager and compiled, with
 #                                                # its dense peer, and a profile of each
@@ -46,7 +46,7 @@ kernels)
     timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/mx/test_gemv_gpu.py \
         >"$OUT/mx_gpu_tests.log" 2>&1
     elapsed "MX GPU tests exit $?"; tail -n 15 "$OUT/mx_gpu_tests.log"
-    timeout 120 python3 benchmarks/mx_host.py --out "$OUT/mx_host_h200.json"
+    timeout 120 python3 benchmarks/kernels/mx_host.py --out "$OUT/mx_host_h200.json"
     elapsed "mx_host exit $?"
     ;;
 fla)
@@ -54,18 +54,18 @@ fla)
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PYTHONPATH
     # ${3:-}: "strong" adds the strong-decay gradient check first (fla compiles for it too: ~2 minutes)
-    timeout $((580 - (SECONDS - T0))) python3 benchmarks/kda.py ${3:+--strong-decay} --no-decode \
+    timeout $((580 - (SECONDS - T0))) python3 benchmarks/kernels/kda.py ${3:+--strong-decay} --no-decode \
         --shapes "${2:-all}" --out "$OUT/kda_vs_fla_h200.json"
     elapsed "kda.py exit $?"
     ;;
 sweep)
-    timeout 580 python3 benchmarks/kda_variants.py --jobs 8 --budget 560 --out "$OUT/kda_variants_h200.json"
+    timeout 580 python3 benchmarks/kernels/kda_variants.py --jobs 8 --budget 560 --out "$OUT/kda_variants_h200.json"
     elapsed "variants exit $?"
     ;;
 mx)
-    timeout 400 python3 benchmarks/mx.py --out "$OUT/mx_h200.json"
+    timeout 400 python3 benchmarks/kernels/mx.py --out "$OUT/mx_h200.json"
     elapsed "mx.py exit $?"
-    timeout $((580 - (SECONDS - T0))) python3 benchmarks/mx_grouped.py --out "$OUT/mx_grouped_h200.json"
+    timeout $((580 - (SECONDS - T0))) python3 benchmarks/kernels/mx_grouped.py --out "$OUT/mx_grouped_h200.json"
     elapsed "mx_grouped exit $?"
     ;;
 step)  # eager, then with compiled regions (k3model/compiled.py), each with its dense peer; profiles
@@ -73,24 +73,24 @@ step)  # eager, then with compiled regions (k3model/compiled.py), each with its 
     # The Inductor test compiles the smoke model twice (~150 s on a fresh machine).
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
     elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
-    timeout 120 python3 benchmarks/train_step.py --reps 3 --out "$OUT/train_step_small_h200_eager.json"
+    timeout 120 python3 benchmarks/model/train_step.py --reps 3 --out "$OUT/train_step_small_h200_eager.json"
     elapsed "train_step eager exit $?"
-    timeout 300 python3 benchmarks/train_step.py --reps 3 --compile-regions \
+    timeout 300 python3 benchmarks/model/train_step.py --reps 3 --compile-regions \
         --out "$OUT/train_step_small_h200_regions.json"
     elapsed "train_step regions exit $?"
-    timeout 60 python3 benchmarks/profile_step.py --profile small --seq-len 512 --tokens 65536 \
+    timeout 60 python3 benchmarks/model/profile_step.py --profile small --seq-len 512 --tokens 65536 \
         --out "$OUT/profile_step_small_h200_eager.json"
     elapsed "profile_step eager exit $?"
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/model/profile_step.py --profile small --seq-len 512 \
         --tokens 65536 --compile-regions --out "$OUT/profile_step_small_h200_regions.json"
     elapsed "profile_step regions exit $?"
     ;;
 decode)  # the small profile's decode step (issue 16 item 5), eager modules then compiled regions
     skip=routing_flips,diagnose,logprob_mismatch,mx_experts
-    timeout 240 python3 benchmarks/decode.py --device cuda --profile small --batches 1,16,64 --prompt 512 \
+    timeout 240 python3 benchmarks/decode/decode.py --device cuda --profile small --batches 1,16,64 --prompt 512 \
         --new 128 --skip $skip --out "$OUT/decode_small_h200_eager.json"
     elapsed "decode eager exit $?"
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/decode.py --device cuda --profile small \
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/decode/decode.py --device cuda --profile small \
         --batches 1,16,64 --prompt 512 --new 128 --skip $skip --compile-regions \
         --out "$OUT/decode_small_h200_regions.json"
     elapsed "decode regions exit $?"
@@ -100,7 +100,7 @@ engine)  # the engine's CUDA path (issue 16), then speculative decoding on small
     elapsed "engine GPU tests exit $?"; tail -n 15 "$OUT/engine_gpu_tests.log"
     timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
     elapsed "compiled-regions tests exit $?"; tail -n 15 "$OUT/compiled_tests.log"
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/speculative.py --profile small --device cuda --dtype bf16 \
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/decode/speculative.py --profile small --device cuda --dtype bf16 \
         --prompts 2 --new 32 --reps 1 --draft-lens 1,4 --out "$OUT/speculative_small_h200.json"
     elapsed "speculative exit $?"
     ;;
@@ -108,11 +108,11 @@ glue)  # issue 22 item 3: the KDA layer's conv and the AttnRes mix as Triton ker
     timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/short_conv/test_short_conv_triton_gpu.py \
         tests/kernels/attn_res/test_attn_res_triton_gpu.py >"$OUT/glue_gpu_tests.log" 2>&1
     elapsed "glue GPU tests exit $?"; tail -n 12 "$OUT/glue_gpu_tests.log"
-    timeout 60 python3 benchmarks/short_conv.py --out "$OUT/short_conv_h200.json" >"$OUT/short_conv.log" 2>&1
+    timeout 60 python3 benchmarks/kernels/short_conv.py --out "$OUT/short_conv_h200.json" >"$OUT/short_conv.log" 2>&1
     elapsed "short_conv bench exit $?"; tail -n 8 "$OUT/short_conv.log"
-    timeout 60 python3 benchmarks/attn_res.py --out "$OUT/attn_res_h200.json" >"$OUT/attn_res.log" 2>&1
+    timeout 60 python3 benchmarks/kernels/attn_res.py --out "$OUT/attn_res_h200.json" >"$OUT/attn_res.log" 2>&1
     elapsed "attn_res bench exit $?"; tail -n 8 "$OUT/attn_res.log"
-    timeout 360 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+    timeout 360 python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
         --checkpointing off,profile --compile-regions --reps 3 --out "$OUT/train_step_small_h200_glue.json" \
         >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
@@ -125,11 +125,11 @@ rows)  # the MoE's atomic-free row ops (kernels/moe_rows) and the step without t
     timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/moe_rows/test_moe_rows_triton_gpu.py \
         >"$OUT/moe_rows_gpu_tests.log" 2>&1
     elapsed "moe_rows GPU tests exit $?"; tail -n 12 "$OUT/moe_rows_gpu_tests.log"
-    timeout 300 python3 benchmarks/train_step.py --profile small --lengths 512 --micro-batches 2 \
+    timeout 300 python3 benchmarks/model/train_step.py --profile small --lengths 512 --micro-batches 2 \
         --checkpointing off --compile-regions --reps 3 --out "$OUT/train_step_small_h200_512.json" \
         >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/model/profile_step.py --profile small --seq-len 512 \
         --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --attribute --top 40 \
         --out "$OUT/profile_step.json" >"$OUT/profile_step.log" 2>&1
     elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
@@ -142,7 +142,7 @@ glue-sweep)  # the glue kernels' launch shapes swept by device time, then both t
     timeout 200 python3 benchmarks/probes/glue_sweep.py --out "$OUT/glue_sweep_h200.json" >"$OUT/glue_sweep.log" 2>&1
     elapsed "glue sweep exit $?"; best=$(tail -n 1 "$OUT/glue_sweep.log"); echo "fastest: $best"
     case "$best" in kernels.*) ;; *) best="" ;; esac
-    timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+    timeout $((585 - (SECONDS - T0))) python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 --kernel-constants "$best" \
         --out "$OUT/train_step_small_h200_glue_sweep.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
@@ -150,7 +150,7 @@ glue-sweep)  # the glue kernels' launch shapes swept by device time, then both t
 step-both)  # the compiled-regions GPU tests, then both training-step rows with their dense peer, one run
     timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_compiled.py >"$OUT/compiled_tests.log" 2>&1
     elapsed "compiled-regions tests exit $?"; tail -n 5 "$OUT/compiled_tests.log"
-    timeout $((585 - (SECONDS - T0))) python3 benchmarks/train_step.py --profile small --lengths 512,65536 \
+    timeout $((585 - (SECONDS - T0))) python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 \
         --micro-batches 2,1 --checkpointing off,profile --compile-regions --reps 3 \
         --out "$OUT/train_step_small_h200_both.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
@@ -159,7 +159,7 @@ idle)  # where the 512 × 128 step's device sits idle (profile_step's device_idl
     # they are and then under CUDA graph trees (compile mode reduce-overhead); never run yet
     for mode in default reduce-overhead; do
         end=$([ $mode = default ] && echo 290 || echo 585)
-        timeout $((end - (SECONDS - T0))) python3 benchmarks/profile_step.py \
+        timeout $((end - (SECONDS - T0))) python3 benchmarks/model/profile_step.py \
             --profile small --seq-len 512 --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 \
             --attribute --top 40 $([ $mode = default ] || echo --compile-mode $mode) \
             --out "$OUT/profile_step_$mode.json" >"$OUT/profile_step_$mode.log" 2>&1
@@ -167,7 +167,7 @@ idle)  # where the 512 × 128 step's device sits idle (profile_step's device_idl
     done
     ;;
 cudagraphs)  # both training-step rows with the dense peer, the compiled regions under CUDA graph trees; never run yet
-    timeout 585 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+    timeout 585 python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
         --checkpointing off,profile --compile-regions --compile-mode reduce-overhead --reps 3 \
         --out "$OUT/train_step_small_h200_cudagraphs.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"; grep -i "skipping cudagraphs" "$OUT/train_step.log" | sort | uniq -c | head
@@ -175,7 +175,7 @@ cudagraphs)  # both training-step rows with the dense peer, the compiled regions
 graph)  # issue 22 item 3: the whole training step captured in one CUDA graph (k3model.train.common.CapturedStep),
     # the dense peer's step captured alike: both rows, then the capture's GPU test, then the conv kernels' launch
     # shapes by device time (their int32 tile addressing, never timed before)
-    timeout 420 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+    timeout 420 python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
         --checkpointing off,profile --compile-regions --cuda-graph on --reps 5 \
         --out "$OUT/train_step_small_h200_cuda_graph.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
@@ -188,11 +188,11 @@ graph)  # issue 22 item 3: the whole training step captured in one CUDA graph (k
     ;;
 graph-profile)  # the captured step again (both rows, both models captured), then the 512 × 128 step's profile
     # under the graph: device time by kernel kind, idle device between kernels
-    timeout 330 python3 benchmarks/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
+    timeout 330 python3 benchmarks/model/train_step.py --profile small --lengths 512,65536 --micro-batches 2,1 \
         --checkpointing off,profile --compile-regions --cuda-graph on --reps 5 \
         --out "$OUT/train_step_small_h200_cuda_graph.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
-    timeout $((590 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/model/profile_step.py --profile small --seq-len 512 \
         --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --cuda-graph --attribute --top 40 \
         --out "$OUT/profile_step_cuda_graph.json" >"$OUT/profile_step.log" 2>&1
     elapsed "profile_step exit $?"; tail -n 45 "$OUT/profile_step.log"
@@ -210,10 +210,10 @@ gpu-tests)  # the GPU tests of what session 21 touched: the glue kernels (the co
     elapsed "captured-step and engine GPU tests exit $?"; grep -E "compiled=|passed|failed|Error" "$OUT/captured_engine_tests.log" | head
     ;;
 eager-profile)  # the same machine's "before": the 512 × 128 row without the capture, then that step's profile
-    timeout 250 python3 benchmarks/train_step.py --profile small --lengths 512 --micro-batches 2 --checkpointing off \
+    timeout 250 python3 benchmarks/model/train_step.py --profile small --lengths 512 --micro-batches 2 --checkpointing off \
         --compile-regions --cuda-graph off --reps 5 --out "$OUT/train_step_small_h200_512_eager.json" >"$OUT/train_step.log" 2>&1
     elapsed "train_step exit $?"; grep '^{' "$OUT/train_step.log"
-    timeout $((440 - (SECONDS - T0))) python3 benchmarks/profile_step.py --profile small --seq-len 512 \
+    timeout $((440 - (SECONDS - T0))) python3 benchmarks/model/profile_step.py --profile small --seq-len 512 \
         --tokens 65536 --compile-regions --checkpointing off --micro-batches 2 --attribute --top 40 \
         --out "$OUT/profile_step_eager.json" >"$OUT/profile_step.log" 2>&1
     elapsed "profile_step exit $?"; grep -E "^step|device idle|launches|host syncs" "$OUT/profile_step.log"

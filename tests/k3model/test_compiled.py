@@ -1,7 +1,7 @@
 """k3model.compiled: the regionally compiled model computes what the eager one does.
 
 Dynamo's tracing and AOT autograd are checked on the CPU with the `aot_eager` backend (no code
-generation); Inductor's kernels run on the H200 (benchmarks/train_step.py --compile-regions).
+generation); Inductor's kernels run on the H200 (benchmarks/model/train_step.py --compile-regions).
 """
 
 import copy
