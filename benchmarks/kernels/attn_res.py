@@ -10,7 +10,7 @@ compared (relative RMS error, the Triton op against the peer). Times are medians
 of h with a fixed dh, grad mode on in both as in training. Caution: on the H200 the eager Triton op's
 forward + backward is paced by the host (torch.library's autograd layer and Triton's launcher: the same
 0.7–1.0 ms at 32,768 and 65,536 rows, session 19), so these figures compare host paths, not kernels;
-`benchmarks/probes/glue_graph_time.py` times the device alone (CUDA-graph replay).
+`probes-archive:benchmarks/probes/glue_graph_time.py` times the device alone (CUDA-graph replay).
 
 The bandwidth floor is the bytes that must move over 4.8 TB/s (the H200's HBM3e peak): the forward
 reads N sources and writes h, (N + 1)·M·D·2 bytes; the backward reads N sources and dh and writes N

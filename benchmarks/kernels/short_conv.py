@@ -6,7 +6,7 @@ weight, W = 4, head_dim 128, at (64, 512, 1024) and (1, 65536, 1024). The plain 
 path) is timed the same way. Times are triton.testing.do_bench medians; the floor is the bytes the op
 must move (x and y forward; x, dy and dx more backward) over 4.8 TB/s. Caution: on the H200 the eager
 Triton op's forward + backward is paced by the host (0.6–1.0 ms, session 19); the device alone:
-`benchmarks/probes/glue_graph_time.py` (CUDA-graph replay).
+`probes-archive:benchmarks/probes/glue_graph_time.py` (CUDA-graph replay).
 
     PYTHONPATH=. python benchmarks/kernels/short_conv.py --out benchmarks/results/train/<date>_short_conv_h200.json
     PYTHONPATH=. TRITON_INTERPRET=1 python benchmarks/kernels/short_conv.py --quick    # CPU smoke: tiny shape, once, untimed

@@ -312,7 +312,8 @@ def main() -> None:
                         help="Inductor's coordinate-descent tuning of its kernels' launch shapes (longer compiles)")
     parser.add_argument("--kernel-constants", default="",
                         help="MODULE:NAME=VALUE,...;MODULE:... — launch-shape constants of kernels/*/triton.py "
-                             "set before the model runs (benchmarks/probes/glue_sweep.py prints its fastest so)")
+                             "set before the model runs (the glue_sweep probe, tag probes-archive, printed its "
+                             "fastest so)")
     args = parser.parse_args()
     kernel_constants = set_kernel_constants(args.kernel_constants)
     if args.inductor_tuning:
