@@ -48,8 +48,8 @@ test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not e2e"
 
 bench: setup
-	$(BIN)/k3 bench kda_cpu
-	$(BIN)/k3 bench train_step
+	$(BIN)/k3 bench kernels/kda_cpu
+	$(BIN)/k3 bench model/train_step
 
 ui: setup
 	$(BIN)/k3 ui

@@ -102,7 +102,7 @@ SIZES: dict[str, PosttrainSizes] = {
     # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
     # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
     # finish would otherwise decode 1–4K tokens per episode.
-    # RL (docs/log/rl.md, benchmarks/grpo_sweep.py): no swept setting beat sft_policy on held-out
+    # RL (docs/log/rl.md, benchmarks/recipes/grpo_sweep.py): no swept setting beat sft_policy on held-out
     # tasks (16 steps, lr 3e-5 … 1e-3, 8–32 episodes a step: −2 … −47 points); 4 RL prompts per
     # family were memorised (held-out 0.55 → 0.25) and lr ≥ 1e-3 broke the call format, so the
     # specialists take 64 prompts per family at lr 1e-4 for 8 steps. Held-out: one episode per task

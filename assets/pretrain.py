@@ -56,7 +56,7 @@ class PretrainStageConfig(dg.Config):
                                         "the profile's; tiny scores its whole grid)")
     compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
                                   "regionally (k3model.compiled) before the first step, the step that "
-                                  "benchmarks/train_step.py --compile-regions times")
+                                  "benchmarks/model/train_step.py --compile-regions times")
 
 
 def stage_name(stage: int) -> str:

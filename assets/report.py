@@ -220,7 +220,7 @@ def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str,
 
 def balancing_ablation(profile: str) -> dict | None:
     """The newest `benchmarks/results/train/*_balancing_<profile>_*.json` of the ablation probe
-    (`benchmarks/probes/balancing_ablation.py`), the project's one run without balancing."""
+    (`probes-archive:benchmarks/probes/balancing_ablation.py`), the project's one run without balancing."""
     files = sorted((REPO_ROOT / "benchmarks" / "results" / "train").glob(f"*_balancing_{profile}_*.json"))
     if not files:
         return None

@@ -1,9 +1,10 @@
 """What the benchmarks share: the machine-and-versions header every result JSON starts with, GPU timing
-by CUDA-graph replay, the ceilings measured in the same run, the MX problems, and KDA tile configs.
+by CUDA-graph replay, the ceilings measured in the same run, the MX problems, KDA tile configs, the
+training steps (K3's and the dense peer's) that several scripts time, and a home's newest data files.
 
-Benchmarks import this module and never each other. Results go to benchmarks/results/<area>/
-<date>_<label>.json (areas: kda, mx, decode, train, envs, pipelines); one-question probes live in
-benchmarks/probes/.
+Benchmarks import this module and never each other (benchmarks/README.md: the groups and how to run
+them). Results go to benchmarks/results/<area>/<date>_<label>.json (areas: kda, mx, decode, train,
+envs, pipelines, posttrain, mopd).
 """
 
 from __future__ import annotations
@@ -16,11 +17,17 @@ import platform
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from k3model.config import get_profile
+from k3model.params import count_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-AREAS = ("kda", "mx", "decode", "train", "envs", "pipelines")
+AREAS = ("kda", "mx", "decode", "train", "envs", "pipelines", "posttrain", "mopd")
 
 
 def _git_commit() -> str | None:
@@ -194,7 +201,7 @@ def weight_copies(nbytes: int, l2_bytes: int) -> int:
 
 def tile_config_from_arg(text: str):
     """A benchmark's --tiles value as a KDA TileConfig: 'default', 'best:SWEEP.json' (the fastest correct
-    variant of a benchmarks/kda_variants.py run, from the tile_config it recorded), or overrides
+    variant of a benchmarks/kernels/kda_variants.py run, from the tile_config it recorded), or overrides
     'bwd_pairs_warps=4,state_warps=4'."""
     from kernels.kda.triton.common import TileConfig
 
@@ -249,3 +256,134 @@ def kernel_breakdown(events) -> dict:
             launch_host_ms += e.self_cpu_time_total / 1e3
     return {"kernels_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])),
             "host_synchronisations": syncs, "launch_calls_host_ms": launch_host_ms}
+
+
+# ---- training steps ---------------------------------------------------------------------------------
+# The K3 step and its dense peer as model/train_step.py, model/train_step_ab.py, model/profile_step.py
+# and kernels/cpu_kernels.py time them.
+
+class DenseBlock(nn.Module):
+    def __init__(self, d: int, heads: int, hidden: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+        x = x + self.o(a)
+        h = self.norm2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class DenseTransformer(nn.Module):
+    """The baseline: pre-norm, SDPA causal attention, SwiGLU, sized to the K3 model's active count."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(DenseBlock(d, heads, hidden) for _ in range(layers))
+        self.norm = nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def loss(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.norm(x)).float()
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def dense_baseline_for(profile: str) -> tuple[DenseTransformer, dict]:
+    cfg = get_profile(profile).model
+    counts = count_params(profile)
+    d, hidden = cfg.d_model, 4 * cfg.d_model
+    per_layer = 4 * d * d + 3 * d * hidden
+    target = counts["active"] - counts["parts"]["embedding"] - counts["parts"]["lm_head"] - counts["parts"].get("vision", 0)
+    layers = max(round(target / per_layer), 1)
+    model = DenseTransformer(cfg.vocab_size, d, layers, max(d // 128, 1), hidden)
+    n = sum(p.numel() for p in model.parameters())
+    return model, {"layers": layers, "d_model": d, "ffn_hidden": hidden, "params": n}
+
+
+def k3_train_step(model, opt: torch.optim.Optimizer, ids: torch.Tensor, autocast,
+                  micro_batches: int = 1) -> None:
+    """One K3 training step as the pretraining loop takes it: loss under `autocast()`, backward, the
+    optimizer step, then each MoE layer's balancing-bias update. With `micro_batches` > 1 the batch's
+    rows in that many equal parts, each part's mean loss / micro_batches backpropagated in turn (the
+    same gradient as one backward of the whole batch's mean, up to rounding)."""
+    # A new iteration for CUDA graph trees (compile mode "reduce-overhead"): the last step's graph
+    # outputs may be overwritten. A counter bump otherwise.
+    torch.compiler.cudagraph_mark_step_begin()
+    opt.zero_grad(set_to_none=True)
+    for part in ids.chunk(micro_batches):
+        with autocast():
+            loss = model.compute_loss(part)["loss/total"]
+        (loss / micro_batches).backward()
+    opt.step()
+    for layer in model.moe_layers():
+        layer.update_bias()
+
+
+def dense_cpu_step(profile: str, ids: torch.Tensor):
+    """(step, info): one fp32 training step of the profile's dense peer on `ids` (forward, backward,
+    AdamW), as the CPU timings take it, and the peer's size."""
+    dense, info = dense_baseline_for(profile)
+    # Fused, as the trainers' build_optimizer builds it on the CPU: like for like with the K3 step.
+    dopt = torch.optim.AdamW(dense.parameters(), lr=1e-4, fused=True)
+
+    def dense_step():
+        loss = dense.loss(ids)
+        dopt.zero_grad(set_to_none=True)
+        loss.backward()
+        dopt.step()
+
+    return dense_step, info
+
+
+def time_interleaved(step_fns: dict, warmup: int, reps: int) -> dict[str, float]:
+    """Median seconds per step of each function, run in turns (a, b, a, b, …): on a CPU shared with
+    other work, load that comes and goes then falls on both models alike (issue 17)."""
+    for _ in range(warmup):
+        for fn in step_fns.values():
+            fn()
+    times = {name: [] for name in step_fns}
+    for _ in range(reps):
+        for name, fn in step_fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+# ---- a home's data ----------------------------------------------------------------------------------
+
+DATA_FILES = {"tokenizer_path": ("tokenizer", "tokenizer.json"), "corpus_path": ("corpus", "corpus.parquet"),
+              "images_path": ("image_data", "images.parquet"), "clue_eval_path": ("clue_data", "clue_eval.parquet")}
+
+
+def newest_data(home, profile: str):
+    """The pretraining data files (k3model PretrainData) of `profile`'s newest materializations under
+    K3_HOME `home`, with the clue config the eval grid was built with."""
+    # Imported here: the GPU machine has only torch, and the kernel and model benchmarks import this module.
+    import pyarrow.parquet as pq
+
+    from datagen.clues import CluesConfig
+    from datagen.io import table_metadata
+    from k3model.pretrain_data import PretrainData
+
+    paths = {}
+    for field, (asset, name) in DATA_FILES.items():
+        found = sorted((Path(home) / "data" / profile / asset).glob(f"*/{name}"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise SystemExit(f"no {asset} for profile {profile} under {home}/data: materialize it first "
+                             f"(K3_HOME={home} k3 run --profile {profile} --select {asset})")
+        paths[field] = found[-1]
+    # Training packs its clue examples with the config the eval grid was built with.
+    recorded = table_metadata(pq.read_schema(paths["clue_eval_path"])).get("config", {})
+    clues = CluesConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()})
+    return PretrainData(clues=clues, **paths)

@@ -1,7 +1,7 @@
 """Hostile inputs and attack episodes: what a policy searching for unearned reward would try.
 
 Used by tests/envs/test_envs_adversarial.py (every attack must earn no reward, reach nothing outside
-its sandbox and leave the host running) and by benchmarks/envs_sandbox.py (attempts, escapes and
+its sandbox and leave the host running) and by benchmarks/envs/envs_sandbox.py (attempts, escapes and
 host crashes; the worst parse time per harness).
 
 - `hostile_texts(n_chars)`: policy messages that made earlier parsers quadratic or raise: every

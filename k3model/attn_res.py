@@ -74,7 +74,7 @@ class AttnRes(nn.Module):
         if torch.compiler.is_compiling():
             # One stacked product and sum, which Inductor fuses. The source-by-source sum below,
             # compiled together with α, gets the sources' gradients wrong at N = 3 on CUDA (Inductor,
-            # torch 2.11: 190–420 % off; benchmarks/probes/attn_res_mix_grads.py).
+            # torch 2.11: 190–420 % off; probes-archive:benchmarks/probes/attn_res_mix_grads.py).
             h_BTD = (alpha_NBT.unsqueeze(-1) * torch.stack(v_list_BTD)).sum(0)
         else:
             # Source by source, never stacked: the [N, B, T, D] copy of the sources (and its

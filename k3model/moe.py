@@ -324,7 +324,7 @@ class LatentMoE(nn.Module):
         if x_MD.is_cuda and not torch.is_grad_enabled() and M < ROUTER_MIN_ROWS:
             # CUDA's fp32 GEMMs pick their kernel by row count, so a token's scores would depend on
             # how many tokens share the call (a decode step's one against a speculative verify's
-            # K + 1; benchmarks/probes/op_rows.py), and near ties would pick other experts. Zero
+            # K + 1; probes-archive:benchmarks/probes/op_rows.py), and near ties would pick other experts. Zero
             # rows make every small call the same shape.
             x_MD = torch.cat([x_MD, x_MD.new_zeros(ROUTER_MIN_ROWS - M, x_MD.shape[1])])
         with torch.autocast(device_type=x_MD.device.type, enabled=False):

@@ -82,7 +82,7 @@ class PretrainConfig:
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
     # CUDA only: k3model.compiled.compile_regions on the model before the first step (the step
-    # benchmarks/train_step.py --compile-regions times; off by default until the loop has run it on a GPU).
+    # benchmarks/model/train_step.py --compile-regions times; off by default until the loop has run it on a GPU).
     compile_regions: bool = False
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@
                                              Dagster web UI + daemon and the MLflow UI on 127.0.0.1
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
     k3 report [--profile P]                  where the latest claims report is, one line per claim
-    k3 bench NAME                            run benchmarks/NAME.py
+    k3 bench [GROUP/]NAME                    run benchmarks/GROUP/NAME.py
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
 one history, one MLflow store and one checkpoint store. Each holds the home's lock while it runs (one
@@ -616,8 +616,11 @@ def _ui_running(dagster_url: str) -> bool:
 def cmd_bench(args: argparse.Namespace) -> int:
     bench_dir = REPO_ROOT / "benchmarks"
     script = bench_dir / f"{args.name}.py"
+    found = sorted(bench_dir.glob(f"*/{args.name}.py"))
+    if not script.is_file() and len(found) == 1:  # a bare name: the one group that holds it
+        script = found[0]
     if not script.is_file():
-        names = sorted(p.stem for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
+        names = sorted(str(p.relative_to(bench_dir).with_suffix("")) for p in bench_dir.glob("*/*.py"))
         _say(f"k3 bench: no benchmark {args.name!r}; available: {', '.join(names) or 'none yet'}")
         return 2
     # Benchmarks import `benchmarks.common` and the library from the checkout (they are scripts, not
@@ -677,7 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "links (default: %(default)s)")
     report.set_defaults(fn=cmd_report)
 
-    bench = sub.add_parser("bench", help="run benchmarks/NAME.py")
+    bench = sub.add_parser("bench", help="run benchmarks/GROUP/NAME.py")
     bench.add_argument("name")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(fn=cmd_bench)

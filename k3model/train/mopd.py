@@ -605,5 +605,5 @@ def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], 
     """Every route's tasks at its effort in the training harnesses (`evaluate_together`): the nine
     (domain, effort) cells of tiny's student evaluation are three batched decodes of six episodes,
     not nine of two (86 s of mopd_student's 315 s in the 2026-12-01 make run; 0.39× of the time,
-    benchmarks/mopd_eval.py)."""
+    benchmarks/recipes/mopd_eval.py)."""
     return evaluate_together(model, tokenizer, {r: (ts, r[1], None) for r, ts in tasks.items()}, specs)

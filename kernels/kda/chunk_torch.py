@@ -159,8 +159,8 @@ def unit_lower_inverse(A_CC: torch.Tensor) -> torch.Tensor:
     like binomial coefficients when A_kk's entries are large and of one sign (correlated keys, β near
     1, little decay inside the chunk) and then cancel. A trained tiny model's third KDA layer is in
     that regime (mean g ≈ −0.03): the doubling gave NaN or 8–80× relative output error on held-out
-    text, this path 4e-7 (benchmarks/probes/kda_inverse_diag.py); with L2-normalised uniform keys and gates
-    logsigmoid(N(0,1) + 5), 0.18 against 6e-7 (tests/kernels/test_kda_torch.py). Differentiable
+    text, this path 4e-7 (probes-archive:benchmarks/probes/kda_inverse_diag.py); with L2-normalised uniform
+    keys and gates logsigmoid(N(0,1) + 5), 0.18 against 6e-7 (tests/kernels/test_kda_torch.py). Differentiable
     through autograd.
     """
     C = A_CC.shape[-1]

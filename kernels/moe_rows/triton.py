@@ -31,7 +31,7 @@ import triton.language as tl
 
 # A program's tile is [BLOCK_M, BLOCK_L] with BLOCK_M·BLOCK_L = ROW_TILE (BLOCK_L the width rounded up
 # to a power of two, at most MAX_BLOCK_L; wider rows loop over chunks): at L = 512, 4 tokens a program
-# and 8 warps, the fastest of six shapes on the H200 (benchmarks/probes/glue_sweep.py, docs/log/gpu.md).
+# and 8 warps, the fastest of six shapes on the H200 (probes-archive:benchmarks/probes/glue_sweep.py, docs/log/gpu.md).
 ROW_TILE = 2048
 MAX_BLOCK_L = 1024
 NUM_WARPS = 8

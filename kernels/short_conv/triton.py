@@ -21,7 +21,7 @@ shifting dp inside one kernel's tile (docs/log/gpu.md). Rows are the flattened B
 t = row mod T masks the sequence boundaries. Addresses: one int64 base per tile and int32 offsets in
 it, with the width C a compile-time constant (one compile per width), so that the W shifted loads
 share one offset tensor and differ by constants, which keeps the registers a thread needs low
-(`benchmarks/probes/kernel_registers.py` reads them from ptxas for sm_90).
+(`probes-archive:benchmarks/probes/kernel_registers.py` reads them from ptxas for sm_90).
 
 `short_conv_silu_triton(x_BTC, weight_C1W, head_dim=0, eps=1e-6) -> y_BTC` is the public function:
 the custom op `k3::short_conv_silu` with autograd (x and the weight), usable inside torch.compile

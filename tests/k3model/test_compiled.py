@@ -1,7 +1,7 @@
 """k3model.compiled: the regionally compiled model computes what the eager one does.
 
 Dynamo's tracing and AOT autograd are checked on the CPU with the `aot_eager` backend (no code
-generation); Inductor's kernels run on the H200 (benchmarks/train_step.py --compile-regions).
+generation); Inductor's kernels run on the H200 (benchmarks/model/train_step.py --compile-regions).
 """
 
 import copy
@@ -53,7 +53,7 @@ def test_compiled_regions_on_cuda_give_the_eager_step_under_bf16_autocast():
     """The same check with Inductor on the GPU, bf16 autocast as in training. bf16 alone moves this
     random model's gradients by ~24 % (eager bf16 against eager fp32: the fp32 router scores see
     bf16-rounded inputs and top-k ties flip), so the compiled step is held to the eager bf16 step's
-    distance from the fp32 reference, not to the eager bf16 step (benchmarks/probes/compiled_grads.py;
+    distance from the fp32 reference, not to the eager bf16 step (probes-archive:benchmarks/probes/compiled_grads.py;
     a missing or wrong gradient is ~100 % off)."""
     from k3model.compiled import compile_regions
 

@@ -388,7 +388,7 @@ def default_gemv_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 def default_grouped_gemv_config(n: int, k: int, rows: int, device: torch.device) -> GemvConfig:
     """The tile for `rows` (weight, x row) pairs of [n, k] weights, measured on the H200 for a k3
-    decode token's 16 routed experts (docs/log/mx.md; benchmarks/mx_grouped.py): steps of 16 blocks
+    decode token's 16 routed experts (docs/log/mx.md; benchmarks/kernels/mx_grouped.py): steps of 16 blocks
     when they divide K's blocks (3584 -> 7 steps, 3072 -> 6), so no lane idles, 128 or 64 rows per
     program over 4 warps, whichever spreads the programs more evenly over the SMs (ties: 128), no split
     (rows x row tiles programs already fill the GPU). Otherwise default_gemv_config's."""

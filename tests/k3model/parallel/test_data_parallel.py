@@ -78,7 +78,7 @@ def test_imports_with_only_torch_present():
         "    def find_spec(self, name, path=None, target=None):\n"
         f"        if name.split('.')[0] in {blocked!r}: raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import k3model.parallel, pipelines.ray_launch, benchmarks.multigpu\n"
+        "import k3model.parallel, pipelines.ray_launch, benchmarks.model.multigpu\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -311,7 +311,7 @@ def check_fake_quant_kernel():
                 same |= torch.isnan(got) & torch.isnan(want)
                 if dtype == torch.bfloat16:
                     # The interpreter converts bf16 subnormals to float32 wrongly (9.2e-41 -> 0);
-                    # benchmarks/mx.py checks this row on the GPU.
+                    # benchmarks/kernels/mx.py checks this row on the GPU.
                     same[3] = True
                 assert same.all(), (dtype, fmt, rnd, got[~same][:4], want[~same][:4])
     print("fake quant ok")

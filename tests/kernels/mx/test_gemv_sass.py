@@ -1,7 +1,7 @@
 """The GEMV kernel compiled for sm_90 on the CPU (its inline PTX passes ptxas): at default_gemv_config's
 two tiles its K loop has no barrier, no shared-memory instruction and no spill, and is made of packed
 fp16 FMAs. Read from the SASS of the Triton wheel's ptxas/cuobjdump (sass_checks.py); timing is
-benchmarks/mx.py's, on the GPU."""
+benchmarks/kernels/mx.py's, on the GPU."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """mx_linear on the CPU (the torch_dequant path) and its input checks; the Triton paths are in
-test_triton_interpret.py and, on the H200, in benchmarks/mx.py."""
+test_triton_interpret.py and, on the H200, in benchmarks/kernels/mx.py."""
 
 import pytest
 import torch
