@@ -316,3 +316,43 @@ def test_a_model_that_cannot_load_fails_at_start_naming_the_path(tmp_path, files
         load_served(tmp_path / "missing", files["tokenizer"])
     with pytest.raises(ValueError, match="draft"):
         load_served(files["model"], files["tokenizer"], files["model"])  # a model is no draft
+
+
+def test_k3_serve_and_k3_chat_end_to_end(files):
+    """`k3 serve --model` in its own process (bound to 127.0.0.1, a free port), then the chat client's
+    loop with scripted lines: a streamed reply, /effort, and the server stopped by the test."""
+    import io
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.chat import main as chat
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--model", str(files["model"]),
+                             "--tokenizer", str(files["tokenizer"]), "--port", str(port), "--served-name", MODEL],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):  # bounded: 30 s
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.1)
+        out = io.StringIO()
+        assert chat(url, "low", 0.0, 6, lines=["hello", "/effort max", "/effort medium", "again", "/quit"], out=out) == 0
+        text = out.getvalue()
+        assert f"{MODEL} at {url}, effort low" in text and "(effort max)" in text and "choose one of" in text
+        assert text.count("completion tokens)") == 2 and "6 completion tokens" in text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode in (0, 130)
