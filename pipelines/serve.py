@@ -744,6 +744,8 @@ class Handler(BaseHTTPRequestHandler):
 
 class K3Server(ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog: socketserver's default of 5 resets the 6th client that connects at once.
+    request_queue_size = 128
 
     def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
                  efforts: dict | None = None, verbose: bool = False):
