@@ -37,10 +37,8 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import traceback
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
@@ -100,55 +98,6 @@ def step_time(model, B: int, prompt: int, steps: int) -> float:
     return statistics.median(times[1:])
 
 
-def post(base: str, body: dict) -> dict:
-    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
-
-
-def serve_sweep(served, batches: list[int], prompt: int, new: int) -> list[dict]:
-    from pipelines.serve import start
-    server, thread = start(served, max_batch=max(batches))
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    g = torch.Generator().manual_seed(0)
-    V = served.model.cfg.vocab_size
-    rows = []
-    try:
-        post(base, {"model": served.model_id, "prompt": [1] * prompt, "max_tokens": 4, "temperature": 0})  # warm-up
-        for B in batches:
-            prompts = [torch.randint(40, V, (prompt,), generator=g).tolist() for _ in range(B)]
-            latency, tokens = [0.0] * B, [0] * B
-            barrier = threading.Barrier(B + 1)
-
-            def ask(i: int) -> None:
-                barrier.wait()
-                t0 = time.perf_counter()
-                out = post(base, {"model": served.model_id, "prompt": prompts[i], "max_tokens": new, "temperature": 0})
-                latency[i] = time.perf_counter() - t0
-                tokens[i] = out["usage"]["completion_tokens"]
-
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(B)]
-            for t in threads:
-                t.start()
-            steps_before = server.scheduler.steps
-            spec_before = server.scheduler.speculative_requests
-            barrier.wait()
-            t0 = time.perf_counter()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-            row = {"batch": B, "tokens": sum(tokens), "wall_s": round(wall, 4), "tokens_per_s": round(sum(tokens) / wall, 1),
-                   "latency_median_s": round(statistics.median(latency), 4), "latency_max_s": round(max(latency), 4),
-                   "decode_steps": server.scheduler.steps - steps_before,
-                   "speculative_requests": server.scheduler.speculative_requests - spec_before}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    finally:
-        server.close()
-        thread.join(timeout=10)
-    return rows
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="tiny")
@@ -171,7 +120,7 @@ def main() -> int:
         from k3model.model import K3Model
         from k3model.quantize import export_quantized
         from k3model.speculative import speculative_generate
-        from pipelines.serve import load_served
+        from pipelines.serve import card, load_served
 
         batches = [int(b) for b in args.batches.split(",")]
         report["copy_bandwidth_GBps"] = round(copy_bandwidth() / 1e9, 2)
@@ -199,10 +148,10 @@ def main() -> int:
                                      "bandwidth_util": round(nbytes["total"] / t / (report["copy_bandwidth_GBps"] * 1e9), 4)}
                     print(name, B, json.dumps(steps[str(B)]), flush=True)
                 variants[name] = {"quantization": served.quantization, "decode_step": steps,
-                                  "serve": serve_sweep(served, batches, args.prompt, args.new)}
+                                  "serve": card(served, batches, args.prompt, args.new, log=print)}
             # With the draft: batch 1, against the same request without it (the fp32 target).
             served = load_served(root / "fp32", draft_path=root / "draft", model_id="bench-fp32-draft")
-            spec = serve_sweep(served, [1], args.prompt, args.new)
+            spec = card(served, [1], args.prompt, args.new, log=print)
             g = torch.Generator().manual_seed(0)
             prompt = torch.randint(40, model.cfg.vocab_size, (args.prompt,), generator=g).tolist()
             _, stats = speculative_generate(served.model, served.draft, prompt, SamplingConfig(args.new), args.draft_len)

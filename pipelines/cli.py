@@ -42,7 +42,7 @@ DESIGN_LINEAGE = (
     "tokenizer", "corpus", "clue_data", "image_data",
     "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model",
     "env_task_sets", "sft_policy", "rl_specialist", "mopd_student", "quantized_student",
-    "draft_model", "report",
+    "draft_model", "served_model", "report",
 )
 
 

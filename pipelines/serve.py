@@ -49,8 +49,10 @@ from __future__ import annotations
 import json
 import os
 import queue
+import statistics
 import threading
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -773,3 +775,63 @@ def start(served: Served, host: str = "127.0.0.1", port: int = 0, **kwargs) -> t
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     return server, thread
+
+
+def _post(base: str, body: dict) -> dict:
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def card(served: Served, batches: list[int], prompt: int, new: int, log: Callable[[str], None] | None = None) -> list[dict]:
+    """The inference card's serving rows: `served` behind a server on 127.0.0.1 (a free port), and for
+    each B in `batches`, B clients sending one greedy completion each at once (distinct random
+    prompts of `prompt` ids, `new` tokens): aggregate tokens/s = B · new / wall, latency per request
+    (median, max), the decode steps the scheduler ran and how many requests the draft decoded."""
+    server, thread = start(served, max_batch=max(batches))
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    g = torch.Generator().manual_seed(0)
+    V = served.model.cfg.vocab_size
+    rows = []
+    try:
+        _post(base, {"model": served.model_id, "prompt": [1] * prompt, "max_tokens": 4, "temperature": 0})  # warm-up
+        for B in batches:
+            prompts = [torch.randint(40, V, (prompt,), generator=g).tolist() for _ in range(B)]
+            latency, tokens, failed = [0.0] * B, [0] * B, []
+            barrier = threading.Barrier(B + 1)
+
+            def ask(i: int) -> None:
+                barrier.wait()
+                t0 = time.perf_counter()
+                try:
+                    out = _post(base, {"model": served.model_id, "prompt": prompts[i], "max_tokens": new,
+                                       "temperature": 0})
+                except OSError as e:
+                    failed.append(f"client {i} of {B}: {e}")
+                    return
+                latency[i] = time.perf_counter() - t0
+                tokens[i] = out["usage"]["completion_tokens"]
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(B)]
+            for t in threads:
+                t.start()
+            steps_before = server.scheduler.steps
+            spec_before = server.scheduler.speculative_requests
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t0
+            if failed:
+                raise RuntimeError(f"the card's requests failed: {'; '.join(failed)}")
+            row = {"batch": B, "tokens": sum(tokens), "wall_s": round(wall, 4), "tokens_per_s": round(sum(tokens) / wall, 1),
+                   "latency_median_s": round(statistics.median(latency), 4), "latency_max_s": round(max(latency), 4),
+                   "decode_steps": server.scheduler.steps - steps_before,
+                   "speculative_requests": server.scheduler.speculative_requests - spec_before}
+            if log is not None:
+                log(json.dumps(row))
+            rows.append(row)
+    finally:
+        server.close()
+        thread.join(timeout=10)
+    return rows
