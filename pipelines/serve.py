@@ -161,9 +161,10 @@ def profile_paths(profile: str) -> dict[str, Path | None]:
 
 @dataclass
 class Row:
-    """One choice of one request, as the scheduler runs it. Events go to `events`:
-    ("token", id, model_logprob, top [(id, logprob)]) per sampled id, then ("done", finish_reason)
-    or ("error", message)."""
+    """One choice of one request, as the scheduler runs it. Events go to `events` (one queue for all
+    choices of a request), each led by the choice's `index`: ("token", id, model_logprob, top
+    [(id, logprob)]) per sampled id, then ("done", finish_reason) or ("error", message). A row whose
+    client has gone (`cancelled`) leaves the batch at the next step."""
     prompt: list[int]
     cfg: SamplingConfig
     generator: torch.Generator | None
@@ -171,8 +172,13 @@ class Row:
     stop_check: Callable[[list[int]], bool] | None = None  # True: a stop string has appeared
     speculative_ok: bool = False
     events: queue.Queue = field(default_factory=queue.Queue)
+    index: int = 0
     token_ids: list[int] = field(default_factory=list)
     budget: int = 0
+    cancelled: bool = False
+
+    def emit(self, *event) -> None:
+        self.events.put((self.index, *event))
 
 
 class Scheduler:
@@ -200,6 +206,9 @@ class Scheduler:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
         cache, logits_BV = None, None
@@ -226,10 +235,10 @@ class Scheduler:
                     cache, logits_BV = self._step(cache, logits_BV)
             except Exception as e:  # noqa: BLE001 - the server must outlive a failed step
                 for row in self.running:
-                    row.events.put(("error", f"{type(e).__name__}: {e}"))
+                    row.emit("error", f"{type(e).__name__}: {e}")
                 self.running, cache, logits_BV = [], None, None
         for row in self.running:
-            row.events.put(("error", "the server is shutting down"))
+            row.emit("error", "the server is shutting down")
 
     def _budget(self, row: Row) -> int:
         n = row.cfg.max_new_tokens
@@ -239,8 +248,10 @@ class Scheduler:
         live = []
         for row in rows:
             row.budget = self._budget(row)
+            if row.cancelled:
+                continue
             if row.budget <= 0:
-                row.events.put(("done", "length"))
+                row.emit("done", "length")
             else:
                 live.append(row)
         if not live:
@@ -276,11 +287,13 @@ class Scheduler:
             tok = tokens[b]
             row.token_ids.append(tok)
             tops = [] if not row.top_logprobs else list(zip(top[b][0][: row.top_logprobs], top[b][1][: row.top_logprobs]))
-            row.events.put(("token", tok, model_logps[b], tops))
+            row.emit("token", tok, model_logps[b], tops)
+            if row.cancelled:
+                continue
             if tok in row.cfg.stop_ids or (row.stop_check is not None and row.stop_check(row.token_ids)):
-                row.events.put(("done", "stop"))
+                row.emit("done", "stop")
             elif len(row.token_ids) >= row.budget:
-                row.events.put(("done", "length"))
+                row.emit("done", "length")
             else:
                 keep.append(b)
         self.running = [rows[b] for b in keep]
@@ -304,15 +317,15 @@ class Scheduler:
         from k3model.speculative import speculative_generate
         row.budget = self._budget(row)
         if row.budget <= 0:
-            row.events.put(("done", "length"))
+            row.emit("done", "length")
             return True
         cfg = SamplingConfig(row.budget, row.cfg.temperature, row.cfg.top_k, row.cfg.top_p, row.cfg.stop_ids)
         ids, _ = speculative_generate(self.model, self.draft, row.prompt, cfg, self.draft_len, generator=row.generator)
         self.speculative_requests += 1
         for tok in ids:
             row.token_ids.append(tok)
-            row.events.put(("token", tok, None, []))
-        row.events.put(("done", "stop" if ids and ids[-1] in cfg.stop_ids else "length"))
+            row.emit("token", tok, None, [])
+        row.emit("done", "stop" if ids and ids[-1] in cfg.stop_ids else "length")
         return True
 
 
@@ -517,7 +530,7 @@ class Api:
                        include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
 
     def rows(self, req: Request) -> list[Row]:
-        rows = []
+        rows, events = [], queue.Queue()
         for i in range(req.n):
             generator = None
             if req.cfg.temperature > 0:
@@ -528,7 +541,7 @@ class Api:
                 def check(ids, kind=req.kind, stops=tuple(req.stop)):
                     return any(s in self.visible(kind, ids)[1] for s in stops)
             rows.append(Row(list(req.prompt), req.cfg, generator, req.top_logprobs, check,
-                            speculative_ok=req.n == 1 and not req.stop and not req.logprobs))
+                            speculative_ok=req.n == 1 and not req.stop and not req.logprobs, events=events, index=i))
         return rows
 
     # --- running -------------------------------------------------------------------------------
@@ -556,17 +569,19 @@ class Api:
             emit(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None} for i in range(len(rows))]))
         open_rows = set(range(len(rows)))
-        while open_rows:
-            for i in sorted(open_rows):
-                row = rows[i]
+        try:
+            while open_rows:
                 try:
-                    event = row.events.get(timeout=0.05)
+                    i, *event = rows[0].events.get(timeout=1.0)
                 except queue.Empty:
+                    if not self.scheduler.alive():
+                        raise RuntimeError("the scheduler thread has stopped") from None
                     continue
+                row = rows[i]
                 if event[0] == "error":
                     raise RuntimeError(event[1])
                 if event[0] == "token":
-                    logps[i].append(event[1:])
+                    logps[i].append(tuple(event[1:]))
                     if emit is not None:
                         delta = self._delta(req, row.token_ids[: len(logps[i])], shown[i], hold, final=False)
                         if delta is not None:
@@ -580,6 +595,10 @@ class Api:
                     delta = self._delta(req, row.token_ids, shown[i], 0, final=True, finish=finish[i])
                     shown[i] = delta[0] if delta else shown[i]
                     emit(chunk([self._stream_choice(req, i, delta[1] if delta else ("", ""), None, finish[i])]))
+        except BaseException:
+            for row in rows:  # the client left or the request failed: free the batch rows
+                row.cancelled = True
+            raise
         usage = {"prompt_tokens": len(req.prompt), "completion_tokens": sum(len(r.token_ids) for r in rows),
                  "total_tokens": len(req.prompt) + sum(len(r.token_ids) for r in rows)}
         if emit is not None and req.include_usage:

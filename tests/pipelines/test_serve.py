@@ -236,6 +236,29 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served):
                                               "temperature": 0})["usage"]["completion_tokens"] == 2
 
 
+def test_a_client_that_leaves_mid_stream_frees_its_rows(served):
+    import http.client
+    import time
+    s, client = served
+    scheduler = client.server.scheduler
+    before = scheduler.steps
+    conn = http.client.HTTPConnection("127.0.0.1", client.server.server_address[1], timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": ids_of(5, 2), "max_tokens": 400,
+                                                        "temperature": 0, "stream": True}),
+                 {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200 and response.read1(64)  # the stream has started
+    conn.sock.shutdown(2)
+    conn.close()
+    for _ in range(200):  # bounded: 20 s
+        if not scheduler.running:
+            break
+        time.sleep(0.1)
+    assert not scheduler.running and scheduler.pending.empty()
+    assert scheduler.steps - before < 200  # of the 400 asked for: the row left when its client did
+    assert client.ok("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 2})["usage"]["completion_tokens"] == 2
+
+
 def test_concurrent_clients_each_get_what_they_get_alone(served, files):
     s, client = served
     prompts = [ids_of(n, 10 + n) for n in (3, 5, 8, 8, 13, 21)]
