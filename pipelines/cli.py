@@ -631,14 +631,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pipelines.serve import K3Server, load_served, profile_paths
-    paths = {"model": args.model, "draft": args.draft_model, "tokenizer": args.tokenizer}
-    if args.model is None:
-        found = profile_paths(args.profile)
-        paths = {k: paths[k] or found[k] for k in paths}
-    if paths["tokenizer"] is None:
-        _say("k3 serve: --model needs --tokenizer PATH (the tokenizer.json of its lineage) for text requests")
-        return 2
+    from pipelines.serve import K3Server, load_served, resolve_paths
+    paths = resolve_paths(args.profile, args.model, args.tokenizer, args.draft_model)
     served = load_served(paths["model"], paths["tokenizer"], None if args.draft == "off" else paths["draft"],
                          model_id=args.served_name)
     server = K3Server(served, args.host, args.port, max_batch=args.max_batch, verbose=args.verbose)
@@ -717,7 +711,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Serve a profile's newest quantized_student (with its draft_model) or any "
                                        "checkpoint on /v1/completions and /v1/chat/completions (pipelines/serve.py).")
     serve.add_argument("--profile", default=default_profile(), help="whose newest served student (default: %(default)s)")
-    serve.add_argument("--model", help="a checkpoint directory instead (float or MXFP4 export)")
+    serve.add_argument("--model", help="a checkpoint directory instead (float or MXFP4 export), or a registered "
+                       "model version (k3-tiny-base@champion)")
     serve.add_argument("--tokenizer", help="its tokenizer.json (default: the profile's newest tokenizer)")
     serve.add_argument("--draft-model", help="a draft checkpoint (default with --profile: the newest draft_model)")
     serve.add_argument("--draft", choices=("auto", "off"), default="auto",

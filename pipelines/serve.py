@@ -2,7 +2,7 @@
 "one model that exposes different reasoning-effort settings").
 
     k3 serve --profile tiny            the profile's newest quantized_student (+ draft_model)
-    k3 serve --model PATH [--tokenizer PATH] [--draft-model PATH] [--draft off]
+    k3 serve --model PATH|NAME@ALIAS [--tokenizer PATH] [--draft-model PATH] [--draft off]
 
 Endpoints (JSON in and out, errors shaped as OpenAI's `{"error": {"message", "type", "param", "code"}}`):
 
@@ -135,25 +135,48 @@ def load_served(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike
                   None if draft_path is None else Path(draft_path))
 
 
-def profile_paths(profile: str) -> dict[str, Path | None]:
-    """What `k3 serve --profile P` loads: the newest quantized_student (else mopd_student), its
-    draft_model and the tokenizer, from the Dagster instance under K3_HOME."""
-    from pipelines.instance import apply_k3_environ
-    apply_k3_environ()
-    import dagster as dg
+def resolve_paths(profile: str, model: str | None = None, tokenizer: str | None = None,
+                  draft: str | None = None) -> dict[str, Path | None]:
+    """What `k3 serve` loads. No `model`: the profile's newest quantized_student (else mopd_student)
+    and its newest draft_model, from the Dagster instance under K3_HOME. `model` is a checkpoint
+    directory or a registered MLflow model version (`name@alias`, `name/version`:
+    pipelines.registry). The tokenizer, unless given, is the profile's newest."""
+    def latest(name: str):
+        # The Dagster instance is opened only when something is looked up there.
+        from pipelines.instance import apply_k3_environ
+        apply_k3_environ()
+        import dagster as dg
 
-    from assets.lineage import latest
-    instance = dg.DagsterInstance.get()
-    found = {name: latest(instance, profile, name) for name in ("quantized_student", "mopd_student",
-                                                                 "draft_model", "tokenizer")}
-    model = found["quantized_student"] or found["mopd_student"]
+        from assets.lineage import latest as newest
+        return newest(dg.DagsterInstance.get(), profile, name)
+
+    found: dict[str, Path | None] = {"model": None, "draft": None, "tokenizer": None}
     if model is None:
-        raise ValueError(f"profile {profile!r} has no quantized_student (nor mopd_student) yet: "
-                         f"`k3 run --profile {profile} --select '*quantized_student'` makes one, or pass --model PATH")
-    if found["tokenizer"] is None:
-        raise ValueError(f"profile {profile!r} has no tokenizer materialized; pass --tokenizer PATH")
-    return {"model": model.path, "draft": found["draft_model"].path if found["draft_model"] else None,
-            "tokenizer": found["tokenizer"].path}
+        student = latest("quantized_student") or latest("mopd_student")
+        if student is None:
+            raise ValueError(f"profile {profile!r} has no quantized_student (nor mopd_student) yet: `k3 run "
+                             f"--profile {profile} --select '*quantized_student'` makes one, or pass --model PATH")
+        found["model"] = student.path
+        draft_up = latest("draft_model")
+        found["draft"] = draft_up.path if draft_up is not None else None
+    elif Path(model).exists():
+        found["model"] = Path(model)
+    elif "@" in model or "/" in model:
+        from pipelines.registry import checkpoint_path
+        found["model"] = checkpoint_path(model)
+    else:
+        raise ValueError(f"--model {model!r} is neither a checkpoint directory nor a registered model "
+                         "('name@alias' or 'name/version', e.g. k3-tiny-base@champion)")
+    if draft is not None:
+        found["draft"] = Path(draft)
+    if tokenizer is not None:
+        found["tokenizer"] = Path(tokenizer)
+    else:
+        tok = latest("tokenizer")
+        if tok is None:
+            raise ValueError(f"profile {profile!r} has no tokenizer materialized; pass --tokenizer PATH")
+        found["tokenizer"] = tok.path
+    return found
 
 
 # ----------------------------------------------------------------------------------------------

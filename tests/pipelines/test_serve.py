@@ -379,3 +379,25 @@ def test_k3_serve_and_k3_chat_end_to_end(files):
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
     assert proc.returncode in (0, 130)
+
+
+def test_k3_serve_finds_the_profiles_newest_student_or_says_what_to_run(tmp_path, monkeypatch, files):
+    import dagster as dg
+
+    from assets.lineage import PROFILE_TAG, key
+    from pipelines.serve import resolve_paths
+    for name in ("K3_HOME", "DAGSTER_HOME", "K3_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("K3_HOME", str(tmp_path / "home"))
+    with pytest.raises(ValueError, match="k3 run --profile smoke --select"):
+        resolve_paths("smoke")
+    # Explicit paths never open the instance.
+    assert resolve_paths("smoke", str(files["model"]), str(files["tokenizer"]))["model"] == files["model"]
+    instance = dg.DagsterInstance.get()
+    for name, path in (("quantized_student", files["model"]), ("draft_model", tmp_path / "draft"),
+                       ("tokenizer", files["tokenizer"])):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", name), metadata={"path": dg.MetadataValue.path(str(path))},
+            tags={PROFILE_TAG: "smoke"}))
+    assert resolve_paths("smoke") == {"model": files["model"], "draft": tmp_path / "draft",
+                                      "tokenizer": files["tokenizer"]}
