@@ -11,7 +11,7 @@ quantized_student writes) is saved for its file size only: the CPU loaders build
 load its bf16 tensors into it, so on the CPU it serves exactly as the fp32-rest export does. Each is served by pipelines.serve on 127.0.0.1 from this
 process, and for each batch size B, B clients send one greedy request each at once (distinct
 random prompts of --prompt tokens, --new tokens each): per-request latency (median, max) and the
-aggregate tokens/s = B · new / wall. The draft runs batch 1 only (speculative decoding is one
+aggregate tokens/s = B · new / wall, each B run --reps times and the median-wall run kept. The draft runs batch 1 only (speculative decoding is one
 prompt at a time), beside the same request without it; its acceptance length τ comes from
 `speculative_generate`'s stats on the same prompt.
 
@@ -105,6 +105,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--step-reps", type=int, default=12)
+    ap.add_argument("--reps", type=int, default=3, help="runs of each batch size through the server (median kept)")
     ap.add_argument("--draft-len", type=int, default=4)
     ap.add_argument("--out", default=f"benchmarks/results/decode/{time.strftime('%Y-%m-%d')}_serve_tiny_cpu.json")
     args = ap.parse_args()
@@ -148,10 +149,10 @@ def main() -> int:
                                      "bandwidth_util": round(nbytes["total"] / t / (report["copy_bandwidth_GBps"] * 1e9), 4)}
                     print(name, B, json.dumps(steps[str(B)]), flush=True)
                 variants[name] = {"quantization": served.quantization, "decode_step": steps,
-                                  "serve": card(served, batches, args.prompt, args.new, log=print)}
+                                  "serve": card(served, batches, args.prompt, args.new, log=print, reps=args.reps)}
             # With the draft: batch 1, against the same request without it (the fp32 target).
             served = load_served(root / "fp32", draft_path=root / "draft", model_id="bench-fp32-draft")
-            spec = card(served, [1], args.prompt, args.new, log=print)
+            spec = card(served, [1], args.prompt, args.new, log=print, reps=args.reps)
             g = torch.Generator().manual_seed(0)
             prompt = torch.randint(40, model.cfg.vocab_size, (args.prompt,), generator=g).tolist()
             _, stats = speculative_generate(served.model, served.draft, prompt, SamplingConfig(args.new), args.draft_len)

@@ -825,11 +825,14 @@ def _post(base: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def card(served: Served, batches: list[int], prompt: int, new: int, log: Callable[[str], None] | None = None) -> list[dict]:
+def card(served: Served, batches: list[int], prompt: int, new: int, log: Callable[[str], None] | None = None,
+         reps: int = 1) -> list[dict]:
     """The inference card's serving rows: `served` behind a server on 127.0.0.1 (a free port), and for
     each B in `batches`, B clients sending one greedy completion each at once (distinct random
     prompts of `prompt` ids, `new` tokens): aggregate tokens/s = B · new / wall, latency per request
-    (median, max), the decode steps the scheduler ran and how many requests the draft decoded."""
+    (median, max), the decode steps the scheduler ran and how many requests the draft decoded. With
+    `reps` > 1 each B runs that many times (fresh prompts) and the run of median wall time is kept
+    (a shared machine's load comes and goes); `walls_s` lists them all."""
     server, thread = start(served, max_batch=max(batches))
     base = f"http://127.0.0.1:{server.server_address[1]}"
     g = torch.Generator().manual_seed(0)
@@ -837,7 +840,7 @@ def card(served: Served, batches: list[int], prompt: int, new: int, log: Callabl
     rows = []
     try:
         _post(base, {"model": served.model_id, "prompt": [1] * prompt, "max_tokens": 4, "temperature": 0})  # warm-up
-        for B in batches:
+        for B in [b for b in batches for _ in range(reps)]:
             prompts = [torch.randint(40, V, (prompt,), generator=g).tolist() for _ in range(B)]
             latency, tokens, failed = [0.0] * B, [0] * B, []
             barrier = threading.Barrier(B + 1)
@@ -873,6 +876,12 @@ def card(served: Served, batches: list[int], prompt: int, new: int, log: Callabl
             if log is not None:
                 log(json.dumps(row))
             rows.append(row)
+        if reps > 1:
+            kept = []
+            for at in range(0, len(rows), reps):
+                runs = sorted(rows[at: at + reps], key=lambda r: r["wall_s"])
+                kept.append({**runs[len(runs) // 2], "walls_s": [r["wall_s"] for r in rows[at: at + reps]]})
+            rows = kept
     finally:
         server.close()
         thread.join(timeout=10)
