@@ -4,7 +4,9 @@
     k3 serve --profile tiny            the profile's newest quantized_student (+ draft_model)
     k3 serve --model PATH|NAME@ALIAS [--tokenizer PATH] [--draft-model PATH] [--draft off]
 
-Endpoints (JSON in and out, errors shaped as OpenAI's `{"error": {"message", "type", "param", "code"}}`):
+Endpoints (JSON in and out, errors shaped as OpenAI's `{"error": {"message", "type", "param", "code"}}`;
+request fields the engine has no counterpart for — penalties, logit_bias, best_of, echo, tools —
+are refused with a 400 unless they hold their no-op value, never silently ignored):
 
     GET  /health                 {"status": "ok", "model", "running", "pending"}
     GET  /v1/models              the one served model
@@ -73,6 +75,9 @@ EFFORTS = tuple(EFFORT_SPECS)
 DEFAULT_EFFORT = "high"
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# OpenAI request fields the engine has no counterpart for, with the value that asks for nothing.
+UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": {},
+               "best_of": 1, "echo": False, "suffix": None, "tools": [], "response_format": {"type": "text"}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -526,7 +531,15 @@ class Api:
         if top_p == 0:
             raise RequestError("top_p must be > 0 (use temperature 0 for greedy)", "top_p")
         n = _number(body, "n", 1, lo=1, hi=16, integer=True)
-        seed = _number(body, "seed", None, integer=True)
+        seed = _number(body, "seed", None, lo=-(1 << 63), hi=(1 << 63) - 1 - 16, integer=True)
+        top_k = _number(body, "top_k", None, lo=-1, integer=True)
+        if top_k == 0:
+            raise RequestError("top_k must be ≥ 1, or -1 / absent for no top-k filter", "top_k")
+        # Parameters the engine cannot honour are refused rather than ignored when they ask for
+        # something other than their no-op default.
+        for name, noop in UNSUPPORTED.items():
+            if body.get(name) not in (None, noop):
+                raise RequestError(f"{name} is not supported by this server; leave it out (or at {noop!r})", name)
         stop = body.get("stop")
         stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
@@ -548,6 +561,7 @@ class Api:
             top = _number(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS, integer=True)
             logprobs, top = top is not None, top or 0
         cfg = SamplingConfig(max_new_tokens=max_tokens, temperature=float(temperature),
+                             top_k=None if top_k in (None, -1) else top_k,
                              top_p=None if top_p == 1 else float(top_p), stop_ids=self.stop_ids_of(kind))
         return Request(kind, prompt, n, cfg, seed, stop, stream, logprobs, top, effort,
                        include_usage=bool(isinstance(options, dict) and options.get("include_usage")))

@@ -216,6 +216,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served):
         ({**chat, "temperature": -0.5}, 400, "temperature"),
         ({**chat, "top_p": 1.5}, 400, "top_p"),
         ({**chat, "n": 0}, 400, "n"),
+        ({**chat, "frequency_penalty": 0.5}, 400, "frequency_penalty"),  # refused, not silently ignored
+        ({**chat, "top_k": 0}, 400, "top_k"),
+        ({**chat, "seed": 1 << 70}, 400, "seed"),
         ({**chat, "messages": []}, 400, "messages"),
         ({**chat, "messages": [{"role": "user", "content": "x " * 2000}]}, 400, "messages"),
         ({"model": MODEL, "prompt": [1] * 513}, 400, "prompt"),
@@ -299,6 +302,10 @@ def test_seed_reproduces_and_sampling_parameters_are_honoured(served):
     greedy = client.ok("/v1/completions", {**body, "temperature": 0})["choices"][0]["token_ids"]
     nucleus = client.ok("/v1/completions", {**body, "top_p": 1e-6, "seed": 5})["choices"][0]["token_ids"]
     assert nucleus == greedy != a
+    assert client.ok("/v1/completions", {**body, "top_k": 1, "seed": 5})["choices"][0]["token_ids"] == greedy
+    # No-op values of parameters the engine lacks are accepted.
+    assert client.ok("/v1/completions", {**body, "seed": 11, "frequency_penalty": 0, "logit_bias": {}})[
+        "choices"][0]["token_ids"] == a
     # top_logprobs: the k largest log-probabilities, the sampled greedy id first.
     out = client.ok("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                                              "temperature": 0, "logprobs": True, "top_logprobs": 3})
