@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, deploy, distill, evaluation, posttrain, pretrain, report
+from assets import data, deploy, distill, evaluation, posttrain, pretrain, report, serve
 from assets.lineage import PROFILES
 
 
@@ -43,7 +43,7 @@ class ProfileDefs:
 # report.build comes last: the report reads every other asset (and depends on those that exist).
 BUILDERS: tuple[Callable[[str], list | tuple[list, list]], ...] = (data.build, pretrain.build, evaluation.build,
                                                                    posttrain.build, distill.build, deploy.build,
-                                                                   report.build)
+                                                                   serve.build, report.build)
 
 
 def build_profile(profile: str) -> ProfileDefs:

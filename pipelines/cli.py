@@ -9,6 +9,10 @@
     k3 params --profile P [--json]           total and active parameter counts (no weights allocated)
     k3 report [--profile P]                  where the latest claims report is, one line per claim
     k3 bench [GROUP/]NAME                    run benchmarks/GROUP/NAME.py
+    k3 serve [--profile P | --model PATH] [--port 8000] [--draft auto|off]
+                                             the served student behind an OpenAI-compatible API
+                                             (pipelines/serve.py)
+    k3 chat [--url URL] [--effort E]         a terminal client for `k3 serve` (pipelines/chat.py)
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
 one history, one MLflow store and one checkpoint store. Each holds the home's lock while it runs (one
@@ -38,7 +42,7 @@ DESIGN_LINEAGE = (
     "tokenizer", "corpus", "clue_data", "image_data",
     "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model",
     "env_task_sets", "sft_policy", "rl_specialist", "mopd_student", "quantized_student",
-    "draft_model", "report",
+    "draft_model", "served_model", "report",
 )
 
 
@@ -629,6 +633,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, str(script), *args.bench_args], cwd=REPO_ROOT, env=env)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pipelines.serve import K3Server, load_served, resolve_paths
+    paths = resolve_paths(args.profile, args.model, args.tokenizer, args.draft_model)
+    served = load_served(paths["model"], paths["tokenizer"], None if args.draft == "off" else paths["draft"],
+                         model_id=args.served_name)
+    server = K3Server(served, args.host, args.port, max_batch=args.max_batch, verbose=args.verbose)
+    _say(f"k3 serve: {served.model_id} ({served.quantization}, draft "
+         f"{served.draft_path if served.draft is not None else 'off'}) from {served.path}")
+    _say(f"k3 serve: http://{args.host}:{server.server_address[1]}/v1 (Ctrl-C stops)")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.close()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from pipelines.chat import main as chat
+    return chat(args.url, args.effort, args.temperature, args.max_tokens)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="k3", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -684,6 +709,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(fn=cmd_bench)
+
+    serve = sub.add_parser("serve", help="serve the student behind an OpenAI-compatible API",
+                           description="Serve a profile's newest quantized_student (with its draft_model) or any "
+                                       "checkpoint on /v1/completions and /v1/chat/completions (pipelines/serve.py).")
+    serve.add_argument("--profile", default=default_profile(), help="whose newest served student (default: %(default)s)")
+    serve.add_argument("--model", help="a checkpoint directory instead (float or MXFP4 export), or a registered "
+                       "model version (k3-tiny-base@champion)")
+    serve.add_argument("--tokenizer", help="its tokenizer.json (default: the profile's newest tokenizer)")
+    serve.add_argument("--draft-model", help="a draft checkpoint (default with --profile: the newest draft_model)")
+    serve.add_argument("--draft", choices=("auto", "off"), default="auto",
+                       help="speculative decoding with the draft when one is found (default: %(default)s)")
+    serve.add_argument("--served-name", help="the model id clients name (default: k3-<profile>-<sha256[:12]>)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    serve.add_argument("--max-batch", type=int, default=16, help="rows one decode step holds (default: %(default)s)")
+    serve.add_argument("--verbose", action="store_true", help="log every request and full tracebacks")
+    serve.set_defaults(fn=cmd_serve)
+
+    chat = sub.add_parser("chat", help="a terminal client for `k3 serve`")
+    chat.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default: %(default)s)")
+    chat.add_argument("--effort", choices=("low", "high", "max"), default="high", help="(default: %(default)s)")
+    chat.add_argument("--temperature", type=float, default=0.7, help="(default: %(default)s)")
+    chat.add_argument("--max-tokens", type=int, help="default: the effort's budget")
+    chat.set_defaults(fn=cmd_chat)
     return parser
 
 

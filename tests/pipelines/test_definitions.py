@@ -10,7 +10,7 @@ DATA = {"corpus", "tokenizer", "clue_data", "image_data"}
 PRETRAIN = {"pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model"}
 POSTTRAIN = {"sft_data", "sft_policy", "rl_tasks", "rl_specialist"}
 DISTILL = {"mopd_student", "cross_harness"}
-DEPLOY = {"quantized_student", "draft_model"}
+DEPLOY = {"quantized_student", "draft_model", "served_model"}
 
 
 def _graph():
