@@ -77,7 +77,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     import torch
 
     from k3model.engine import SamplingConfig, generate
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
     from k3model.train.quant_compare import compare_qat_ptq
 
@@ -208,7 +208,7 @@ def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_toke
 def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, heldout_path: str, work_dir: str,
                      live: LiveLog) -> DraftResult:
     from k3model.draft import draft_from_mtp, load_draft
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     from k3model.train.draft import train
 
     from k3model.engine import context_length

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
-    from k3model.pretrain import PretrainConfig, PretrainResult
-    from k3model.pretrain_data import PretrainData
+    from k3model.train.pretrain import PretrainConfig, PretrainResult
+    from k3model.train.pretrain_data import PretrainData
 
 _INTERRUPTED = threading.Event()
 
@@ -134,7 +134,7 @@ class ProgressFeed:
 
 def train_stage_task(cfg: PretrainConfig, data: PretrainData, init_checkpoint: str | None, work_dir: str,
                      live: LiveLog) -> PretrainResult:
-    from k3model.pretrain import train
+    from k3model.train.pretrain import train
     return train(cfg, data, work_dir, init_checkpoint=init_checkpoint, log_fn=live)
 
 
@@ -143,8 +143,8 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
     """Re-score a checkpoint (hashes verified on load) with the model config its manifest records."""
     import torch
 
-    from k3model.pretrain import eval_sizes, load_pretrained
-    from k3model.pretrain_eval import evaluate
+    from k3model.train.pretrain import eval_sizes, load_pretrained
+    from k3model.train.pretrain_eval import evaluate
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, manifest = load_pretrained(checkpoint_dir, device)

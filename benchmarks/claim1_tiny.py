@@ -18,7 +18,7 @@ image_data`); the newest version of each is used, as in benchmarks/clue_probe.py
 grid from the recorded clue config (its task, lengths and buckets) with the eval sizing of the tiny
 preset (`eval_per_cell`, `eval_pairs_per_bucket`; override with `--per-cell`, `--per-bucket`) on the
 held-out filler, and scores it with the pipeline's end-of-stage scorer
-(`k3model.pretrain_eval.clue_accuracy`: argmax at every answer token, the rows of a cell batched).
+(`k3model.train.pretrain_eval.clue_accuracy`: argmax at every answer token, the rows of a cell batched).
 The claim reads per (stage, bucket, variant) the hits and n summed over the bucket's cells.
 """
 
@@ -43,8 +43,8 @@ from benchmarks.clue_probe import newest_data  # noqa: E402
 from datagen import presets  # noqa: E402
 from datagen.clues import clue_eval_grid, distance_buckets, home_cells, pairs_in_cell  # noqa: E402
 from datagen.io import write_parquet  # noqa: E402
-from k3model.pretrain import PretrainConfig, load_pretrained, train  # noqa: E402
-from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
+from k3model.train.pretrain import PretrainConfig, load_pretrained, train  # noqa: E402
+from k3model.train.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
 
 
 LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/lr", "perf/tokens_per_s")

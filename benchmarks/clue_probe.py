@@ -29,9 +29,9 @@ import torch
 from datagen.clues import CluesConfig
 from datagen.io import table_metadata
 from k3model.model import K3Model
-from k3model.pretrain import PretrainConfig, build_optimizer, train_step
-from k3model.pretrain_data import PretrainData, StageBatches
-from k3model.pretrain_eval import clue_accuracy
+from k3model.train.pretrain import PretrainConfig, build_optimizer, train_step
+from k3model.train.pretrain_data import PretrainData, StageBatches
+from k3model.train.pretrain_eval import clue_accuracy
 from k3model.schedule import lr_at
 
 DATA_FILES = {"tokenizer_path": ("tokenizer", "tokenizer.json"), "corpus_path": ("corpus", "corpus.parquet"),

@@ -344,7 +344,7 @@ def load_quantized_into(model: K3Model, directory: str | os.PathLike, verify: bo
     weights, manifest = load_checkpoint(directory, verify=verify, device=next(model.parameters()).device)
     if not is_quantized_manifest(manifest):
         raise ValueError(f"{directory} is not an MXFP4 export (no {QUANT_FORMAT} quantization block in its "
-                         "manifest): load it with k3model.pretrain.load_pretrained")
+                         "manifest): load it with k3model.train.pretrain.load_pretrained")
     if _float_moes(model):
         raise ValueError(f"{directory} holds MXFP4-packed routed experts but this model's LatentMoEs have float "
                          "experts: build the model with k3model.quantize.load_quantized(directory), or "
@@ -366,7 +366,7 @@ def load_quantized(directory: str | os.PathLike, device: str | torch.device = "c
     an MXLatentMoE with the packed experts, everything else as exported. Returns (model, manifest)."""
     manifest = read_manifest(directory)
     if not is_quantized_manifest(manifest):
-        raise ValueError(f"{directory} is not an MXFP4 export: load it with k3model.pretrain.load_pretrained")
+        raise ValueError(f"{directory} is not an MXFP4 export: load it with k3model.train.pretrain.load_pretrained")
     quant = manifest["quantization"]
     cfg = model_config_from_manifest(manifest)
     model = K3Model(cfg)

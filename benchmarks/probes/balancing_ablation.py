@@ -25,8 +25,8 @@ import datagen
 from benchmarks.common import run_header
 from datagen.build import build_all
 from k3model.model import K3Model
-from k3model.pretrain import PretrainConfig, build_optimizer, train, train_step
-from k3model.pretrain_data import PretrainData, StageBatches
+from k3model.train.pretrain import PretrainConfig, build_optimizer, train, train_step
+from k3model.train.pretrain_data import PretrainData, StageBatches
 
 ARMS = ("quantile", "deepseek", "none")
 

@@ -22,7 +22,7 @@ import k3model.kda_layer as kda_layer
 import kernels.kda.chunk_torch as chunk_torch
 from datagen.corpus import split_texts
 from datagen.tokenizer import encode_batch
-from k3model.pretrain import load_pretrained
+from k3model.train.pretrain import load_pretrained
 from kernels.kda.naive import naive_recurrent_kda
 
 

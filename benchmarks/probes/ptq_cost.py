@@ -19,7 +19,7 @@ import torch
 from benchmarks.common import run_header
 from datagen.io import read_parquet
 from k3model.model import IGNORE_INDEX
-from k3model.pretrain import load_pretrained
+from k3model.train.pretrain import load_pretrained
 from k3model.quantize import convert_to_mx
 from k3model.train import sft
 from k3model.train.quant_compare import own_token_kl

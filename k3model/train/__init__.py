@@ -7,5 +7,5 @@ buffer).
 - `sft`: supervised fine-tuning on `datagen.sft` demonstrations, loss on the model's own tokens.
 - `grpo`: the pure parts of the GRPO-family update (advantages, filtering, loss, length terms).
 
-Pretraining lives in `k3model.pretrain` (it stands on `common` too).
+Pretraining lives in `k3model.train.pretrain` (it stands on `common` too).
 """

@@ -1,6 +1,6 @@
 """What every trainer shares: optimizer, autocast, the clipped step, MoE balancing, resume, metrics.
 
-Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data_parallel`), SFT
+Pretraining (`k3model.train.pretrain`), its data-parallel step (`k3model.parallel.data_parallel`), SFT
 (`k3model.train.sft`) and RL (`k3model.train.grpo`) stand on these pieces instead of restating them
 (torchtitan's `components/`, nanochat's `common.py`):
 

@@ -170,7 +170,7 @@ def load_policy(checkpoint, device: str = "cpu"):
     """(model, manifest) of a policy checkpoint (sft_policy's, a specialist's), with QAT turned back
     on when the manifest says the policy was trained with it (`config.qat`): the policy is
     evaluated and trained further through the quantizer it learned under."""
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     from k3model.train.qat import prepare_qat
     model, manifest = load_pretrained(checkpoint, device)
     if manifest.get("config", {}).get("qat"):

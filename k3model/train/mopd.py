@@ -321,7 +321,7 @@ def position_logits(model: K3Model, ids_BT: torch.Tensor, row_N: torch.Tensor, p
 # Loading
 
 def load_policy(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     model, manifest = load_pretrained(checkpoint)
     if qat and (manifest.get("config") or {}).get("qat"):
         prepare_qat(model)

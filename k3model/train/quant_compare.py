@@ -92,7 +92,7 @@ def own_token_kl(reference, model, demos: sft.Demonstrations, batch_size: int = 
 
 
 def _load(directory: Path):
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     return load_pretrained(directory)[0].eval()
 
 

@@ -160,7 +160,7 @@ def _read_demos(demos: pa.Table | str | Path) -> tuple[pa.Table, dict[str, str]]
 
 
 def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[K3Model, dict]:
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     if init_checkpoint is None:
         logger.warning("SFT starts from a freshly initialized %s model (no base checkpoint given)", cfg.profile)
         return K3Model(get_profile(cfg.profile).model), {}

@@ -15,7 +15,7 @@ from k3model.config import get_profile
 from k3model.generate import GenerationConfig, generate
 from k3model.model import K3Model
 from k3model.moe import LatentMoE
-from k3model.pretrain import load_pretrained
+from k3model.train.pretrain import load_pretrained
 from k3model.quantize import (
     CODES_SUFFIX, EXPERT_WEIGHTS, SCALES_SUFFIX, MXLatentMoE, audit_quantized, convert_to_mx, export_quantized,
     load_quantized, load_quantized_into, quantized_state_dict,

@@ -89,7 +89,7 @@ def test_exact_kl_and_estimator_error_by_hand():
 
 
 def test_routing_scores_the_students_own_ids_with_the_routes_teacher(sft_ckpts, smoke_tok):
-    from k3model.pretrain import load_pretrained
+    from k3model.train.pretrain import load_pretrained
     from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
 
     student = load_pretrained(sft_ckpts[0])[0]

@@ -34,8 +34,8 @@ from k3model.checkpoint import load_checkpoint
 from k3model.config import ModelConfig, VisionConfig, get_profile
 from k3model.limits import check_fits_machine
 from k3model.model import K3Model
-from k3model.pretrain_data import Batch, PretrainData, StageBatches
-from k3model.pretrain_eval import evaluate
+from k3model.train.pretrain_data import Batch, PretrainData, StageBatches
+from k3model.train.pretrain_eval import evaluate
 from k3model.schedule import stage_lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
                                   log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
