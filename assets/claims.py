@@ -31,9 +31,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3model.train.effort import DOMAINS, EFFORTS
+
 PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
-DOMAINS = ("general_tasks", "general_agents", "coding_agents")
-EFFORTS = ("low", "high", "max")
 Z95 = 1.959963984540054
 
 # Claim 2: "near k/N" as the busiest expert's load over the mean load. 1.0 is a perfectly even

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
     from k3model.train.pretrain import PretrainConfig, PretrainResult
     from k3model.train.pretrain_data import PretrainData
+    from k3model.train.recipes import EvalPlan
 
 _INTERRUPTED = threading.Event()
 
@@ -161,39 +162,6 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
 # ----------------------------------------------------------------------------------------------
 # Post-training: SFT and the held-out evaluation of a policy
 
-@dataclass(frozen=True)
-class EvalPlan:
-    """The held-out tasks a policy is scored on: `tasks_per_family` tasks (seeds from `seed`) of each
-    of `families` (`k3model.train.ladder.tasks_of`), grouped by domain, each played once, greedily,
-    at every effort in the training harnesses round-robin. `budgets` replaces
-    `k3model.train.grpo.EFFORT_SPECS`'s token budgets as (effort, episode budget, turn cap) triples
-    (the smoke profile's are a few tokens)."""
-    domains: tuple[str, ...]
-    efforts: tuple[str, ...]
-    families: tuple[str, ...]
-    tasks_per_family: int
-    seed: int
-    budgets: tuple[tuple[str, int, int], ...] | None = None
-    max_episodes_per_batch: int = 32
-
-    def tasks(self, domain: str) -> list:
-        from k3model.train.ladder import domain_families, tasks_of
-        return tasks_of(domain_families(domain, self.families), self.tasks_per_family, self.seed)
-
-    def specs(self) -> dict | None:
-        return effort_specs(self.budgets)
-
-
-def effort_specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
-    """(effort, episode budget, turn cap) triples as `k3model.train.grpo.EffortSpec`s, with the
-    default length terms; None stays None (the defaults, `grpo.EFFORT_SPECS`)."""
-    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
-    if budgets is None:
-        return None
-    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
-            for e, b, t in budgets}
-
-
 def load_policy(checkpoint_dir: str | Path):
     """The policy model of a checkpoint (`k3model.train.evaluate.load_policy`: QAT back on when it
     trained with it), in eval mode."""
@@ -201,14 +169,15 @@ def load_policy(checkpoint_dir: str | Path):
     return load(checkpoint_dir)[0].eval()
 
 
-def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
+def evaluate_policy(model, tokenizer, plan: "EvalPlan", cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
     """`k3model.train.evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
     for every (domain, effort) of the plan, or only `cells`. Greedy single episodes, so the cells of
     one effort share one batched decode (`k3model.train.mopd.evaluate_together`: the same figures
     as one `evaluate` call per cell, but `seconds`, the shared batch's wall time)."""
+    from k3model.train.ladder import plan_tasks
     from k3model.train.mopd import evaluate_together
     cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
-    calls = {f"{domain}/{effort}": (plan.tasks(domain), effort, None) for domain, effort in cells}
+    calls = {f"{domain}/{effort}": (plan_tasks(plan, domain), effort, None) for domain, effort in cells}
     reports = evaluate_together(model, tokenizer, calls, plan.specs(), seed=plan.seed,
                                 max_episodes_per_batch=plan.max_episodes_per_batch)
     return {name: report.as_metadata() for name, report in reports.items()}
@@ -242,7 +211,7 @@ class PolicyResult:
 
 
 def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str, tokenizer_path: str,
-                   plan: EvalPlan, work_dir: str, live: LiveLog) -> PolicyResult:
+                   plan: "EvalPlan", work_dir: str, live: LiveLog) -> PolicyResult:
     """SFT from the base model (`k3model.train.sft.train`, QAT as `cfg.qat`), then the held-out
     evaluation of the policy and of the base model on the same tasks."""
     from datagen.tokenizer import load_tokenizer

@@ -9,7 +9,7 @@ cell's RL prompts (the families the home's `rl_tasks` ladder selected, seeds fro
 `ladder.RL_SEED_BASE`), then the specialist and sft_policy scored the same way on the same held-out
 tasks (`ladder.heldout_tasks`: seeds from `ladder.EVAL_SEED_BASE`, any task whose prompt equals an
 RL prompt's skipped) and the specialist on the domain's hard split. Budgets per effort are the
-tiny profile's (`assets.posttrain.SIZES["tiny"].eval_budgets`). Unset options take the tiny row's
+tiny profile's (`k3model.train.recipes.POSTTRAIN_SIZES["tiny"].eval_budgets`). Unset options take the tiny row's
 values, so a run with no options measures what `make run` does.
 
 The gain is claim 3's: Newcombe's 95 % interval of the difference of the two success rates
@@ -42,8 +42,9 @@ def latest(path: Path, pattern: str) -> Path:
 
 def main() -> None:
     from assets.claims import rate_difference
-    from assets.posttrain import SIZES
-    from assets.tasks import SpecialistEval, effort_specs, train_specialist_task
+    from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
+    from assets.tasks import SpecialistEval, train_specialist_task
+    from k3model.train.effort import effort_specs
     from k3model.train.grpo import GRPOConfig
     from k3model.train.ladder import LadderReport, RL_SEED_BASE, heldout_tasks, tasks_of
 

@@ -6,7 +6,7 @@ Also checks that the two give the same figures on a real checkpoint (timing asid
     OMP_NUM_THREADS=1 python benchmarks/mopd_eval.py --student CKPT --ladder ladder.json --tokenizer tokenizer.json \
         --out benchmarks/results/pipelines/<date>_mopd_eval_tiny_cpu.json
 
-The budgets are the tiny profile's evaluation budgets (assets/posttrain.py SIZES["tiny"].eval_budgets),
+The budgets are the tiny profile's evaluation budgets (k3model/train/recipes.py POSTTRAIN_SIZES["tiny"].eval_budgets),
 the ones the specialists were evaluated with. The machine is shared: the ratio is the figure.
 """
 
@@ -33,8 +33,8 @@ def main() -> int:
     error = None
     try:
         import envs
-        from assets.posttrain import SIZES
-        from assets.tasks import effort_specs
+        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
+        from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
         from k3model.train.evaluate import evaluate, load_policy
         from k3model.train.mopd import evaluate_routes

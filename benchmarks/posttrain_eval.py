@@ -14,7 +14,7 @@ a check that both give the same figures (timing aside):
         --tokenizer tokenizer.json --cells general_tasks/max,general_agents/high,coding_agents/low --tasks 32 \
         --out benchmarks/results/posttrain/<date>_posttrain_eval_tiny_cpu.json
 
-The budgets are the profile's evaluation budgets (assets/posttrain.py SIZES). The machine is shared:
+The budgets are the profile's evaluation budgets (k3model/train/recipes.py POSTTRAIN_SIZES). The machine is shared:
 the ratio is the figure.
 """
 
@@ -63,8 +63,11 @@ def main() -> int:
     error = None
     try:
         import envs
-        from assets.posttrain import SIZES, eval_plan, specialist_scoring
-        from assets.tasks import effort_specs, evaluate_policy, load_policy
+        from assets.posttrain import specialist_scoring
+        from k3model.train.ladder import plan_tasks
+        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, eval_plan
+        from assets.tasks import evaluate_policy, load_policy
+        from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
         from k3model.train.evaluate import evaluate
 
@@ -103,7 +106,7 @@ def main() -> int:
         for name, model in models.items():
             t0 = time.perf_counter()
             with quantized_every_forward():
-                old = {f"{d}/{e}": evaluate(model, tokenizer, plan.tasks(d), e, seed=plan.seed, specs=plan.specs(),
+                old = {f"{d}/{e}": evaluate(model, tokenizer, plan_tasks(plan, d), e, seed=plan.seed, specs=plan.specs(),
                                             max_episodes_per_batch=plan.max_episodes_per_batch).as_metadata()
                        for d in plan.domains for e in plan.efforts}
             t1 = time.perf_counter()

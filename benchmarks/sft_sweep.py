@@ -23,7 +23,7 @@ import torch
 from datagen.sft import SFT_FAMILIES, SFTDataConfig, build_sft
 from datagen.tokenizer import load_tokenizer
 from k3model.train.evaluate import load_policy
-from k3model.train.grpo import EFFORT_SPECS, EffortSpec
+from k3model.train.effort import EFFORT_SPECS, EffortSpec
 from k3model.train.ladder import LadderConfig, measure_ladder
 from k3model.train.sft import SFTConfig, train
 

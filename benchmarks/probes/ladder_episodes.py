@@ -22,12 +22,13 @@ import json
 import re
 from collections import Counter
 
-from assets.posttrain import SIZES
-from assets.tasks import effort_specs
+from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
+from k3model.train.effort import effort_specs
 from datagen.tokenizer import load_tokenizer
 from envs.tasks.starter import WORDS
 from k3model.train.evaluate import load_policy, resolve_harnesses
-from k3model.train.ladder import EFFORTS, tasks_of
+from k3model.train.effort import EFFORTS
+from k3model.train.ladder import tasks_of
 from k3model.engine import SamplingConfig
 from k3model.train.rollout import play_tasks, sft_format
 

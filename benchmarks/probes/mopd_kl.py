@@ -7,7 +7,7 @@ routes to another. Per step: the exact KL, k1/k3 means, biases and variances, th
 CPU and wall time. Budgets are cut to 256/384/512 policy tokens per episode to fit a CPU."""
 import json, resource, sys, time, envs
 from datagen.tokenizer import load_tokenizer
-from k3model.train.grpo import EffortSpec
+from k3model.train.effort import EffortSpec
 from k3model.train.mopd import MOPDConfig, train
 def cpu(): r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
 steps, student, t_general, t_other, tok_path, out_path = sys.argv[1:7]

@@ -9,7 +9,7 @@ What an episode is (DESIGN.md §5 claim 3, §8):
   from `datagen.sft.turn_tokens`): <|bos|><|system|><|effort_E|>{first observation}<|end|><|assistant|>,
   tool results as <|tool_result|>…<|tool_result_end|><|assistant|>, each turn ending at <|end|>;
   the env sees a turn's text after its scratchpad.
-- Budgets are the RL ones of the effort (`k3model.train.grpo.EFFORT_SPECS`): `turn_tokens` per
+- Budgets are the RL ones of the effort (`k3model.train.effort.EFFORT_SPECS`): `turn_tokens` per
   turn and `budget_tokens` per episode; an episode that spends its budget, its env's step/token
   budget or the model's context without finishing scores 0, as in RL.
 - The reward is the task's verifier's (1 only when every goal holds and nothing else changed).
@@ -40,7 +40,9 @@ from typing import Sequence
 
 import torch
 
+import envs
 from k3model.engine import SamplingConfig
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, training_harnesses
 from k3model.train.rollout import Episode, play_tasks, sft_format
 
 Z95 = 1.959963984540054
@@ -111,9 +113,7 @@ class EvalReport:
 
 def resolve_harnesses(n_tasks: int, harness: str | Sequence[str] | None) -> list[str]:
     """One harness per task: all in `harness` (a name), round-robin over a list of names, or (None)
-    round-robin over the training harnesses of `datagen.sft` (never the held-out one)."""
-    import envs
-    from datagen.sft import training_harnesses
+    round-robin over the training harnesses (never the held-out one)."""
     names = training_harnesses() if harness is None else (harness,) if isinstance(harness, str) else tuple(harness)
     if not names:
         raise ValueError("harness must name at least one harness (or be None for the training harnesses)")
@@ -184,8 +184,7 @@ def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1
              specs=None) -> EvalReport:
     """Play `samples` episodes of each task (envs `Task`s) at `effort` and score them; see the module
     docstring. `harness`: one name, a list (round-robin over the tasks) or None (the training
-    harnesses, round-robin). `specs` overrides `grpo.EFFORT_SPECS` (the per-effort budgets)."""
-    from k3model.train.grpo import EFFORT_SPECS, EFFORTS
+    harnesses, round-robin). `specs` overrides `effort.EFFORT_SPECS` (the per-effort budgets)."""
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}: choose from {EFFORTS}")
     if not tasks:

@@ -52,6 +52,9 @@ Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 
 from __future__ import annotations
 
+import copy
+import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,30 +62,17 @@ from typing import TypeVar
 
 import torch
 
-EFFORTS = ("low", "high", "max")
+from k3model.engine import SamplingConfig
+from k3model.train.common import (MetricBuffer, _clip_local, autocast_for, build_optimizer, log_and_checkpoint,
+                                  restore_train_state, resume, save_state, set_lr, tail_mean)
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, freeze_router_bias, training_harnesses
+from k3model.train.evaluate import evaluate, load_policy
+from k3model.train.ladder import check_domain, default_rl_tasks
+from k3model.train.rollout import play_tasks, sft_format
+from k3model.train.sft import PAD_ID
+
 ADVANTAGE_SCALES = ("none", "std")
 T_ = TypeVar("T_")
-
-
-@dataclass(frozen=True)
-class EffortSpec:
-    """Per-effort rollout budget (policy tokens per episode, all turns), the cap of one turn, and
-    the length-term weight."""
-    budget_tokens: int
-    length_coef: float
-    turn_tokens: int = 256
-
-
-# Budgets sized from the tiny-profile SFT data (docs/log/posttrain.md): the median demonstration
-# spends at most ~610 policy tokens per episode at low and ~1020 at max (canvas_submit_drafts);
-# each budget leaves room above that, and doubles from one effort to the next. A turn's cap leaves
-# room above the longest demonstrated turn at that effort (a write_function call is ~200 tokens;
-# max's scratchpad adds up to ~150 on one turn).
-EFFORT_SPECS: dict[str, EffortSpec] = {
-    "low": EffortSpec(budget_tokens=1024, length_coef=0.2, turn_tokens=256),
-    "high": EffortSpec(budget_tokens=2048, length_coef=0.1, turn_tokens=384),
-    "max": EffortSpec(budget_tokens=4096, length_coef=0.0, turn_tokens=512),
-}
 
 
 @dataclass(frozen=True)
@@ -277,36 +267,9 @@ class GRPOResult:
     resumed_from_step: int | None = None
 
 
-def freeze_router_bias(model) -> None:
-    """Stop every LatentMoE's bias updates (DESIGN.md §4: the router bias is frozen during RL)."""
-    from k3model.train.common import moe_layers
-    for moe in moe_layers(model):
-        moe.freeze_bias = True
-
-
-def training_harnesses(harnesses: Sequence[str] | None) -> tuple[str, ...]:
-    """The harness styles RL may sample: None = datagen.sft's training harnesses. The held-out
-    harness is never trained on (it is kept for the cross-harness evaluation, claim 7)."""
-    import envs
-    from datagen.sft import HELD_OUT_HARNESS, training_harnesses as sft_harnesses
-    if harnesses is None:
-        return sft_harnesses()
-    names = tuple(harnesses)
-    if not names:
-        raise ValueError("harnesses must name at least one harness (or be None for the training ones)")
-    for name in names:
-        if name not in envs.HARNESSES:
-            raise ValueError(f"unknown harness {name!r}: choose from {envs.HARNESSES}")
-        if name == HELD_OUT_HARNESS:
-            raise ValueError(f"harness {HELD_OUT_HARNESS!r} is held out of all main-lineage training (claim 7): "
-                             "drop it from harnesses")
-    return names
-
-
 def _sequence_logprobs(model, ids: list[list[int]], masks: list[list[bool]], device) -> torch.Tensor:
     """log π(token) through the training forward (chunked, no cache) at the masked positions of each
     sequence, concatenated in order [N]. Only those positions go through the output head."""
-    from k3model.train.sft import PAD_ID
     T = max(len(x) for x in ids)
     ids_BT = torch.full((len(ids), T), PAD_ID, dtype=torch.long)
     mask_BT = torch.zeros((len(ids), T), dtype=torch.bool)
@@ -341,17 +304,6 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
     `harnesses`: the styles sampled, round-robin over groups (None: every training harness);
     `eval_tasks`: held-out tasks scored after training (`eval/…` metrics, one sample each at the
     sampling temperature). Checkpoints: `out_dir/last` (resume point), `out_dir/final`."""
-    import copy
-    import random
-    import time
-
-    from k3model.engine import SamplingConfig
-    from k3model.train.common import (MetricBuffer, _clip_local, autocast_for, build_optimizer, log_and_checkpoint,
-                                      restore_train_state, resume, save_state, set_lr, tail_mean)
-    from k3model.train.evaluate import evaluate, load_policy
-    from k3model.train.ladder import check_domain, default_rl_tasks
-    from k3model.train.rollout import play_tasks, sft_format
-
     # ---- setup
     spec = cfg.effort(effort)
     check_domain(domain)

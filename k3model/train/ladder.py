@@ -27,17 +27,16 @@ No Dagster here: `LadderReport.as_metadata()` and `.table()` are what the rl_tas
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import envs
 from datagen.sft import SFT_FAMILIES
-from envs.tasks import DOMAINS, Task, get_family
+from envs.tasks import Task, get_family
+from k3model.train.effort import DOMAINS, EFFORTS
 from k3model.train.evaluate import evaluate
-
-EFFORTS = ("low", "high", "max")
-RL_SEED_BASE = 0
-EVAL_SEED_BASE = 500_000
+from k3model.train.recipes import EVAL_SEED_BASE, RL_SEED_BASE, EvalPlan
 PASS_BAND = (0.1, 0.9)
 HARD_FAMILIES = {"general_tasks": ("arith_word",), "general_agents": ("gmail_label",),
                  "coding_agents": ("write_function",)}
@@ -59,6 +58,12 @@ def tasks_of(families: Sequence[str], n_per_family: int, seed_base: int) -> list
     if n_per_family < 1:
         raise ValueError(f"n_per_family must be ≥ 1, got {n_per_family}")
     return [envs.generate(f, seed_base + i) for f in families for i in range(n_per_family)]
+
+
+def plan_tasks(plan: EvalPlan, domain: str) -> list[Task]:
+    """The held-out tasks `plan` scores at `domain`: `plan.tasks_per_family` of each of its families
+    of that domain, seeds from `plan.seed`."""
+    return tasks_of(domain_families(domain, plan.families), plan.tasks_per_family, plan.seed)
 
 
 def heldout_tasks(families: Sequence[str], n_per_family: int, exclude: Sequence[Task] = (),
@@ -218,7 +223,6 @@ def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness
     """Pass rates of `model` (the SFT policy) per family and effort, and the selection per cell.
     One `evaluate` call per effort over every candidate family (batched episodes); `harness` and
     `specs` (the per-effort budgets) are evaluate's."""
-    import time
     t0 = time.perf_counter()
     report = LadderReport(cfg)
     for effort in cfg.efforts:

@@ -48,6 +48,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 import envs
+from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
 from k3model.engine import SamplingConfig
 from k3model.model import K3Model
 from k3model.schedule import lr_at
@@ -55,21 +56,14 @@ from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, l
                                   restore_train_state, resume, save_state, set_lr)
 from k3model.train.evaluate import EvalReport, resolve_harnesses, summarize
 from k3model.train.flops import FlopCounter, counting
-from k3model.train.grpo import EFFORT_SPECS, EFFORTS, EffortSpec
+from k3model.train.effort import (DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, freeze_router_bias, partition_key,
+                                  training_harnesses)
 from k3model.train.qat import prepare_qat
-from k3model.train.rollout import Episode, TokenPolicy
+from k3model.train.rollout import Episode, TokenPolicy, play_tasks, sft_format
 
 logger = logging.getLogger(__name__)
 
 LogFn = Callable[[int, dict], None]
-DOMAINS = envs.DOMAINS
-Route = tuple[str, str]  # (domain, effort)
-
-
-def partition_key(route: Route) -> str:
-    """The Dagster MultiPartitions key of a route: "domain|effort" (dimensions in name order)."""
-    return f"{route[0]}|{route[1]}"
-
 
 @dataclass(frozen=True)
 class MOPDConfig:
@@ -83,7 +77,7 @@ class MOPDConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     temperature: float = 1.0  # 1: the sampled advantage is an unbiased reverse-KL estimate
-    # Per-effort turn and episode budgets; None: the specialists' (grpo.EFFORT_SPECS), so the
+    # Per-effort turn and episode budgets; None: the specialists' (effort.EFFORT_SPECS), so the
     # student is distilled under the budgets its teachers were trained with.
     specs: dict[str, EffortSpec] | None = None
     is_cap: float = 2.0
@@ -325,9 +319,7 @@ def load_policy(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
     model, manifest = load_pretrained(checkpoint)
     if qat and (manifest.get("config") or {}).get("qat"):
         prepare_qat(model)
-    for moe in model.moe_layers():
-        # DESIGN.md §4: the routing bias is frozen during RL; distillation is on-policy RL too.
-        moe.freeze_bias = True
+    freeze_router_bias(model)
     return model, manifest
 
 
@@ -388,7 +380,6 @@ def rollout(model: K3Model, tokenizer, prompts: Sequence[Prompt], cfg: MOPDConfi
     token is part of the format: `rollout.sft_format`, the renderer SFT and RL use) with that
     effort's turn and episode budgets. Returns the episodes in prompt order, their routes and their
     groups (the index of their prompt)."""
-    from k3model.train.rollout import play_tasks, sft_format
     played: list[list[Episode]] = [[] for _ in prompts]
     for effort in dict.fromkeys(p.route[1] for p in prompts):
         idx = [i for i, p in enumerate(prompts) if p.route[1] == effort]
@@ -460,9 +451,6 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
     `teachers` maps (domain, effort) to a checkpoint directory; `tasks` optionally gives each route's
     prompt pool (envs Tasks), else `route_tasks` draws them. `stop_after` ends early (to test resume)."""
-    from datagen.sft import training_harnesses
-    from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
-
     # ---- setup
     out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -568,7 +556,6 @@ def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[
     batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
     tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
     wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
-    from k3model.train.rollout import play_tasks, sft_format
 
     specs = dict(specs or EFFORT_SPECS)
     for name, (ts, effort, _) in calls.items():

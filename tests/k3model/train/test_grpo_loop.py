@@ -12,7 +12,8 @@ from k3model.config import get_profile
 from k3model.model import K3Model
 from k3model.train.common import save_state
 from k3model.train.evaluate import load_policy
-from k3model.train.grpo import EFFORT_SPECS, EffortSpec, GRPOConfig, _update, train
+from k3model.train.effort import EFFORT_SPECS, EffortSpec
+from k3model.train.grpo import GRPOConfig, _update, train
 from k3model.train.qat import QAT_SCHEME, prepare_qat, qat_enabled
 from k3model.train.rollout import Episode, PolicyTurn
 

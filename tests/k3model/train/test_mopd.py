@@ -12,11 +12,11 @@ from k3model.config import get_profile
 from k3model.engine import score
 from k3model.model import K3Model
 from k3model.train.common import save_state
-from k3model.train.grpo import EffortSpec
+from k3model.train.effort import EffortSpec, partition_key
 from k3model.train.evaluate import evaluate
 from k3model.train.evaluate import load_policy as load_eval_policy
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
-                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
+                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
