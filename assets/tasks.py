@@ -144,11 +144,12 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
     """Re-score a checkpoint (hashes verified on load) with the model config its manifest records."""
     import torch
 
-    from k3model.train.pretrain import eval_sizes, load_pretrained
+    from k3model.checkpoint import load_model
+    from k3model.train.pretrain import eval_sizes
     from k3model.train.pretrain_eval import evaluate
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, manifest = load_pretrained(checkpoint_dir, device)
+    model, manifest = load_model(checkpoint_dir, device)
     pretrain_cfg = manifest["config"]["pretrain"]
     _, windows, questions = eval_sizes(pretrain_cfg["profile"])
     t0 = time.perf_counter()
@@ -161,13 +162,6 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
 
 # ----------------------------------------------------------------------------------------------
 # Post-training: SFT and the held-out evaluation of a policy
-
-def load_policy(checkpoint_dir: str | Path):
-    """The policy model of a checkpoint (`k3model.train.evaluate.load_policy`: QAT back on when it
-    trained with it), in eval mode."""
-    from k3model.train.evaluate import load_policy as load
-    return load(checkpoint_dir)[0].eval()
-
 
 def evaluate_policy(model, tokenizer, plan: "EvalPlan", cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
     """`k3model.train.evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
@@ -215,12 +209,13 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
     """SFT from the base model (`k3model.train.sft.train`, QAT as `cfg.qat`), then the held-out
     evaluation of the policy and of the base model on the same tasks."""
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.sft import train
     result = train(cfg, demos_path, work_dir, init_checkpoint=base_checkpoint, eval_demos=heldout_path, log_fn=live)
     tokenizer = load_tokenizer(tokenizer_path)
     t0 = time.perf_counter()
-    evals = evaluate_policy(load_policy(result.checkpoint_dir), tokenizer, plan)
-    start_evals = evaluate_policy(load_policy(base_checkpoint), tokenizer, plan)
+    evals = evaluate_policy(load_model(result.checkpoint_dir)[0].eval(), tokenizer, plan)
+    start_evals = evaluate_policy(load_model(base_checkpoint)[0].eval(), tokenizer, plan)
     headline = {f"eval/success/{cell}": f["success_rate"] for cell, f in evals.items()}
     headline["perf/eval_wall_s"] = time.perf_counter() - t0
     live(cfg.steps, headline)
@@ -235,8 +230,9 @@ def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs:
     """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
     flat figures and its Markdown table."""
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.ladder import measure_ladder
-    model = load_policy(policy_checkpoint)
+    model = load_model(policy_checkpoint)[0].eval()
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
 
@@ -261,6 +257,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     split. Tasks travel as (family, seed) pairs and are generated here."""
     import envs
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
     from k3model.train.grpo import train
     from k3model.train.ladder import hard_tasks
@@ -280,7 +277,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
         return evaluate(model, tokenizer, tasks, effort, samples=scoring.samples, temperature=scoring.temperature,
                         seed=scoring.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
 
-    specialist, sft = load_policy(result.checkpoint_dir), load_policy(policy_checkpoint)
+    specialist, sft = load_model(result.checkpoint_dir)[0].eval(), load_model(policy_checkpoint)[0].eval()
     # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work) for claim 3's
     # "max scores at least as well as low on hard tasks".
     evals = {cell: score(specialist, held), f"{cell}/hard": score(specialist, hard)}

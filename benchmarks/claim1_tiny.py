@@ -43,7 +43,8 @@ from benchmarks.clue_probe import newest_data  # noqa: E402
 from datagen import presets  # noqa: E402
 from datagen.clues import clue_eval_grid, distance_buckets, home_cells, pairs_in_cell  # noqa: E402
 from datagen.io import write_parquet  # noqa: E402
-from k3model.train.pretrain import PretrainConfig, load_pretrained, train  # noqa: E402
+from k3model.checkpoint import load_model  # noqa: E402
+from k3model.train.pretrain import PretrainConfig, train  # noqa: E402
 from k3model.train.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS  # noqa: E402
 
 
@@ -72,7 +73,7 @@ def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: 
         if stage == 1 and probe_step:
             cfg = replace(cfg, ckpt_every=probe_step)
             train(cfg, data, Path(out_dir) / "stage1", log_fn=log_fn, stop_after=probe_step)
-            model, _ = load_pretrained(Path(out_dir) / "stage1" / "last")
+            model, _ = load_model(Path(out_dir) / "stage1" / "last")
             probe = clue_accuracy(model, data, "cpu", examples_per_cell=None, max_length=eval_max_length)
             print(json.dumps({"stage": 1, "probe_step": probe_step, **{
                 k: round(v, 4) for k, v in probe.items() if k.count("/") == 3 and "/len" not in k}}), flush=True)
@@ -92,7 +93,7 @@ def measure_cost(data_home: str, checkpoint: str, rows_per_length: int, repeats:
     this change) and batched with the head at the answer positions only, in alternating turns."""
     data = newest_data(Path(data_home), "tiny")
     grid = data.clue_eval.to_pydict()
-    model, _ = load_pretrained(checkpoint)
+    model, _ = load_model(checkpoint)
     model.eval()
     out = {}
     for length in sorted(set(grid["length_target"])):
@@ -160,7 +161,7 @@ def evaluate_stages(data_home: str, checkpoints: list[str], per_cell: int | None
         scored = replace(data, clue_eval_path=path, clues=clues)
         stages = {}
         for stage, ckpt in enumerate(checkpoints, start=1):
-            model, manifest = load_pretrained(ckpt)
+            model, manifest = load_model(ckpt)
             t0 = time.perf_counter()
             ev = clue_accuracy(model, scored, "cpu", examples_per_cell=1 << 30, max_length=None)
             seconds = time.perf_counter() - t0

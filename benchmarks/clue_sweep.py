@@ -258,12 +258,12 @@ def one(args) -> None:
 
 def score_checkpoint(args) -> None:
     """Score saved checkpoints (e.g. a pipeline stage's) on the packed eval rows."""
-    from k3model.train.pretrain import load_pretrained
+    from k3model.checkpoint import load_model
     with np.load(args.rows) as npz:
         rows = dict(npz)
     out = {"rows": args.rows, "checkpoints": []}
     for path in args.checkpoint:
-        model, manifest = load_pretrained(path)
+        model, manifest = load_model(path)
         row = {"checkpoint": path, "step": manifest.get("step")}
         for L in [int(k[5:]) for k in rows if k.startswith("eval_") and not k.endswith("_meta")]:
             row.update({f"len{L}/{k}": v for k, v in score(model, rows[f"eval_{L}"], rows[f"eval_{L}_meta"],

@@ -36,12 +36,13 @@ def main() -> int:
         from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
         from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
-        from k3model.train.evaluate import evaluate, load_policy
+        from k3model.checkpoint import load_model
+        from k3model.train.evaluate import evaluate
         from k3model.train.mopd import evaluate_routes
 
         specs = effort_specs(SIZES[args.profile].eval_budgets)
         tokenizer = load_tokenizer(args.tokenizer)
-        model = load_policy(args.student)[0].eval()
+        model = load_model(args.student)[0].eval()
         ladder = json.loads(open(args.ladder).read())["tasks"]
         cells = {tuple(c.split("/")): [envs.generate(f, s) for f, s in v["eval"]] for c, v in ladder.items()}
         timing = ("seconds", "policy_tokens_per_s")

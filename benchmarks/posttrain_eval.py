@@ -66,7 +66,8 @@ def main() -> int:
         from assets.posttrain import specialist_scoring
         from k3model.train.ladder import plan_tasks
         from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, eval_plan
-        from assets.tasks import evaluate_policy, load_policy
+        from assets.tasks import evaluate_policy
+        from k3model.checkpoint import load_model
         from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
         from k3model.train.evaluate import evaluate
@@ -75,7 +76,7 @@ def main() -> int:
         specs = effort_specs(sizes.eval_budgets)
         scoring = specialist_scoring(args.profile, 0)
         tokenizer = load_tokenizer(args.tokenizer)
-        policy = load_policy(args.policy)
+        policy = load_model(args.policy)[0].eval()
         ladder = json.loads(open(args.ladder).read())["tasks"]
         rows, old_s, new_s, same = {}, 0.0, 0.0, True
         for cell in args.cells.split(","):
@@ -101,7 +102,7 @@ def main() -> int:
         print("sampled", report["sampled"] | {"cells": len(rows)}, flush=True)
 
         plan = eval_plan(args.profile)
-        models = {"sft_policy": policy, **({"base_model": load_policy(args.base)} if args.base else {})}
+        models = {"sft_policy": policy, **({"base_model": load_model(args.base)[0].eval()} if args.base else {})}
         report["plan"] = {}
         for name, model in models.items():
             t0 = time.perf_counter()

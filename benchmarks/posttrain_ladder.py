@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from datagen.tokenizer import load_tokenizer
-from k3model.train.evaluate import evaluate, load_policy
+from k3model.checkpoint import load_model
+from k3model.train.evaluate import evaluate
 from k3model.train.grpo import GRPOConfig, train
 from k3model.train.ladder import LadderConfig, hard_tasks, measure_ladder
 
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     tok = load_tokenizer(args.tokenizer)
-    model, _ = load_policy(args.policy)
+    model, _ = load_model(args.policy)
     out: dict = {"policy": args.policy, "threads": torch.get_num_threads(), "cells": {}}
 
     t0 = time.perf_counter()
@@ -72,7 +73,7 @@ def main() -> None:
                            flush=True))
         rec["train_seconds"] = time.perf_counter() - t
         rec["grpo"] = {"config": asdict(cfg), "history": result.history, "metrics": result.metrics}
-        spec_model, _ = load_policy(result.checkpoint_dir)
+        spec_model, _ = load_model(result.checkpoint_dir)
         rec["specialist"] = _fig(evaluate(spec_model, tok, held, effort, temperature=1.0))
         rec["specialist_hard"] = _fig(evaluate(spec_model, tok, hard, effort, temperature=1.0))
         out["cells"][cell] = rec

@@ -22,7 +22,7 @@ import k3model.kda_layer as kda_layer
 import kernels.kda.chunk_torch as chunk_torch
 from datagen.corpus import split_texts
 from datagen.tokenizer import encode_batch
-from k3model.train.pretrain import load_pretrained
+from k3model.checkpoint import load_model
 from kernels.kda.naive import naive_recurrent_kda
 
 
@@ -75,7 +75,7 @@ def main() -> None:
     solve = chunk_torch.unit_lower_solve
     for stage in (1, 2, 3, 4):
         checkpoint = newest(home, f"checkpoints/tiny/pretrain_stage_{stage}/*/manifest.json").parent
-        model, _ = load_pretrained(checkpoint)
+        model, _ = load_model(checkpoint)
         model.eval()
         for layer, (q, k, v, g, beta) in enumerate(captured_kda_inputs(model, ids)):
             reference, _ = naive_recurrent_kda(*(x.double() for x in (q, k, v, g, beta)))

@@ -26,7 +26,8 @@ from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
 from k3model.train.effort import effort_specs
 from datagen.tokenizer import load_tokenizer
 from envs.tasks.starter import WORDS
-from k3model.train.evaluate import load_policy, resolve_harnesses
+from k3model.checkpoint import load_model
+from k3model.train.evaluate import resolve_harnesses
 from k3model.train.effort import EFFORTS
 from k3model.train.ladder import tasks_of
 from k3model.engine import SamplingConfig
@@ -73,7 +74,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model, _ = load_policy(args.policy)
+    model, _ = load_model(args.policy)
     model.eval()
     tok = load_tokenizer(args.tokenizer)
     specs = effort_specs(SIZES["tiny"].eval_budgets)

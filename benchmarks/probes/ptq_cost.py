@@ -19,7 +19,7 @@ import torch
 from benchmarks.common import run_header
 from datagen.io import read_parquet
 from k3model.model import IGNORE_INDEX
-from k3model.train.pretrain import load_pretrained
+from k3model.checkpoint import load_model
 from k3model.quantize import convert_to_mx
 from k3model.train import sft
 from k3model.train.quant_compare import own_token_kl
@@ -47,7 +47,7 @@ def main() -> None:
     table = read_parquet(args.heldout)
     result = {"benchmark": "ptq_cost", **run_header(), "heldout": args.heldout, "rows": []}
     for ckpt in args.checkpoints:
-        model = load_pretrained(ckpt)[0].eval()
+        model = load_model(ckpt, qat=False)[0].eval()
         demos = sft.Demonstrations(table, model.cfg.vocab_size)
         row = {"checkpoint": ckpt, "fp32_loss": own_token_loss(model, demos)}
         for rounding in ("ceil", "floor"):

@@ -17,6 +17,7 @@ assets above them name a cell of the 3 × 3 grid the same way (DESIGN.md §4, §
 Layers: `envs` and `datagen` stand below `k3model`, so the names they need themselves (`DOMAINS`,
 `EFFORTS`, `HELD_OUT_HARNESS`) are defined there and only re-exported here. It builds no model:
 the recipes (`k3model.train.recipes`) and the Dagster assets read it as plain data.
+`freeze_router_bias` (the RL rule on the router, DESIGN.md §4) is `k3model.moe`'s, re-exported.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import envs
 from datagen.sft import EFFORTS, HELD_OUT_HARNESS
 from envs.tasks import DOMAINS
+from k3model.moe import freeze_router_bias
 
 Route = tuple[str, str]  # (domain, effort)
 
@@ -97,13 +99,6 @@ def training_harnesses(harnesses: Sequence[str] | None = None) -> tuple[str, ...
             raise ValueError(f"harness {HELD_OUT_HARNESS!r} is held out of all main-lineage training (claim 7): "
                              "drop it from harnesses")
     return names
-
-
-def freeze_router_bias(model) -> None:
-    """Stop every LatentMoE's bias updates (DESIGN.md §4: the router bias is frozen during RL, and
-    on-policy distillation is RL too)."""
-    for moe in model.moe_layers():
-        moe.freeze_bias = True
 
 
 __all__ = ["DOMAINS", "EFFORTS", "EFFORT_SPECS", "HELD_OUT_HARNESS", "EffortSpec", "Route", "check_route",

@@ -166,18 +166,6 @@ def summarize(tasks: Sequence, played: list[tuple[int, str, Episode]], effort: s
     return report
 
 
-def load_policy(checkpoint, device: str = "cpu"):
-    """(model, manifest) of a policy checkpoint (sft_policy's, a specialist's), with QAT turned back
-    on when the manifest says the policy was trained with it (`config.qat`): the policy is
-    evaluated and trained further through the quantizer it learned under."""
-    from k3model.train.pretrain import load_pretrained
-    from k3model.train.qat import prepare_qat
-    model, manifest = load_pretrained(checkpoint, device)
-    if manifest.get("config", {}).get("qat"):
-        prepare_qat(model)
-    return model, manifest
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1, temperature: float = 0.0,
              harness: str | Sequence[str] | None = None, seed: int = 0, max_episodes_per_batch: int = 32,

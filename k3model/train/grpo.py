@@ -62,11 +62,12 @@ from typing import TypeVar
 
 import torch
 
+from k3model.checkpoint import load_model
 from k3model.engine import SamplingConfig
 from k3model.train.common import (MetricBuffer, _clip_local, autocast_for, build_optimizer, log_and_checkpoint,
                                   restore_train_state, resume, save_state, set_lr, tail_mean)
-from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, freeze_router_bias, training_harnesses
-from k3model.train.evaluate import evaluate, load_policy
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, training_harnesses
+from k3model.train.evaluate import evaluate
 from k3model.train.ladder import check_domain, default_rl_tasks
 from k3model.train.rollout import play_tasks, sft_format
 from k3model.train.sft import PAD_ID
@@ -322,9 +323,8 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
     torch.manual_seed(cfg.seed)
 
     # ---- model (QAT stays on when the policy was trained with it; the router bias is frozen)
-    model, manifest = load_policy(policy_checkpoint)
+    model, manifest = load_model(policy_checkpoint, frozen_router=True)
     qat = manifest.get("config", {}).get("qat")
-    freeze_router_bias(model)
     run = resume(model, last_dir, log)
     model.to(device)
     ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None

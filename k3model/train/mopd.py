@@ -49,6 +49,7 @@ import torch
 
 import envs
 from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
+from k3model.checkpoint import load_model
 from k3model.engine import SamplingConfig
 from k3model.model import K3Model
 from k3model.schedule import lr_at
@@ -56,9 +57,7 @@ from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, l
                                   restore_train_state, resume, save_state, set_lr)
 from k3model.train.evaluate import EvalReport, resolve_harnesses, summarize
 from k3model.train.flops import FlopCounter, counting
-from k3model.train.effort import (DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, freeze_router_bias, partition_key,
-                                  training_harnesses)
-from k3model.train.qat import prepare_qat
+from k3model.train.effort import DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, partition_key, training_harnesses
 from k3model.train.rollout import Episode, TokenPolicy, play_tasks, sft_format
 
 logger = logging.getLogger(__name__)
@@ -314,15 +313,6 @@ def position_logits(model: K3Model, ids_BT: torch.Tensor, row_N: torch.Tensor, p
 # ----------------------------------------------------------------------------------------------
 # Loading
 
-def load_policy(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
-    from k3model.train.pretrain import load_pretrained
-    model, manifest = load_pretrained(checkpoint)
-    if qat and (manifest.get("config") or {}).get("qat"):
-        prepare_qat(model)
-    freeze_router_bias(model)
-    return model, manifest
-
-
 def load_teachers(teachers: Mapping[Route, str | Path], qat: bool, device: str) -> tuple[dict[Route, K3Model], dict[str, dict]]:
     """One model per distinct checkpoint (two routes may share one), eval mode, no grad."""
     by_path: dict[str, tuple[K3Model, dict]] = {}
@@ -330,7 +320,7 @@ def load_teachers(teachers: Mapping[Route, str | Path], qat: bool, device: str) 
     for route, ckpt in teachers.items():
         key = str(Path(ckpt).resolve())
         if key not in by_path:
-            model, manifest = load_policy(ckpt, qat)
+            model, manifest = load_model(ckpt, qat="auto" if qat else False, frozen_router=True)
             model.to(device).eval().requires_grad_(False)
             by_path[key] = (model, manifest)
         models[route] = by_path[key][0]
@@ -464,7 +454,8 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     harnesses = tuple(cfg.harnesses or training_harnesses())
 
     # ---- model
-    student, student_manifest = load_policy(student_checkpoint, cfg.qat)
+    student, student_manifest = load_model(student_checkpoint, qat="auto" if cfg.qat else False,
+                                           frozen_router=True)
     used = {r: teachers[r] for r in cfg.routes}
     teacher_models, teacher_manifests = load_teachers(used, cfg.qat, device)
     check_compatible(student_manifest, student.cfg.vocab_size, tokenizer, teacher_manifests,

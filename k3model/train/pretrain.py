@@ -30,8 +30,7 @@ import torch
 
 import math
 
-from k3model.checkpoint import load_checkpoint
-from k3model.config import ModelConfig, VisionConfig, get_profile
+from k3model.config import ModelConfig, get_profile
 from k3model.limits import check_fits_machine
 from k3model.model import K3Model
 from k3model.train.pretrain_data import Batch, PretrainData, StageBatches
@@ -167,21 +166,6 @@ def eval_sizes(profile: str) -> tuple[int | None, int, int]:
     """(clue pairs per cell — None: every pair of the grid —, perplexity windows, VQA questions) for
     end-of-stage evaluation."""
     return EVAL_SIZES.get(profile, EVAL_SIZES["tiny"])
-
-
-def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3Model, dict]:
-    """The model a checkpoint holds (hashes verified), built from the config its manifest records."""
-    weights, manifest = load_checkpoint(checkpoint_dir)
-    if "quantization" in manifest:
-        raise ValueError(f"{checkpoint_dir} is a quantized export ({manifest['quantization'].get('format')}): its "
-                         "routed experts are packed MXFP4, not float weights; load it with "
-                         "k3model.quantize.load_quantized")
-    recorded = dict(manifest["config"]["model"])
-    if recorded.get("vision") is not None:
-        recorded["vision"] = VisionConfig(**recorded["vision"])
-    model = K3Model(ModelConfig(**recorded))
-    model.load_state_dict(weights)
-    return model.to(device), manifest
 
 
 def step_metrics(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,

@@ -39,6 +39,7 @@ import torch
 
 from datagen.io import read_parquet, sha256_file, table_metadata
 from datagen.sft import FORMAT
+from k3model.checkpoint import load_model
 from k3model.config import ModelConfig, get_profile
 from k3model.model import IGNORE_INDEX, K3Model
 from k3model.schedule import lr_at
@@ -160,11 +161,10 @@ def _read_demos(demos: pa.Table | str | Path) -> tuple[pa.Table, dict[str, str]]
 
 
 def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[K3Model, dict]:
-    from k3model.train.pretrain import load_pretrained
     if init_checkpoint is None:
         logger.warning("SFT starts from a freshly initialized %s model (no base checkpoint given)", cfg.profile)
         return K3Model(get_profile(cfg.profile).model), {}
-    model, manifest = load_pretrained(init_checkpoint)
+    model, manifest = load_model(init_checkpoint, qat=False)  # SFT turns QAT on itself (cfg.qat)
     return model, {"base_model": manifest["sha256"]}
 
 

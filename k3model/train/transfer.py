@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import envs
+from k3model.checkpoint import load_model
 from k3model.train.effort import HELD_OUT_HARNESS
 from k3model.train.flops import counting
 from k3model.train.grpo import train as grpo_train
-from k3model.train.mopd import evaluate_together, load_policy
+from k3model.train.mopd import evaluate_together
 
 Z95 = 1.959963984540054
 
@@ -130,7 +131,7 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
     with counting() as flops:
         result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
                             harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
-    model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
+    model = load_model(result.checkpoint_dir, frozen_router=True)[0].eval()
     # In-harness and held-out in one batched decode (the same figures as two evaluate() calls).
     reports = evaluate_together(model, tokenizer, {"in": (list(eval_tasks), effort, list(harnesses)),
                                                    "out": (list(eval_tasks), effort, [held_out])}, eval_specs)

@@ -14,7 +14,7 @@ from k3model.model import K3Model
 from k3model.train.common import save_state
 from k3model.train.effort import EffortSpec, partition_key
 from k3model.train.evaluate import evaluate
-from k3model.train.evaluate import load_policy as load_eval_policy
+from k3model.checkpoint import load_model
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
                                 evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
@@ -89,11 +89,10 @@ def test_exact_kl_and_estimator_error_by_hand():
 
 
 def test_routing_scores_the_students_own_ids_with_the_routes_teacher(sft_ckpts, smoke_tok):
-    from k3model.train.pretrain import load_pretrained
     from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
 
-    student = load_pretrained(sft_ckpts[0])[0]
-    other = load_pretrained(sft_ckpts[1])[0].requires_grad_(False)
+    student = load_model(sft_ckpts[0], qat=False)[0]
+    other = load_model(sft_ckpts[1], qat=False)[0].requires_grad_(False)
     # general_tasks' teachers are the student itself (advantage and KL exactly 0), the rest the other.
     teachers = {r: (student if r[0] == "general_tasks" else other) for r in ROUTES}
     cfg = _cfg(episodes_per_step=6)
