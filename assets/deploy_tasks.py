@@ -108,7 +108,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     if job.eval_tasks_per_family:
         from datagen.tokenizer import load_tokenizer
 
-        from assets.tasks import evaluate_policy
+        from k3model.train.ladder import evaluate_policy
         tokenizer = load_tokenizer(tokenizer_path)
 
         def evaluate_fn(model) -> float:

@@ -37,10 +37,10 @@ from assets.claims import rate_difference
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.posttrain import POSTTRAIN_CODE_VERSION, specialist_scoring
+from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
-from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED
+from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED, specialist_scoring
 
 GROUP = "distillation"
 RESOURCES = {"store", "mlflow", "ray"}

@@ -51,7 +51,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint) on each cell's RL prompts
     (`cells[pk]["rl"]`, the rl_tasks ladder's (family, seed) pairs), then the student on each cell's
     held-out tasks (`cells[pk]["eval"]`, `specs` budgets), scored as each specialist was
-    (`scoring`, an assets.tasks.SpecialistEval: temperature, samples per task, seed) — the same tasks,
+    (`scoring`, a k3model.train.recipes.SpecialistEval: temperature, samples per task, seed) — the same tasks,
     budgets and decoding, so student ÷ teacher compares like with like. A teacher's figures come from `teacher_figures[pk]` (its own
     materialization's evaluation) or, when absent, are measured here on the same tasks. With
     `control_cfg` (a GRPOConfig) and the specialists' counted FLOPs, the generalist control is

@@ -32,11 +32,12 @@ from pydantic import Field
 from assets.data import _result as data_result
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
 from assets.storage import publish
-from assets.tasks import per_harness, train_sft_task
+from assets.tasks import train_sft_task
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
 from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
-from k3model.train.recipes import POSTTRAIN_SIZES, eval_plan
+from k3model.train.evaluate import per_harness
+from k3model.train.recipes import POSTTRAIN_SIZES, eval_plan, specialist_scoring
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
 GROUP = "posttraining"
@@ -46,14 +47,6 @@ SPECIALIST_PARTITIONS = dg.MultiPartitionsDefinition({
     "domain": dg.StaticPartitionsDefinition(list(DOMAINS)), "effort": dg.StaticPartitionsDefinition(list(EFFORTS))})
 
 
-
-
-def specialist_scoring(profile: str, seed: int):
-    """How `profile` scores policies on held-out cells (assets.tasks.SpecialistEval): the specialists
-    against sft_policy here, the MOPD student against its teachers in assets/distill.py."""
-    from assets.tasks import SpecialistEval
-    sizes = POSTTRAIN_SIZES[profile]
-    return SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks, seed)
 
 
 def specialist_cell(partition_key: str) -> tuple[str, str]:

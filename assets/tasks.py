@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
     from k3model.train.pretrain import PretrainConfig, PretrainResult
     from k3model.train.pretrain_data import PretrainData
-    from k3model.train.recipes import EvalPlan
+    from k3model.train.recipes import EvalPlan, SpecialistEval
 
 _INTERRUPTED = threading.Event()
 
@@ -163,34 +163,6 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
 # ----------------------------------------------------------------------------------------------
 # Post-training: SFT and the held-out evaluation of a policy
 
-def evaluate_policy(model, tokenizer, plan: "EvalPlan", cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
-    """`k3model.train.evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
-    for every (domain, effort) of the plan, or only `cells`. Greedy single episodes, so the cells of
-    one effort share one batched decode (`k3model.train.mopd.evaluate_together`: the same figures
-    as one `evaluate` call per cell, but `seconds`, the shared batch's wall time)."""
-    from k3model.train.ladder import plan_tasks
-    from k3model.train.mopd import evaluate_together
-    cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
-    calls = {f"{domain}/{effort}": (plan_tasks(plan, domain), effort, None) for domain, effort in cells}
-    reports = evaluate_together(model, tokenizer, calls, plan.specs(), seed=plan.seed,
-                                max_episodes_per_batch=plan.max_episodes_per_batch)
-    return {name: report.as_metadata() for name, report in reports.items()}
-
-
-def per_harness(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Success rate and unparseable-action rate per harness over every (domain, effort) cell."""
-    acc: dict[str, list[float]] = {}
-    for figures in evals.values():
-        harnesses = {k.split("/")[1] for k in figures if k.startswith("harness/")}
-        for h in harnesses:
-            n = figures[f"harness/{h}/n"]
-            a = acc.setdefault(h, [0.0, 0.0, 0.0])
-            a[0] += figures[f"harness/{h}/success_rate"] * n
-            a[1] += figures[f"harness/{h}/unparseable_rate"] * n
-            a[2] += n
-    return {h: {"success_rate": s / n, "unparseable_rate": u / n, "n": int(n)} for h, (s, u, n) in sorted(acc.items())}
-
-
 @dataclass
 class PolicyResult:
     """What a post-training task returns: the trainer's result and the held-out evaluation of the
@@ -210,6 +182,7 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
     evaluation of the policy and of the base model on the same tasks."""
     from datagen.tokenizer import load_tokenizer
     from k3model.checkpoint import load_model
+    from k3model.train.ladder import evaluate_policy
     from k3model.train.sft import train
     result = train(cfg, demos_path, work_dir, init_checkpoint=base_checkpoint, eval_demos=heldout_path, log_fn=live)
     tokenizer = load_tokenizer(tokenizer_path)
@@ -235,17 +208,6 @@ def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs:
     model = load_model(policy_checkpoint)[0].eval()
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
-
-
-@dataclass(frozen=True)
-class SpecialistEval:
-    """How a specialist and the SFT policy are scored on held-out tasks, both the same way:
-    `samples` episodes per task at `temperature` (0: greedy), and `hard_tasks` tasks of the domain's
-    hard split (`k3model.train.ladder.hard_tasks`) for the specialist."""
-    temperature: float = 0.0
-    samples: int = 1
-    hard_tasks: int = 16
-    seed: int = 0  # the episodes' generator seed (the same for every policy compared)
 
 
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,

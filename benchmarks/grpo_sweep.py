@@ -43,7 +43,8 @@ def latest(path: Path, pattern: str) -> Path:
 def main() -> None:
     from assets.claims import rate_difference
     from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
-    from assets.tasks import SpecialistEval, train_specialist_task
+    from assets.tasks import train_specialist_task
+    from k3model.train.recipes import SpecialistEval
     from k3model.train.effort import effort_specs
     from k3model.train.grpo import GRPOConfig
     from k3model.train.ladder import LadderReport, RL_SEED_BASE, heldout_tasks, tasks_of

@@ -7,7 +7,7 @@ a check that both give the same figures (timing aside):
   (`k3model.train.qat.frozen_expert_weights`, what `rollout.TokenPolicy.run` does now);
 - `plan`: sft_policy's evaluation of a policy on the profile's plan (greedy, every (domain, effort)
   cell), one `evaluate()` per cell with the weights quantized every forward (the old
-  `assets.tasks.evaluate_policy`) against `assets.tasks.evaluate_policy` now (each effort's cells
+  `evaluate_policy`) against `k3model.train.ladder.evaluate_policy` now (each effort's cells
   in one batched decode, frozen weights).
 
     OMP_NUM_THREADS=1 python benchmarks/posttrain_eval.py --policy CKPT --base BASE_CKPT --ladder ladder.json \
@@ -63,10 +63,8 @@ def main() -> int:
     error = None
     try:
         import envs
-        from assets.posttrain import specialist_scoring
-        from k3model.train.ladder import plan_tasks
-        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, eval_plan
-        from assets.tasks import evaluate_policy
+        from k3model.train.ladder import evaluate_policy, plan_tasks
+        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, eval_plan, specialist_scoring
         from k3model.checkpoint import load_model
         from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer

@@ -36,7 +36,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -189,3 +189,58 @@ def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1
                         cfg, samples=samples, episode_budget=spec.budget_tokens, generator=generator,
                         max_episodes_per_batch=max_episodes_per_batch)
     return summarize(list(tasks), played, effort, samples, temperature, time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
+                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
+    """`evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
+    for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
+    takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
+    the calls of one effort played in one batch (of at most `max_episodes_per_batch`) instead of one
+    batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
+    tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
+    wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
+
+    specs = dict(specs or EFFORT_SPECS)
+    for name, (ts, effort, _) in calls.items():
+        if effort not in specs:
+            raise ValueError(f"{name}: no budget for effort {effort!r} (specs has {sorted(specs)})")
+        if not ts:
+            raise ValueError(f"{name} has no tasks to evaluate")
+    device = next(model.parameters()).device
+    reports: dict = {}
+    for effort in dict.fromkeys(c[1] for c in calls.values()):
+        names = [n for n, c in calls.items() if c[1] == effort]
+        flat = [t for n in names for t in calls[n][0]]
+        harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
+        spec = specs[effort]
+        # evaluate()'s generator (unused at temperature 0, kept so the calls match).
+        generator = torch.Generator(device=device).manual_seed(seed)
+        t0 = time.perf_counter()
+        played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
+                            SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
+                            episode_budget=spec.budget_tokens, generator=generator,
+                            max_episodes_per_batch=max_episodes_per_batch)
+        seconds = time.perf_counter() - t0
+        start = 0
+        for n in names:
+            count = len(calls[n][0])
+            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + count]
+            reports[n] = summarize(list(calls[n][0]), mine, effort, 1, 0.0, seconds)
+            start += count
+    return {n: reports[n] for n in calls}
+
+
+def per_harness(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Success rate and unparseable-action rate per harness over every (domain, effort) cell."""
+    acc: dict[str, list[float]] = {}
+    for figures in evals.values():
+        harnesses = {k.split("/")[1] for k in figures if k.startswith("harness/")}
+        for h in harnesses:
+            n = figures[f"harness/{h}/n"]
+            a = acc.setdefault(h, [0.0, 0.0, 0.0])
+            a[0] += figures[f"harness/{h}/success_rate"] * n
+            a[1] += figures[f"harness/{h}/unparseable_rate"] * n
+            a[2] += n
+    return {h: {"success_rate": s / n, "unparseable_rate": u / n, "n": int(n)} for h, (s, u, n) in sorted(acc.items())}

@@ -35,7 +35,7 @@ import envs
 from datagen.sft import SFT_FAMILIES
 from envs.tasks import Task, get_family
 from k3model.train.effort import DOMAINS, EFFORTS
-from k3model.train.evaluate import evaluate
+from k3model.train.evaluate import evaluate, evaluate_together
 from k3model.train.recipes import EVAL_SEED_BASE, RL_SEED_BASE, EvalPlan
 PASS_BAND = (0.1, 0.9)
 HARD_FAMILIES = {"general_tasks": ("arith_word",), "general_agents": ("gmail_label",),
@@ -64,6 +64,18 @@ def plan_tasks(plan: EvalPlan, domain: str) -> list[Task]:
     """The held-out tasks `plan` scores at `domain`: `plan.tasks_per_family` of each of its families
     of that domain, seeds from `plan.seed`."""
     return tasks_of(domain_families(domain, plan.families), plan.tasks_per_family, plan.seed)
+
+
+def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
+    """`evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
+    for every (domain, effort) of the plan, or only `cells`. Greedy single episodes, so the cells of
+    one effort share one batched decode (`evaluate.evaluate_together`: the same figures
+    as one `evaluate` call per cell, but `seconds`, the shared batch's wall time)."""
+    cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
+    calls = {f"{domain}/{effort}": (plan_tasks(plan, domain), effort, None) for domain, effort in cells}
+    reports = evaluate_together(model, tokenizer, calls, plan.specs(), seed=plan.seed,
+                                max_episodes_per_batch=plan.max_episodes_per_batch)
+    return {name: report.as_metadata() for name, report in reports.items()}
 
 
 def heldout_tasks(families: Sequence[str], n_per_family: int, exclude: Sequence[Task] = (),

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -55,7 +54,7 @@ from k3model.model import K3Model
 from k3model.schedule import lr_at
 from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint, optimizer_step,
                                   restore_train_state, resume, save_state, set_lr)
-from k3model.train.evaluate import EvalReport, resolve_harnesses, summarize
+from k3model.train.evaluate import EvalReport, evaluate_together
 from k3model.train.flops import FlopCounter, counting
 from k3model.train.effort import DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, partition_key, training_harnesses
 from k3model.train.rollout import Episode, TokenPolicy, play_tasks, sft_format
@@ -536,47 +535,6 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation of one policy on many routes
-
-@torch.no_grad()
-def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
-                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
-    """`k3model.train.evaluate.evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
-    for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
-    takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
-    the calls of one effort played in one batch (of at most `max_episodes_per_batch`) instead of one
-    batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
-    tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
-    wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
-
-    specs = dict(specs or EFFORT_SPECS)
-    for name, (ts, effort, _) in calls.items():
-        if effort not in specs:
-            raise ValueError(f"{name}: no budget for effort {effort!r} (specs has {sorted(specs)})")
-        if not ts:
-            raise ValueError(f"{name} has no tasks to evaluate")
-    device = next(model.parameters()).device
-    reports: dict = {}
-    for effort in dict.fromkeys(c[1] for c in calls.values()):
-        names = [n for n, c in calls.items() if c[1] == effort]
-        flat = [t for n in names for t in calls[n][0]]
-        harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
-        spec = specs[effort]
-        # evaluate()'s generator (unused at temperature 0, kept so the calls match).
-        generator = torch.Generator(device=device).manual_seed(seed)
-        t0 = time.perf_counter()
-        played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
-                            SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
-                            episode_budget=spec.budget_tokens, generator=generator,
-                            max_episodes_per_batch=max_episodes_per_batch)
-        seconds = time.perf_counter() - t0
-        start = 0
-        for n in names:
-            count = len(calls[n][0])
-            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + count]
-            reports[n] = summarize(list(calls[n][0]), mine, effort, 1, 0.0, seconds)
-            start += count
-    return {n: reports[n] for n in calls}
-
 
 def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], specs: Mapping[str, EffortSpec] | None
                     = None) -> dict[Route, EvalReport]:

@@ -137,6 +137,24 @@ def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
                     budgets=sizes.eval_budgets)
 
 
+@dataclass(frozen=True)
+class SpecialistEval:
+    """How a specialist and the SFT policy are scored on held-out tasks, both the same way:
+    `samples` episodes per task at `temperature` (0: greedy), and `hard_tasks` tasks of the domain's
+    hard split (`k3model.train.ladder.hard_tasks`) for the specialist."""
+    temperature: float = 0.0
+    samples: int = 1
+    hard_tasks: int = 16
+    seed: int = 0  # the episodes' generator seed (the same for every policy compared)
+
+
+def specialist_scoring(profile: str, seed: int) -> SpecialistEval:
+    """How `profile` scores policies on held-out cells (`SpecialistEval`): the specialists
+    against sft_policy (assets/posttrain.py), the MOPD student against its teachers (assets/distill.py)."""
+    sizes = POSTTRAIN_SIZES[profile]
+    return SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks, seed)
+
+
 # ----------------------------------------------------------------------------------------------
 # Distillation: MOPD and the cross-harness transfer folds
 

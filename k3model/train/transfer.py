@@ -33,9 +33,9 @@ from typing import Callable, Sequence
 import envs
 from k3model.checkpoint import load_model
 from k3model.train.effort import HELD_OUT_HARNESS
+from k3model.train.evaluate import evaluate_together
 from k3model.train.flops import counting
 from k3model.train.grpo import train as grpo_train
-from k3model.train.mopd import evaluate_together
 
 Z95 = 1.959963984540054
 

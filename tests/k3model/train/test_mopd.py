@@ -15,8 +15,9 @@ from k3model.train.common import save_state
 from k3model.train.effort import EffortSpec, partition_key
 from k3model.train.evaluate import evaluate
 from k3model.checkpoint import load_model
+from k3model.train.evaluate import evaluate_together
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
-                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, reverse_kl_exact, rollout,
+                                evaluate_routes, mopd_loss, outcome_advantages, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
@@ -206,7 +207,7 @@ def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, sm
         got = together[route].as_metadata()
         assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
         assert got["n"] == 2 and got["mean_policy_tokens"] > 0
-    # Capped batches (assets.tasks.evaluate_policy passes its plan's cap) split an effort's episodes
+    # Capped batches (ladder.evaluate_policy passes its plan's cap) split an effort's episodes
     # into several decodes: still the same figures.
     capped = evaluate_together(model, smoke_tok, {r: (ts, r[1], None) for r, ts in tasks.items()}, specs,
                                max_episodes_per_batch=4)
