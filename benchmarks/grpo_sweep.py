@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=tiny.rl_group_size)
     ap.add_argument("--groups", type=int, default=tiny.rl_groups_per_step, help="informative groups per step")
     ap.add_argument("--negative-scale", type=float, default=GRPOConfig().negative_scale)
-    ap.add_argument("--warmup", type=int, default=GRPOConfig().warmup_steps, help="linear lr warmup steps")
+    ap.add_argument("--warmup-frac", type=float, default=GRPOConfig().warmup_frac,
+                    help="linear lr warmup over max(⌊warmup_frac · steps⌋, 1) steps")
     ap.add_argument("--max-draw-factor", type=int, default=tiny.rl_max_draw_factor)
     ap.add_argument("--rl-tasks", type=int, default=tiny.rl_tasks_per_family, help="RL prompts per family")
     ap.add_argument("--eval-tasks", type=int, default=tiny.rl_eval_tasks_per_family,
@@ -81,7 +82,7 @@ def main() -> None:
     held = heldout_tasks(families, args.eval_tasks, exclude=rl)
     specs = effort_specs(tiny.eval_budgets)
     cfg = replace(GRPOConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups,
-                             lr=args.lr, seed=args.seed, warmup_steps=args.warmup, negative_scale=args.negative_scale, max_draw_factor=args.max_draw_factor),
+                             lr=args.lr, seed=args.seed, warmup_frac=args.warmup_frac, negative_scale=args.negative_scale, max_draw_factor=args.max_draw_factor),
                   **({"efforts": specs} if specs else {}))
     work = Path(args.work) / f"{args.label}_{time.strftime('%H%M%S')}"
     header = run_header()

@@ -51,9 +51,8 @@ from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
 from k3model.checkpoint import load_model
 from k3model.engine import SamplingConfig
 from k3model.model import K3Model
-from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint, optimizer_step,
-                                  restore_train_state, resume, save_state, set_lr)
+from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimizer, optimizer_step, restore_train_state,
+                                  save_state, set_lr)
 from k3model.train.evaluate import EvalReport, evaluate_together
 from k3model.train.flops import FlopCounter, counting
 from k3model.train.effort import DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, partition_key, training_harnesses
@@ -64,16 +63,16 @@ logger = logging.getLogger(__name__)
 LogFn = Callable[[int, dict], None]
 
 @dataclass(frozen=True)
-class MOPDConfig:
-    seed: int = 0
+class MOPDConfig(LoopConfig):
+    """LoopConfig with MOPD's defaults (20 steps at a constant 5e-5, no decay) and its own fields."""
     steps: int = 20
-    episodes_per_step: int = 9  # spread round-robin over the routes
-    samples_per_task: int = 1  # episodes per task (≥ 2 for a group-relative outcome advantage)
     lr: float = 5e-5
     warmup_frac: float = 0.0
     min_lr_ratio: float = 1.0
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    log_every: int = 5
+    episodes_per_step: int = 9  # spread round-robin over the routes
+    samples_per_task: int = 1  # episodes per task (≥ 2 for a group-relative outcome advantage)
     temperature: float = 1.0  # 1: the sampled advantage is an unbiased reverse-KL estimate
     # Per-effort turn and episode budgets; None: the specialists' (effort.EFFORT_SPECS), so the
     # student is distilled under the budgets its teachers were trained with.
@@ -87,15 +86,10 @@ class MOPDConfig:
     task_seed: int = 0  # tasks of route r are envs.task_set(domain, …, seed=task_seed)
     tasks_per_route: int = 16
     qat: bool = True
-    ckpt_every: int = 0  # 0: four times per run
-    log_every: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("steps", "episodes_per_step", "samples_per_task", "tasks_per_route", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        super().__post_init__()
+        self.require_positive("steps", "episodes_per_step", "samples_per_task", "tasks_per_route")
         if self.is_cap < 1:
             raise ValueError(f"is_cap must be ≥ 1 (below 1 every on-policy token would be capped), got {self.is_cap}")
         if self.outcome_coef < 0:
@@ -441,13 +435,9 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     `teachers` maps (domain, effort) to a checkpoint directory; `tasks` optionally gives each route's
     prompt pool (envs Tasks), else `route_tasks` draws them. `stop_after` ends early (to test resume)."""
     # ---- setup
-    out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(cfg.seed)
+    loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)
     check_routes(cfg.routes, teachers)
-    ckpt_every = cfg.ckpt_every or max(cfg.steps // 4, 1)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
     specials = special_token_ids(tokenizer)
     effort_ids = {e: specials[EFFORT_TOKENS[e]] for e in EFFORTS}
     harnesses = tuple(cfg.harnesses or training_harnesses())
@@ -459,7 +449,7 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     teacher_models, teacher_manifests = load_teachers(used, cfg.qat, device)
     check_compatible(student_manifest, student.cfg.vocab_size, tokenizer, teacher_manifests,
                      {k: teacher_models[r].cfg.vocab_size for r in used for k in [partition_key(r)]}, cfg.efforts)
-    run = resume(student, last_dir, log)
+    run = loop.resume(student)
     student.to(device)
 
     # ---- optimizer
@@ -488,13 +478,8 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
     # ---- loop
     generator = torch.Generator().manual_seed(cfg.seed)
-    warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
-    buffer = MetricBuffer()
-    for step in range(run.step, cfg.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return MOPDResult(last_dir, run.history, {}, teacher_manifest, flops.as_dict(), run.from_step)
-        lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
+    for step in loop.steps():
+        lr = cfg.lr_at(step)
         set_lr(optimizer, lr)
         # A per-step generator state makes a resumed run sample what the uninterrupted one did.
         generator.manual_seed(cfg.seed * 1_000_003 + step)
@@ -514,9 +499,9 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
             lens = [ep.n_generated for ep, r in zip(episodes, routes) if r[1] == effort]
             if lens:
                 metrics[f"rollout/tokens_per_answer/{effort}"] = sum(lens) / len(lens)
-        buffer.append(metrics, tokens=n_gen)
-        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True))
+        loop.end_step(step, metrics, save, tokens=n_gen)
+    if loop.stopped:
+        return MOPDResult(loop.last_dir, run.history, {}, teacher_manifest, flops.as_dict(), run.from_step)
 
     # ---- final metrics and checkpoint
     metrics = {"train/tokens_seen": float(run.tokens_seen), **{f"flops/{k}": v for k, v in flops.as_dict().items()}}
@@ -527,10 +512,9 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     if run.history:
         metrics["kl/exact/first"] = run.history[0]["kl/exact"]
         metrics["kl/exact/last"] = run.history[-1]["kl/exact"]
-    log(cfg.steps, metrics)
-    final_dir = out_dir / "final"
-    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return MOPDResult(final_dir, run.history, metrics, teacher_manifest, flops.as_dict(), run.from_step)
+    loop.log(cfg.steps, metrics)
+    save(cfg.steps, loop.final_dir, with_state=False, metrics=metrics)
+    return MOPDResult(loop.final_dir, run.history, metrics, teacher_manifest, flops.as_dict(), run.from_step)
 
 
 # ----------------------------------------------------------------------------------------------

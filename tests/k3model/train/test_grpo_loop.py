@@ -87,10 +87,9 @@ def test_the_update_is_the_token_sum_loss_with_tis_weights(policy):
         ep.turns = [PolicyTurn(4, gen, [0.0] * len(gen), [0.0] * len(gen), "stop", "")]
         eps.append(ep)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    from k3model.train.common import _clip_local, autocast_for
     from k3model.engine import score
     lp = [score(model, [ep.token_ids], [4])[0] for ep in eps]
-    out = _update(model, None, opt, [eps], lambda g: [ep.reward for ep in g], CFG, "cpu", autocast_for, _clip_local)
+    out = _update(model, None, opt, [eps], lambda g: [ep.reward for ep in g], CFG, "cpu")
     # ratio 1; w = min(exp(logp − 0), 2) = p (all p < 2); loss = −Σ w·A / 4 tokens.
     expected = -(0.5 * sum(torch.tensor(lp[0]).exp()) - 0.5 * torch.tensor(lp[1]).exp().sum()) / 4
     torch.testing.assert_close(out["train/loss"], expected.float(), rtol=1e-4, atol=1e-6)
