@@ -98,8 +98,8 @@ class LoopConfig:
             self.require_positive("steps")
         if self.lr is not None and self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.warmup_frac < 1.0:
-            raise ValueError(f"warmup_frac must lie in [0, 1), got {self.warmup_frac}")
+        if not 0.0 <= self.warmup_frac <= 1.0:
+            raise ValueError(f"warmup_frac must lie in [0, 1] (1: warm up over the whole run), got {self.warmup_frac}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
         if self.weight_decay < 0:

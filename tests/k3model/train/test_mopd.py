@@ -195,7 +195,7 @@ def test_a_short_run_learns_toward_its_teachers_and_resumes(sft_ckpts, smoke_tok
 def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, smoke_tok):
     """evaluate_routes batches each effort's routes into one decode: every route's figures equal
     evaluate() on that route alone (the engine is batch invariant), timing aside."""
-    model = load_eval_policy(sft_ckpts[0])[0].eval()
+    model = load_model(sft_ckpts[0])[0].eval()
     specs = {"low": EffortSpec(budget_tokens=12, length_coef=0.0, turn_tokens=6),
              "high": EffortSpec(budget_tokens=20, length_coef=0.0, turn_tokens=10)}
     tasks = {(d, e): envs.task_set(d, 2, seed=7) for d in envs.DOMAINS for e in specs}
