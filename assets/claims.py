@@ -9,7 +9,7 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 
 | claim | asset | metadata key(s) | what |
 |---|---|---|---|
-| 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
+| 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.train.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
 | 2 | `pretrain_stage_{1..4}` | `moe/load_max_over_mean`; manifest `config.model.balancing` | expert load max/mean over the stage's last 10 % of steps, and the balancing it trained with |
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
@@ -31,9 +31,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3model.train.effort import DOMAINS, EFFORTS
+
 PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
-DOMAINS = ("general_tasks", "general_agents", "coding_agents")
-EFFORTS = ("low", "high", "max")
 Z95 = 1.959963984540054
 
 # Claim 2: "near k/N" as the busiest expert's load over the mean load. 1.0 is a perfectly even

@@ -25,7 +25,6 @@ MLflow run, the checkpoint moved into the store, verified and registered):
 """
 
 
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -34,8 +33,9 @@ from pydantic import Field
 from assets.claims import claim_5
 from assets.deploy_tasks import DraftJob, QuantizeJob, quantize_student_task, train_draft_task
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.posttrain import POSTTRAIN_CODE_VERSION, SIZES, eval_plan
+from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training
+from k3model.train.recipes import DEPLOY_SIZES, POSTTRAIN_SIZES, eval_plan
 
 GROUP = "deployment"
 RESOURCES = {"store", "mlflow", "ray"}
@@ -43,42 +43,6 @@ TAU_TARGET = 2.5  # acceptance length at draft length 4 (issue 20)
 SPEEDUP_TARGET = 1.5  # on the CPU
 
 
-@dataclass(frozen=True)
-class DeploySizes:
-    """How much each deployment asset does on a profile."""
-    compare_steps: int
-    compare_batch_size: int
-    compare_eval_tasks_per_family: int  # 0: claim 5 on held-out loss and KL only
-    compare_max_rows: int | None  # the comparison on the shortest demonstrations only (None: all)
-    compare_roundings: tuple[str, ...]  # the scale roundings of the ablation (each repeats arms a and c)
-    draft_steps: int
-    draft_batch_size: int
-    draft_ttt_steps: int
-    draft_gen_tokens: int
-    draft_train_prompts: int
-    draft_eval_prompts: int
-    draft_measure_prompts: int
-    draft_measure_tokens: int
-    max_prompt_tokens: int
-
-
-SIZES_DEPLOY: dict[str, DeploySizes] = {
-    "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_eval_tasks_per_family=0, compare_max_rows=3,
-                         compare_roundings=("ceil",), draft_steps=2,
-                         draft_batch_size=2, draft_ttt_steps=3, draft_gen_tokens=6, draft_train_prompts=4,
-                         draft_eval_prompts=2, draft_measure_prompts=1, draft_measure_tokens=6,
-                         max_prompt_tokens=4096),
-    "tiny": DeploySizes(compare_steps=10, compare_batch_size=4, compare_eval_tasks_per_family=0, compare_max_rows=48,
-                        compare_roundings=("ceil", "floor"), draft_steps=60,
-                        draft_batch_size=8, draft_ttt_steps=6, draft_gen_tokens=48, draft_train_prompts=96,
-                        draft_eval_prompts=16, draft_measure_prompts=4, draft_measure_tokens=48,
-                        max_prompt_tokens=400),
-    "small": DeploySizes(compare_steps=500, compare_batch_size=16, compare_eval_tasks_per_family=8, compare_max_rows=None,
-                         compare_roundings=("ceil", "floor"), draft_steps=2000,
-                         draft_batch_size=32, draft_ttt_steps=6, draft_gen_tokens=256, draft_train_prompts=4096,
-                         draft_eval_prompts=128, draft_measure_prompts=32, draft_measure_tokens=256,
-                         max_prompt_tokens=4096),
-}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,7 +72,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
     from k3model.train.sft import SFTConfig
 
     tag_run(context, profile)
-    sizes, post = SIZES_DEPLOY[profile], SIZES[profile]
+    sizes, post = DEPLOY_SIZES[profile], POSTTRAIN_SIZES[profile]
     if config.scale_rounding not in ("ceil", "floor"):
         raise dg.Failure(description=f"scale_rounding={config.scale_rounding!r}: use 'ceil' or 'floor' "
                                      f"(ops.{profile}__quantized_student.config)", allow_retries=False)
@@ -195,7 +159,7 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     from k3model.train.draft import DraftTrainConfig
 
     tag_run(context, profile)
-    sizes = SIZES_DEPLOY[profile]
+    sizes = DEPLOY_SIZES[profile]
     try:
         cfg = DraftTrainConfig(seed=config.seed, steps=config.steps or sizes.draft_steps,
                                batch_size=sizes.draft_batch_size, lr=config.lr,

@@ -76,13 +76,13 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
                           live: LiveLog) -> QuantizedResult:
     import torch
 
+    from k3model.checkpoint import load_model
     from k3model.engine import SamplingConfig, generate
-    from k3model.pretrain import load_pretrained
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
     from k3model.train.quant_compare import compare_qat_ptq
 
     t0 = time.perf_counter()
-    student, manifest = load_pretrained(student_checkpoint)
+    student, manifest = load_model(student_checkpoint, qat=False)  # the float student is what is exported
     student.eval()
     out = Path(work_dir) / "mxfp4"
     info = export_quantized(student, out, job.scale_rounding, other_dtype=torch.bfloat16,
@@ -108,7 +108,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     if job.eval_tasks_per_family:
         from datagen.tokenizer import load_tokenizer
 
-        from assets.tasks import evaluate_policy
+        from k3model.train.ladder import evaluate_policy
         tokenizer = load_tokenizer(tokenizer_path)
 
         def evaluate_fn(model) -> float:
@@ -207,13 +207,13 @@ def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_toke
 
 def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, heldout_path: str, work_dir: str,
                      live: LiveLog) -> DraftResult:
+    from k3model.checkpoint import load_model
     from k3model.draft import draft_from_mtp, load_draft
-    from k3model.pretrain import load_pretrained
     from k3model.train.draft import train
 
     from k3model.engine import context_length
 
-    target, manifest = load_pretrained(student_checkpoint)
+    target, manifest = load_model(student_checkpoint, qat=False)  # the draft targets the float student
     target.eval()
     # A prompt and its generation must fit the student's context.
     limit = context_length(target)

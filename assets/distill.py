@@ -37,61 +37,17 @@ from assets.claims import rate_difference
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.integrity import verify_upstreams
 from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.posttrain import DOMAINS, EFFORTS, POSTTRAIN_CODE_VERSION, SIZES, specialist_scoring
-from assets.tasks import effort_specs
+from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
+from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
+from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED, specialist_scoring
 
 GROUP = "distillation"
 RESOURCES = {"store", "mlflow", "ray"}
 RETENTION_TARGET = 0.9
 TRANSFER_TARGET = 0.8
-# Held-out tasks of the cross-harness folds: far from the RL prompts (ladder.RL_SEED_BASE = 0) and
-# from the other held-out evaluations' seeds (ladder.EVAL_SEED_BASE = 500 000).
-TRANSFER_EVAL_SEED = 600_000
 
 
-@dataclass(frozen=True)
-class DistillSizes:
-    """How much distillation and transfer training a profile does."""
-    mopd_steps: int
-    mopd_episodes_per_step: int
-    mopd_lr: float
-    # (effort, episode budget, turn cap) for MOPD's rollouts; None: grpo.EFFORT_SPECS (the teachers')
-    mopd_budgets: tuple[tuple[str, int, int], ...] | None
-    folds: tuple[str, ...]  # held-out harness of each cross-harness fold
-    transfer_domain: str
-    transfer_effort: str
-    transfer_steps: int
-    transfer_group_size: int
-    transfer_groups_per_step: int
-    transfer_rl_tasks: int
-    transfer_eval_tasks: int
-    transfer_budgets: tuple[tuple[str, int, int], ...] | None
-
-
-SIZES_DISTILL: dict[str, DistillSizes] = {
-    "smoke": DistillSizes(mopd_steps=1, mopd_episodes_per_step=3, mopd_lr=1e-4,
-                          mopd_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4)), folds=("openclaw",),
-                          transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
-                          transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
-                          transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # MOPD's rollouts on tiny: budgets cut to 256/384/512 policy tokens (the teachers' are 1024-4096;
-    # docs/log/mopd.md: ~1 min per 9-episode step on the loaded 2-core machine with these).
-    "tiny": DistillSizes(mopd_steps=6, mopd_episodes_per_step=9, mopd_lr=5e-5,
-                         mopd_budgets=(("low", 256, 128), ("high", 384, 192), ("max", 512, 256)),
-                         folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
-                         transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
-                         transfer_eval_tasks=8,
-                         # The specialists' tiny budgets (low: 256 policy tokens, 128 a turn), in training
-                         # and evaluation: with grpo.EFFORT_SPECS' 1024 the four arms took 559 s of make
-                         # run's 2,911 (docs/log/deploy-time.md).
-                         transfer_budgets=SIZES["tiny"].eval_budgets),
-    "small": DistillSizes(mopd_steps=200, mopd_episodes_per_step=36, mopd_lr=2e-5, mopd_budgets=None,
-                          folds=("openclaw", "hermes", "codex", "claude_code", "kimi_code"),
-                          transfer_domain="general_agents", transfer_effort="low", transfer_steps=100,
-                          transfer_group_size=8, transfer_groups_per_step=8, transfer_rl_tasks=128,
-                          transfer_eval_tasks=64, transfer_budgets=None),
-}
 
 
 def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> dict[str, Upstream]:
@@ -125,7 +81,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
 # mopd_student
 
 class MOPDStudentConfig(dg.Config):
-    """Overrides for the distillation; unset fields take the profile's values (SIZES_DISTILL)."""
+    """Overrides for the distillation; unset fields take the profile's values (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1)
     episodes_per_step: int | None = Field(default=None, ge=1, description="student episodes per update, "
@@ -159,7 +115,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     from k3model.train.mopd import MOPDConfig
 
     tag_run(context, profile)
-    sizes = SIZES_DISTILL[profile]
+    sizes = DISTILL_SIZES[profile]
     try:
         cfg = MOPDConfig(seed=config.seed, steps=config.steps or sizes.mopd_steps,
                          episodes_per_step=config.episodes_per_step or sizes.mopd_episodes_per_step,
@@ -181,7 +137,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
             figures[pk] = {"success_rate": m["eval/success_rate"], "n": int(m["eval/n"]),
                            "successes": round(m["eval/success_rate"] * m["eval/n"]),
                            "mean_policy_tokens": m["eval/mean_policy_tokens"]}
-    specs = effort_specs(SIZES[profile].eval_budgets)
+    specs = effort_specs(POSTTRAIN_SIZES[profile].eval_budgets)
     spec_flops = [t.metadata.get("flops/total") for t in teachers.values()]
     specialist_flops = sum(spec_flops) if all(isinstance(f, (int, float)) for f in spec_flops) else None
     control_cfg = None
@@ -191,7 +147,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                                          "FLOPs (`flops/total` in its metadata), which "
                                          + ", ".join(p for p, t in teachers.items() if "flops/total" not in t.metadata)
                                          + " lack", allow_retries=False)
-        sizes_rl = SIZES[profile]
+        sizes_rl = POSTTRAIN_SIZES[profile]
         control_cfg = GRPOConfig(group_size=sizes_rl.rl_group_size, groups_per_step=sizes_rl.rl_groups_per_step,
                                  lr=sizes_rl.rl_lr, seed=config.seed, **({"efforts": specs} if specs else {}))
     context.log.info(f"{profile}/mopd_student: {cfg.steps} steps × {cfg.episodes_per_step} student episodes routed "
@@ -301,7 +257,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     from k3model.train.transfer import FoldResult, fold_harnesses
 
     tag_run(context, profile)
-    sizes = SIZES_DISTILL[profile]
+    sizes = DISTILL_SIZES[profile]
     folds = tuple(config.folds or sizes.folds)
     try:
         specs = effort_specs(sizes.transfer_budgets)
@@ -316,7 +272,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
     domain, effort = sizes.transfer_domain, sizes.transfer_effort
     # The domain's families SFT was shown (the profile's), as the specialists' ladder uses.
-    families = domain_families(domain, SIZES[profile].sft_families or SFT_FAMILIES)
+    families = domain_families(domain, POSTTRAIN_SIZES[profile].sft_families or SFT_FAMILIES)
     per = -(-max(sizes.transfer_rl_tasks, sizes.transfer_eval_tasks) // len(families))
     rl_tasks = [(t.family, t.seed) for t in tasks_of(families, per, RL_SEED_BASE)[: sizes.transfer_rl_tasks]]
     eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import LiveLog, load_policy
+from assets.tasks import LiveLog
 
 
 def retention(student: dict[str, dict], teachers: dict[str, dict]) -> dict[str, dict]:
@@ -51,13 +51,14 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint) on each cell's RL prompts
     (`cells[pk]["rl"]`, the rl_tasks ladder's (family, seed) pairs), then the student on each cell's
     held-out tasks (`cells[pk]["eval"]`, `specs` budgets), scored as each specialist was
-    (`scoring`, an assets.tasks.SpecialistEval: temperature, samples per task, seed) — the same tasks,
+    (`scoring`, a k3model.train.recipes.SpecialistEval: temperature, samples per task, seed) — the same tasks,
     budgets and decoding, so student ÷ teacher compares like with like. A teacher's figures come from `teacher_figures[pk]` (its own
     materialization's evaluation) or, when absent, are measured here on the same tasks. With
     `control_cfg` (a GRPOConfig) and the specialists' counted FLOPs, the generalist control is
     trained on specialists + MOPD FLOPs and evaluated on the same cells."""
     import envs
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
     from k3model.train.mopd import evaluate_routes, train
 
@@ -66,7 +67,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
 
     def play(checkpoint: str, pk: str) -> dict:  # a teacher without its own figures, on its cell
         effort = pk.split("|")[1]
-        return evaluate(load_policy(checkpoint), tokenizer, generate(cells[pk]["eval"]), effort,
+        return evaluate(load_model(checkpoint)[0].eval(), tokenizer, generate(cells[pk]["eval"]), effort,
                         samples=scoring.samples, temperature=scoring.temperature, seed=scoring.seed,
                         specs=specs).as_metadata()
 
@@ -87,7 +88,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     tasks = {tuple(k.split("|")): generate(c["rl"]) for k, c in cells.items()}
     result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, tasks=tasks, log_fn=live)
     t0 = time.perf_counter()
-    student = load_policy(str(result.checkpoint_dir))
+    student = load_model(str(result.checkpoint_dir))[0].eval()
     cell_tasks = {tuple(pk.split("|")): generate(cells[pk]["eval"]) for pk in teachers}
     evals = on_cells(student)
     teacher_evals = {pk.replace("|", "/"): teacher_figures.get(pk) or play(ckpt, pk) for pk, ckpt in teachers.items()}
@@ -104,7 +105,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
         ctl = generalist_control(control_cfg, student_checkpoint, tokenizer, Path(work_dir) / "control",
                                  flop_budget=budget, routes=list(routes), tasks=tasks, log_fn=live)
         control = {"flops": ctl.flops, "budget": budget, "turns": ctl.turns,
-                   "evals": on_cells(load_policy(str(ctl.checkpoint_dir)))}
+                   "evals": on_cells(load_model(str(ctl.checkpoint_dir))[0].eval())}
         headline["control/success_rate"] = (sum(e["success_rate"] for e in control["evals"].values())
                                             / max(len(control["evals"]), 1))
     live(cfg.steps, headline)

@@ -15,7 +15,7 @@
   held-out tasks (`k3model.train.evaluate`) per (domain, effort) and per harness.
 - `rl_tasks`, `rl_specialist`: see their builders below.
 
-Sizes per profile are in `SIZES` (smoke: seconds per asset; tiny: minutes). The held-out evaluation
+Sizes per profile are in `k3model.train.recipes.POSTTRAIN_SIZES` (smoke: seconds per asset; tiny: minutes). The held-out evaluation
 tasks come from `k3model.train.ladder.EVAL_SEED_BASE`, far from the RL prompts' seeds and from the
 SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was trained on.
 """
@@ -23,7 +23,6 @@ SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,14 @@ from pydantic import Field
 from assets.data import _result as data_result
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
 from assets.storage import publish
-from assets.tasks import EvalPlan, effort_specs, per_harness, train_sft_task
+from assets.tasks import train_sft_task
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
+from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
+from k3model.train.evaluate import per_harness
+from k3model.train.recipes import POSTTRAIN_SIZES, eval_plan, specialist_scoring
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
-DOMAINS = ("general_tasks", "general_agents", "coding_agents")
-STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_answer")  # envs/tasks/starter.py
-EFFORTS = ("low", "high", "max")
 GROUP = "posttraining"
 RESOURCES = {"store", "mlflow", "ray"}
 # The nine specialists: one partition each, every one browsable on its own (`general_tasks|low`, …).
@@ -48,109 +47,6 @@ SPECIALIST_PARTITIONS = dg.MultiPartitionsDefinition({
     "domain": dg.StaticPartitionsDefinition(list(DOMAINS)), "effort": dg.StaticPartitionsDefinition(list(EFFORTS))})
 
 
-@dataclass(frozen=True)
-class PosttrainSizes:
-    """How much post-training a profile does."""
-    sft_families: tuple[str, ...] | None  # None: every easy and medium family
-    sft_tasks_per_family: int
-    sft_heldout_tasks_per_family: int
-    sft_max_tokens: int
-    sft_steps: int
-    sft_batch_size: int
-    sft_lr: float
-    eval_tasks_per_family: int
-    # The ladder: tasks per family, and the group size the pass rates are measured at.
-    ladder_tasks_per_family: int
-    ladder_samples: int
-    # Each specialist: GRPO steps, group size G, informative groups per step P, RL prompts and
-    # held-out tasks per selected family.
-    rl_steps: int
-    rl_group_size: int
-    rl_groups_per_step: int
-    rl_tasks_per_family: int
-    rl_eval_tasks_per_family: int
-    rl_lr: float
-    rl_max_draw_factor: int  # refill draws at most this many times P groups per step
-    # How specialist and sft_policy are both scored on the held-out tasks: episodes per task, the
-    # sampling temperature (0: greedy, one episode per task), and the specialist's hard-split tasks.
-    rl_eval_samples: int = 1
-    rl_eval_temperature: float = 0.0
-    rl_hard_tasks: int = 16
-    # (effort, episode budget, turn cap) in policy tokens; None: k3model.train.grpo.EFFORT_SPECS
-    eval_budgets: tuple[tuple[str, int, int], ...] | None = None
-    # (family, w): w × sft_tasks_per_family demonstration tasks for that family (datagen.sft)
-    sft_family_weights: tuple[tuple[str, int], ...] = ()
-
-
-SIZES: dict[str, PosttrainSizes] = {
-    # The shortest family of each domain, one task each, and a few generated tokens per episode:
-    # every asset in seconds, so the lineage runs inside the test suite.
-    "smoke": PosttrainSizes(sft_families=("echo_word", "slack_ping", "write_constant"), sft_tasks_per_family=1,
-                            sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
-                            sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
-                            rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1, rl_hard_tasks=1,
-                            rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
-                            eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
-    # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on four
-    # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows; coding's is
-    # write_answer, not write_constant (3–13 % on the ladder: docs/log/rl.md, 2026-12-02), and
-    # slack_ping has twice the tasks of the others: its word copy (the post's text) is the skill this
-    # SFT lost from run to run at equal shares (slack_ping 0.06–0.81 on the ladder). Four ladder
-    # tasks per family: the harnesses go round-robin over the tasks, so each family's pass rate
-    # covers all four training harnesses, as the specialists' RL groups do. The episode budgets
-    # keep low < high < max but are a quarter of grpo.EFFORT_SPECS': a policy that never calls
-    # finish would otherwise decode 1–4K tokens per episode.
-    # RL (docs/log/rl.md, benchmarks/recipes/grpo_sweep.py): no swept setting beat sft_policy on held-out
-    # tasks (16 steps, lr 3e-5 … 1e-3, 8–32 episodes a step: −2 … −47 points); 4 RL prompts per
-    # family were memorised (held-out 0.55 → 0.25) and lr ≥ 1e-3 broke the call format, so the
-    # specialists take 64 prompts per family at lr 1e-4 for 8 steps. Held-out: one episode per task
-    # at temperature 1 (the ladder's way; greedy decoding of the tiny policy degenerates), 64 tasks
-    # per family, none with an RL prompt's instruction, sft_policy scored the same way on the same
-    # tasks: an interval of about ±17 points per single-family cell, ±12 for general_tasks.
-    "tiny": PosttrainSizes(sft_families=STARTER_FAMILIES, sft_tasks_per_family=96, sft_heldout_tasks_per_family=4,
-                           sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
-                           eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
-                           rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
-                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
-                           rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
-                           eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256)),
-                           sft_family_weights=(("slack_ping", 2),)),
-    "small": PosttrainSizes(sft_families=None, sft_tasks_per_family=64, sft_heldout_tasks_per_family=4,
-                            sft_max_tokens=16384, sft_steps=2000, sft_batch_size=16, sft_lr=3e-4,
-                            eval_tasks_per_family=16, ladder_tasks_per_family=8, ladder_samples=8,
-                            rl_steps=100, rl_group_size=8, rl_groups_per_step=8, rl_tasks_per_family=64,
-                            rl_eval_tasks_per_family=32, rl_lr=3e-4, rl_max_draw_factor=4),
-}
-
-
-def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
-    """The held-out evaluation of `profile`: tasks of the families SFT trained on, seeds from
-    `k3model.train.ladder.EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
-    the same tasks for every policy compared."""
-    from datagen.sft import SFT_FAMILIES
-    from k3model.train.ladder import EVAL_SEED_BASE
-    sizes = SIZES[profile]
-    return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
-                    tasks_per_family=tasks_per_family or sizes.eval_tasks_per_family, seed=EVAL_SEED_BASE,
-                    budgets=sizes.eval_budgets)
-
-
-def specialist_scoring(profile: str, seed: int):
-    """How `profile` scores policies on held-out cells (assets.tasks.SpecialistEval): the specialists
-    against sft_policy here, the MOPD student against its teachers in assets/distill.py."""
-    from assets.tasks import SpecialistEval
-    sizes = SIZES[profile]
-    return SpecialistEval(sizes.rl_eval_temperature, sizes.rl_eval_samples, sizes.rl_hard_tasks, seed)
-
-
-def check_cell(domain: str, effort: str) -> None:
-    """A ValueError naming the valid values, for an unknown domain or effort."""
-    if domain not in DOMAINS:
-        raise ValueError(f"unknown domain {domain!r}: choose one of {', '.join(DOMAINS)}")
-    if effort not in EFFORTS:
-        raise ValueError(f"unknown effort {effort!r}: choose one of {', '.join(EFFORTS)}")
 
 
 def specialist_cell(partition_key: str) -> tuple[str, str]:
@@ -160,7 +56,7 @@ def specialist_cell(partition_key: str) -> tuple[str, str]:
     if len(parts) != 2:
         raise ValueError(f"partition key {partition_key!r} does not exist: rl_specialist's keys are "
                          f"<domain>|<effort>, one of {', '.join(SPECIALIST_PARTITIONS.get_partition_keys())}")
-    check_cell(*parts)
+    check_route(*parts)
     return parts[0], parts[1]
 
 
@@ -170,9 +66,9 @@ def specialist_cell(partition_key: str) -> tuple[str, str]:
 class SFTDataAssetConfig(dg.Config):
     seed: int = Field(default=0, ge=0, description="seeds the demonstration tasks (same seed → same bytes); "
                       "the held-out table uses seed + 1")
-    tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (SIZES)")
+    tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (POSTTRAIN_SIZES)")
     family_weights: dict[str, int] | None = Field(default=None, description="family → w: w × tasks_per_family "
-                                                  "tasks for it (default: the profile's, SIZES; {} for none)")
+                                                  "tasks for it (default: the profile's, POSTTRAIN_SIZES; {} for none)")
 
 
 def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig,
@@ -183,7 +79,7 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 
     tag_run(context, profile)
     tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
-    sizes = SIZES[profile]
+    sizes = POSTTRAIN_SIZES[profile]
     cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
                         families=sizes.sft_families, max_tokens=sizes.sft_max_tokens,
                         family_weights=(tuple(sorted(config.family_weights.items())) if config.family_weights is not None
@@ -227,7 +123,7 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 # sft_policy
 
 class SFTPolicyConfig(dg.Config):
-    """Overrides for the SFT run; unset fields take the profile's values (SIZES)."""
+    """Overrides for the SFT run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps")
     batch_size: int | None = Field(default=None, ge=1)
@@ -261,7 +157,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
 
     tag_run(context, profile)
     op = f"{profile}__sft_policy"
-    sizes = SIZES[profile]
+    sizes = POSTTRAIN_SIZES[profile]
     try:
         cfg = SFTConfig(profile=profile, seed=config.seed, steps=config.steps or sizes.sft_steps,
                         batch_size=config.batch_size or sizes.sft_batch_size, lr=config.lr or sizes.sft_lr,
@@ -335,7 +231,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
 
 class RLTasksConfig(dg.Config):
     tasks_per_family: int | None = Field(default=None, ge=1, description="ladder tasks per family "
-                                         "(default: the profile's, SIZES)")
+                                         "(default: the profile's, POSTTRAIN_SIZES)")
     samples: int | None = Field(default=None, ge=2, description="episodes per task (G)")
 
 
@@ -348,7 +244,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 
     tag_run(context, profile)
     ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
-    sizes = SIZES[profile]
+    sizes = POSTTRAIN_SIZES[profile]
     families = {"families": sizes.sft_families} if sizes.sft_families is not None else {}
     cfg = LadderConfig(tasks_per_family=config.tasks_per_family or sizes.ladder_tasks_per_family,
                        samples=config.samples or sizes.ladder_samples, **families)
@@ -394,7 +290,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 # rl_specialist: nine partitions, trained concurrently
 
 class RLSpecialistConfig(dg.Config):
-    """Overrides for every specialist of the run; unset fields take the profile's values (SIZES)."""
+    """Overrides for every specialist of the run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
     steps: int | None = Field(default=None, ge=1, description="GRPO updates per specialist")
     group_size: int | None = Field(default=None, ge=2, description="episodes per prompt (G)")
     groups_per_step: int | None = Field(default=None, ge=1, description="informative groups per update (P)")
@@ -428,8 +324,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     except ValueError as e:
         raise dg.Failure(description=f"{profile}/rl_specialist: {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
-    sizes = SIZES[profile]
-    specs = effort_specs(SIZES[profile].eval_budgets)
+    sizes = POSTTRAIN_SIZES[profile]
+    specs = effort_specs(POSTTRAIN_SIZES[profile].eval_budgets)
     op = f"{profile}__rl_specialist"
     try:
         cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,

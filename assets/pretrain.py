@@ -3,7 +3,7 @@
     tokenizer, corpus, clue_data, image_data ─> pretrain_stage_1 ─> … ─> pretrain_stage_4 ─> base_model
 
 `build(profile)` makes them for one profile (keys `<profile>/pretrain_stage_1`, …, group
-`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
+`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
 starting from the previous stage's checkpoint with no positional change, through the training
 adapter (`assets.training`): while it trains, the task logs metrics to the asset's MLflow run and
 its progress lines reach the Dagster run's event feed; afterwards the checkpoint moves to
@@ -66,7 +66,7 @@ def stage_name(stage: int) -> str:
 def pretrain_data(context: dg.AssetExecutionContext, profile: str) -> tuple[Any, dict[str, Upstream]]:
     """The PretrainData bundle from the newest data assets of `profile`, and the upstream records."""
     from datagen.clues import CluesConfig
-    from k3model.pretrain_data import PretrainData
+    from k3model.train.pretrain_data import PretrainData
 
     from assets.data import data_config_json
 
@@ -158,7 +158,7 @@ REPORTED = ("eval/ppl", "eval/vqa_acc", "eval/clue_acc/scattered/all", "eval/clu
 def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageConfig, stage: int,
                       profile: str) -> dg.MaterializeResult:
     from k3model.config import get_profile
-    from k3model.pretrain import PretrainConfig
+    from k3model.train.pretrain import PretrainConfig
 
     tag_run(context, profile)
     name = stage_name(stage)

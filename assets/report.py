@@ -166,7 +166,7 @@ def _clue_counts(ev: dict[str, float], per_cell: int | None, pairs: dict[tuple[i
 
 def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str, Any]:
     """Every figure the claims and plots need, from the newest materializations of `profile`."""
-    from k3model.pretrain import eval_sizes
+    from k3model.train.pretrain import eval_sizes
 
     figs: dict[str, Any] = {"profile": profile, "checkpoints": {}, "stages": {}, "losses": {}, "load_curves": {}}
     pairs = _grid_pairs(instance, profile)

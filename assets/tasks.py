@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
-    from k3model.pretrain import PretrainConfig, PretrainResult
-    from k3model.pretrain_data import PretrainData
+    from k3model.train.pretrain import PretrainConfig, PretrainResult
+    from k3model.train.pretrain_data import PretrainData
+    from k3model.train.recipes import EvalPlan, SpecialistEval
 
 _INTERRUPTED = threading.Event()
 
@@ -134,7 +135,7 @@ class ProgressFeed:
 
 def train_stage_task(cfg: PretrainConfig, data: PretrainData, init_checkpoint: str | None, work_dir: str,
                      live: LiveLog) -> PretrainResult:
-    from k3model.pretrain import train
+    from k3model.train.pretrain import train
     return train(cfg, data, work_dir, init_checkpoint=init_checkpoint, log_fn=live)
 
 
@@ -143,11 +144,12 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
     """Re-score a checkpoint (hashes verified on load) with the model config its manifest records."""
     import torch
 
-    from k3model.pretrain import eval_sizes, load_pretrained
-    from k3model.pretrain_eval import evaluate
+    from k3model.checkpoint import load_model
+    from k3model.train.pretrain import eval_sizes
+    from k3model.train.pretrain_eval import evaluate
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, manifest = load_pretrained(checkpoint_dir, device)
+    model, manifest = load_model(checkpoint_dir, device)
     pretrain_cfg = manifest["config"]["pretrain"]
     _, windows, questions = eval_sizes(pretrain_cfg["profile"])
     t0 = time.perf_counter()
@@ -160,73 +162,6 @@ def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_p
 
 # ----------------------------------------------------------------------------------------------
 # Post-training: SFT and the held-out evaluation of a policy
-
-@dataclass(frozen=True)
-class EvalPlan:
-    """The held-out tasks a policy is scored on: `tasks_per_family` tasks (seeds from `seed`) of each
-    of `families` (`k3model.train.ladder.tasks_of`), grouped by domain, each played once, greedily,
-    at every effort in the training harnesses round-robin. `budgets` replaces
-    `k3model.train.grpo.EFFORT_SPECS`'s token budgets as (effort, episode budget, turn cap) triples
-    (the smoke profile's are a few tokens)."""
-    domains: tuple[str, ...]
-    efforts: tuple[str, ...]
-    families: tuple[str, ...]
-    tasks_per_family: int
-    seed: int
-    budgets: tuple[tuple[str, int, int], ...] | None = None
-    max_episodes_per_batch: int = 32
-
-    def tasks(self, domain: str) -> list:
-        from k3model.train.ladder import domain_families, tasks_of
-        return tasks_of(domain_families(domain, self.families), self.tasks_per_family, self.seed)
-
-    def specs(self) -> dict | None:
-        return effort_specs(self.budgets)
-
-
-def effort_specs(budgets: tuple[tuple[str, int, int], ...] | None) -> dict | None:
-    """(effort, episode budget, turn cap) triples as `k3model.train.grpo.EffortSpec`s, with the
-    default length terms; None stays None (the defaults, `grpo.EFFORT_SPECS`)."""
-    from k3model.train.grpo import EFFORT_SPECS, EffortSpec
-    if budgets is None:
-        return None
-    return {e: EffortSpec(budget_tokens=b, length_coef=EFFORT_SPECS[e].length_coef, turn_tokens=t)
-            for e, b, t in budgets}
-
-
-def load_policy(checkpoint_dir: str | Path):
-    """The policy model of a checkpoint (`k3model.train.evaluate.load_policy`: QAT back on when it
-    trained with it), in eval mode."""
-    from k3model.train.evaluate import load_policy as load
-    return load(checkpoint_dir)[0].eval()
-
-
-def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
-    """`k3model.train.evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
-    for every (domain, effort) of the plan, or only `cells`. Greedy single episodes, so the cells of
-    one effort share one batched decode (`k3model.train.mopd.evaluate_together`: the same figures
-    as one `evaluate` call per cell, but `seconds`, the shared batch's wall time)."""
-    from k3model.train.mopd import evaluate_together
-    cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
-    calls = {f"{domain}/{effort}": (plan.tasks(domain), effort, None) for domain, effort in cells}
-    reports = evaluate_together(model, tokenizer, calls, plan.specs(), seed=plan.seed,
-                                max_episodes_per_batch=plan.max_episodes_per_batch)
-    return {name: report.as_metadata() for name, report in reports.items()}
-
-
-def per_harness(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Success rate and unparseable-action rate per harness over every (domain, effort) cell."""
-    acc: dict[str, list[float]] = {}
-    for figures in evals.values():
-        harnesses = {k.split("/")[1] for k in figures if k.startswith("harness/")}
-        for h in harnesses:
-            n = figures[f"harness/{h}/n"]
-            a = acc.setdefault(h, [0.0, 0.0, 0.0])
-            a[0] += figures[f"harness/{h}/success_rate"] * n
-            a[1] += figures[f"harness/{h}/unparseable_rate"] * n
-            a[2] += n
-    return {h: {"success_rate": s / n, "unparseable_rate": u / n, "n": int(n)} for h, (s, u, n) in sorted(acc.items())}
-
 
 @dataclass
 class PolicyResult:
@@ -242,16 +177,18 @@ class PolicyResult:
 
 
 def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str, tokenizer_path: str,
-                   plan: EvalPlan, work_dir: str, live: LiveLog) -> PolicyResult:
+                   plan: "EvalPlan", work_dir: str, live: LiveLog) -> PolicyResult:
     """SFT from the base model (`k3model.train.sft.train`, QAT as `cfg.qat`), then the held-out
     evaluation of the policy and of the base model on the same tasks."""
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
+    from k3model.train.ladder import evaluate_policy
     from k3model.train.sft import train
     result = train(cfg, demos_path, work_dir, init_checkpoint=base_checkpoint, eval_demos=heldout_path, log_fn=live)
     tokenizer = load_tokenizer(tokenizer_path)
     t0 = time.perf_counter()
-    evals = evaluate_policy(load_policy(result.checkpoint_dir), tokenizer, plan)
-    start_evals = evaluate_policy(load_policy(base_checkpoint), tokenizer, plan)
+    evals = evaluate_policy(load_model(result.checkpoint_dir)[0].eval(), tokenizer, plan)
+    start_evals = evaluate_policy(load_model(base_checkpoint)[0].eval(), tokenizer, plan)
     headline = {f"eval/success/{cell}": f["success_rate"] for cell, f in evals.items()}
     headline["perf/eval_wall_s"] = time.perf_counter() - t0
     live(cfg.steps, headline)
@@ -266,21 +203,11 @@ def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs:
     """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
     flat figures and its Markdown table."""
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.ladder import measure_ladder
-    model = load_policy(policy_checkpoint)
+    model = load_model(policy_checkpoint)[0].eval()
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
-
-
-@dataclass(frozen=True)
-class SpecialistEval:
-    """How a specialist and the SFT policy are scored on held-out tasks, both the same way:
-    `samples` episodes per task at `temperature` (0: greedy), and `hard_tasks` tasks of the domain's
-    hard split (`k3model.train.ladder.hard_tasks`) for the specialist."""
-    temperature: float = 0.0
-    samples: int = 1
-    hard_tasks: int = 16
-    seed: int = 0  # the episodes' generator seed (the same for every policy compared)
 
 
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,
@@ -292,6 +219,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     split. Tasks travel as (family, seed) pairs and are generated here."""
     import envs
     from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
     from k3model.train.grpo import train
     from k3model.train.ladder import hard_tasks
@@ -311,7 +239,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
         return evaluate(model, tokenizer, tasks, effort, samples=scoring.samples, temperature=scoring.temperature,
                         seed=scoring.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
 
-    specialist, sft = load_policy(result.checkpoint_dir), load_policy(policy_checkpoint)
+    specialist, sft = load_model(result.checkpoint_dir)[0].eval(), load_model(policy_checkpoint)[0].eval()
     # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work) for claim 3's
     # "max scores at least as well as low on hard tasks".
     evals = {cell: score(specialist, held), f"{cell}/hard": score(specialist, hard)}

@@ -374,7 +374,7 @@ def newest_data(home, profile: str):
 
     from datagen.clues import CluesConfig
     from datagen.io import table_metadata
-    from k3model.pretrain_data import PretrainData
+    from k3model.train.pretrain_data import PretrainData
 
     paths = {}
     for field, (asset, name) in DATA_FILES.items():

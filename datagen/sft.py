@@ -81,10 +81,6 @@ SFT_DIFFICULTIES = ("easy", "medium")
 FORMAT = "k3-sft/2"  # 2: the effort tag before every <|assistant|>
 
 
-def training_harnesses() -> tuple[str, ...]:
-    return envs.harness_split(HELD_OUT_HARNESS)[0]
-
-
 # The default families: the starter rungs of the RL ladder (envs/tasks/starter.py) and, per domain,
 # the short original family of its hard split (k3model.train.ladder.HARD_FAMILIES) and one more.
 # A tiny SFT budget (a few minutes on two cores) spent on 2,000–3,600-token medium episodes would
@@ -152,7 +148,7 @@ class SFTDataConfig:
         return self.families if self.families is not None else default_families()
 
     def resolved_harnesses(self) -> tuple[str, ...]:
-        return self.harnesses if self.harnesses is not None else training_harnesses()
+        return self.harnesses if self.harnesses is not None else envs.harness_split(HELD_OUT_HARNESS)[0]
 
     def tasks_of(self, family: str) -> int:
         """How many tasks (one row per effort each) `family` gets."""

@@ -22,6 +22,12 @@ the weights under the checkpoint's own hash is refused too. `load_resume_state` 
 resume checkpoint aside (with a warning) instead of failing, and `link_checkpoint` publishes an
 existing checkpoint under a new name through the same staging-and-rename.
 
+`load_model` is the one way to get a model back: it builds the `K3Model` the manifest's config
+describes, loads the verified weights, turns QAT back on when the checkpoint was trained with it
+(`config.qat`, so a policy is evaluated and trained further through the quantizer it learned under)
+and, for RL and distillation, freezes the router bias. A quantized export (MXFP4 experts, packed)
+is refused here: `k3model.quantize.load_quantized` reads it.
+
 Only torch, numpy and safetensors are used here (the library layer never imports dagster, ray or
 mlflow).
 """
@@ -382,6 +388,40 @@ def load_checkpoint(directory: str | os.PathLike, verify: bool = True,
     directory = Path(directory)
     manifest = verify_checkpoint(directory).manifest if verify else read_manifest(directory)
     return load_file(str(directory / WEIGHTS_FILE), device=str(device)), manifest
+
+
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu", *, qat: str | bool = "auto",
+               frozen_router: bool = False):
+    """(K3Model, manifest) of a checkpoint, hashes verified, built from the config its manifest
+    records and moved to `device`. `qat="auto"`: QAT on when the manifest says the model trained
+    with it (`config.qat`); `qat=False`: the float model whatever it trained with (the QAT/PTQ
+    comparison, the export, the draft's target). `frozen_router`: the router bias stops updating
+    (RL and on-policy distillation, DESIGN.md §4)."""
+    # The model, its kernels and QAT (3-4 s of imports, triton among them) load only here: the
+    # Dagster driver reads manifests and hashes from this module without building a model.
+    from k3model.config import ModelConfig, VisionConfig
+    from k3model.model import K3Model
+    from k3model.moe import freeze_router_bias
+    from k3model.train.qat import prepare_qat
+
+    if qat not in ("auto", False):
+        raise ValueError(f"qat must be 'auto' (as the checkpoint trained) or False (the float model), got {qat!r}")
+    weights, manifest = load_checkpoint(directory)
+    if "quantization" in manifest:
+        raise ValueError(f"{directory} is a quantized export ({manifest['quantization'].get('format')}): its "
+                         "routed experts are packed MXFP4, not float weights; load it with "
+                         "k3model.quantize.load_quantized")
+    recorded = dict(manifest["config"]["model"])
+    if recorded.get("vision") is not None:
+        recorded["vision"] = VisionConfig(**recorded["vision"])
+    model = K3Model(ModelConfig(**recorded))
+    model.load_state_dict(weights)
+    model = model.to(device)
+    if qat == "auto" and (manifest.get("config") or {}).get("qat"):
+        prepare_qat(model)
+    if frozen_router:
+        freeze_router_bias(model)
+    return model, manifest
 
 
 def load_train_state(directory: str | os.PathLike, verify: bool = True,

@@ -495,3 +495,11 @@ class LatentMoE(nn.Module):
         """max_j load_j / mean_j load_j of the last forward: 1.0 is perfect balance, E/k the worst."""
         mean = self.last_load.mean()
         return float(self.last_load.max() / mean) if mean > 0 else float("nan")
+
+
+def freeze_router_bias(model: nn.Module) -> None:
+    """Stop every LatentMoE's bias updates in `model` (DESIGN.md §4: the router bias is frozen during
+    RL, and on-policy distillation is RL too)."""
+    for moe in model.modules():
+        if isinstance(moe, LatentMoE):
+            moe.freeze_bias = True

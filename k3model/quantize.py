@@ -286,7 +286,7 @@ def export_quantized(model: K3Model, directory: str | os.PathLike, scale_roundin
     measure it against a bf16 export of the same model. Every other tensor keeps the model's dtype,
     or with `other_dtype` (e.g. torch.bfloat16, the deployment form) its floating tensors take that
     one, except the routing biases, which stay fp32 (their ~1e-3 steps decide the top-k). The
-    manifest records the model config (as load_pretrained expects it) and the quantization scheme
+    manifest records the model config (as k3model.checkpoint.load_model expects it) and the quantization scheme
     with every packed tensor's shape."""
     state, tensors = quantized_state_dict(model, scale_rounding)
     if other_dtype is not None:
@@ -344,7 +344,7 @@ def load_quantized_into(model: K3Model, directory: str | os.PathLike, verify: bo
     weights, manifest = load_checkpoint(directory, verify=verify, device=next(model.parameters()).device)
     if not is_quantized_manifest(manifest):
         raise ValueError(f"{directory} is not an MXFP4 export (no {QUANT_FORMAT} quantization block in its "
-                         "manifest): load it with k3model.pretrain.load_pretrained")
+                         "manifest): load it with k3model.checkpoint.load_model")
     if _float_moes(model):
         raise ValueError(f"{directory} holds MXFP4-packed routed experts but this model's LatentMoEs have float "
                          "experts: build the model with k3model.quantize.load_quantized(directory), or "
@@ -366,7 +366,7 @@ def load_quantized(directory: str | os.PathLike, device: str | torch.device = "c
     an MXLatentMoE with the packed experts, everything else as exported. Returns (model, manifest)."""
     manifest = read_manifest(directory)
     if not is_quantized_manifest(manifest):
-        raise ValueError(f"{directory} is not an MXFP4 export: load it with k3model.pretrain.load_pretrained")
+        raise ValueError(f"{directory} is not an MXFP4 export: load it with k3model.checkpoint.load_model")
     quant = manifest["quantization"]
     cfg = model_config_from_manifest(manifest)
     model = K3Model(cfg)

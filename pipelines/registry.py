@@ -41,5 +41,5 @@ def checkpoint_path(model: str, home: Path | None = None) -> Path:
 
 def load_model(model: str, device: str = "cpu", home: Path | None = None):
     """(K3Model, manifest) of a registered model version, its hashes verified on load."""
-    from k3model.pretrain import load_pretrained
-    return load_pretrained(checkpoint_path(model, home), device)
+    from k3model.checkpoint import load_model as load
+    return load(checkpoint_path(model, home), device, qat=False)

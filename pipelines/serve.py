@@ -66,10 +66,9 @@ import torch
 
 from k3model.cache import ModelCache
 from k3model.engine import MIN_ROWS, SamplingConfig, context_length, prefill, sample
-# The one loader of a float checkpoint (repoint to k3model.checkpoint.load_model when it lands).
-from k3model.pretrain import load_pretrained as load_float_checkpoint
-# The efforts and their budgets as RL trained them (repoint to k3model.train.effort when it lands).
-from k3model.train.grpo import EFFORT_SPECS
+from k3model.checkpoint import load_model as load_float_checkpoint
+# The efforts and their budgets as RL trained them.
+from k3model.train.effort import EFFORT_SPECS
 
 EFFORTS = tuple(EFFORT_SPECS)
 DEFAULT_EFFORT = "high"

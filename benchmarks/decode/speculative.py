@@ -71,8 +71,8 @@ def targets(profile: str, seed: int, scale: float = 3.0):
 
 
 def trained_cases(target_dir: str, draft_dir: str | None):
-    from k3model.pretrain import load_pretrained
-    target, _ = load_pretrained(target_dir)
+    from k3model.checkpoint import load_model
+    target, _ = load_model(target_dir, qat=False)
     target.eval()
     cases = {"mtp_untrained": (target, draft_from_mtp(target).eval())}
     if draft_dir:
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--draft-lens", default="1,2,3,4,5,6")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--target", help="a target checkpoint (k3model.pretrain.load_pretrained reads it)")
+    ap.add_argument("--target", help="a target checkpoint (k3model.checkpoint.load_model reads it)")
     ap.add_argument("--draft", help="a trained draft checkpoint for --target (k3model.train.draft)")
     ap.add_argument("--prompts-table", help="held-out prompts: a datagen.sft Parquet table")
     ap.add_argument("--max-prompt-tokens", type=int, default=400)

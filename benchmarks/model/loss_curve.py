@@ -26,8 +26,8 @@ import torch
 from benchmarks.common import run_header
 from k3model.config import get_profile
 from k3model.model import IGNORE_INDEX, K3Model
-from k3model.pretrain import build_optimizer, train_step
-from k3model.pretrain_data import Batch
+from k3model.train.pretrain import build_optimizer, train_step
+from k3model.train.pretrain_data import Batch
 
 KEYS = ("train/main", "train/mtp_1", "train/total", "train/grad_norm")
 

@@ -18,7 +18,7 @@ image_data`); the newest version of each is used, as in benchmarks/recipes/clue_
 grid from the recorded clue config (its task, lengths and buckets) with the eval sizing of the tiny
 preset (`eval_per_cell`, `eval_pairs_per_bucket`; override with `--per-cell`, `--per-bucket`) on the
 held-out filler, and scores it with the pipeline's end-of-stage scorer
-(`k3model.pretrain_eval.clue_accuracy`: argmax at every answer token, the rows of a cell batched).
+(`k3model.train.pretrain_eval.clue_accuracy`: argmax at every answer token, the rows of a cell batched).
 The claim reads per (stage, bucket, variant) the hits and n summed over the bucket's cells.
 """
 
@@ -35,15 +35,16 @@ from pathlib import Path
 
 import torch
 
-# TODO(tidy): claim_1 is the claims asset's judge and wilson moves to k3model/train/stats.py (rl's branch);
-# import both from the library once they are there, so that no benchmark imports assets/.
+# TODO(tidy): claim_1 is the claims asset's judge; import it from the library once it has a home there,
+# so that no benchmark imports assets/.
 from assets.claims import claim_1, wilson
 from benchmarks.common import newest_data, run_header
 from datagen import presets
 from datagen.clues import clue_eval_grid, distance_buckets, home_cells, pairs_in_cell
 from datagen.io import write_parquet
-from k3model.pretrain import PretrainConfig, load_pretrained, train
-from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS
+from k3model.checkpoint import load_model
+from k3model.train.pretrain import PretrainConfig, train
+from k3model.train.pretrain_eval import answer_is_argmax, answers_are_argmax, clue_accuracy, CLUE_BATCH_TOKENS
 
 
 LOGGED = ("train/main", "train/answer", "train/rest", "train/grad_norm", "train/lr", "perf/tokens_per_s")
@@ -71,7 +72,7 @@ def train_stages(data_home: str, out_dir: str, steps: list[int] | None, stages: 
         if stage == 1 and probe_step:
             cfg = replace(cfg, ckpt_every=probe_step)
             train(cfg, data, Path(out_dir) / "stage1", log_fn=log_fn, stop_after=probe_step)
-            model, _ = load_pretrained(Path(out_dir) / "stage1" / "last")
+            model, _ = load_model(Path(out_dir) / "stage1" / "last")
             probe = clue_accuracy(model, data, "cpu", examples_per_cell=None, max_length=eval_max_length)
             print(json.dumps({"stage": 1, "probe_step": probe_step, **{
                 k: round(v, 4) for k, v in probe.items() if k.count("/") == 3 and "/len" not in k}}), flush=True)
@@ -91,7 +92,7 @@ def measure_cost(data_home: str, checkpoint: str, rows_per_length: int, repeats:
     this change) and batched with the head at the answer positions only, in alternating turns."""
     data = newest_data(Path(data_home), "tiny")
     grid = data.clue_eval.to_pydict()
-    model, _ = load_pretrained(checkpoint)
+    model, _ = load_model(checkpoint)
     model.eval()
     out = {}
     for length in sorted(set(grid["length_target"])):
@@ -159,7 +160,7 @@ def evaluate_stages(data_home: str, checkpoints: list[str], per_cell: int | None
         scored = replace(data, clue_eval_path=path, clues=clues)
         stages = {}
         for stage, ckpt in enumerate(checkpoints, start=1):
-            model, manifest = load_pretrained(ckpt)
+            model, manifest = load_model(ckpt)
             t0 = time.perf_counter()
             ev = clue_accuracy(model, scored, "cpu", examples_per_cell=1 << 30, max_length=None)
             seconds = time.perf_counter() - t0

@@ -26,9 +26,9 @@ import torch
 
 from benchmarks.common import newest_data, run_header
 from k3model.model import K3Model
-from k3model.pretrain import PretrainConfig, build_optimizer, train_step
-from k3model.pretrain_data import StageBatches
-from k3model.pretrain_eval import clue_accuracy
+from k3model.train.pretrain import PretrainConfig, build_optimizer, train_step
+from k3model.train.pretrain_data import PretrainData, StageBatches
+from k3model.train.pretrain_eval import clue_accuracy
 from k3model.schedule import lr_at
 
 def main() -> None:

@@ -21,7 +21,7 @@ draws clue rows of its length with probability clue_fraction and text rows other
 through the packed pools; the learning rate warms up over the first 10 % of all steps and decays by
 a cosine to 0.1× (`k3model.schedule.lr_at`), as in the pipeline.
 
-Scoring is the pipeline's (`k3model.pretrain_eval.answer_is_argmax`), batched: an example is
+Scoring is the pipeline's (`k3model.train.pretrain_eval.answer_is_argmax`), batched: an example is
 correct when the argmax at every answer position (the answer's tokens and <|eos|>) is the answer's
 token. Also reported, as a diagnostic only: the fraction of the answer's value tokens that are right.
 """
@@ -256,12 +256,12 @@ def one(args) -> None:
 
 def score_checkpoint(args) -> None:
     """Score saved checkpoints (e.g. a pipeline stage's) on the packed eval rows."""
-    from k3model.pretrain import load_pretrained
+    from k3model.checkpoint import load_model
     with np.load(args.rows) as npz:
         rows = dict(npz)
     out = {"rows": args.rows, "checkpoints": []}
     for path in args.checkpoint:
-        model, manifest = load_pretrained(path)
+        model, manifest = load_model(path)
         row = {"checkpoint": path, "step": manifest.get("step")}
         for L in [int(k[5:]) for k in rows if k.startswith("eval_") and not k.endswith("_meta")]:
             row.update({f"len{L}/{k}": v for k, v in score(model, rows[f"eval_{L}"], rows[f"eval_{L}_meta"],

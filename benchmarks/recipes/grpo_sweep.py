@@ -9,7 +9,7 @@ cell's RL prompts (the families the home's `rl_tasks` ladder selected, seeds fro
 `ladder.RL_SEED_BASE`), then the specialist and sft_policy scored the same way on the same held-out
 tasks (`ladder.heldout_tasks`: seeds from `ladder.EVAL_SEED_BASE`, any task whose prompt equals an
 RL prompt's skipped) and the specialist on the domain's hard split. Budgets per effort are the
-tiny profile's (`assets.posttrain.SIZES["tiny"].eval_budgets`). Unset options take the tiny row's
+tiny profile's (`k3model.train.recipes.POSTTRAIN_SIZES["tiny"].eval_budgets`). Unset options take the tiny row's
 values, so a run with no options measures what `make run` does.
 
 The gain is claim 3's: Newcombe's 95 % interval of the difference of the two success rates
@@ -46,8 +46,10 @@ def main() -> None:
     # (train_specialist_task: grpo.train, then the specialist scored by k3model/train/evaluate.py) from
     # the library, once the tidy step lands (no benchmark imports assets/).
     from assets.claims import rate_difference
-    from assets.posttrain import SIZES
-    from assets.tasks import SpecialistEval, effort_specs, train_specialist_task
+    from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
+    from assets.tasks import train_specialist_task
+    from k3model.train.recipes import SpecialistEval
+    from k3model.train.effort import effort_specs
     from k3model.train.grpo import GRPOConfig
     from k3model.train.ladder import LadderReport, RL_SEED_BASE, heldout_tasks, tasks_of
 
@@ -60,7 +62,8 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=tiny.rl_group_size)
     ap.add_argument("--groups", type=int, default=tiny.rl_groups_per_step, help="informative groups per step")
     ap.add_argument("--negative-scale", type=float, default=GRPOConfig().negative_scale)
-    ap.add_argument("--warmup", type=int, default=GRPOConfig().warmup_steps, help="linear lr warmup steps")
+    ap.add_argument("--warmup-frac", type=float, default=GRPOConfig().warmup_frac,
+                    help="linear lr warmup over max(⌊warmup_frac · steps⌋, 1) steps")
     ap.add_argument("--max-draw-factor", type=int, default=tiny.rl_max_draw_factor)
     ap.add_argument("--rl-tasks", type=int, default=tiny.rl_tasks_per_family, help="RL prompts per family")
     ap.add_argument("--eval-tasks", type=int, default=tiny.rl_eval_tasks_per_family,
@@ -83,7 +86,7 @@ def main() -> None:
     held = heldout_tasks(families, args.eval_tasks, exclude=rl)
     specs = effort_specs(tiny.eval_budgets)
     cfg = replace(GRPOConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups,
-                             lr=args.lr, seed=args.seed, warmup_steps=args.warmup, negative_scale=args.negative_scale, max_draw_factor=args.max_draw_factor),
+                             lr=args.lr, seed=args.seed, warmup_frac=args.warmup_frac, negative_scale=args.negative_scale, max_draw_factor=args.max_draw_factor),
                   **({"efforts": specs} if specs else {}))
     work = Path(args.work) / f"{args.label}_{time.strftime('%H%M%S')}"
     header = run_header()

@@ -6,7 +6,7 @@ Also checks that the two give the same figures on a real checkpoint (timing asid
     OMP_NUM_THREADS=1 python benchmarks/recipes/mopd_eval.py --student CKPT --ladder ladder.json --tokenizer tokenizer.json \
         --out benchmarks/results/pipelines/<date>_mopd_eval_tiny_cpu.json
 
-The budgets are the tiny profile's evaluation budgets (assets/posttrain.py SIZES["tiny"].eval_budgets),
+The budgets are the tiny profile's evaluation budgets (k3model/train/recipes.py POSTTRAIN_SIZES["tiny"].eval_budgets),
 the ones the specialists were evaluated with. The machine is shared: the ratio is the figure.
 """
 
@@ -33,17 +33,16 @@ def main() -> int:
     error = None
     try:
         import envs
-        # TODO(tidy): SIZES from k3model/train/recipes.py, effort_specs from k3model/train/effort.py, and
-        # load_policy -> k3model.checkpoint.load_model, once the tidy step lands (no benchmark imports assets/).
-        from assets.posttrain import SIZES
-        from assets.tasks import effort_specs
+        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
+        from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
-        from k3model.train.evaluate import evaluate, load_policy
+        from k3model.checkpoint import load_model
+        from k3model.train.evaluate import evaluate
         from k3model.train.mopd import evaluate_routes
 
         specs = effort_specs(SIZES[args.profile].eval_budgets)
         tokenizer = load_tokenizer(args.tokenizer)
-        model = load_policy(args.student)[0].eval()
+        model = load_model(args.student)[0].eval()
         ladder = json.loads(open(args.ladder).read())["tasks"]
         cells = {tuple(c.split("/")): [envs.generate(f, s) for f, s in v["eval"]] for c, v in ladder.items()}
         timing = ("seconds", "policy_tokens_per_s")

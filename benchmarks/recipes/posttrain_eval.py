@@ -7,14 +7,14 @@ a check that both give the same figures (timing aside):
   (`k3model.train.qat.frozen_expert_weights`, what `rollout.TokenPolicy.run` does now);
 - `plan`: sft_policy's evaluation of a policy on the profile's plan (greedy, every (domain, effort)
   cell), one `evaluate()` per cell with the weights quantized every forward (the old
-  `assets.tasks.evaluate_policy`) against `assets.tasks.evaluate_policy` now (each effort's cells
+  `evaluate_policy`) against `k3model.train.ladder.evaluate_policy` now (each effort's cells
   in one batched decode, frozen weights).
 
     OMP_NUM_THREADS=1 python benchmarks/recipes/posttrain_eval.py --policy CKPT --base BASE_CKPT --ladder ladder.json \
         --tokenizer tokenizer.json --cells general_tasks/max,general_agents/high,coding_agents/low --tasks 32 \
         --out benchmarks/results/posttrain/<date>_posttrain_eval_tiny_cpu.json
 
-The budgets are the profile's evaluation budgets (assets/posttrain.py SIZES). The machine is shared:
+The budgets are the profile's evaluation budgets (k3model/train/recipes.py POSTTRAIN_SIZES). The machine is shared:
 the ratio is the figure.
 """
 
@@ -63,11 +63,10 @@ def main() -> int:
     error = None
     try:
         import envs
-        # TODO(tidy): SIZES, eval_plan and specialist_scoring from k3model/train/recipes.py, effort_specs from
-        # k3model/train/effort.py, evaluate_policy from the one evaluator module (k3model/train/evaluate.py),
-        # load_policy -> k3model.checkpoint.load_model, once the tidy step lands (no benchmark imports assets/).
-        from assets.posttrain import SIZES, eval_plan, specialist_scoring
-        from assets.tasks import effort_specs, evaluate_policy, load_policy
+        from k3model.train.ladder import evaluate_policy, plan_tasks
+        from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, eval_plan, specialist_scoring
+        from k3model.checkpoint import load_model
+        from k3model.train.effort import effort_specs
         from datagen.tokenizer import load_tokenizer
         from k3model.train.evaluate import evaluate
 
@@ -75,7 +74,7 @@ def main() -> int:
         specs = effort_specs(sizes.eval_budgets)
         scoring = specialist_scoring(args.profile, 0)
         tokenizer = load_tokenizer(args.tokenizer)
-        policy = load_policy(args.policy)
+        policy = load_model(args.policy)[0].eval()
         ladder = json.loads(open(args.ladder).read())["tasks"]
         rows, old_s, new_s, same = {}, 0.0, 0.0, True
         for cell in args.cells.split(","):
@@ -101,12 +100,12 @@ def main() -> int:
         print("sampled", report["sampled"] | {"cells": len(rows)}, flush=True)
 
         plan = eval_plan(args.profile)
-        models = {"sft_policy": policy, **({"base_model": load_policy(args.base)} if args.base else {})}
+        models = {"sft_policy": policy, **({"base_model": load_model(args.base)[0].eval()} if args.base else {})}
         report["plan"] = {}
         for name, model in models.items():
             t0 = time.perf_counter()
             with quantized_every_forward():
-                old = {f"{d}/{e}": evaluate(model, tokenizer, plan.tasks(d), e, seed=plan.seed, specs=plan.specs(),
+                old = {f"{d}/{e}": evaluate(model, tokenizer, plan_tasks(plan, d), e, seed=plan.seed, specs=plan.specs(),
                                             max_episodes_per_batch=plan.max_episodes_per_batch).as_metadata()
                        for d in plan.domains for e in plan.efforts}
             t1 = time.perf_counter()

@@ -23,7 +23,8 @@ import torch
 
 from benchmarks.common import run_header
 from datagen.tokenizer import load_tokenizer
-from k3model.train.evaluate import evaluate, load_policy
+from k3model.checkpoint import load_model
+from k3model.train.evaluate import evaluate
 from k3model.train.grpo import GRPOConfig, train
 from k3model.train.ladder import LadderConfig, hard_tasks, measure_ladder
 
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     tok = load_tokenizer(args.tokenizer)
-    model, _ = load_policy(args.policy)
+    model, _ = load_model(args.policy)
     out: dict = {"header": run_header(), "policy": args.policy, "threads": torch.get_num_threads(), "cells": {}}
 
     t0 = time.perf_counter()
@@ -73,7 +74,7 @@ def main() -> None:
                            flush=True))
         rec["train_seconds"] = time.perf_counter() - t
         rec["grpo"] = {"config": asdict(cfg), "history": result.history, "metrics": result.metrics}
-        spec_model, _ = load_policy(result.checkpoint_dir)
+        spec_model, _ = load_model(result.checkpoint_dir)
         rec["specialist"] = _fig(evaluate(spec_model, tok, held, effort, temperature=1.0))
         rec["specialist_hard"] = _fig(evaluate(spec_model, tok, hard, effort, temperature=1.0))
         out["cells"][cell] = rec

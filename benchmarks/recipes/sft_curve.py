@@ -26,7 +26,7 @@ import torch
 from benchmarks.common import run_header
 from datagen.sft import SFT_FAMILIES, SFTDataConfig, build_sft
 from datagen.tokenizer import load_tokenizer
-from k3model.train.evaluate import load_policy
+from k3model.checkpoint import load_model
 from k3model.train.sft import Demonstrations, SFTConfig, demo_loss, train
 
 
@@ -66,7 +66,7 @@ def main() -> None:
         result = train(cfg, table, work, init_checkpoint=args.base,
                        stop_after=args.every if done < args.steps else None)
         t_train += time.perf_counter() - t0
-        model, _ = load_policy(result.checkpoint_dir, out["device"])  # QAT back on, as trained
+        model, _ = load_model(result.checkpoint_dir, out["device"])  # QAT back on, as trained
         held = held or Demonstrations(heldout, model.cfg.vocab_size)
         m = demo_loss(model, held, args.batch, out["device"])
         point = {"step": done, "train_s": t_train, "train_loss": result.history[-1].get("train/main") if result.history else None,

@@ -23,8 +23,8 @@ import torch
 from benchmarks.common import run_header
 from datagen.sft import SFT_FAMILIES, SFTDataConfig, build_sft
 from datagen.tokenizer import load_tokenizer
-from k3model.train.evaluate import load_policy
-from k3model.train.grpo import EFFORT_SPECS, EffortSpec
+from k3model.checkpoint import load_model
+from k3model.train.effort import EFFORT_SPECS, EffortSpec
 from k3model.train.ladder import LadderConfig, measure_ladder
 from k3model.train.sft import SFTConfig, train
 
@@ -72,7 +72,7 @@ def main() -> None:
                        log_fn=lambda step, m: print(f"  step {step}: " + ", ".join(
                            f"{k} {v:.3g}" for k, v in m.items() if isinstance(v, float)), flush=True))
         t_train = time.perf_counter() - t0
-        model, _ = load_policy(result.checkpoint_dir, device=device)
+        model, _ = load_model(result.checkpoint_dir, device=device)
         t0 = time.perf_counter()
         ladder = measure_ladder(model, tok, LadderConfig(tasks_per_family=args.ladder_tasks, samples=args.samples,
                                                          families=r["families"]), specs=specs)

@@ -52,7 +52,7 @@ BUCKET_MB = 64
 
 @dataclass
 class TokenBatch:
-    """The fields `data_parallel_train_step` reads; `k3model.pretrain_data.Batch` has the same ones.
+    """The fields `data_parallel_train_step` reads; `k3model.train.pretrain_data.Batch` has the same ones.
 
     Not imported from there: pretrain_data pulls in datagen (pyarrow, tokenizers), and this module
     must run where only torch and triton are installed (DESIGN.md §7).
@@ -241,7 +241,7 @@ def data_parallel_train_step(model: K3Model, optimizer: torch.optim.Optimizer, b
                              group=None) -> dict[str, float]:
     """One data-parallel optimizer step on this rank's rows; metrics are means over ranks.
 
-    `k3model.pretrain.step_metrics` with the gradient all-reduce, a global-norm clip and globally
+    `k3model.train.pretrain.step_metrics` with the gradient all-reduce, a global-norm clip and globally
     summed balancing statistics plugged into `k3model.train.common`'s step. Call on every rank of `group`.
     """
     device = batch.input_ids.device

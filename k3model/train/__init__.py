@@ -1,11 +1,29 @@
 """Training algorithms (DESIGN.md §2): each a plain `train(cfg, ...) -> Result` with no side effects
-at import, standing on `common` (optimizer, autocast, clipped step, MoE balancing, resume, metric
-buffer).
+at import, its config extending `common.LoopConfig` and its loop framed by `common.Loop`.
 
-- `common`: the shared pieces.
+Shared pieces and vocabulary
+- `common`: LoopConfig, Loop, optimizer, autocast, the clipped (and accumulating) step, MoE
+  balancing, resume, metric buffer.
+- `effort`: domains, efforts, effort specs (budgets, length terms), harness sets, routes and
+  their partition keys.
+- `recipes`: every profile's post-training sizes and the held-out evaluation plan (no Dagster).
 - `qat`: quantization-aware training applied to a built model from outside it (`prepare_qat`).
-- `sft`: supervised fine-tuning on `datagen.sft` demonstrations, loss on the model's own tokens.
-- `grpo`: the pure parts of the GRPO-family update (advantages, filtering, loss, length terms).
+- `flops`: counted FLOPs of a step (the equal-compute control's budget).
+Loading a checkpoint is `k3model.checkpoint.load_model`.
 
-Pretraining lives in `k3model.pretrain` (it stands on `common` too).
+Trainers, in lineage order
+- `pretrain` (+ `pretrain_data`, `pretrain_eval`): one pretraining stage, its batches, its evaluation.
+- `sft`: supervised fine-tuning on `datagen.sft` demonstrations, loss on the model's own tokens.
+- `grpo`: the RL specialists (advantages, filtering, the clipped TIS loss, length terms, the loop).
+- `mopd`: multi-teacher on-policy distillation of the specialists into one student.
+- `draft`: the EAGLE-3-style speculative-decoding draft.
+
+Evaluation and rollouts
+- `rollout`: episodes played in envs, many at once (`play_tasks`).
+- `evaluate`: a policy scored on tasks (`evaluate`, batched `evaluate_together`, `per_harness`).
+- `ladder`: the RL task ladder and the held-out plans (`measure_ladder`, `evaluate_policy`).
+
+Experiments composed from the above
+- `transfer` (claim 7's cross-harness folds), `control` (the equal-compute generalist),
+  `quant_compare` (claim 5's QAT/PTQ comparison).
 """

@@ -1,15 +1,24 @@
 """What every trainer shares: optimizer, autocast, the clipped step, MoE balancing, resume, metrics.
 
-Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data_parallel`), SFT
+Pretraining (`k3model.train.pretrain`), its data-parallel step (`k3model.parallel.data_parallel`), SFT
 (`k3model.train.sft`) and RL (`k3model.train.grpo`) stand on these pieces instead of restating them
 (torchtitan's `components/`, nanochat's `common.py`):
 
+- `LoopConfig`: the fields every trainer's config shares (seed, steps, lr, the warmup + cosine
+  schedule, weight decay, clipping, checkpoint and log cadence), validated once; `SFTConfig`,
+  `GRPOConfig`, `MOPDConfig`, `DraftTrainConfig` and `PretrainConfig` extend it (trl's
+  `GRPOConfig(TrainingArguments)`). One schedule for all: linear warmup over
+  max(⌊warmup_frac · steps⌋, 1) steps, then cosine to min_lr_ratio · lr (`schedule.lr_at`).
+- `Loop`: the frame of every `train()` around its step: the resume point `out_dir/last`, the step
+  range a resumed or `stop_after` run covers, the metric buffer, logging and checkpointing at the
+  configured cadence, and the final checkpoint `out_dir/final`.
 - `build_optimizer`: AdamW, β = (0.9, 0.95), weight decay on matrices only — norms, biases,
   pseudo-queries and gate scalars (every 1-D parameter) are not decayed; PyTorch's fused kernel on CUDA.
 - `autocast_for(device)`: bf16 autocast on CUDA, none on the CPU (fp32 there: the CPU's bf16 matmuls
   are slower and the tiny profiles are not memory-bound).
-- `optimizer_step`: zero grads → backward → optional gradient reduce (the data-parallel all-reduce)
-  → clip by the global norm → step; returns the pre-clip norm as a tensor (no host sync).
+- `optimizer_step`: zero grads → backward (of one loss, or of each micro-batch's as it comes) →
+  optional gradient reduce (the data-parallel all-reduce) → clip by the global norm → step; returns
+  the pre-clip norm as a tensor (no host sync).
 - `balance_experts`: each LatentMoE's load ratio max/mean of the last forward, then its bias update
   (`update_bias`), optionally with the loads and histograms summed over ranks first.
 - `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
@@ -30,12 +39,15 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn as nn
+
+from k3model.schedule import lr_at
 
 if TYPE_CHECKING:
     from k3model.checkpoint import TrainState
@@ -61,15 +73,107 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, fused=fused)
 
 
-def check_run_config(cfg: Any, counts: tuple[str, ...]) -> None:
-    """ValueError unless each of `counts` is ≥ 1, `cfg.lr` > 0 and `cfg.warmup_frac` lies in [0, 1)."""
-    for name in counts:
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be ≥ 1, got {getattr(cfg, name)}")
-    if cfg.lr <= 0:
-        raise ValueError(f"lr must be > 0, got {cfg.lr}")
-    if not 0.0 <= cfg.warmup_frac < 1.0:
-        raise ValueError(f"warmup_frac must lie in [0, 1), got {cfg.warmup_frac}")
+@dataclass(frozen=True)
+class LoopConfig:
+    """What every training loop is configured with. A trainer's config extends it and redeclares a
+    field only to change its default (GRPO: a few steps at a constant lr). `steps` and `lr` may be
+    None where the trainer takes them from elsewhere (pretraining: the profile's stage)."""
+    seed: int = 0
+    steps: int | None = 200
+    lr: float | None = 1e-3
+    warmup_frac: float = 0.05  # linear warmup over max(⌊warmup_frac · steps⌋, 1) steps
+    min_lr_ratio: float = 0.1  # the cosine ends at min_lr_ratio · lr (1: constant after the warmup)
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    ckpt_every: int = 0  # resume point every this many steps; 0: four times per run
+    log_every: int = 10
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
+        self.require_positive("log_every")
+        if self.steps is not None:
+            self.require_positive("steps")
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.warmup_frac <= 1.0:
+            raise ValueError(f"warmup_frac must lie in [0, 1] (1: warm up over the whole run), got {self.warmup_frac}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip}")
+        if self.ckpt_every < 0:
+            raise ValueError(f"ckpt_every must be ≥ 0 (0: four resume points per run), got {self.ckpt_every}")
+
+    def require_positive(self, *names: str) -> None:
+        """ValueError unless each named count is ≥ 1 (a subclass checks its own counts with it)."""
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+
+    def warmup_steps(self, steps: int) -> int:
+        return max(int(self.warmup_frac * steps), 1)
+
+    def lr_at(self, step: int, steps: int | None = None, lr: float | None = None) -> float:
+        """The learning rate of 0-based `step` of `steps` (default: the config's) peaking at `lr`."""
+        steps = steps or self.steps
+        return lr_at(step, steps, lr or self.lr, self.warmup_steps(steps), self.min_lr_ratio)
+
+
+class Loop:
+    """The frame of a trainer's `train()` around its step:
+
+        loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)   # seeds torch with cfg.seed
+        ...build the model...
+        run = loop.resume(model)                  # weights and train state of out_dir/last, if any
+        ...build the optimizer, restore_train_state(run.state, optimizer) when resumed...
+        for step in loop.steps():                 # from the resume point; stops early at stop_after
+            ...one step...
+            loop.end_step(step, metrics, save, tokens=...)   # buffer, log, resume point
+        if loop.stopped: return …(loop.last_dir, …)
+        save(cfg.steps, loop.final_dir, …)
+
+    `save(step, directory, with_state)` is the trainer's (its manifest is its own)."""
+
+    def __init__(self, cfg: LoopConfig, out_dir: str | Path, log_fn: Callable[[int, dict], None] | None, *,
+                 steps: int | None = None, seed: int | None = None, stop_after: int | None = None):
+        self.cfg = cfg
+        self.total = steps or cfg.steps
+        self.out_dir = Path(out_dir)
+        self.last_dir = self.out_dir / "last"
+        self.final_dir = self.out_dir / "final"
+        self.log = log_fn or (lambda step, metrics: None)
+        self.ckpt_every = cfg.ckpt_every or max(self.total // 4, 1)
+        self.stop_after = stop_after
+        self.stopped = False
+        self.run = Resumed(None)
+        self.buffer: MetricBuffer | None = None
+        torch.manual_seed(cfg.seed if seed is None else seed)
+
+    def resume(self, model: nn.Module) -> Resumed:
+        self.run = resume(model, self.last_dir, self.log)
+        return self.run
+
+    def steps(self) -> Iterator[int]:
+        """The 0-based steps left; a `stop_after` run stops after that many with its metrics flushed."""
+        self.buffer = MetricBuffer()
+        for step in range(self.run.step, self.total):
+            if self.stop_after is not None and step >= self.run.step + self.stop_after:
+                self.run.history.extend(self.buffer.flush())
+                self.stopped = True
+                return
+            yield step
+
+    def end_step(self, step: int, metrics: dict, save: Callable[[int, Path, bool], None], *, tokens: int = 0,
+                 check: Callable[[list[dict]], None] | None = None) -> None:
+        """Buffer step `step`'s metrics; log and write the resume point at the configured cadence."""
+        self.buffer.append(metrics, tokens)
+        log_and_checkpoint(step + 1, self.total, self.cfg.log_every, self.ckpt_every, self.buffer, self.run.history,
+                           self.log, lambda done: save(done, self.last_dir, True), check)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -96,15 +200,19 @@ def _clip_local(model: nn.Module, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float,
-                   reduce: Reduce | None = None, clip: Clip = _clip_local) -> torch.Tensor:
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor | Iterable[torch.Tensor],
+                   grad_clip: float, reduce: Reduce | None = None, clip: Clip = _clip_local) -> torch.Tensor:
     """zero_grad → loss.backward() → reduce(model) → clip(model, grad_clip) → optimizer.step().
 
-    `reduce` averages gradients over data-parallel ranks (None: one process); `clip` returns the
-    norm before clipping (default: torch's, over this process's gradients).
+    `loss` is one tensor, or an iterable of micro-batch losses (a generator that runs each
+    micro-batch's forward when asked): each is backpropagated as it comes, so one micro-batch's graph
+    is alive at a time and the gradients add up — each loss must carry its share of the batch's
+    normalisation. `reduce` averages gradients over data-parallel ranks (None: one process); `clip`
+    returns the norm before clipping (default: torch's, over this process's gradients).
     """
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    for part in (loss,) if isinstance(loss, torch.Tensor) else loss:
+        part.backward()
     if reduce is not None:
         reduce(model)
     grad_norm = clip(model, grad_clip)

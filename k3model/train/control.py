@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from k3model.train.effort import Route
 from k3model.train.flops import FlopCounter, counting
-
-Route = tuple[str, str]
+from k3model.train.grpo import train as grpo_train
 
 
 @dataclass
@@ -44,7 +44,6 @@ def generalist_control(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_d
                        tasks: Mapping[Route, Sequence] | None = None, max_turns: int = 1000,
                        log_fn: Callable[[int, dict], None] | None = None) -> ControlResult:
     """Train the generalist until `flop_budget` counted FLOPs are spent (module docstring)."""
-    from k3model.train.grpo import train as grpo_train
     if flop_budget <= 0:
         raise ValueError(f"flop_budget must be > 0 (the specialists' + MOPD's counted FLOPs), got {flop_budget}")
     if not routes or steps_per_turn < 1:

@@ -47,9 +47,8 @@ import torch.nn.functional as F
 
 from k3model.draft import DraftModel, draft_from_mtp, draft_manifest, target_features
 from k3model.engine import SamplingConfig, generate
-from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, check_run_config, log_and_checkpoint,
-                                  optimizer_step, restore_train_state, resume, save_state, set_lr, tail_mean)
+from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimizer, optimizer_step, restore_train_state,
+                                  save_state, set_lr, tail_mean)
 
 logger = logging.getLogger(__name__)
 
@@ -57,26 +56,20 @@ LogFn = Callable[[int, dict], None]
 
 
 @dataclass(frozen=True)
-class DraftTrainConfig:
-    seed: int = 0
-    steps: int = 200
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup_frac: float = 0.05
-    min_lr_ratio: float = 0.1
+class DraftTrainConfig(LoopConfig):
+    """LoopConfig's schedule without weight decay, and the draft's own fields."""
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    batch_size: int = 8
     ttt_steps: int = 6  # passes of the training-time test = the longest draft length it trains
     step_weight: float = 0.8  # pass s's loss weight is step_weight**s
     gen_tokens: int = 64  # new tokens the target decodes per prompt
     gen_temperature: float = 0.0  # 0: the target's greedy output, the case speculative decoding is measured in
     feature_batch: int = 16  # sequences per no-grad target forward when extracting features
     eval_every: int = 0  # 0: four evals per run (plus one before the first step)
-    log_every: int = 10
-    ckpt_every: int = 0  # 0: four times per run
 
     def __post_init__(self) -> None:
-        check_run_config(self, ("steps", "batch_size", "ttt_steps", "gen_tokens", "feature_batch", "log_every"))
+        super().__post_init__()
+        self.require_positive("steps", "batch_size", "ttt_steps", "gen_tokens", "feature_batch")
         if not 0 < self.step_weight <= 1:
             raise ValueError(f"step_weight must lie in (0, 1], got {self.step_weight}")
         if self.gen_temperature < 0:
@@ -328,13 +321,9 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
     the draft to `out_dir/final` (k3model.draft.load_draft reads it back) and resume points to
     `out_dir/last`. `target_manifest` (the target checkpoint's) is recorded as the draft's lineage."""
     # ---- setup
-    out_dir = Path(out_dir)
     device = next(target.parameters()).device
-    torch.manual_seed(cfg.seed)
-    ckpt_every = cfg.ckpt_every or max(cfg.steps // 4, 1)
+    loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)
     eval_every = cfg.eval_every or max(cfg.steps // 4, 1)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
 
     # ---- target (frozen) and draft
     target.eval()
@@ -342,7 +331,7 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
         p.requires_grad_(False)
     draft = draft_from_mtp(target)
     draft.embed.weight.requires_grad_(False)
-    run = resume(draft, last_dir, log)
+    run = loop.resume(draft)
     draft.to(device)
 
     # ---- optimizer
@@ -363,7 +352,7 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
     def evaluate(step: int) -> None:
         row = {"step": step, **evaluate_draft(draft, target, held_out, cfg.ttt_steps, cfg.step_weight, cfg.batch_size)}
         evals.append(row)
-        log(step, row)
+        loop.log(step, row)
 
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
         save_state(path, draft, dict(manifest_extra, metrics=metrics or {}), optimizer if with_state else None, step,
@@ -373,13 +362,8 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
         evaluate(0)  # the MTP module as a draft, untrained
 
     # ---- loop
-    warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
-    buffer = MetricBuffer()
-    for step in range(run.step, cfg.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return DraftTrainResult(last_dir, run.history, evals, {}, run.from_step)
-        lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
+    for step in loop.steps():
+        lr = cfg.lr_at(step)
         set_lr(optimizer, lr)
         ids_BT, feats, lens = data.batch(_rows(len(data), cfg.seed, step, cfg.batch_size), device)
         draft.train()
@@ -391,13 +375,13 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
         metrics = {"train/loss": parts["loss"].detach(), "train/grad_norm": grad_norm, "train/lr": lr, "step": step + 1}
         metrics.update({f"train/kl_{s}": parts[f"kl_{s}"] for s in range(cfg.ttt_steps)})
         metrics.update({f"train/{k}": v for k, v in simulated_acceptance(parts, cfg.ttt_steps).items() if k != "chains"})
-        buffer.append(metrics, tokens=n_tokens)
         done = step + 1
         if done % eval_every == 0 or done == cfg.steps:
-            evaluate(done)
-            buffer.restart_clock()
-        log_and_checkpoint(done, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda d: save(d, last_dir, with_state=True))
+            evaluate(done)  # untimed: the step's throughput window restarts after it
+            loop.buffer.restart_clock()
+        loop.end_step(step, metrics, save, tokens=n_tokens)
+    if loop.stopped:
+        return DraftTrainResult(loop.last_dir, run.history, evals, {}, run.from_step)
 
     # ---- final metrics and checkpoint
     first, final = evals[0], evals[-1]
@@ -406,11 +390,10 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
                **{f"draft/tau_sim_untrained_k{K}": v for K, v in tau_by_draft_len(first, cfg.ttt_steps).items()},
                **{f"draft/acc_{s + 1}": final[f"eval/acc_{s + 1}"] for s in range(cfg.ttt_steps)},
                "train/tokens_seen": float(run.tokens_seen),
-               "perf/tokens_per_s": buffer.tokens / max(buffer.seconds, 1e-9)}
+               "perf/tokens_per_s": loop.buffer.tokens / max(loop.buffer.seconds, 1e-9)}
     if run.history:
         metrics["train/first_loss"] = run.history[0]["train/loss"]
         metrics["train/final_loss"] = tail_mean(run.history, "train/loss")
-    log(cfg.steps, metrics)
-    final_dir = out_dir / "final"
-    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return DraftTrainResult(final_dir, run.history, evals, metrics, run.from_step)
+    loop.log(cfg.steps, metrics)
+    save(cfg.steps, loop.final_dir, with_state=False, metrics=metrics)
+    return DraftTrainResult(loop.final_dir, run.history, evals, metrics, run.from_step)

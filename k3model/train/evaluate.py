@@ -9,7 +9,7 @@ What an episode is (DESIGN.md §5 claim 3, §8):
   from `datagen.sft.turn_tokens`): <|bos|><|system|><|effort_E|>{first observation}<|end|><|assistant|>,
   tool results as <|tool_result|>…<|tool_result_end|><|assistant|>, each turn ending at <|end|>;
   the env sees a turn's text after its scratchpad.
-- Budgets are the RL ones of the effort (`k3model.train.grpo.EFFORT_SPECS`): `turn_tokens` per
+- Budgets are the RL ones of the effort (`k3model.train.effort.EFFORT_SPECS`): `turn_tokens` per
   turn and `budget_tokens` per episode; an episode that spends its budget, its env's step/token
   budget or the model's context without finishing scores 0, as in RL.
 - The reward is the task's verifier's (1 only when every goal holds and nothing else changed).
@@ -36,11 +36,13 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
+import envs
 from k3model.engine import SamplingConfig
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, training_harnesses
 from k3model.train.rollout import Episode, play_tasks, sft_format
 
 Z95 = 1.959963984540054
@@ -111,9 +113,7 @@ class EvalReport:
 
 def resolve_harnesses(n_tasks: int, harness: str | Sequence[str] | None) -> list[str]:
     """One harness per task: all in `harness` (a name), round-robin over a list of names, or (None)
-    round-robin over the training harnesses of `datagen.sft` (never the held-out one)."""
-    import envs
-    from datagen.sft import training_harnesses
+    round-robin over the training harnesses (never the held-out one)."""
     names = training_harnesses() if harness is None else (harness,) if isinstance(harness, str) else tuple(harness)
     if not names:
         raise ValueError("harness must name at least one harness (or be None for the training harnesses)")
@@ -166,26 +166,13 @@ def summarize(tasks: Sequence, played: list[tuple[int, str, Episode]], effort: s
     return report
 
 
-def load_policy(checkpoint, device: str = "cpu"):
-    """(model, manifest) of a policy checkpoint (sft_policy's, a specialist's), with QAT turned back
-    on when the manifest says the policy was trained with it (`config.qat`): the policy is
-    evaluated and trained further through the quantizer it learned under."""
-    from k3model.pretrain import load_pretrained
-    from k3model.train.qat import prepare_qat
-    model, manifest = load_pretrained(checkpoint, device)
-    if manifest.get("config", {}).get("qat"):
-        prepare_qat(model)
-    return model, manifest
-
-
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1, temperature: float = 0.0,
              harness: str | Sequence[str] | None = None, seed: int = 0, max_episodes_per_batch: int = 32,
              specs=None) -> EvalReport:
     """Play `samples` episodes of each task (envs `Task`s) at `effort` and score them; see the module
     docstring. `harness`: one name, a list (round-robin over the tasks) or None (the training
-    harnesses, round-robin). `specs` overrides `grpo.EFFORT_SPECS` (the per-effort budgets)."""
-    from k3model.train.grpo import EFFORT_SPECS, EFFORTS
+    harnesses, round-robin). `specs` overrides `effort.EFFORT_SPECS` (the per-effort budgets)."""
     if effort not in EFFORTS:
         raise ValueError(f"unknown effort {effort!r}: choose from {EFFORTS}")
     if not tasks:
@@ -202,3 +189,58 @@ def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1
                         cfg, samples=samples, episode_budget=spec.budget_tokens, generator=generator,
                         max_episodes_per_batch=max_episodes_per_batch)
     return summarize(list(tasks), played, effort, samples, temperature, time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
+                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
+    """`evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
+    for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
+    takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
+    the calls of one effort played in one batch (of at most `max_episodes_per_batch`) instead of one
+    batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
+    tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
+    wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
+
+    specs = dict(specs or EFFORT_SPECS)
+    for name, (ts, effort, _) in calls.items():
+        if effort not in specs:
+            raise ValueError(f"{name}: no budget for effort {effort!r} (specs has {sorted(specs)})")
+        if not ts:
+            raise ValueError(f"{name} has no tasks to evaluate")
+    device = next(model.parameters()).device
+    reports: dict = {}
+    for effort in dict.fromkeys(c[1] for c in calls.values()):
+        names = [n for n, c in calls.items() if c[1] == effort]
+        flat = [t for n in names for t in calls[n][0]]
+        harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
+        spec = specs[effort]
+        # evaluate()'s generator (unused at temperature 0, kept so the calls match).
+        generator = torch.Generator(device=device).manual_seed(seed)
+        t0 = time.perf_counter()
+        played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
+                            SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
+                            episode_budget=spec.budget_tokens, generator=generator,
+                            max_episodes_per_batch=max_episodes_per_batch)
+        seconds = time.perf_counter() - t0
+        start = 0
+        for n in names:
+            count = len(calls[n][0])
+            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + count]
+            reports[n] = summarize(list(calls[n][0]), mine, effort, 1, 0.0, seconds)
+            start += count
+    return {n: reports[n] for n in calls}
+
+
+def per_harness(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Success rate and unparseable-action rate per harness over every (domain, effort) cell."""
+    acc: dict[str, list[float]] = {}
+    for figures in evals.values():
+        harnesses = {k.split("/")[1] for k in figures if k.startswith("harness/")}
+        for h in harnesses:
+            n = figures[f"harness/{h}/n"]
+            a = acc.setdefault(h, [0.0, 0.0, 0.0])
+            a[0] += figures[f"harness/{h}/success_rate"] * n
+            a[1] += figures[f"harness/{h}/unparseable_rate"] * n
+            a[2] += n
+    return {h: {"success_rate": s / n, "unparseable_rate": u / n, "n": int(n)} for h, (s, u, n) in sorted(acc.items())}

@@ -52,6 +52,9 @@ Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 
 from __future__ import annotations
 
+import copy
+import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,34 +62,30 @@ from typing import TypeVar
 
 import torch
 
-EFFORTS = ("low", "high", "max")
+from k3model.checkpoint import load_model
+from k3model.engine import SamplingConfig
+from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimizer, optimizer_step, restore_train_state,
+                                  save_state, set_lr, tail_mean)
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, training_harnesses
+from k3model.train.evaluate import evaluate
+from k3model.train.ladder import check_domain, default_rl_tasks
+from k3model.train.rollout import play_tasks, sft_format
+from k3model.train.sft import PAD_ID
+
 ADVANTAGE_SCALES = ("none", "std")
 T_ = TypeVar("T_")
 
 
 @dataclass(frozen=True)
-class EffortSpec:
-    """Per-effort rollout budget (policy tokens per episode, all turns), the cap of one turn, and
-    the length-term weight."""
-    budget_tokens: int
-    length_coef: float
-    turn_tokens: int = 256
-
-
-# Budgets sized from the tiny-profile SFT data (docs/log/posttrain.md): the median demonstration
-# spends at most ~610 policy tokens per episode at low and ~1020 at max (canvas_submit_drafts);
-# each budget leaves room above that, and doubles from one effort to the next. A turn's cap leaves
-# room above the longest demonstrated turn at that effort (a write_function call is ~200 tokens;
-# max's scratchpad adds up to ~150 on one turn).
-EFFORT_SPECS: dict[str, EffortSpec] = {
-    "low": EffortSpec(budget_tokens=1024, length_coef=0.2, turn_tokens=256),
-    "high": EffortSpec(budget_tokens=2048, length_coef=0.1, turn_tokens=384),
-    "max": EffortSpec(budget_tokens=4096, length_coef=0.0, turn_tokens=512),
-}
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(LoopConfig):
+    """LoopConfig with GRPO's defaults (6 steps at a constant 5e-4, no decay, every step logged)
+    and the algorithm's fields (module docstring)."""
+    steps: int = 6
+    lr: float = 5e-4
+    warmup_frac: float = 0.0  # one warmup step (the schedule's minimum), then constant:
+    min_lr_ratio: float = 1.0  # RL steps are few and each is a fresh batch of the policy's own episodes
+    weight_decay: float = 0.0
+    log_every: int = 1
     group_size: int = 8  # G (TRL's default; research/posttrain-anchors.md §6)
     groups_per_step: int = 4  # P informative groups per update (tiny: ~15 s of CPU per step)
     max_draw_factor: int = 4  # refill stops after drawing this many times P groups
@@ -99,24 +98,15 @@ class GRPOConfig:
     efforts: dict[str, EffortSpec] = field(default_factory=lambda: dict(EFFORT_SPECS))
     # The loop (`train`): one policy update per step on the kept groups (π_old = the policy that
     # sampled them, so the ratio starts at 1 and the clip acts from the second micro-batch on).
-    steps: int = 6
-    lr: float = 5e-4
-    warmup_steps: int = 1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     temperature: float = 1.0  # sampling; no top-k/top-p, so the sampler's log-probs are unrenormalised
-    seed: int = 0
     micro_batch_tokens: int = 16384  # padded tokens per training forward (the loss uses the global count)
     max_episodes_per_batch: int = 32
-    ckpt_every: int = 0  # 0: no resume point before the end
-    log_every: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("steps", "log_every", "micro_batch_tokens", "max_episodes_per_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.temperature <= 0:
-            raise ValueError(f"lr and temperature must be > 0 (RL samples), got {self.lr}, {self.temperature}")
+        super().__post_init__()
+        self.require_positive("steps", "micro_batch_tokens", "max_episodes_per_batch")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (RL samples), got {self.temperature}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be ≥ 2 (advantages are relative to the group), "
                              f"got {self.group_size}")
@@ -277,36 +267,9 @@ class GRPOResult:
     resumed_from_step: int | None = None
 
 
-def freeze_router_bias(model) -> None:
-    """Stop every LatentMoE's bias updates (DESIGN.md §4: the router bias is frozen during RL)."""
-    from k3model.train.common import moe_layers
-    for moe in moe_layers(model):
-        moe.freeze_bias = True
-
-
-def training_harnesses(harnesses: Sequence[str] | None) -> tuple[str, ...]:
-    """The harness styles RL may sample: None = datagen.sft's training harnesses. The held-out
-    harness is never trained on (it is kept for the cross-harness evaluation, claim 7)."""
-    import envs
-    from datagen.sft import HELD_OUT_HARNESS, training_harnesses as sft_harnesses
-    if harnesses is None:
-        return sft_harnesses()
-    names = tuple(harnesses)
-    if not names:
-        raise ValueError("harnesses must name at least one harness (or be None for the training ones)")
-    for name in names:
-        if name not in envs.HARNESSES:
-            raise ValueError(f"unknown harness {name!r}: choose from {envs.HARNESSES}")
-        if name == HELD_OUT_HARNESS:
-            raise ValueError(f"harness {HELD_OUT_HARNESS!r} is held out of all main-lineage training (claim 7): "
-                             "drop it from harnesses")
-    return names
-
-
 def _sequence_logprobs(model, ids: list[list[int]], masks: list[list[bool]], device) -> torch.Tensor:
     """log π(token) through the training forward (chunked, no cache) at the masked positions of each
     sequence, concatenated in order [N]. Only those positions go through the output head."""
-    from k3model.train.sft import PAD_ID
     T = max(len(x) for x in ids)
     ids_BT = torch.full((len(ids), T), PAD_ID, dtype=torch.long)
     mask_BT = torch.zeros((len(ids), T), dtype=torch.bool)
@@ -341,17 +304,6 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
     `harnesses`: the styles sampled, round-robin over groups (None: every training harness);
     `eval_tasks`: held-out tasks scored after training (`eval/…` metrics, one sample each at the
     sampling temperature). Checkpoints: `out_dir/last` (resume point), `out_dir/final`."""
-    import copy
-    import random
-    import time
-
-    from k3model.engine import SamplingConfig
-    from k3model.train.common import (MetricBuffer, _clip_local, autocast_for, build_optimizer, log_and_checkpoint,
-                                      restore_train_state, resume, save_state, set_lr, tail_mean)
-    from k3model.train.evaluate import evaluate, load_policy
-    from k3model.train.ladder import check_domain, default_rl_tasks
-    from k3model.train.rollout import play_tasks, sft_format
-
     # ---- setup
     spec = cfg.effort(effort)
     check_domain(domain)
@@ -363,17 +315,13 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
         if task.domain != domain:
             raise ValueError(f"task {task.id} is of domain {task.domain!r}, not {domain!r}: a specialist trains "
                              "on its own domain's tasks")
-    out_dir = Path(out_dir)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(cfg.seed)
+    loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)
 
     # ---- model (QAT stays on when the policy was trained with it; the router bias is frozen)
-    model, manifest = load_policy(policy_checkpoint)
+    model, manifest = load_model(policy_checkpoint, frozen_router=True)
     qat = manifest.get("config", {}).get("qat")
-    freeze_router_bias(model)
-    run = resume(model, last_dir, log)
+    run = loop.resume(model)
     model.to(device)
     ref = copy.deepcopy(model).eval() if cfg.kl_coef > 0 else None
     optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
@@ -392,13 +340,8 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
                    step, {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
-    buffer = MetricBuffer()
-    ckpt_every = cfg.ckpt_every or cfg.steps
-    for step in range(run.step, cfg.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return GRPOResult(last_dir, run.history, {}, run.from_step)
-        set_lr(optimizer, cfg.lr * min(1.0, (step + 1) / max(cfg.warmup_steps, 1)))
+    for step in loop.steps():
+        set_lr(optimizer, cfg.lr_at(step))
         # Everything random in a step is a function of (seed, step): a resumed run draws the same.
         rng = random.Random(f"{cfg.seed}/{step}")
         order = rng.sample(range(len(pool)), len(pool))
@@ -433,14 +376,14 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
                          "train/lr": optimizer.param_groups[0]["lr"]}
         t_upd = time.perf_counter()
         if kept:
-            metrics.update(_update(model, ref, optimizer, kept, rewards_of, cfg, device, autocast_for, _clip_local))
+            metrics.update(_update(model, ref, optimizer, kept, rewards_of, cfg, device))
             t_upd = time.perf_counter() - t_upd
             metrics["perf/update_s"] = t_upd
             metrics["perf/update_tokens_per_s"] = metrics.pop("_padded_tokens") / max(t_upd, 1e-9)
         run.tokens_seen += gen_tokens
-        buffer.append(metrics)
-        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True))
+        loop.end_step(step, metrics, save)
+    if loop.stopped:
+        return GRPOResult(loop.last_dir, run.history, {}, run.from_step)
 
     # ---- final metrics and checkpoint
     hist = run.history
@@ -457,50 +400,54 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
         report = evaluate(model, tokenizer, list(eval_tasks), effort, samples=1, temperature=cfg.temperature,
                           harness=harness_names, seed=cfg.seed)
         metrics.update({k: float(v) for k, v in report.as_metadata("eval/").items() if not isinstance(v, str)})
-    log(cfg.steps, metrics)
-    final_dir = out_dir / "final"
-    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return GRPOResult(final_dir, hist, metrics, run.from_step)
+    loop.log(cfg.steps, metrics)
+    save(cfg.steps, loop.final_dir, with_state=False, metrics=metrics)
+    return GRPOResult(loop.final_dir, hist, metrics, run.from_step)
 
 
-def _update(model, ref, optimizer, groups, rewards_of, cfg: GRPOConfig, device, autocast_for, clip) -> dict:
+def _update(model, ref, optimizer, groups, rewards_of, cfg: GRPOConfig, device) -> dict:
     """One policy update on the kept groups: advantages, then the loss over micro-batches with the
-    batch's global token count as denominator, one clipped optimizer step."""
+    batch's global token count as denominator, one clipped optimizer step (`common.optimizer_step`
+    backpropagates each micro-batch's loss as the generator yields it)."""
     adv_PG = group_advantages(torch.tensor([rewards_of(g) for g in groups]), cfg.advantage_scale, cfg.negative_scale)
     seqs = [ep for g in groups for ep in g]
     adv = adv_PG.reshape(-1).tolist()
     total = sum(ep.n_generated for ep in seqs)
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    parts, stats_sum, diffs, padded = [], {}, [], 0
+    stats_sum: dict = {}
+    diffs: list[torch.Tensor] = []
+    padded = 0
     loss_total = torch.zeros((), device=device)
-    for mb in _micro_batches([len(ep.token_ids) for ep in seqs], cfg.micro_batch_tokens):
-        ids = [seqs[i].token_ids for i in mb]
-        masks = [seqs[i].generated for i in mb]
-        padded += len(mb) * max(len(x) for x in ids)
-        with autocast_for(device):
-            logp_N = _sequence_logprobs(model, ids, masks, device)
-        # Per token: the sampler's log-prob (the behaviour policy) and the episode's advantage.
-        rollout_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].logprobs, seqs[i].generated) if g],
-                                 device=device)
-        untempered_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].model_logprobs, seqs[i].generated)
-                                     if g], device=device)
-        adv_N = torch.tensor([adv[i] for i in mb for g in seqs[i].generated if g], device=device)
-        ref_N = None
-        if ref is not None:
-            with torch.no_grad(), autocast_for(device):
-                ref_N = _sequence_logprobs(ref, ids, masks, device)[:, None]
-        # Each token is its own row: [N, 1] tensors give the loss per-token advantages.
-        loss, stats = policy_loss(logp_N[:, None], logp_N.detach()[:, None], rollout_N[:, None], adv_N,
-                                  torch.ones_like(adv_N)[:, None], cfg.clip_low, cfg.clip_high, cfg.tis_cap,
-                                  cfg.kl_coef, ref_N, denominator=total)
-        loss.backward()
-        loss_total = loss_total + loss.detach()
-        diffs.append((logp_N.detach() - untempered_N))
-        for k, v in stats.items():
-            stats_sum[k] = stats_sum.get(k, 0.0) + v * (len(adv_N) if k != "rl/policy_tokens" else 1)
-    grad_norm = clip(model, cfg.grad_clip)
-    optimizer.step()
+
+    def micro_losses():
+        nonlocal padded, loss_total
+        for mb in _micro_batches([len(ep.token_ids) for ep in seqs], cfg.micro_batch_tokens):
+            ids = [seqs[i].token_ids for i in mb]
+            masks = [seqs[i].generated for i in mb]
+            padded += len(mb) * max(len(x) for x in ids)
+            with autocast_for(device):
+                logp_N = _sequence_logprobs(model, ids, masks, device)
+            # Per token: the sampler's log-prob (the behaviour policy) and the episode's advantage.
+            rollout_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].logprobs, seqs[i].generated) if g],
+                                     device=device)
+            untempered_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].model_logprobs, seqs[i].generated)
+                                         if g], device=device)
+            adv_N = torch.tensor([adv[i] for i in mb for g in seqs[i].generated if g], device=device)
+            ref_N = None
+            if ref is not None:
+                with torch.no_grad(), autocast_for(device):
+                    ref_N = _sequence_logprobs(ref, ids, masks, device)[:, None]
+            # Each token is its own row: [N, 1] tensors give the loss per-token advantages.
+            loss, stats = policy_loss(logp_N[:, None], logp_N.detach()[:, None], rollout_N[:, None], adv_N,
+                                      torch.ones_like(adv_N)[:, None], cfg.clip_low, cfg.clip_high, cfg.tis_cap,
+                                      cfg.kl_coef, ref_N, denominator=total)
+            yield loss  # backpropagated by optimizer_step before the next micro-batch's forward
+            loss_total = loss_total + loss.detach()
+            diffs.append((logp_N.detach() - untempered_N))
+            for k, v in stats.items():
+                stats_sum[k] = stats_sum.get(k, 0.0) + v * (len(adv_N) if k != "rl/policy_tokens" else 1)
+
+    grad_norm = optimizer_step(model, optimizer, micro_losses(), cfg.grad_clip)
     d = torch.cat(diffs)
     out = {"train/loss": loss_total, "train/grad_norm": grad_norm, "_padded_tokens": padded,
            "rl/adv_abs_mean": adv_PG.abs().mean()}

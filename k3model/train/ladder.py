@@ -27,17 +27,16 @@ No Dagster here: `LadderReport.as_metadata()` and `.table()` are what the rl_tas
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import envs
 from datagen.sft import SFT_FAMILIES
-from envs.tasks import DOMAINS, Task, get_family
-from k3model.train.evaluate import evaluate
-
-EFFORTS = ("low", "high", "max")
-RL_SEED_BASE = 0
-EVAL_SEED_BASE = 500_000
+from envs.tasks import Task, get_family
+from k3model.train.effort import DOMAINS, EFFORTS
+from k3model.train.evaluate import evaluate, evaluate_together
+from k3model.train.recipes import EVAL_SEED_BASE, RL_SEED_BASE, EvalPlan
 PASS_BAND = (0.1, 0.9)
 HARD_FAMILIES = {"general_tasks": ("arith_word",), "general_agents": ("gmail_label",),
                  "coding_agents": ("write_function",)}
@@ -59,6 +58,24 @@ def tasks_of(families: Sequence[str], n_per_family: int, seed_base: int) -> list
     if n_per_family < 1:
         raise ValueError(f"n_per_family must be ≥ 1, got {n_per_family}")
     return [envs.generate(f, seed_base + i) for f in families for i in range(n_per_family)]
+
+
+def plan_tasks(plan: EvalPlan, domain: str) -> list[Task]:
+    """The held-out tasks `plan` scores at `domain`: `plan.tasks_per_family` of each of its families
+    of that domain, seeds from `plan.seed`."""
+    return tasks_of(domain_families(domain, plan.families), plan.tasks_per_family, plan.seed)
+
+
+def evaluate_policy(model, tokenizer, plan: EvalPlan, cells: list[tuple[str, str]] | None = None) -> dict[str, dict]:
+    """`evaluate` on the plan's tasks: {"<domain>/<effort>": EvalReport.as_metadata()}
+    for every (domain, effort) of the plan, or only `cells`. Greedy single episodes, so the cells of
+    one effort share one batched decode (`evaluate.evaluate_together`: the same figures
+    as one `evaluate` call per cell, but `seconds`, the shared batch's wall time)."""
+    cells = cells or [(d, e) for d in plan.domains for e in plan.efforts]
+    calls = {f"{domain}/{effort}": (plan_tasks(plan, domain), effort, None) for domain, effort in cells}
+    reports = evaluate_together(model, tokenizer, calls, plan.specs(), seed=plan.seed,
+                                max_episodes_per_batch=plan.max_episodes_per_batch)
+    return {name: report.as_metadata() for name, report in reports.items()}
 
 
 def heldout_tasks(families: Sequence[str], n_per_family: int, exclude: Sequence[Task] = (),
@@ -218,7 +235,6 @@ def measure_ladder(model, tokenizer, cfg: LadderConfig = LadderConfig(), harness
     """Pass rates of `model` (the SFT policy) per family and effort, and the selection per cell.
     One `evaluate` call per effort over every candidate family (batched episodes); `harness` and
     `specs` (the per-effort budgets) are evaluate's."""
-    import time
     t0 = time.perf_counter()
     report = LadderReport(cfg)
     for effort in cfg.efforts:

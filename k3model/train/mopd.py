@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -48,42 +47,34 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 import envs
+from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
+from k3model.checkpoint import load_model
 from k3model.engine import SamplingConfig
 from k3model.model import K3Model
-from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, build_optimizer, log_and_checkpoint, optimizer_step,
-                                  restore_train_state, resume, save_state, set_lr)
-from k3model.train.evaluate import EvalReport, resolve_harnesses, summarize
+from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimizer, optimizer_step, restore_train_state,
+                                  save_state, set_lr)
+from k3model.train.evaluate import EvalReport, evaluate_together
 from k3model.train.flops import FlopCounter, counting
-from k3model.train.grpo import EFFORT_SPECS, EFFORTS, EffortSpec
-from k3model.train.qat import prepare_qat
-from k3model.train.rollout import Episode, TokenPolicy
+from k3model.train.effort import DOMAINS, EFFORT_SPECS, EFFORTS, EffortSpec, Route, partition_key, training_harnesses
+from k3model.train.rollout import Episode, TokenPolicy, play_tasks, sft_format
 
 logger = logging.getLogger(__name__)
 
 LogFn = Callable[[int, dict], None]
-DOMAINS = envs.DOMAINS
-Route = tuple[str, str]  # (domain, effort)
-
-
-def partition_key(route: Route) -> str:
-    """The Dagster MultiPartitions key of a route: "domain|effort" (dimensions in name order)."""
-    return f"{route[0]}|{route[1]}"
-
 
 @dataclass(frozen=True)
-class MOPDConfig:
-    seed: int = 0
+class MOPDConfig(LoopConfig):
+    """LoopConfig with MOPD's defaults (20 steps at a constant 5e-5, no decay) and its own fields."""
     steps: int = 20
-    episodes_per_step: int = 9  # spread round-robin over the routes
-    samples_per_task: int = 1  # episodes per task (≥ 2 for a group-relative outcome advantage)
     lr: float = 5e-5
     warmup_frac: float = 0.0
     min_lr_ratio: float = 1.0
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    log_every: int = 5
+    episodes_per_step: int = 9  # spread round-robin over the routes
+    samples_per_task: int = 1  # episodes per task (≥ 2 for a group-relative outcome advantage)
     temperature: float = 1.0  # 1: the sampled advantage is an unbiased reverse-KL estimate
-    # Per-effort turn and episode budgets; None: the specialists' (grpo.EFFORT_SPECS), so the
+    # Per-effort turn and episode budgets; None: the specialists' (effort.EFFORT_SPECS), so the
     # student is distilled under the budgets its teachers were trained with.
     specs: dict[str, EffortSpec] | None = None
     is_cap: float = 2.0
@@ -95,15 +86,10 @@ class MOPDConfig:
     task_seed: int = 0  # tasks of route r are envs.task_set(domain, …, seed=task_seed)
     tasks_per_route: int = 16
     qat: bool = True
-    ckpt_every: int = 0  # 0: four times per run
-    log_every: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("steps", "episodes_per_step", "samples_per_task", "tasks_per_route", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        super().__post_init__()
+        self.require_positive("steps", "episodes_per_step", "samples_per_task", "tasks_per_route")
         if self.is_cap < 1:
             raise ValueError(f"is_cap must be ≥ 1 (below 1 every on-policy token would be capped), got {self.is_cap}")
         if self.outcome_coef < 0:
@@ -320,17 +306,6 @@ def position_logits(model: K3Model, ids_BT: torch.Tensor, row_N: torch.Tensor, p
 # ----------------------------------------------------------------------------------------------
 # Loading
 
-def load_policy(checkpoint: str | Path, qat: bool) -> tuple[K3Model, dict]:
-    from k3model.pretrain import load_pretrained
-    model, manifest = load_pretrained(checkpoint)
-    if qat and (manifest.get("config") or {}).get("qat"):
-        prepare_qat(model)
-    for moe in model.moe_layers():
-        # DESIGN.md §4: the routing bias is frozen during RL; distillation is on-policy RL too.
-        moe.freeze_bias = True
-    return model, manifest
-
-
 def load_teachers(teachers: Mapping[Route, str | Path], qat: bool, device: str) -> tuple[dict[Route, K3Model], dict[str, dict]]:
     """One model per distinct checkpoint (two routes may share one), eval mode, no grad."""
     by_path: dict[str, tuple[K3Model, dict]] = {}
@@ -338,7 +313,7 @@ def load_teachers(teachers: Mapping[Route, str | Path], qat: bool, device: str) 
     for route, ckpt in teachers.items():
         key = str(Path(ckpt).resolve())
         if key not in by_path:
-            model, manifest = load_policy(ckpt, qat)
+            model, manifest = load_model(ckpt, qat="auto" if qat else False, frozen_router=True)
             model.to(device).eval().requires_grad_(False)
             by_path[key] = (model, manifest)
         models[route] = by_path[key][0]
@@ -388,7 +363,6 @@ def rollout(model: K3Model, tokenizer, prompts: Sequence[Prompt], cfg: MOPDConfi
     token is part of the format: `rollout.sft_format`, the renderer SFT and RL use) with that
     effort's turn and episode budgets. Returns the episodes in prompt order, their routes and their
     groups (the index of their prompt)."""
-    from k3model.train.rollout import play_tasks, sft_format
     played: list[list[Episode]] = [[] for _ in prompts]
     for effort in dict.fromkeys(p.route[1] for p in prompts):
         idx = [i for i, p in enumerate(prompts) if p.route[1] == effort]
@@ -460,28 +434,22 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
     `teachers` maps (domain, effort) to a checkpoint directory; `tasks` optionally gives each route's
     prompt pool (envs Tasks), else `route_tasks` draws them. `stop_after` ends early (to test resume)."""
-    from datagen.sft import training_harnesses
-    from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
-
     # ---- setup
-    out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(cfg.seed)
+    loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)
     check_routes(cfg.routes, teachers)
-    ckpt_every = cfg.ckpt_every or max(cfg.steps // 4, 1)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
     specials = special_token_ids(tokenizer)
     effort_ids = {e: specials[EFFORT_TOKENS[e]] for e in EFFORTS}
     harnesses = tuple(cfg.harnesses or training_harnesses())
 
     # ---- model
-    student, student_manifest = load_policy(student_checkpoint, cfg.qat)
+    student, student_manifest = load_model(student_checkpoint, qat="auto" if cfg.qat else False,
+                                           frozen_router=True)
     used = {r: teachers[r] for r in cfg.routes}
     teacher_models, teacher_manifests = load_teachers(used, cfg.qat, device)
     check_compatible(student_manifest, student.cfg.vocab_size, tokenizer, teacher_manifests,
                      {k: teacher_models[r].cfg.vocab_size for r in used for k in [partition_key(r)]}, cfg.efforts)
-    run = resume(student, last_dir, log)
+    run = loop.resume(student)
     student.to(device)
 
     # ---- optimizer
@@ -510,13 +478,8 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
 
     # ---- loop
     generator = torch.Generator().manual_seed(cfg.seed)
-    warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
-    buffer = MetricBuffer()
-    for step in range(run.step, cfg.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return MOPDResult(last_dir, run.history, {}, teacher_manifest, flops.as_dict(), run.from_step)
-        lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
+    for step in loop.steps():
+        lr = cfg.lr_at(step)
         set_lr(optimizer, lr)
         # A per-step generator state makes a resumed run sample what the uninterrupted one did.
         generator.manual_seed(cfg.seed * 1_000_003 + step)
@@ -536,9 +499,9 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
             lens = [ep.n_generated for ep, r in zip(episodes, routes) if r[1] == effort]
             if lens:
                 metrics[f"rollout/tokens_per_answer/{effort}"] = sum(lens) / len(lens)
-        buffer.append(metrics, tokens=n_gen)
-        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True))
+        loop.end_step(step, metrics, save, tokens=n_gen)
+    if loop.stopped:
+        return MOPDResult(loop.last_dir, run.history, {}, teacher_manifest, flops.as_dict(), run.from_step)
 
     # ---- final metrics and checkpoint
     metrics = {"train/tokens_seen": float(run.tokens_seen), **{f"flops/{k}": v for k, v in flops.as_dict().items()}}
@@ -549,56 +512,13 @@ def train(cfg: MOPDConfig, student_checkpoint: str | Path, teachers: Mapping[Rou
     if run.history:
         metrics["kl/exact/first"] = run.history[0]["kl/exact"]
         metrics["kl/exact/last"] = run.history[-1]["kl/exact"]
-    log(cfg.steps, metrics)
-    final_dir = out_dir / "final"
-    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return MOPDResult(final_dir, run.history, metrics, teacher_manifest, flops.as_dict(), run.from_step)
+    loop.log(cfg.steps, metrics)
+    save(cfg.steps, loop.final_dir, with_state=False, metrics=metrics)
+    return MOPDResult(loop.final_dir, run.history, metrics, teacher_manifest, flops.as_dict(), run.from_step)
 
 
 # ----------------------------------------------------------------------------------------------
 # Evaluation of one policy on many routes
-
-@torch.no_grad()
-def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
-                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
-    """`k3model.train.evaluate.evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
-    for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
-    takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with
-    the calls of one effort played in one batch (of at most `max_episodes_per_batch`) instead of one
-    batch a call. The engine is batch invariant (greedy rows decode the same tokens whatever shares their batch:
-    tests/k3model/test_engine.py), so each report equals its own call's but for `seconds` (here the
-    wall time of the effort's shared batch, and `policy_tokens_per_s` against it)."""
-    from k3model.train.rollout import play_tasks, sft_format
-
-    specs = dict(specs or EFFORT_SPECS)
-    for name, (ts, effort, _) in calls.items():
-        if effort not in specs:
-            raise ValueError(f"{name}: no budget for effort {effort!r} (specs has {sorted(specs)})")
-        if not ts:
-            raise ValueError(f"{name} has no tasks to evaluate")
-    device = next(model.parameters()).device
-    reports: dict = {}
-    for effort in dict.fromkeys(c[1] for c in calls.values()):
-        names = [n for n, c in calls.items() if c[1] == effort]
-        flat = [t for n in names for t in calls[n][0]]
-        harnesses = [h for n in names for h in resolve_harnesses(len(calls[n][0]), calls[n][2])]
-        spec = specs[effort]
-        # evaluate()'s generator (unused at temperature 0, kept so the calls match).
-        generator = torch.Generator(device=device).manual_seed(seed)
-        t0 = time.perf_counter()
-        played = play_tasks(model, sft_format(tokenizer, effort), flat, harnesses,
-                            SamplingConfig(max_new_tokens=spec.turn_tokens, temperature=0.0),
-                            episode_budget=spec.budget_tokens, generator=generator,
-                            max_episodes_per_batch=max_episodes_per_batch)
-        seconds = time.perf_counter() - t0
-        start = 0
-        for n in names:
-            count = len(calls[n][0])
-            mine = [(i - start, h, ep) for i, h, ep in played if start <= i < start + count]
-            reports[n] = summarize(list(calls[n][0]), mine, effort, 1, 0.0, seconds)
-            start += count
-    return {n: reports[n] for n in calls}
-
 
 def evaluate_routes(model: K3Model, tokenizer, tasks: Mapping[Route, Sequence], specs: Mapping[str, EffortSpec] | None
                     = None) -> dict[Route, EvalReport]:

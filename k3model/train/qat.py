@@ -6,7 +6,7 @@ dimension) and their matmul inputs to MXFP8 (E4M3) on every forward, with a stra
 estimator, so the fp32 master weights train while the forward sees what the exported MXFP4 model
 computes. Router, latent projections, shared experts, attention and embeddings stay in high precision.
 
-    model = load_pretrained(base_dir)[0]
+    model = load_model(base_dir, qat=False)[0]   # k3model.checkpoint
     prepare_qat(model)          # every LatentMoE now fake-quantizes through kernels.mx.fake_quant_mx
 
 The quantizer is `kernels.mx.fake_quant_mx`, the one export uses too; `prepare_qat` hands it to each

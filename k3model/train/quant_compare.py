@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import pyarrow as pa
 import torch
 
+from k3model.checkpoint import load_model
 from k3model.model import IGNORE_INDEX
 from k3model.quantize import convert_to_mx
 from k3model.train import sft
@@ -92,8 +93,7 @@ def own_token_kl(reference, model, demos: sft.Demonstrations, batch_size: int = 
 
 
 def _load(directory: Path):
-    from k3model.pretrain import load_pretrained
-    return load_pretrained(directory)[0].eval()
+    return load_model(directory, qat=False)[0].eval()
 
 
 def compare_qat_ptq(cfg: sft.SFTConfig, demos: pa.Table | str | Path, eval_demos: pa.Table | str | Path,

@@ -39,12 +39,11 @@ import torch
 
 from datagen.io import read_parquet, sha256_file, table_metadata
 from datagen.sft import FORMAT
+from k3model.checkpoint import load_model
 from k3model.config import ModelConfig, get_profile
 from k3model.model import IGNORE_INDEX, K3Model
-from k3model.schedule import lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, check_run_config,
-                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
-                                  set_lr, tail_mean)
+from k3model.train.common import (Loop, LoopConfig, autocast_for, balance_experts, build_optimizer, optimizer_step,
+                                  restore_train_state, save_state, set_lr, tail_mean)
 from k3model.train.qat import QAT_SCHEME, frozen_expert_weights, prepare_qat
 
 logger = logging.getLogger(__name__)
@@ -55,26 +54,19 @@ BUCKET_WINDOW = 8  # batches per length-sorted window (Demonstrations.rows)
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(LoopConfig):
+    """LoopConfig's defaults (200 steps at 1e-3, 5 % warmup, cosine to 0.1×) and SFT's own fields."""
     profile: str = "tiny"  # the model shape when training from scratch; a base checkpoint's own wins
-    seed: int = 0
-    steps: int = 200
     batch_size: int = 8
-    lr: float = 1e-3
-    warmup_frac: float = 0.05
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
     qat: bool = True  # MXFP4 weights / MXFP8 activations on the routed experts from the first step
     qat_scale_rounding: str = "ceil"  # kernels.mx's E8M0 scale rounding: "ceil" (RCEIL) or "floor" (OCP)
-    ckpt_every: int = 0  # 0: four times per run
-    log_every: int = 10
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         get_profile(self.profile)  # raises ValueError naming the valid profiles
         if self.profile == "k3":
             raise ValueError("profile 'k3' is never instantiated: choose smoke, tiny or small")
-        check_run_config(self, ("steps", "batch_size", "log_every"))
+        self.require_positive("steps", "batch_size")
 
 
 @dataclass
@@ -160,11 +152,10 @@ def _read_demos(demos: pa.Table | str | Path) -> tuple[pa.Table, dict[str, str]]
 
 
 def _initial_model(cfg: SFTConfig, init_checkpoint: str | Path | None) -> tuple[K3Model, dict]:
-    from k3model.pretrain import load_pretrained
     if init_checkpoint is None:
         logger.warning("SFT starts from a freshly initialized %s model (no base checkpoint given)", cfg.profile)
         return K3Model(get_profile(cfg.profile).model), {}
-    model, manifest = load_pretrained(init_checkpoint)
+    model, manifest = load_model(init_checkpoint, qat=False)  # SFT turns QAT on itself (cfg.qat)
     return model, {"base_model": manifest["sha256"]}
 
 
@@ -215,18 +206,14 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
     loss is measured on `demos` (`fit/loss…`) and, when given, on held-out `eval_demos` (`eval/loss…`,
     e.g. other task seeds). `stop_after` ends the loop early after that many steps (to test resume)."""
     # ---- setup
-    out_dir = Path(out_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(cfg.seed)
-    ckpt_every = cfg.ckpt_every or max(cfg.steps // 4, 1)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
+    loop = Loop(cfg, out_dir, log_fn, stop_after=stop_after)
 
     # ---- model (QAT before the optimizer: the first step already trains through the quantizer)
     model, data_versions = _initial_model(cfg, init_checkpoint)
     if cfg.qat:
         prepare_qat(model, cfg.qat_scale_rounding)
-    run = resume(model, last_dir, log)
+    run = loop.resume(model)
     model.to(device)
 
     # ---- optimizer
@@ -248,13 +235,8 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
                    {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
-    warmup = max(int(cfg.warmup_frac * cfg.steps), 1)
-    buffer = MetricBuffer()
-    for step in range(run.step, cfg.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return SFTResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
-        lr = lr_at(step, cfg.steps, cfg.lr, warmup, cfg.min_lr_ratio)
+    for step in loop.steps():
+        lr = cfg.lr_at(step)
         set_lr(optimizer, lr)
         ids_BT, labels_BT = data.batch(data.rows(cfg.seed, step, cfg.batch_size), device)
         model.train()
@@ -266,9 +248,9 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
         metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
         metrics.update(balance_experts(model))
         metrics.update({"train/grad_norm": grad_norm, "train/lr": lr, "train/own_tokens": n_own, "step": step + 1})
-        buffer.append(metrics, tokens=n_own)
-        log_and_checkpoint(step + 1, cfg.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True))
+        loop.end_step(step, metrics, save, tokens=n_own)
+    if loop.stopped:
+        return SFTResult(loop.last_dir, run.history, {}, run.tokens_seen, run.from_step)
 
     # ---- final metrics and checkpoint
     metrics = demo_loss(model, data, cfg.batch_size, device, prefix="fit")
@@ -276,12 +258,11 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
         eval_table, eval_versions = _read_demos(eval_demos)
         metrics.update(demo_loss(model, Demonstrations(eval_table, model_cfg.vocab_size), cfg.batch_size, device))
         manifest_extra["data_versions"].update({f"eval_{k}": v for k, v in eval_versions.items()})
-    metrics["perf/own_tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
+    metrics["perf/own_tokens_per_s"] = loop.buffer.tokens / max(loop.buffer.seconds, 1e-9)
     metrics["train/tokens_seen"] = float(run.tokens_seen)
     if run.history:
         metrics["train/first_loss"] = run.history[0]["train/main"]
         metrics["train/final_loss"] = tail_mean(run.history, "train/main")
-    log(cfg.steps, metrics)
-    final_dir = out_dir / "final"
-    save(cfg.steps, final_dir, with_state=False, metrics=metrics)
-    return SFTResult(final_dir, run.history, metrics, run.tokens_seen, run.from_step)
+    loop.log(cfg.steps, metrics)
+    save(cfg.steps, loop.final_dir, with_state=False, metrics=metrics)
+    return SFTResult(loop.final_dir, run.history, metrics, run.tokens_seen, run.from_step)

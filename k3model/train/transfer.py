@@ -31,6 +31,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import envs
+from k3model.checkpoint import load_model
+from k3model.train.effort import HELD_OUT_HARNESS
+from k3model.train.evaluate import evaluate_together
+from k3model.train.flops import counting
+from k3model.train.grpo import train as grpo_train
 
 Z95 = 1.959963984540054
 
@@ -100,10 +105,9 @@ class FoldResult:
 
 
 def fold_harnesses(held_out: str, single: str | None = None) -> tuple[tuple[str, ...], str]:
-    """(the fold's training harnesses, the single-harness control's one). `datagen.sft.HELD_OUT_HARNESS`
+    """(the fold's training harnesses, the single-harness control's one). `effort.HELD_OUT_HARNESS`
     is reserved by the main lineage (grpo.train refuses it), so a fold that holds out another style
     trains on the three remaining ones."""
-    from datagen.sft import HELD_OUT_HARNESS
     if held_out not in envs.HARNESSES:
         raise ValueError(f"held_out must be one of {envs.HARNESSES}, got {held_out!r}")
     train = tuple(h for h in envs.HARNESSES if h not in (held_out, HELD_OUT_HARNESS))
@@ -120,10 +124,6 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
               log_fn: Callable[[int, dict], None] | None = None) -> Arm:
     """GRPO from the policy on `harnesses` only (FLOPs counted), then greedy evaluation on the same
     tasks in those harnesses (round-robin) and in `held_out`."""
-    from k3model.train.flops import counting
-    from k3model.train.grpo import train as grpo_train
-    from k3model.train.mopd import evaluate_together, load_policy
-
     if not eval_tasks:
         raise ValueError("eval_tasks is empty: pass the held-out envs tasks both arms are scored on")
     if held_out in harnesses:
@@ -131,7 +131,7 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
     with counting() as flops:
         result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
                             harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
-    model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
+    model = load_model(result.checkpoint_dir, frozen_router=True)[0].eval()
     # In-harness and held-out in one batched decode (the same figures as two evaluate() calls).
     reports = evaluate_together(model, tokenizer, {"in": (list(eval_tasks), effort, list(harnesses)),
                                                    "out": (list(eval_tasks), effort, [held_out])}, eval_specs)
@@ -145,7 +145,6 @@ def run_fold(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str | 
              domain: str, effort: str, eval_tasks: Sequence, train_tasks: Sequence | None = None,
              single: str | None = None, eval_specs: dict | None = None) -> FoldResult:
     """Train the general and the single-harness arm of one fold and evaluate both (module docstring)."""
-    from datagen.sft import HELD_OUT_HARNESS
     train_h, single_h = fold_harnesses(held_out, single)
     arms = [train_arm(grpo_cfg, policy_checkpoint, tokenizer, Path(out_dir) / name, name=name, harnesses=h,
                       held_out=held_out, domain=domain, effort=effort, eval_tasks=eval_tasks,

@@ -6,8 +6,8 @@ import dagster as dg
 import pytest
 
 from assets import posttrain
-from assets.posttrain import (SPECIALIST_PARTITIONS, SFTDataAssetConfig, SFTPolicyConfig, check_cell,
-                              specialist_cell, task_share)
+from assets.posttrain import SPECIALIST_PARTITIONS, SFTDataAssetConfig, SFTPolicyConfig, specialist_cell, task_share
+from k3model.train.effort import check_route
 from datagen.io import read_parquet
 from pipelines.jobs import partition_range_tags
 
@@ -49,7 +49,7 @@ def test_sft_without_a_base_model_names_it(smoke_resources):
 def test_unknown_domain_effort_or_partition_key():
     with pytest.raises(ValueError, match="unknown domain 'coding': choose one of general_tasks, general_agents, "
                                          "coding_agents"):
-        check_cell("coding", "low")
+        check_route("coding", "low")
     with pytest.raises(ValueError, match="unknown effort 'medium': choose one of low, high, max"):
         specialist_cell("coding_agents|medium")
     with pytest.raises(ValueError, match=r"partition key 'coding_agents' does not exist: rl_specialist's keys are "

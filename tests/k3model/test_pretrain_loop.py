@@ -6,8 +6,8 @@ import torch
 import datagen
 from datagen.build import build_all
 from k3model.checkpoint import load_checkpoint
-from k3model.pretrain import PretrainConfig, train
-from k3model.pretrain_data import PretrainData, StageBatches
+from k3model.train.pretrain import PretrainConfig, train
+from k3model.train.pretrain_data import PretrainData, StageBatches
 from k3model.config import get_profile
 from k3model.model import K3Model
 from k3model.schedule import lr_at, stage_lr_at
@@ -234,7 +234,7 @@ def test_batched_answer_scoring_equals_one_row_at_a_time(smoke_data):
     """answers_are_argmax (one batch, the head at the answer positions only) scores each row as
     answer_is_argmax does: hits where the answer is the model's own greedy continuation, misses where
     one token of it (the last, or the first) is changed."""
-    from k3model.pretrain_eval import answer_is_argmax, answers_are_argmax
+    from k3model.train.pretrain_eval import answer_is_argmax, answers_are_argmax
 
     torch.manual_seed(0)
     model = K3Model(get_profile("smoke").model).eval()
@@ -258,7 +258,7 @@ def test_batched_answer_scoring_equals_one_row_at_a_time(smoke_data):
 
 
 def test_clue_accuracy_records_the_count_behind_every_rate(smoke_data):
-    from k3model.pretrain_eval import clue_accuracy
+    from k3model.train.pretrain_eval import clue_accuracy
 
     torch.manual_seed(0)
     model = K3Model(get_profile("smoke").model)
@@ -277,7 +277,7 @@ def test_clue_accuracy_records_the_count_behind_every_rate(smoke_data):
 
 
 def test_a_stage_sets_activation_checkpointing_for_its_model(monkeypatch):
-    import k3model.pretrain as pretrain
+    import k3model.train.pretrain as pretrain
 
     monkeypatch.setattr(pretrain, "check_fits_machine", lambda *args: None)  # the small profile on a laptop
     small = get_profile("small")

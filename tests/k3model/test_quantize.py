@@ -15,7 +15,7 @@ from k3model.config import get_profile
 from k3model.generate import GenerationConfig, generate
 from k3model.model import K3Model
 from k3model.moe import LatentMoE
-from k3model.pretrain import load_pretrained
+from k3model.checkpoint import load_model
 from k3model.quantize import (
     CODES_SUFFIX, EXPERT_WEIGHTS, SCALES_SUFFIX, MXLatentMoE, audit_quantized, convert_to_mx, export_quantized,
     load_quantized, load_quantized_into, quantized_state_dict,
@@ -164,7 +164,7 @@ def test_floor_and_rceil_scales_share_the_quantizer(tmp_path):
 def test_bad_checkpoints_and_model_classes_raise_what_to_change(exported, tmp_path):
     model, info, _, manifest = exported
     with pytest.raises(ValueError, match="load_quantized"):
-        load_pretrained(info.path)
+        load_model(info.path)
     with pytest.raises(ValueError, match="float experts.*load_quantized"):
         load_quantized_into(K3Model(model.cfg), info.path)
     shallower = convert_to_mx(K3Model(replace(model.cfg, n_layers=3)))

@@ -25,7 +25,7 @@ from datagen.sft import turn_tokens
 from datagen.tokenizer import BOS, END_OF_TURN, EOS, decode, encode, special_token_ids, train_tokenizer
 from k3model.checkpoint import save_checkpoint
 from k3model.engine import SamplingConfig, context_length, generate
-from k3model.train.grpo import EFFORT_SPECS
+from k3model.train.effort import EFFORT_SPECS
 from k3model.train.rollout import sft_format
 from pipelines.serve import load_served, start
 from tests.k3model.test_model import smoke_model

@@ -18,8 +18,8 @@ from k3model.model import K3Model, default_labels
 from k3model.moe import LatentMoE
 from k3model.parallel import (ExpertParallelMoE, all_to_all_rows, data_parallel_train_step, parallelize_experts,
                               parallelize_moe)
-from k3model.pretrain import build_optimizer, train_step
-from k3model.pretrain_data import Batch
+from k3model.train.pretrain import build_optimizer, train_step
+from k3model.train.pretrain_data import Batch
 
 ROWS_PER_RANK = 2
 SEQ = 24

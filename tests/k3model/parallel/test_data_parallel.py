@@ -59,7 +59,7 @@ def test_ray_launcher_runs_the_same_steps_as_the_local_launcher():
 def test_adamw_groups_match_pretrain():
     """build_adamw restates pretrain.build_optimizer (which this package cannot import); keep them equal."""
     from k3model.parallel.data_parallel import build_adamw
-    from k3model.pretrain import build_optimizer
+    from k3model.train.pretrain import build_optimizer
     model = workers.smoke_model()
     ours, theirs = build_adamw(model, 1e-3, 0.1), build_optimizer(model, 1e-3, 0.1)
     assert len(ours.param_groups) == len(theirs.param_groups)

@@ -12,7 +12,7 @@ from k3model.config import get_profile
 from k3model.engine import SamplingConfig
 from k3model.model import K3Model
 from k3model.train.evaluate import EvalReport, evaluate, summarize, wilson_interval
-from k3model.train.grpo import EffortSpec
+from k3model.train.effort import EffortSpec
 from k3model.train.rollout import Episode, PolicyTurn, play_tasks, sft_format
 
 # Short budgets keep a random model's episodes to a few dozen tokens.

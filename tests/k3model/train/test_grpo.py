@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from k3model.train.grpo import (EFFORT_SPECS, GRPOConfig, group_advantages, length_term, logprob_mismatch,
-                                policy_loss, refill_groups, shaped_rewards, token_logprobs)
+from k3model.train.effort import EFFORT_SPECS
+from k3model.train.grpo import (GRPOConfig, group_advantages, length_term, logprob_mismatch, policy_loss, refill_groups,
+                                shaped_rewards, token_logprobs)
 
 
 def test_advantages_are_rewards_minus_the_group_mean_and_optionally_over_its_std():

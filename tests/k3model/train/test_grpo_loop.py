@@ -7,12 +7,12 @@ import torch
 
 import envs
 from datagen.sft import turn_tokens
-from k3model.checkpoint import load_checkpoint
+from k3model.checkpoint import load_checkpoint, load_model
 from k3model.config import get_profile
 from k3model.model import K3Model
 from k3model.train.common import save_state
-from k3model.train.evaluate import load_policy
-from k3model.train.grpo import EFFORT_SPECS, EffortSpec, GRPOConfig, _update, train
+from k3model.train.effort import EFFORT_SPECS, EffortSpec
+from k3model.train.grpo import GRPOConfig, _update, train
 from k3model.train.qat import QAT_SCHEME, prepare_qat, qat_enabled
 from k3model.train.rollout import Episode, PolicyTurn
 
@@ -57,7 +57,7 @@ def test_the_loop_trains_on_informative_groups_and_resumes_exactly(policy, smoke
     # The checkpoint keeps QAT on and names its policy and specialist.
     _, manifest = load_checkpoint(result.checkpoint_dir)
     assert manifest["config"]["qat"] == QAT_SCHEME and manifest["config"]["effort"] == "low"
-    model, _ = load_policy(result.checkpoint_dir)
+    model, _ = load_model(result.checkpoint_dir)
     assert qat_enabled(model)
     before, _ = load_checkpoint(policy)
     after = model.state_dict()
@@ -77,7 +77,7 @@ def test_the_loop_trains_on_informative_groups_and_resumes_exactly(policy, smoke
 
 
 def test_the_update_is_the_token_sum_loss_with_tis_weights(policy):
-    model, _ = load_policy(policy)
+    model, _ = load_model(policy)
     # Two episodes of one group: 3 and 1 generated tokens, rewards 1 and 0 → A = +0.5, −0.5.
     eps = []
     for reward, gen in ((1.0, [7, 8, 9]), (0.0, [7])):
@@ -87,10 +87,9 @@ def test_the_update_is_the_token_sum_loss_with_tis_weights(policy):
         ep.turns = [PolicyTurn(4, gen, [0.0] * len(gen), [0.0] * len(gen), "stop", "")]
         eps.append(ep)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    from k3model.train.common import _clip_local, autocast_for
     from k3model.engine import score
     lp = [score(model, [ep.token_ids], [4])[0] for ep in eps]
-    out = _update(model, None, opt, [eps], lambda g: [ep.reward for ep in g], CFG, "cpu", autocast_for, _clip_local)
+    out = _update(model, None, opt, [eps], lambda g: [ep.reward for ep in g], CFG, "cpu")
     # ratio 1; w = min(exp(logp − 0), 2) = p (all p < 2); loss = −Σ w·A / 4 tokens.
     expected = -(0.5 * sum(torch.tensor(lp[0]).exp()) - 0.5 * torch.tensor(lp[1]).exp().sum()) / 4
     torch.testing.assert_close(out["train/loss"], expected.float(), rtol=1e-4, atol=1e-6)

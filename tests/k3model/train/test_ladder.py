@@ -63,7 +63,7 @@ def test_measure_ladder_plays_every_family_at_every_effort(smoke_tok):
 
     from k3model.config import get_profile
     from k3model.model import K3Model
-    from k3model.train.grpo import EffortSpec
+    from k3model.train.effort import EffortSpec
     from k3model.train.ladder import measure_ladder
 
     torch.manual_seed(0)

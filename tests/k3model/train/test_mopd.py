@@ -12,11 +12,12 @@ from k3model.config import get_profile
 from k3model.engine import score
 from k3model.model import K3Model
 from k3model.train.common import save_state
-from k3model.train.grpo import EffortSpec
+from k3model.train.effort import EffortSpec, partition_key
 from k3model.train.evaluate import evaluate
-from k3model.train.evaluate import load_policy as load_eval_policy
+from k3model.checkpoint import load_model
+from k3model.train.evaluate import evaluate_together
 from k3model.train.mopd import (MOPDConfig, check_same_ids, distill_advantages, distill_step, estimator_error,
-                                evaluate_routes, evaluate_together, mopd_loss, outcome_advantages, partition_key, reverse_kl_exact, rollout,
+                                evaluate_routes, mopd_loss, outcome_advantages, reverse_kl_exact, rollout,
                                 step_prompts, tokenizer_sha256, train)
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
@@ -89,11 +90,10 @@ def test_exact_kl_and_estimator_error_by_hand():
 
 
 def test_routing_scores_the_students_own_ids_with_the_routes_teacher(sft_ckpts, smoke_tok):
-    from k3model.pretrain import load_pretrained
     from datagen.tokenizer import EFFORT_TOKENS, special_token_ids
 
-    student = load_pretrained(sft_ckpts[0])[0]
-    other = load_pretrained(sft_ckpts[1])[0].requires_grad_(False)
+    student = load_model(sft_ckpts[0], qat=False)[0]
+    other = load_model(sft_ckpts[1], qat=False)[0].requires_grad_(False)
     # general_tasks' teachers are the student itself (advantage and KL exactly 0), the rest the other.
     teachers = {r: (student if r[0] == "general_tasks" else other) for r in ROUTES}
     cfg = _cfg(episodes_per_step=6)
@@ -195,7 +195,7 @@ def test_a_short_run_learns_toward_its_teachers_and_resumes(sft_ckpts, smoke_tok
 def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, smoke_tok):
     """evaluate_routes batches each effort's routes into one decode: every route's figures equal
     evaluate() on that route alone (the engine is batch invariant), timing aside."""
-    model = load_eval_policy(sft_ckpts[0])[0].eval()
+    model = load_model(sft_ckpts[0])[0].eval()
     specs = {"low": EffortSpec(budget_tokens=12, length_coef=0.0, turn_tokens=6),
              "high": EffortSpec(budget_tokens=20, length_coef=0.0, turn_tokens=10)}
     tasks = {(d, e): envs.task_set(d, 2, seed=7) for d in envs.DOMAINS for e in specs}
@@ -207,7 +207,7 @@ def test_routes_evaluated_together_score_as_one_evaluate_per_route(sft_ckpts, sm
         got = together[route].as_metadata()
         assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
         assert got["n"] == 2 and got["mean_policy_tokens"] > 0
-    # Capped batches (assets.tasks.evaluate_policy passes its plan's cap) split an effort's episodes
+    # Capped batches (ladder.evaluate_policy passes its plan's cap) split an effort's episodes
     # into several decodes: still the same figures.
     capped = evaluate_together(model, smoke_tok, {r: (ts, r[1], None) for r, ts in tasks.items()}, specs,
                                max_episodes_per_batch=4)

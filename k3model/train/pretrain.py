@@ -22,7 +22,7 @@ No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -30,16 +30,14 @@ import torch
 
 import math
 
-from k3model.checkpoint import load_checkpoint
-from k3model.config import ModelConfig, VisionConfig, get_profile
+from k3model.config import ModelConfig, get_profile
 from k3model.limits import check_fits_machine
 from k3model.model import K3Model
-from k3model.pretrain_data import Batch, PretrainData, StageBatches
-from k3model.pretrain_eval import evaluate
+from k3model.train.pretrain_data import Batch, PretrainData, StageBatches
+from k3model.train.pretrain_eval import evaluate
 from k3model.schedule import stage_lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
-                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
-                                  set_lr, tail_mean)
+from k3model.train.common import (Loop, LoopConfig, MetricBuffer, autocast_for, balance_experts, build_optimizer,
+                                  load_weights, optimizer_step, restore_train_state, save_state, set_lr, tail_mean)
 
 LogFn = Callable[[int, dict], None]
 
@@ -52,19 +50,17 @@ EVAL_SIZES: dict[str, tuple[int | None, int, int]] = {"smoke": (1, 2, 8), "tiny"
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
-    profile: str = "tiny"
-    stage: int = 1  # 1 … 4
-    seed: int = 0
+class PretrainConfig(LoopConfig):
+    """LoopConfig with steps and lr taken from the profile's stage (None) and a 10 % warmup, and
+    pretraining's own fields."""
     # None: take the profile's value for this stage.
     steps: int | None = None
-    batch_size: int | None = None
-    seq_len: int | None = None
     lr: float | None = None
     warmup_frac: float = 0.1
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    profile: str = "tiny"
+    stage: int = 1  # 1 … 4
+    batch_size: int | None = None
+    seq_len: int | None = None
     clue_fraction: float = 0.5  # rows of each batch that are scattered-clue examples
     # "answer": clue rows train on their answers only, with their own mean; "all": every token, one
     # mean (pretrain_data.StageBatches).
@@ -73,8 +69,6 @@ class PretrainConfig:
     # Peak lr after the clue warmup (StageConfig.mixed_lr); None: the profile's, 0: one schedule.
     mixed_lr: float | None = None
     image_fraction: float = 0.25  # rows that start with an image and its caption
-    ckpt_every: int = 0  # 0: four times per stage
-    log_every: int = 10
     # End-of-stage evaluation sizes; None takes the profile's (EVAL_SIZES).
     eval_examples_per_cell: int | None = None  # (scattered, control) pairs per (length, distance) cell
     eval_max_length: int | None = None  # longest clue-eval length to score; None: every length
@@ -86,11 +80,11 @@ class PretrainConfig:
     compile_regions: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         get_profile(self.profile)  # raises ValueError naming the valid profiles
         if not 1 <= self.stage <= 4:
             raise ValueError(f"stage must be 1, 2, 3 or 4, got {self.stage}")
-        for name in ("steps", "batch_size", "seq_len", "eval_examples_per_cell", "eval_ppl_windows",
-                     "eval_vqa_questions"):
+        for name in ("batch_size", "seq_len", "eval_examples_per_cell", "eval_ppl_windows", "eval_vqa_questions"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {value}")
@@ -103,21 +97,8 @@ class PretrainConfig:
             raise ValueError(f"clue_loss must be 'answer' or 'all', got {self.clue_loss!r}")
         if self.clue_fraction + self.image_fraction > 1.0:
             raise ValueError("clue_fraction + image_fraction must not exceed 1")
-        # `lr: .inf` used to train a stage to NaN weights and materialize them.
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value}")
         if self.mixed_lr is not None and self.mixed_lr < 0:
             raise ValueError(f"mixed_lr must be ≥ 0, got {self.mixed_lr}")
-        for name in ("lr", "grad_clip"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("warmup_frac", "min_lr_ratio"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
 
     def resolved(self) -> "ResolvedStage":
         profile = get_profile(self.profile)
@@ -169,21 +150,6 @@ def eval_sizes(profile: str) -> tuple[int | None, int, int]:
     return EVAL_SIZES.get(profile, EVAL_SIZES["tiny"])
 
 
-def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3Model, dict]:
-    """The model a checkpoint holds (hashes verified), built from the config its manifest records."""
-    weights, manifest = load_checkpoint(checkpoint_dir)
-    if "quantization" in manifest:
-        raise ValueError(f"{checkpoint_dir} is a quantized export ({manifest['quantization'].get('format')}): its "
-                         "routed experts are packed MXFP4, not float weights; load it with "
-                         "k3model.quantize.load_quantized")
-    recorded = dict(manifest["config"]["model"])
-    if recorded.get("vision") is not None:
-        recorded["vision"] = VisionConfig(**recorded["vision"])
-    model = K3Model(ModelConfig(**recorded))
-    model.load_state_dict(weights)
-    return model.to(device), manifest
-
-
 def step_metrics(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,
                  device: str) -> dict[str, torch.Tensor]:
     """One optimizer step and the MoE bias update; its metrics as 0-d tensors (no host sync)."""
@@ -210,18 +176,14 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
           stop_after: int | None = None) -> PretrainResult:
     """Train one stage. `stop_after` ends the loop early after that many steps (used to test resume)."""
     # ---- setup
-    out_dir = Path(out_dir)
     stage = cfg.resolved()
     device = stage.device
-    torch.manual_seed(cfg.seed * 1000 + cfg.stage)
-    ckpt_every = cfg.ckpt_every or max(stage.steps // 4, 1)
-    last_dir = out_dir / "last"
-    log = log_fn or (lambda step, metrics: None)
+    loop = Loop(cfg, out_dir, log_fn, steps=stage.steps, seed=cfg.seed * 1000 + cfg.stage, stop_after=stop_after)
 
     # ---- model
     model = K3Model(stage.model)
     # A damaged `last/` is set aside with a warning and the stage starts from its beginning (common.resume).
-    run = resume(model, last_dir, log)
+    run = loop.resume(model)
     if run.state is None and init_checkpoint is not None:
         load_weights(model, init_checkpoint)
     model.to(device)
@@ -251,13 +213,9 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                    {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
-    warmup = max(int(cfg.warmup_frac * stage.steps), 1)
+    warmup = cfg.warmup_steps(stage.steps)
     started = time.perf_counter()
-    buffer = MetricBuffer()
-    for step in range(run.step, stage.steps):
-        if stop_after is not None and step >= run.step + stop_after:
-            run.history.extend(buffer.flush())
-            return PretrainResult(last_dir, run.history, {}, run.tokens_seen, run.from_step)
+    for step in loop.steps():
         lr = stage_lr_at(step, stage.steps, stage.lr, warmup, cfg.min_lr_ratio,
                          switch_step=stage.clue_warmup_steps, second_peak_lr=stage.mixed_lr)
         set_lr(optimizer, lr)
@@ -266,10 +224,9 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         n_tokens = batch.input_ids.numel()
         run.tokens_seen += n_tokens
         metrics.update({"train/lr": lr, "step": step + 1})
-        buffer.append(metrics, tokens=n_tokens)
-        log_and_checkpoint(step + 1, stage.steps, cfg.log_every, ckpt_every, buffer, run.history, log,
-                           lambda done: save(done, last_dir, with_state=True),
-                           check=lambda rows: _fail_if_diverged(rows, cfg.stage, stage.lr))
+        loop.end_step(step, metrics, save, tokens=n_tokens, check=lambda rows: _fail_if_diverged(rows, cfg.stage, stage.lr))
+    if loop.stopped:
+        return PretrainResult(loop.last_dir, run.history, {}, run.tokens_seen, run.from_step)
 
     # ---- final evaluation and checkpoint
     pairs, windows, questions = eval_sizes(cfg.profile)
@@ -277,7 +234,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                             examples_per_cell=cfg.eval_examples_per_cell or pairs,
                             max_length=cfg.eval_max_length, ppl_windows=cfg.eval_ppl_windows or windows,
                             vqa_questions=cfg.eval_vqa_questions or questions)
-    eval_metrics["perf/tokens_per_s"] = buffer.tokens / max(buffer.seconds, 1e-9)
+    eval_metrics["perf/tokens_per_s"] = loop.buffer.tokens / max(loop.buffer.seconds, 1e-9)
     eval_metrics["perf/wall_s"] = time.perf_counter() - started
     eval_metrics["train/tokens_seen"] = float(run.tokens_seen)
     if run.history:
@@ -285,13 +242,12 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         eval_metrics["train/first_loss"] = run.history[0]["train/main"]
         if "moe/load_max_over_mean" in run.history[-1]:
             eval_metrics["moe/load_max_over_mean"] = tail_mean(run.history, "moe/load_max_over_mean")
-    log(stage.steps, eval_metrics)
+    loop.log(stage.steps, eval_metrics)
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
         raise FloatingPointError(f"stage {cfg.stage} diverged: its final weights are not finite (peak lr "
                                  f"{stage.lr:g}); lower lr")
-    final_dir = out_dir / "final"
-    save(stage.steps, final_dir, with_state=False, metrics=eval_metrics)
-    return PretrainResult(final_dir, run.history, eval_metrics, run.tokens_seen, run.from_step)
+    save(stage.steps, loop.final_dir, with_state=False, metrics=eval_metrics)
+    return PretrainResult(loop.final_dir, run.history, eval_metrics, run.tokens_seen, run.from_step)
 
 
 def _fail_if_diverged(rows: list[dict], stage: int, peak_lr: float) -> None:

@@ -29,7 +29,7 @@ from datagen.packing import PackingConfig, vqa_eval_set
 from datagen.tokenizer import EOS, IMAGE, encode_batch
 from k3model.config import ModelConfig
 from k3model.model import K3Model
-from k3model.pretrain_data import PretrainData, pixels_to_tensor
+from k3model.train.pretrain_data import PretrainData, pixels_to_tensor
 
 PPL_WINDOWS = 8
 PPL_LENGTH = 512
