@@ -37,8 +37,8 @@ from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import stage_lr_at
-from k3model.train.common import (MetricBuffer, autocast_for, balance_experts, build_optimizer, load_weights,
-                                  log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
+from k3model.train.common import (OPTIMIZERS, MetricBuffer, autocast_for, balance_experts, build_optimizer,
+                                  load_weights, log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
                                   set_lr, tail_mean)
 
 LogFn = Callable[[int, dict], None]
@@ -81,6 +81,8 @@ class PretrainConfig:
     eval_ppl_windows: int | None = None
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
+    # "adamw", or "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py).
+    optimizer: str = "adamw"
     # CUDA only: k3model.compiled.compile_regions on the model before the first step (the step
     # benchmarks/train_step.py --compile-regions times; off by default until the loop has run it on a GPU).
     compile_regions: bool = False
@@ -118,6 +120,8 @@ class PretrainConfig:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
     def resolved(self) -> "ResolvedStage":
         profile = get_profile(self.profile)
@@ -231,7 +235,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         compile_regions(model, dynamic=True)
 
     # ---- optimizer
-    optimizer = build_optimizer(model, stage.lr, cfg.weight_decay)
+    optimizer = build_optimizer(model, stage.lr, cfg.weight_decay, optimizer=cfg.optimizer)
     if run.state is not None:
         restore_train_state(run.state, optimizer)
 

@@ -6,6 +6,7 @@ Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data
 
 - `build_optimizer`: AdamW, β = (0.9, 0.95), weight decay on matrices only — norms, biases,
   pseudo-queries and gate scalars (every 1-D parameter) are not decayed; PyTorch's fused kernel on CUDA.
+  Or Per-Head Muon on the hidden matrices with that AdamW on the rest (`k3model.train.muon`).
 - `autocast_for(device)`: bf16 autocast on CUDA, none on the CPU (fp32 there: the CPU's bf16 matmuls
   are slower and the tiny profiles are not memory-bound).
 - `optimizer_step`: zero grads → backward → optional gradient reduce (the data-parallel all-reduce)
@@ -46,13 +47,23 @@ Reduce = Callable[[nn.Module], None]
 Clip = Callable[[nn.Module, float], torch.Tensor]
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
-                    betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
+                    betas: tuple[float, float] = (0.9, 0.95), optimizer: str = "adamw") -> torch.optim.Optimizer:
     """AdamW; no decay on norms, biases, pseudo-queries and gate scalars (1-D parameters).
+    `optimizer="muon"`: Per-Head Muon on the hidden matrices and this AdamW on the rest, at the same
+    learning rate (`k3model.train.muon`).
 
     Fused on CUDA and on the CPU: one kernel for the whole update instead of a loop of small ops per
     tensor (a fraction of the time on the tiny model; docs/log/tiny.md), the same update within float
     rounding."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer == "muon":
+        from k3model.train.muon import build_muon
+        return build_muon(model, lr, weight_decay, betas)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
