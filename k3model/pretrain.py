@@ -37,9 +37,9 @@ from k3model.model import K3Model
 from k3model.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.pretrain_eval import evaluate
 from k3model.schedule import stage_lr_at
-from k3model.train.common import (OPTIMIZERS, MetricBuffer, autocast_for, balance_experts, build_optimizer,
-                                  load_weights, log_and_checkpoint, optimizer_step, restore_train_state, resume, save_state,
-                                  set_lr, tail_mean)
+from k3model.train.common import (OPTIMIZERS, MetricBuffer, attention_logits, autocast_for, balance_experts,
+                                  build_optimizer, load_weights, log_and_checkpoint, optimizer_step,
+                                  restore_train_state, resume, save_state, set_lr, tail_mean, track_max_logits)
 
 LogFn = Callable[[int, dict], None]
 
@@ -83,6 +83,8 @@ class PretrainConfig:
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
     # "adamw", or "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py).
     optimizer: str = "adamw"
+    # QK-Clip threshold τ on each MLA head's max attention logit (K2 uses 100); None: monitored, not clipped.
+    qk_clip_tau: float | None = None
     # CUDA only: k3model.compiled.compile_regions on the model before the first step (the step
     # benchmarks/train_step.py --compile-regions times; off by default until the loop has run it on a GPU).
     compile_regions: bool = False
@@ -120,6 +122,8 @@ class PretrainConfig:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if self.qk_clip_tau is not None and self.qk_clip_tau <= 0:
+            raise ValueError(f"qk_clip_tau must be > 0 (K2 uses 100) or None for no clip, got {self.qk_clip_tau}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
@@ -189,14 +193,16 @@ def load_pretrained(checkpoint_dir: str | Path, device: str = "cpu") -> tuple[K3
 
 
 def step_metrics(model: K3Model, optimizer: torch.optim.Optimizer, batch: Batch, grad_clip: float,
-                 device: str) -> dict[str, torch.Tensor]:
-    """One optimizer step and the MoE bias update; its metrics as 0-d tensors (no host sync)."""
+                 device: str, qk_clip_tau: float | None = None) -> dict[str, torch.Tensor]:
+    """One optimizer step, the MoE bias update and (with `qk_clip_tau`) QK-Clip; its metrics as 0-d
+    tensors (no host sync), with each MLA head's max attention logit when the model records them."""
     model.train()
     with autocast_for(device):
         losses = model.compute_loss(batch.input_ids, batch.labels, batch.images, batch.image_mask,
                                     answer_mask_BT=batch.answer_mask)
     grad_norm = optimizer_step(model, optimizer, losses["loss/total"], grad_clip)
     balance = balance_experts(model)
+    balance.update(attention_logits(model, qk_clip_tau))
     metrics = {f"train/{k.split('/', 1)[1]}": v.detach() for k, v in losses.items()}
     metrics["train/grad_norm"] = grad_norm
     metrics.update(balance)
@@ -229,6 +235,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     if run.state is None and init_checkpoint is not None:
         load_weights(model, init_checkpoint)
     model.to(device)
+    track_max_logits(model)
     if cfg.compile_regions:
         from k3model.compiled import compile_regions
 
@@ -266,7 +273,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                          switch_step=stage.clue_warmup_steps, second_peak_lr=stage.mixed_lr)
         set_lr(optimizer, lr)
         batch = batches.batch(step)
-        metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device)
+        metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device, cfg.qk_clip_tau)
         n_tokens = batch.input_ids.numel()
         run.tokens_seen += n_tokens
         metrics.update({"train/lr": lr, "step": step + 1})

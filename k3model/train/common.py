@@ -13,6 +13,7 @@ Pretraining (`k3model.pretrain`), its data-parallel step (`k3model.parallel.data
   → clip by the global norm → step; returns the pre-clip norm as a tensor (no host sync).
 - `balance_experts`: each LatentMoE's load ratio max/mean of the last forward, then its bias update
   (`update_bias`), optionally with the loads and histograms summed over ranks first.
+- `attention_logits`: each MLA head's max attention logit of the last forward, and QK-Clip.
 - `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
   with the full train state (optimizer, RNG, whatever the loop keeps) around `k3model.checkpoint`, so
   a killed run called again resumes and ends where an uninterrupted one would.
@@ -149,6 +150,36 @@ def balance_experts(model: nn.Module, reduce_loads: Callable[[torch.Tensor], Non
             sync(m)
         m.update_bias()
     return {"moe/load_max_over_mean": mean_ratio, "moe/load_max_over_mean_worst": ratio_N.max()}
+
+
+def mla_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from k3model.mla import GatedMLA
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, GatedMLA)]
+
+
+def track_max_logits(model: nn.Module, on: bool = True) -> None:
+    """Have every MLA layer record its per-head max attention logit in training forwards."""
+    for _, m in mla_layers(model):
+        m.track_max_logit = on
+
+
+def attention_logits(model: nn.Module, qk_clip_tau: float | None = None) -> dict[str, torch.Tensor]:
+    """Each MLA head's max attention logit of the last training forward (`attn/max_logit/<layer>/h<i>`)
+    and the largest over all heads (`attn/max_logit`), as tensors; with `qk_clip_tau`, QK-Clip after
+    the optimizer step (K2's MuonClip; `GatedMLA.qk_clip_`) and the number of heads it rescaled."""
+    if qk_clip_tau is not None and not qk_clip_tau > 0:
+        raise ValueError(f"qk_clip_tau must be > 0 (or None for no clip), got {qk_clip_tau}")
+    recorded = [(n, m) for n, m in mla_layers(model) if m.track_max_logit and m.max_logit_H is not None]
+    if not recorded:
+        return {}
+    metrics: dict[str, torch.Tensor] = {}
+    for name, m in recorded:
+        for h, value in enumerate(m.max_logit_H.unbind()):
+            metrics[f"attn/max_logit/{name}/h{h}"] = value
+    metrics["attn/max_logit"] = torch.stack([m.max_logit_H.max() for _, m in recorded]).max()
+    if qk_clip_tau is not None:
+        metrics["attn/qk_clipped_heads"] = torch.stack([m.qk_clip_(qk_clip_tau) for _, m in recorded]).sum()
+    return metrics
 
 
 class CapturedStep:

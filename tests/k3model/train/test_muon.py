@@ -12,9 +12,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from k3model.config import get_profile
+from k3model.config import MLAConfig, get_profile
+from k3model.mla import GatedMLA, causal_max_logit
 from k3model.model import K3Model
-from k3model.train.common import CapturedStep, build_optimizer, save_state
+from k3model.train.common import (CapturedStep, attention_logits, build_optimizer, save_state,
+                                  track_max_logits)
 from k3model.train.muon import (NS_COEFFICIENTS, PerHeadMuon, build_muon, from_blocks, muon_layouts,
                                 newton_schulz, to_blocks)
 
@@ -214,6 +216,8 @@ def test_captured_muon_step_equals_eager():
     eager = K3Model(cfg).cuda().train()
     graphed = copy.deepcopy(eager)
     opts = [build_muon(m, 1e-3, 0.1, capturable=True) for m in (eager, graphed)]
+    for m in (eager, graphed):
+        track_max_logits(m)
 
     def step_of(model, opt):
         def step(ids):
@@ -224,7 +228,9 @@ def test_captured_muon_step_equals_eager():
             opt.step()
             for layer in model.moe_layers():
                 layer.update_bias()
-            return loss.detach()
+            # The monitor and a (low, so firing) QK-Clip inside the graph too.
+            clipped = attention_logits(model, qk_clip_tau=0.5)["attn/qk_clipped_heads"]
+            return torch.stack([loss.detach().float(), clipped.float()])
         return step
 
     batches = [torch.randint(0, cfg.vocab_size, (4, 64), device="cuda") for _ in range(4)]
@@ -234,5 +240,95 @@ def test_captured_muon_step_equals_eager():
     graphed_losses = [captured(b).clone() for b in batches[1:]]
     torch.cuda.synchronize()
     torch.testing.assert_close(torch.stack(graphed_losses), torch.stack(eager_losses), rtol=1e-4, atol=1e-4)
+    assert len({float(x[0]) for x in graphed_losses}) == 3  # three batches, three losses
     for (name, p0), p1 in zip(eager.named_parameters(), graphed.parameters()):
         torch.testing.assert_close(p1, p0, rtol=1e-3, atol=1e-4, msg=name)
+    print("captured Muon: losses", [x.tolist() for x in graphed_losses])
+
+
+# ----------------------------------------------------------------------------------------------
+# Max-logit monitor and QK-Clip (k3model/mla.py)
+
+
+
+def test_causal_max_logit_equals_brute_force():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 37, 8, generator=g), torch.randn(2, 3, 37, 8, generator=g)
+    scores = (q @ k.transpose(-1, -2)) * 0.5
+    scores = scores.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    expected = scores.amax(dim=(0, 2, 3))
+    torch.testing.assert_close(causal_max_logit(q, k, 0.5, chunk=8), expected)
+    torch.testing.assert_close(causal_max_logit(q, k, 0.5, chunk=1000), expected)
+    # A future key with a huge logit is not counted.
+    k2 = k.clone()
+    k2[:, :, -1] = q[:, :, 0] * 100
+    torch.testing.assert_close(causal_max_logit(q, k2, 0.5)[0], torch.maximum(
+        expected[0], (q[:, 0, -1] @ k2[:, 0, -1].T).diagonal().max() * 0.5))
+
+
+@pytest.mark.parametrize("q_rank", [None, 24])
+def test_qk_clip_fires_on_a_planted_explosion_and_fixes_it(q_rank):
+    torch.manual_seed(0)
+    cfg = MLAConfig(d_model=32, n_heads=4, q_rank=q_rank, kv_rank=16, qk_nope_dim=8, qk_rope_dim=4, v_head_dim=8)
+    mla = GatedMLA(cfg).train()
+    mla.track_max_logit = True
+    x = torch.randn(2, 19, 32)
+    mla(x)
+    before = mla.max_logit_H.clone()
+    # Plant: head 2's queries grow 40× (as a blown-up W_q would after unchecked updates).
+    w_q = (mla.q_proj if q_rank is None else mla.q_up).weight
+    with torch.no_grad():
+        w_q.view(4, 12, -1)[2] *= 40.0
+    mla(x)
+    exploded = mla.max_logit_H.clone()
+    tau = float(before.max()) * 2
+    assert float(exploded[2]) > 5 * tau and bool((exploded[[0, 1, 3]] < tau).all())
+    saved = {n: p.detach().clone() for n, p in mla.named_parameters()}
+    assert int(mla.qk_clip_(tau)) == 1
+    mla(x)
+    after = mla.max_logit_H
+    torch.testing.assert_close(after[2], torch.tensor(tau), rtol=1e-4, atol=0)  # back to exactly τ
+    torch.testing.assert_close(after[[0, 1, 3]], exploded[[0, 1, 3]], rtol=0, atol=0)
+    # The MLA split: head 2's q_nope and k_nope rows by √γ, its q_rope rows by γ, the shared k_rope
+    # (kv_down) and the values untouched; other heads untouched.
+    gamma = tau / float(exploded[2])
+    q_name = "q_proj.weight" if q_rank is None else "q_up.weight"
+    q_new, q_old = dict(mla.named_parameters())[q_name].view(4, 12, -1), saved[q_name].view(4, 12, -1)
+    torch.testing.assert_close(q_new[2, :8], q_old[2, :8] * math.sqrt(gamma))
+    torch.testing.assert_close(q_new[2, 8:], q_old[2, 8:] * gamma)
+    assert torch.equal(q_new[[0, 1, 3]], q_old[[0, 1, 3]])
+    kv_new, kv_old = mla.kv_up.weight.view(4, 16, -1), saved["kv_up.weight"].view(4, 16, -1)
+    torch.testing.assert_close(kv_new[2, :8], kv_old[2, :8] * math.sqrt(gamma))
+    assert torch.equal(kv_new[2, 8:], kv_old[2, 8:]) and torch.equal(kv_new[[0, 1, 3]], kv_old[[0, 1, 3]])
+    for name in ("kv_down.weight", "g_proj.weight", "o_proj.weight"):
+        assert torch.equal(dict(mla.named_parameters())[name], saved[name]), name
+    # Below τ everywhere now: a second clip changes nothing.
+    assert int(mla.qk_clip_(tau * 1.001)) == 0
+
+
+def test_qk_clip_refuses_a_non_positive_tau():
+    mla = GatedMLA(MLAConfig(d_model=32, n_heads=4, q_rank=None, kv_rank=16, qk_nope_dim=8, qk_rope_dim=4,
+                             v_head_dim=8)).train()
+    mla.track_max_logit = True
+    mla(torch.randn(1, 5, 32))
+    for tau in (0.0, -1.0):
+        with pytest.raises(ValueError, match="tau must be > 0"):
+            mla.qk_clip_(tau)
+        with pytest.raises(ValueError, match="qk_clip_tau must be > 0"):
+            attention_logits(mla, tau)
+    from k3model.pretrain import PretrainConfig
+    with pytest.raises(ValueError, match="qk_clip_tau"):
+        PretrainConfig(qk_clip_tau=0.0)
+
+
+def test_every_mla_head_is_logged_from_a_model_forward():
+    model = _model()
+    track_max_logits(model)
+    model.train()
+    model.compute_loss(_batches(model, 1)[0])["loss/total"].backward()
+    metrics = attention_logits(model, qk_clip_tau=1e6)
+    mlas = [n for n, m in model.named_modules() if isinstance(m, GatedMLA)]
+    per_head = [k for k in metrics if k.startswith("attn/max_logit/")]
+    assert len(per_head) == len(mlas) * model.cfg.mla_heads and mlas
+    assert float(metrics["attn/max_logit"]) == max(float(metrics[k]) for k in per_head)
+    assert int(metrics["attn/qk_clipped_heads"]) == 0
