@@ -1,0 +1,113 @@
+"""AdamW vs Per-Head Muon on tiny pretraining stage 1 at equal tokens: held-out loss, clue accuracy and
+wall time per step, two seeds, all runs in one process (the time ratio is measured on one machine
+under one load; runs are interleaved so load drift hits both optimizers alike).
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 python benchmarks/recipes/muon_ab.py --steps 200
+
+Each run is `k3model.pretrain.train` with `optimizer` the only difference: the profile's stage-1
+shape (32 × 64 tokens), its peak lr, one warmup + cosine over `--steps` (the clue warmup is off, so the
+reduced run sees the stage's mixed rows from its first step), MoE balancing as the profile sets it.
+Muon's update RMS is matched to AdamW's (0.2), so both run at the same lr. Held-out figures are the
+stage's own end-of-stage evaluation (pretrain_eval.evaluate: perplexity over `--ppl-windows` 512-token
+held-out windows, clue accuracy at length 64) plus the held-out NLL over 64-token windows of the
+stage's own length. Wall time per step is the loop's own (MetricBuffer windows: step time only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.common import run_header, write_json  # noqa: E402
+from k3model.pretrain import PretrainConfig, train  # noqa: E402
+from k3model.pretrain_data import PretrainData  # noqa: E402
+from k3model.pretrain_eval import heldout_perplexity  # noqa: E402
+
+
+def tiny_data(directory: Path) -> PretrainData:
+    import datagen
+    from datagen.build import build_all
+    cfg = datagen.presets("tiny")
+    if not (directory / "clue_eval.parquet").exists():
+        build_all(cfg, directory)
+    return PretrainData(directory / "tokenizer.json", directory / "corpus.parquet", directory / "images.parquet",
+                        directory / "clue_eval.parquet", clues=cfg.clues)
+
+
+def one_run(data: PretrainData, optimizer: str, seed: int, steps: int, out: Path, args) -> dict:
+    cfg = PretrainConfig(profile="tiny", stage=1, seed=seed, steps=steps, optimizer=optimizer,
+                         clue_warmup_steps=0, mixed_lr=0, ckpt_every=steps, log_every=steps,
+                         eval_examples_per_cell=args.pairs_per_cell, eval_max_length=64,
+                         eval_ppl_windows=args.ppl_windows, eval_vqa_questions=16)
+    started = time.perf_counter()
+    result = train(cfg, data, out / f"{optimizer}_s{seed}")
+    from k3model.pretrain import load_pretrained
+    model, _ = load_pretrained(result.checkpoint_dir)
+    model.eval()
+    ppl64 = heldout_perplexity(model, data, "cpu", length=64, windows=args.ppl_windows * 8)
+    hist = result.history
+    tokens_per_step = result.tokens_seen / steps
+    row = {
+        "optimizer": optimizer, "seed": seed, "steps": steps, "tokens": result.tokens_seen,
+        "heldout_nll_64": math.log(ppl64), "heldout_ppl_512": result.eval["eval/ppl"],
+        "heldout_nll_512": math.log(result.eval["eval/ppl"]),
+        "clue_acc_64": {k.split("/", 2)[2]: v for k, v in result.eval.items() if k.startswith("eval/clue_acc/")},
+        "train_loss_last10pct": result.eval["train/final_loss"],
+        "train_loss_first": result.eval["train/first_loss"],
+        "s_per_step": tokens_per_step / result.eval["perf/tokens_per_s"],
+        "wall_s_with_eval": time.perf_counter() - started,
+        "max_attn_logit": max(h.get("attn/max_logit", float("nan")) for h in hist),
+        "max_attn_logit_last": hist[-1].get("attn/max_logit"),
+        "moe_load_max_over_mean_last10pct": result.eval.get("moe/load_max_over_mean"),
+        "loss_curve": [(h["step"], h["train/main"]) for h in hist[:: max(len(hist) // 20, 1)]],
+    }
+    print(json.dumps({k: v for k, v in row.items() if k != "loss_curve"}), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="/tmp/muon_ab/data", help="tiny data directory (built if missing)")
+    parser.add_argument("--work", default="/tmp/muon_ab/runs")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--pairs-per-cell", type=int, default=16)
+    parser.add_argument("--ppl-windows", type=int, default=8)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data = tiny_data(Path(args.data))
+    rows = []
+    for seed in args.seeds:
+        for optimizer in ("adamw", "muon"):
+            rows.append(one_run(data, optimizer, seed, args.steps, Path(args.work), args))
+
+    def mean(opt, key):
+        return statistics.mean(r[key] for r in rows if r["optimizer"] == opt)
+
+    summary = {opt: {k: mean(opt, k) for k in ("heldout_nll_64", "heldout_nll_512", "train_loss_last10pct",
+                                                 "s_per_step", "max_attn_logit")} for opt in ("adamw", "muon")}
+    paired = [next(r for r in rows if r["optimizer"] == "muon" and r["seed"] == s)["heldout_nll_64"]
+              - next(r for r in rows if r["optimizer"] == "adamw" and r["seed"] == s)["heldout_nll_64"]
+              for s in args.seeds]
+    summary["muon_minus_adamw_heldout_nll_64_per_seed"] = paired
+    summary["muon_over_adamw_s_per_step"] = summary["muon"]["s_per_step"] / summary["adamw"]["s_per_step"]
+    report = {"header": run_header(), "args": vars(args), "summary": summary, "runs": rows}
+    out = args.out or str(ROOT / "benchmarks" / "results" / "recipes" /
+                          f"{time.strftime('%Y-%m-%d')}_muon_ab_tiny_stage1_cpu.json")
+    write_json(out, report)
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
