@@ -40,6 +40,7 @@ from k3model.schedule import stage_lr_at
 from k3model.train.common import (OPTIMIZERS, MetricBuffer, attention_logits, autocast_for, balance_experts,
                                   build_optimizer, load_weights, log_and_checkpoint, optimizer_step,
                                   restore_train_state, resume, save_state, set_lr, tail_mean, track_max_logits)
+from k3model.train.expert_load import load_stats
 
 LogFn = Callable[[int, dict], None]
 
@@ -256,10 +257,17 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
                                  "resolved": {k: v for k, v in asdict(stage).items() if k != "model"}},
                       "data_versions": data.versions()}
 
+    # Claim 2's training-time figure: expert loads summed over the steps that hold the stage's last
+    # 10 % of tokens (every step has batch_size × seq_len), kept in the train state across a resume.
+    tail_from = int(0.9 * stage.steps)
+    saved_tail = run.state.extra.get("tail_loads") if run.state is not None else None
+    tail = {"loads": None if saved_tail is None else torch.tensor(saved_tail, dtype=torch.float64, device=device)}
+
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
         save_state(path, model, dict(manifest_extra, metrics=metrics or {}),
                    optimizer if with_state else None, step,
-                   {"history": run.history, "tokens_seen": run.tokens_seen})
+                   {"history": run.history, "tokens_seen": run.tokens_seen,
+                    "tail_loads": None if tail["loads"] is None else tail["loads"].tolist()})
 
     # ---- loop
     warmup = max(int(cfg.warmup_frac * stage.steps), 1)
@@ -274,6 +282,9 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         set_lr(optimizer, lr)
         batch = batches.batch(step)
         metrics = step_metrics(model, optimizer, batch, cfg.grad_clip, device, cfg.qk_clip_tau)
+        if step >= tail_from and model.moe_layers():
+            loads_NE = torch.stack([m.last_load.to(device, torch.float64) for m in model.moe_layers()])
+            tail["loads"] = loads_NE if tail["loads"] is None else tail["loads"] + loads_NE
         n_tokens = batch.input_ids.numel()
         run.tokens_seen += n_tokens
         metrics.update({"train/lr": lr, "step": step + 1})
@@ -296,6 +307,12 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         eval_metrics["train/first_loss"] = run.history[0]["train/main"]
         if "moe/load_max_over_mean" in run.history[-1]:
             eval_metrics["moe/load_max_over_mean"] = tail_mean(run.history, "moe/load_max_over_mean")
+    if tail["loads"] is not None:
+        tail_stats = load_stats(tail["loads"].cpu(), stage.model.top_k)
+        eval_metrics["moe/train_tail_load_max_over_mean"] = tail_stats["load_max_over_mean"]
+        eval_metrics["moe/train_tail_load_max_over_mean_worst"] = tail_stats["load_max_over_mean_worst"]
+        eval_metrics["moe/train_tail_dead_fraction"] = tail_stats["dead_fraction"]
+        eval_metrics["moe/train_tail_tokens"] = float((stage.steps - tail_from) * stage.batch_size * stage.seq_len)
     log(stage.steps, eval_metrics)
     if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
         raise FloatingPointError(f"stage {cfg.stage} diverged: its final weights are not finite (peak lr "

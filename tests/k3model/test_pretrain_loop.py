@@ -83,6 +83,10 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(smoke_dat
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert [h["train/main"] for h in full.history] == [h["train/main"] for h in resumed.history]
+    assert full.eval["moe/train_tail_load_max_over_mean"] == resumed.eval["moe/train_tail_load_max_over_mean"]
+    stage = get_profile("smoke").stages[0]
+    # The last 10 % of 4 steps' tokens lie in step 4: one step's tokens.
+    assert full.eval["moe/train_tail_tokens"] == stage.batch_size * stage.seq_len
 
 
 def test_next_stage_starts_from_the_previous_weights(smoke_data, tmp_path):
