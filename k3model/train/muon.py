@@ -217,6 +217,10 @@ class PerHeadMuon(torch.optim.Optimizer):
 
     def _muon_group(self, group: dict[str, Any]) -> None:
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        # Blocks of one shape (after turning tall ones wide) run through Newton–Schulz as one batch:
+        # a few batched matmuls instead of a loop of small ones per parameter; each block's result is
+        # its own (the iteration never mixes the matrices of a batch).
+        pending: dict[tuple, list[tuple[torch.Tensor, str, torch.Tensor, bool]]] = {}
         for p, layout in zip(group["params"], group["layouts"]):
             if p.grad is None:
                 continue
@@ -225,11 +229,17 @@ class PerHeadMuon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p)
             buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - mu)
-            update = p.grad.lerp(buf, mu)
-            o_NAB = newton_schulz(to_blocks(update, layout))
-            scale = RMS_MATCH * math.sqrt(max(o_NAB.shape[1], o_NAB.shape[2]))
-            p.mul_(1 - lr * wd)
-            p.add_(from_blocks(o_NAB, layout, p.shape), alpha=-lr * scale)
+            g_NAB = to_blocks(p.grad.lerp(buf, mu), layout)
+            tall = g_NAB.shape[1] > g_NAB.shape[2]
+            if tall:
+                g_NAB = g_NAB.transpose(1, 2)
+            pending.setdefault((tuple(g_NAB.shape[1:]), g_NAB.dtype, g_NAB.device), []).append((p, layout, g_NAB, tall))
+        for (shape_AB, _, _), items in pending.items():
+            o_NAB = newton_schulz(torch.cat([g for _, _, g, _ in items]))
+            scale = RMS_MATCH * math.sqrt(max(shape_AB))
+            for (p, layout, g, tall), o in zip(items, o_NAB.split([g.shape[0] for _, _, g, _ in items])):
+                p.mul_(1 - lr * wd)
+                p.add_(from_blocks(o.transpose(1, 2) if tall else o, layout, p.shape), alpha=-lr * scale)
 
     def _adamw_group(self, group: dict[str, Any]) -> None:
         params, grads, avgs, sqs, steps = [], [], [], [], []
