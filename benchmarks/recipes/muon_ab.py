@@ -10,7 +10,9 @@ reduced run sees the stage's mixed rows from its first step), MoE balancing as t
 Muon's update RMS is matched to AdamW's (0.2), so both run at the same lr. Held-out figures are the
 stage's own end-of-stage evaluation (pretrain_eval.evaluate: perplexity over `--ppl-windows` 512-token
 held-out windows, clue accuracy at length 64) plus the held-out NLL over 64-token windows of the
-stage's own length. Wall time per step is the loop's own (MetricBuffer windows: step time only).
+stage's own length. Wall time per step is the loop's own (MetricBuffer windows: step time only), and,
+less exposed to a shared machine's load drift, the median of `--timing-reps` whole steps timed with the
+two optimizers alternating step by step (`--timing-only` runs just that).
 """
 
 from __future__ import annotations
@@ -75,6 +77,52 @@ def one_run(data: PretrainData, optimizer: str, seed: int, steps: int, out: Path
     return row
 
 
+def time_steps(data: PretrainData, reps: int, warmup: int = 3) -> dict:
+    """Wall time of one whole training step (forward, backward, clip, optimizer, balancing, logit
+    monitor) per optimizer, the two alternating step by step on the stage-1 batch shape so that load
+    drift on a shared machine hits both alike; medians and the optimizer.step() share."""
+    from k3model.model import K3Model
+    from k3model.pretrain import step_metrics
+    from k3model.pretrain_data import StageBatches
+    from k3model.train.common import build_optimizer, track_max_logits
+
+    cfg = PretrainConfig(profile="tiny", stage=1, clue_warmup_steps=0)
+    stage = cfg.resolved()
+    batches = StageBatches(data, stage.model, seq_len=stage.seq_len, batch_size=stage.batch_size, seed=0, stage=1,
+                           clue_fraction=cfg.clue_fraction, image_fraction=cfg.image_fraction, device="cpu",
+                           clue_warmup_rows=0)
+    batches.pack((warmup + reps) * stage.batch_size)
+    arms = {}
+    for name in ("adamw", "muon"):
+        torch.manual_seed(0)
+        model = K3Model(stage.model)
+        track_max_logits(model)
+        opt = build_optimizer(model, stage.lr, 0.1, optimizer=name)
+        step_time = []
+
+        def timed_step(orig=opt.step, acc=step_time):
+            t = time.perf_counter()
+            out = orig()
+            acc.append(time.perf_counter() - t)
+            return out
+        opt.step = timed_step
+        arms[name] = {"model": model, "opt": opt, "step": [], "opt_step": step_time}
+    for i in range(warmup + reps):
+        batch = batches.batch(i)
+        for name, arm in arms.items():
+            t = time.perf_counter()
+            step_metrics(arm["model"], arm["opt"], batch, 1.0, "cpu")
+            arm["step"].append(time.perf_counter() - t)
+    out = {}
+    for name, arm in arms.items():
+        steps, opt_steps = arm["step"][warmup:], arm["opt_step"][warmup:]
+        out[name] = {"median_step_s": statistics.median(steps), "median_optimizer_step_s": statistics.median(opt_steps),
+                     "steps_s": steps}
+    out["muon_over_adamw_median_step"] = out["muon"]["median_step_s"] / out["adamw"]["median_step_s"]
+    out["reps"] = reps
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="/tmp/muon_ab/data", help="tiny data directory (built if missing)")
@@ -84,9 +132,20 @@ def main() -> None:
     parser.add_argument("--pairs-per-cell", type=int, default=16)
     parser.add_argument("--ppl-windows", type=int, default=8)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--timing-reps", type=int, default=20,
+                        help="interleaved whole-step timings per optimizer after the runs (0: none)")
+    parser.add_argument("--timing-only", action="store_true", help="only the interleaved step timing")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = tiny_data(Path(args.data))
+    if args.timing_only:
+        timing = time_steps(data, args.timing_reps)
+        out = args.out or str(ROOT / "benchmarks" / "results" / "recipes" /
+                              f"{time.strftime('%Y-%m-%d')}_muon_step_time_tiny_stage1_cpu.json")
+        write_json(out, {"header": run_header(), "args": vars(args), "timing": timing})
+        print(json.dumps({k: v for k, v in timing.items() if k not in ("adamw", "muon")} |
+                         {k: {kk: vv for kk, vv in timing[k].items() if kk != "steps_s"} for k in ("adamw", "muon")}))
+        return
     rows = []
     for seed in args.seeds:
         for optimizer in ("adamw", "muon"):
@@ -103,6 +162,9 @@ def main() -> None:
     summary["muon_minus_adamw_heldout_nll_64_per_seed"] = paired
     summary["muon_over_adamw_s_per_step"] = summary["muon"]["s_per_step"] / summary["adamw"]["s_per_step"]
     report = {"header": run_header(), "args": vars(args), "summary": summary, "runs": rows}
+    if args.timing_reps:
+        report["timing"] = time_steps(data, args.timing_reps)
+        summary["muon_over_adamw_median_step_interleaved"] = report["timing"]["muon_over_adamw_median_step"]
     out = args.out or str(ROOT / "benchmarks" / "results" / "recipes" /
                           f"{time.strftime('%Y-%m-%d')}_muon_ab_tiny_stage1_cpu.json")
     write_json(out, report)
