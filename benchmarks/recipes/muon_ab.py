@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/muon_ab/runs")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--optimizers", nargs="+", choices=("adamw", "muon"), default=["adamw", "muon"])
     parser.add_argument("--pairs-per-cell", type=int, default=16)
     parser.add_argument("--ppl-windows", type=int, default=8)
     parser.add_argument("--out", default=None)
@@ -148,8 +149,14 @@ def main() -> None:
         return
     rows = []
     for seed in args.seeds:
-        for optimizer in ("adamw", "muon"):
+        for optimizer in args.optimizers:
             rows.append(one_run(data, optimizer, seed, args.steps, Path(args.work), args))
+    if set(args.optimizers) != {"adamw", "muon"}:
+        # One arm alone (e.g. AdamW given the steps Muon's slower step buys at equal wall time).
+        out = args.out or str(ROOT / "benchmarks" / "results" / "recipes" /
+                              f"{time.strftime('%Y-%m-%d')}_muon_ab_{'_'.join(args.optimizers)}_{args.steps}steps_cpu.json")
+        write_json(out, {"header": run_header(), "args": vars(args), "runs": rows})
+        return
 
     def mean(opt, key):
         return statistics.mean(r[key] for r in rows if r["optimizer"] == opt)

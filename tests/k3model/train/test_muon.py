@@ -210,11 +210,17 @@ def test_muon_trains_the_smoke_model():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
-def test_captured_muon_step_equals_eager():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-modules", "compiled-regions"])
+def test_captured_muon_step_equals_eager(compiled):
     cfg = replace(get_profile("smoke").model, vision=None, mtp_depth=0, activation_checkpointing=False)
     torch.manual_seed(0)
     eager = K3Model(cfg).cuda().train()
     graphed = copy.deepcopy(eager)
+    if compiled:
+        from k3model.compiled import compile_regions
+
+        compile_regions(eager, dynamic=True)
+        compile_regions(graphed, dynamic=True)
     opts = [build_muon(m, 1e-3, 0.1, capturable=True) for m in (eager, graphed)]
     for m in (eager, graphed):
         track_max_logits(m)
@@ -228,19 +234,24 @@ def test_captured_muon_step_equals_eager():
             opt.step()
             for layer in model.moe_layers():
                 layer.update_bias()
-            # The monitor and a (low, so firing) QK-Clip inside the graph too.
-            clipped = attention_logits(model, qk_clip_tau=0.5)["attn/qk_clipped_heads"]
+            # The monitor and QK-Clip inside the graph too, at a τ below the smoke model's logits (it fires).
+            clipped = attention_logits(model, qk_clip_tau=0.01)["attn/qk_clipped_heads"]
             return torch.stack([loss.detach().float(), clipped.float()])
         return step
 
     batches = [torch.randint(0, cfg.vocab_size, (4, 64), device="cuda") for _ in range(4)]
     eager_step = step_of(eager, opts[0])
-    eager_losses = [eager_step(b).clone() for b in [batches[0], batches[0], *batches[1:]]][2:]
+    eager_all = [eager_step(b).clone() for b in [batches[0], batches[0], *batches[1:]]]
+    eager_losses = eager_all[2:]
     captured = CapturedStep(step_of(graphed, opts[1]), batches[0], warmup=2, optimizer=opts[1])
     graphed_losses = [captured(b).clone() for b in batches[1:]]
     torch.cuda.synchronize()
     torch.testing.assert_close(torch.stack(graphed_losses), torch.stack(eager_losses), rtol=1e-4, atol=1e-4)
     assert len({float(x[0]) for x in graphed_losses}) == 3  # three batches, three losses
+    # The clip fired (in the first step at least: after it the heads' logits sit at about τ) and the
+    # replays clipped the heads the eager steps clipped.
+    assert float(eager_all[0][1]) > 0
+    assert [float(x[1]) for x in graphed_losses] == [float(x[1]) for x in eager_losses]
     for (name, p0), p1 in zip(eager.named_parameters(), graphed.parameters()):
         torch.testing.assert_close(p1, p0, rtol=1e-3, atol=1e-4, msg=name)
     print("captured Muon: losses", [x.tolist() for x in graphed_losses])
