@@ -55,8 +55,8 @@ class PretrainStageConfig(dg.Config):
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage (default: "
                                         "the profile's; tiny scores its whole grid)")
-    optimizer: str = Field(default="adamw", description="adamw, or muon: Per-Head Muon on the hidden "
-                           "matrices and AdamW on the rest (k3model/train/muon.py)")
+    optimizer: str = Field(default="muon", description="muon: Per-Head Muon on the hidden matrices and AdamW "
+                           "on the rest (k3model/train/muon.py), or adamw throughout")
     qk_clip_tau: float | None = Field(default=None, gt=0, description="QK-Clip threshold on each MLA head's "
                                       "max attention logit (K2: 100); unset: logged, not clipped")
     compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
