@@ -51,7 +51,7 @@ def causal_max_logit(q_BHTQ: torch.Tensor, k_BHTQ: torch.Tensor, scale: float,
     """Per head, the largest pre-softmax logit scale·q_t·k_s over the batch and every causal pair
     s ≤ t: [H], fp32. Scores are formed `chunk` query rows at a time (default: ≤ 2²⁴ scores, 64 MB,
     per chunk), as the fused attention never materializes them. Costs about one Q·Kᵀ: 0.75 s per
-    MLA layer at tiny's 8,192 tokens on one CPU thread, 512-row chunks (2026-12-05)."""
+    MLA layer at tiny's 8,192 tokens on one CPU thread, 512-row chunks (docs/log/pretrain.md)."""
     B, H, T, _ = q_BHTQ.shape
     if chunk is None:
         chunk = max(16, min(T, (1 << 24) // max(B * H * T, 1)))
