@@ -10,7 +10,7 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | claim | asset | metadata key(s) | what |
 |---|---|---|---|
 | 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.train.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
-| 2 | `pretrain_stage_{1..4}` | `moe/load_max_over_mean`; manifest `config.model.balancing` | expert load max/mean over the stage's last 10 % of steps, and the balancing it trained with |
+| 2 | `pretrain_stage_{1..4}` | `moe/heldout_load_max_over_mean[_bias_zeroed]`, `moe/heldout_dead_fraction`, `moe/heldout_per_batch_{sd,max}`, `moe/heldout_tokens`; else `moe/load_max_over_mean`; manifest `config.model.balancing` | the final checkpoint's expert load over the fixed held-out mixed set, with its bias and with it zeroed (else the last 10 % of steps), and the balancing it trained with |
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate` (SFT on the specialist's own tasks); else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
@@ -191,16 +191,31 @@ def claim_1(stages: dict[int, dict[str, dict[str, tuple[float, int]]]], *, profi
 
 
 def claim_2(with_balancing: dict[str, float], without_balancing: dict[str, float], *, profile: str,
-            checkpoints: dict[str, str] | None = None, without_source: str = "") -> Claim:
+            checkpoints: dict[str, str] | None = None, without_source: str = "", basis: str = "",
+            dead: dict[str, float] | None = None, spread: dict[str, dict[str, float]] | None = None) -> Claim:
     """Expert load max/mean (1.0 = every expert at k/N): `with_balancing` per stage (or arm) that
-    trained with balancing, `without_balancing` per run that trained without."""
+    trained with balancing, `without_balancing` per run that trained without (or, as
+    `without_source` says, the same checkpoints with their routing bias zeroed). `basis` says what the
+    figures are (a held-out set of N tokens, or training steps); `dead` the fraction of experts under
+    10 % of k/N and `spread` the per-batch {"sd", "max"} of each `with_balancing` arm, shown beside the
+    verdict (the thresholds judge max/mean only, as DESIGN.md §5 fixes them)."""
     target = (f"max/mean ≤ {LOAD_NEAR} with balancing, and ≥ {DRIFT_FACTOR}× that without "
               f"(1.0 = every expert at k/N)")
     if not with_balancing:
         return not_measured(2, target, "no run with balancing reports its expert load", profile, checkpoints)
     worst = max(with_balancing.values())
-    figures = {"with": dict(with_balancing), "without": dict(without_balancing), "without_source": without_source}
+    figures = {"with": dict(with_balancing), "without": dict(without_balancing), "without_source": without_source,
+               "basis": basis, "dead_fraction": dict(dead or {}), "per_batch": dict(spread or {})}
     figure = "with " + ", ".join(f"{k} {v:.2f}" for k, v in with_balancing.items())
+    notes = []
+    if basis:
+        notes.append(basis)
+    if spread:
+        notes.append("per-batch sd/max " + ", ".join(f"{k} {v['sd']:.2f}/{v['max']:.2f}" for k, v in spread.items()))
+    if dead:
+        notes.append("dead experts " + ", ".join(f"{k} {v:.0%}" for k, v in dead.items()))
+    if notes:
+        figure += f" ({'; '.join(notes)})"
     if not without_balancing:
         return _claim(2, NOT_MEASURED, figure, target, "nothing in the lineage trains without balancing "
                       "(and no ablation result for this profile): the drift is not measured", profile,

@@ -10,7 +10,8 @@ its progress lines reach the Dagster run's event feed; afterwards the checkpoint
 `checkpoints/<profile>/<asset>/<run id>/`, the whole loss history goes to MLflow, the checkpoint is
 registered as a model version (one per distinct checkpoint). The stage itself logs the
 clue-accuracy grid (a table) to MLflow, plots the loss curve inline and reports the stage's evaluation: held-out perplexity, scattered-clue accuracy by distance
-and by length, VQA accuracy, expert load max/mean, tokens/s and wall time. The data version is the
+and by length, VQA accuracy, expert load max/mean (in training, and claim 2's measurement: the final
+checkpoint over a fixed held-out mixed set, with its routing bias and with it zeroed), tokens/s and wall time. The data version is the
 sha256 of the weights.
 
 Checks: `checkpoint_intact` re-hashes the newest checkpoint (blocking: a corrupted stage stops the
@@ -54,6 +55,10 @@ class PretrainStageConfig(dg.Config):
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage (default: "
                                         "the profile's; tiny scores its whole grid)")
+    optimizer: str = Field(default="muon", description="muon: Per-Head Muon on the hidden matrices and AdamW "
+                           "on the rest (k3model/train/muon.py), or adamw throughout")
+    qk_clip_tau: float | None = Field(default=None, gt=0, description="QK-Clip threshold on each MLA head's "
+                                      "max attention logit (K2: 100); unset: logged, not clipped")
     compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
                                   "regionally (k3model.compiled) before the first step, the step that "
                                   "benchmarks/model/train_step.py --compile-regions times")
@@ -151,8 +156,25 @@ def _loss_points(history: list[dict], n: int = 12) -> list[dict[str, Any]]:
 
 
 REPORTED = ("eval/ppl", "eval/vqa_acc", "eval/clue_acc/scattered/all", "eval/clue_acc/control/all",
-            "moe/load_max_over_mean", "perf/tokens_per_s", "perf/wall_s", "train/first_loss",
+            "moe/load_max_over_mean", "moe/train_tail_load_max_over_mean", "moe/train_tail_dead_fraction",
+            "moe/train_tail_tokens", "perf/tokens_per_s", "perf/wall_s", "train/first_loss",
             "train/final_loss")
+
+
+def heldout_expert_load(data: Any, checkpoint: Path) -> dict[str, Any]:
+    """Claim 2's measurement of one stage's final checkpoint: expert load over the fixed held-out
+    mixed set (text, clue and image rows, ≈ 64K tokens), with its routing bias and with it zeroed
+    (k3model.train.expert_load)."""
+    import torch
+
+    from k3model.checkpoint import load_model
+    from k3model.train.expert_load import checkpoint_expert_load, mixed_heldout_set
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, _ = load_model(checkpoint, device)
+    vision = model.cfg.vision
+    heldout = mixed_heldout_set(data, vision.tokens_per_image if vision is not None else None)
+    return checkpoint_expert_load(model, heldout, device)
 
 
 def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageConfig, stage: int,
@@ -168,7 +190,8 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
                              batch_size=config.batch_size, lr=config.lr, balancing=config.balancing,
                              log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell,
                              ckpt_every=config.ckpt_every, eval_max_length=config.eval_max_length,
-                             compile_regions=config.compile_regions)
+                             compile_regions=config.compile_regions, optimizer=config.optimizer,
+                             qk_clip_tau=config.qk_clip_tau)
         resolved = cfg.resolved()
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/{name} (ops.{op}.config): {e}",
@@ -201,7 +224,15 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
     result = trained.result
     ev = result.eval
     by_distance, by_length = clue_tables(ev)
+    from k3model.train.expert_load import flat_metrics
+    expert_load = heldout_expert_load(data, trained.checkpoint)
+    context.log.info(f"{profile}/{name}: held-out expert load max/mean "
+                     f"{expert_load['with_bias']['load_max_over_mean']:.3f} (bias zeroed "
+                     f"{expert_load['bias_zeroed']['load_max_over_mean']:.3f}), dead "
+                     f"{expert_load['with_bias']['dead_fraction']:.3f}, over {expert_load['with_bias']['tokens']} tokens")
     return trained.materialize_result({
+        **{k: float(f"{v:.4g}") for k, v in flat_metrics(expert_load).items()},
+        "moe/heldout_expert_load": dg.MetadataValue.json(expert_load),
         "stage": stage,
         "seq_len": resolved.seq_len,
         "steps": resolved.steps,

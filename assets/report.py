@@ -189,6 +189,7 @@ def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str,
         figs["checkpoints"][name] = up.metadata.get("sha256", up.data_version)
         figs["stages"][s] = {"counts": counts, "counts_how": f"{source}, {how}", "seq_len": up.metadata.get("seq_len"),
                              "load": up.metadata.get("moe/load_max_over_mean"),
+                             "heldout": _heldout_load(up.metadata),
                              "balancing": manifest.get("config", {}).get("model", {}).get("balancing")}
         loss = _history(mlflow, up.metadata, ("train/main",))
         if loss:
@@ -258,6 +259,16 @@ def _rate(md: dict | None, prefix: str) -> dict[str, Any] | None:
             "mean_policy_tokens": md.get(f"{prefix}mean_policy_tokens")}
 
 
+def _heldout_load(md: dict[str, Any]) -> dict[str, float] | None:
+    """A stage's claim-2 measurement (assets/pretrain.py `heldout_expert_load`), None where it has none."""
+    keys = {"with": "moe/heldout_load_max_over_mean", "zeroed": "moe/heldout_load_max_over_mean_bias_zeroed",
+            "dead": "moe/heldout_dead_fraction", "sd": "moe/heldout_per_batch_sd",
+            "max": "moe/heldout_per_batch_max", "tokens": "moe/heldout_tokens"}
+    if any(md.get(k) is None for k in keys.values()):
+        return None
+    return {name: float(md[k]) for name, k in keys.items()}
+
+
 def _pick(checkpoints: dict[str, str], *names: str) -> dict[str, str]:
     return {n: h for n, h in checkpoints.items() if any(n == m or n.startswith(m + "[") for m in names)}
 
@@ -277,14 +288,29 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
               if st["load"] is not None and st["balancing"] not in (None, "none")}
     without = {f"stage {s}": st["load"] for s, st in stages.items()
                if st["load"] is not None and st["balancing"] == "none"}
-    source = ""
+    source, basis, dead, spread = "", "training, last 10 % of steps", {}, {}
+    # Claim 2 is judged on each final checkpoint over the fixed held-out mixed set where every stage
+    # measured it; the training-time figure (last 10 % of steps) otherwise.
+    held = {s: st["heldout"] for s, st in stages.items() if st.get("heldout")}
+    if held and len(held) == len(stages):
+        with_b = {f"stage {s}": h["with"] for s, h in held.items() if stages[s]["balancing"] not in (None, "none")}
+        without = {f"stage {s}": h["with"] for s, h in held.items() if stages[s]["balancing"] == "none"}
+        dead = {f"stage {s}": h["dead"] for s, h in held.items()}
+        spread = {f"stage {s}": {"sd": h["sd"], "max": h["max"]} for s, h in held.items()}
+        basis = f"final checkpoints on the held-out mixed set, {int(min(h['tokens'] for h in held.values()))} tokens"
+        if not without:
+            without = {f"stage {s} bias zeroed": held[s]["zeroed"] for s in held
+                       if stages[s]["balancing"] not in (None, "none")}
+            source = ("without balancing: the same checkpoints with their routing bias zeroed (the router "
+                      "alone), not a run trained without balancing")
     ablation = figs.get("ablation")
     if not without and ablation and "none" in ablation["arms"]:
         without = {"probe, none": ablation["arms"]["none"]["last_quarter_mean"]}
         if "quantile" in ablation["arms"]:
             with_b["probe, quantile"] = ablation["arms"]["quantile"]["last_quarter_mean"]
         source = f"without balancing: ablation probe {ablation['file']}, not this lineage's checkpoints"
-    out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES), without_source=source))
+    out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES), without_source=source,
+                         basis=basis, dead=dead, spread=spread))
 
     # SFT at each (domain, effort): scored by the specialist's own evaluation on its tasks when it
     # reports it (the same tasks for both), else the sft_policy asset's own evaluation.

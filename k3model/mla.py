@@ -10,6 +10,13 @@ gated attention "G1", Qiu et al. 2025; research/recipe.md §2).
 
 Training and prefill up-project keys and values for every token; decode steps over a cache fold
 W_uk into the queries instead (`_attend_absorbed`), the same function in another order.
+
+Max-logit monitor and QK-Clip (Kimi K2 §2.1 "MuonClip"): with `track_max_logit` on, a training
+forward records each head's S_max,h = max over rows and causal pairs of q_h·k_h / √(nope + rope)
+(`max_logit_H`, on the device). `qk_clip_(τ)` then rescales the weights of every head with S_max,h > τ
+by γ_h = τ / S_max,h, split as K2 does for MLA: q^C (the head's q_nope rows) and k^C (its k_nope rows
+of W_ukv) by √γ_h, q^R (its q_rope rows) by γ_h, and the shared k^R (W_dkv's rope rows) not at all —
+so each of the head's logits, q^C·k^C + q^R·k^R, is scaled by exactly γ_h and S_max,h becomes τ.
 Legend: B batch, T new tokens, P cached tokens, H heads, L latent width (kv_rank + rope_dim),
 X = T·H query rows.
 """
@@ -38,6 +45,31 @@ def causal_attention(q_BHTQ: torch.Tensor, k_BHTQ: torch.Tensor, v_BHTV: torch.T
     padded = F.pad(v_BHTV, (0, dq - dv))
     return F.scaled_dot_product_attention(q_BHTQ, k_BHTQ, padded, is_causal=True)[..., :dv]
 
+@torch.no_grad()
+def causal_max_logit(q_BHTQ: torch.Tensor, k_BHTQ: torch.Tensor, scale: float,
+                     chunk: int | None = None) -> torch.Tensor:
+    """Per head, the largest pre-softmax logit scale·q_t·k_s over the batch and every causal pair
+    s ≤ t: [H], fp32. Scores are formed `chunk` query rows at a time (default: ≤ 2²⁴ scores, 64 MB,
+    per chunk), as the fused attention never materializes them. Costs about one Q·Kᵀ: 0.75 s per
+    MLA layer at tiny's 8,192 tokens on one CPU thread, 512-row chunks (docs/log/pretrain.md)."""
+    B, H, T, _ = q_BHTQ.shape
+    if chunk is None:
+        chunk = max(16, min(T, (1 << 24) // max(B * H * T, 1)))
+    best_H = torch.full((H,), float("-inf"), device=q_BHTQ.device)
+    q_BHTQ, kt_BHQT = q_BHTQ.float() * scale, k_BHTQ.float().transpose(-1, -2)
+    future_CC = torch.ones(chunk, chunk, dtype=torch.bool, device=q_BHTQ.device).triu(1)
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        q_BHCQ = q_BHTQ[:, :, start:stop]
+        # Keys before the chunk are visible to all its rows: no mask; only the diagonal block has one.
+        if start > 0:
+            best_H = torch.maximum(best_H, (q_BHCQ @ kt_BHQT[..., :start]).amax(dim=(0, 2, 3)))
+        n = stop - start
+        diag_BHCC = (q_BHCQ @ kt_BHQT[..., start:stop]).masked_fill(future_CC[:n, :n], float("-inf"))
+        best_H = torch.maximum(best_H, diag_BHCC.amax(dim=(0, 2, 3)))
+    return best_H
+
+
 class GatedMLA(nn.Module):
     def __init__(self, cfg: MLAConfig):
         super().__init__()
@@ -55,6 +87,33 @@ class GatedMLA(nn.Module):
         self.kv_up = nn.Linear(cfg.kv_rank, H * (cfg.qk_nope_dim + cfg.v_head_dim), bias=False)
         self.g_proj = nn.Linear(cfg.d_model, H * cfg.v_head_dim, bias=False)
         self.o_proj = nn.Linear(H * cfg.v_head_dim, cfg.d_model, bias=False)
+        # Off by default: the monitor costs a second Q·Kᵀ (no P·V) per training forward.
+        self.track_max_logit = False
+        self.max_logit_H: torch.Tensor | None = None
+
+    def qk_clip_(self, tau: float) -> torch.Tensor:
+        """Rescale W_q / W_k of each head whose last recorded max logit exceeds `tau` (module
+        docstring); returns how many heads were clipped (a 0-d tensor: no host sync). Device-side and
+        branch-free, so it can run inside a captured step."""
+        if not tau > 0:
+            raise ValueError(f"QK-Clip's threshold tau must be > 0, got {tau}")
+        if self.max_logit_H is None:
+            raise ValueError("qk_clip_ needs a recorded max logit: set track_max_logit = True and run a "
+                             "training forward first")
+        cfg = self.cfg
+        H, nope, rope, dv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+        s_H = self.max_logit_H
+        # NaN compares False: a head whose logits are not finite is left alone (the loss will say so).
+        over_H = s_H > tau
+        gamma_H = torch.where(over_H, tau / s_H.clamp(min=tau), torch.ones_like(s_H))
+        q_weight = self.q_proj.weight if cfg.q_rank is None else self.q_up.weight
+        with torch.no_grad():
+            w_q = q_weight.view(H, nope + rope, -1)
+            w_q[:, :nope].mul_(gamma_H.sqrt().view(H, 1, 1).to(w_q.dtype))
+            w_q[:, nope:].mul_(gamma_H.view(H, 1, 1).to(w_q.dtype))
+            w_kv = self.kv_up.weight.view(H, nope + dv, -1)
+            w_kv[:, :nope].mul_(gamma_H.sqrt().view(H, 1, 1).to(w_kv.dtype))
+        return over_H.sum()
 
     def queries(self, x_BTD: torch.Tensor) -> torch.Tensor:
         if self.cfg.q_rank is None:
@@ -86,6 +145,8 @@ class GatedMLA(nn.Module):
         v_BTHV = kv_BTHX[..., nope:]
         q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
         q, k, v = (t.transpose(1, 2) for t in (q_BTHQ, k_BTHQ, v_BTHV))  # [B, H, T, ·]
+        if self.track_max_logit and self.training:
+            self.max_logit_H = causal_max_logit(q, k, (nope + rope) ** -0.5)
         a_BTHV = causal_attention(q, k, v).transpose(1, 2)
         gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
         return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))

@@ -14,6 +14,7 @@ Pretraining (`k3model.train.pretrain`), its data-parallel step (`k3model.paralle
   configured cadence, and the final checkpoint `out_dir/final`.
 - `build_optimizer`: AdamW, β = (0.9, 0.95), weight decay on matrices only — norms, biases,
   pseudo-queries and gate scalars (every 1-D parameter) are not decayed; PyTorch's fused kernel on CUDA.
+  Or Per-Head Muon on the hidden matrices with that AdamW on the rest (`k3model.train.muon`).
 - `autocast_for(device)`: bf16 autocast on CUDA, none on the CPU (fp32 there: the CPU's bf16 matmuls
   are slower and the tiny profiles are not memory-bound).
 - `optimizer_step`: zero grads → backward (of one loss, or of each micro-batch's as it comes) →
@@ -21,6 +22,7 @@ Pretraining (`k3model.train.pretrain`), its data-parallel step (`k3model.paralle
   the pre-clip norm as a tensor (no host sync).
 - `balance_experts`: each LatentMoE's load ratio max/mean of the last forward, then its bias update
   (`update_bias`), optionally with the loads and histograms summed over ranks first.
+- `attention_logits`: each MLA head's max attention logit of the last forward, and QK-Clip.
 - `save_state` / `resume` / `load_weights` / `restore_train_state`: a checkpoint directory
   with the full train state (optimizer, RNG, whatever the loop keeps) around `k3model.checkpoint`, so
   a killed run called again resumes and ends where an uninterrupted one would.
@@ -58,13 +60,23 @@ Reduce = Callable[[nn.Module], None]
 Clip = Callable[[nn.Module, float], torch.Tensor]
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
-                    betas: tuple[float, float] = (0.9, 0.95)) -> torch.optim.Optimizer:
+                    betas: tuple[float, float] = (0.9, 0.95), optimizer: str = "adamw") -> torch.optim.Optimizer:
     """AdamW; no decay on norms, biases, pseudo-queries and gate scalars (1-D parameters).
+    `optimizer="muon"`: Per-Head Muon on the hidden matrices and this AdamW on the rest, at the same
+    learning rate (`k3model.train.muon`).
 
     Fused on CUDA and on the CPU: one kernel for the whole update instead of a loop of small ops per
     tensor (a fraction of the time on the tiny model; docs/log/tiny.md), the same update within float
     rounding."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if optimizer == "muon":
+        from k3model.train.muon import build_muon
+        return build_muon(model, lr, weight_decay, betas)
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -246,6 +258,36 @@ def balance_experts(model: nn.Module, reduce_loads: Callable[[torch.Tensor], Non
             sync(m)
         m.update_bias()
     return {"moe/load_max_over_mean": mean_ratio, "moe/load_max_over_mean_worst": ratio_N.max()}
+
+
+def mla_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from k3model.mla import GatedMLA
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, GatedMLA)]
+
+
+def track_max_logits(model: nn.Module, on: bool = True) -> None:
+    """Have every MLA layer record its per-head max attention logit in training forwards."""
+    for _, m in mla_layers(model):
+        m.track_max_logit = on
+
+
+def attention_logits(model: nn.Module, qk_clip_tau: float | None = None) -> dict[str, torch.Tensor]:
+    """Each MLA head's max attention logit of the last training forward (`attn/max_logit/<layer>/h<i>`)
+    and the largest over all heads (`attn/max_logit`), as tensors; with `qk_clip_tau`, QK-Clip after
+    the optimizer step (K2's MuonClip; `GatedMLA.qk_clip_`) and the number of heads it rescaled."""
+    if qk_clip_tau is not None and not qk_clip_tau > 0:
+        raise ValueError(f"qk_clip_tau must be > 0 (or None for no clip), got {qk_clip_tau}")
+    recorded = [(n, m) for n, m in mla_layers(model) if m.track_max_logit and m.max_logit_H is not None]
+    if not recorded:
+        return {}
+    metrics: dict[str, torch.Tensor] = {}
+    for name, m in recorded:
+        for h, value in enumerate(m.max_logit_H.unbind()):
+            metrics[f"attn/max_logit/{name}/h{h}"] = value
+    metrics["attn/max_logit"] = torch.stack([m.max_logit_H.max() for _, m in recorded]).max()
+    if qk_clip_tau is not None:
+        metrics["attn/qk_clipped_heads"] = torch.stack([m.qk_clip_(qk_clip_tau) for _, m in recorded]).sum()
+    return metrics
 
 
 class CapturedStep:

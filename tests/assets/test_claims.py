@@ -71,6 +71,15 @@ def test_claim_2():
     assert claims.claim_2({}, {"none": 3.0}, **P).status == NOT_MEASURED
 
 
+def test_claim_2_shows_its_basis_spread_and_dead_experts():
+    c = claims.claim_2({"stage 1": 1.2}, {"stage 1": 2.0}, **P, basis="held-out mixed set, 65512 tokens",
+                       without_source="bias zeroed", dead={"stage 1": 0.125}, spread={"stage 1": {"sd": 0.11, "max": 1.48}})
+    assert c.status == PASS
+    assert "held-out mixed set, 65512 tokens" in c.figure and "0.11/1.48" in c.figure and "12%" in c.figure
+    assert "(bias zeroed)" in c.figure
+    assert c.figures["dead_fraction"] == {"stage 1": 0.125} and c.figures["per_batch"]["stage 1"]["max"] == 1.48
+
+
 def _specialists(rate=0.6, n=100, tokens=(10, 20, 40), hard=(0.2, 0.3)):
     return {(d, e): {"success_rate": rate, "n": n, "mean_policy_tokens": tokens[i],
                      "hard": {"success_rate": hard[0] if e == "low" else hard[1], "n": 50}}

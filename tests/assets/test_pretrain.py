@@ -182,3 +182,33 @@ def test_sparkline_shows_in_the_table_and_draws_the_curve():
     ys = {x: [y for y in range(image.height) if image.getpixel((x, y)) == 1] for x in (0, image.width - 1)}
     # A falling loss: the line starts at the top left and ends at the bottom right.
     assert max(ys[0]) < image.height // 3 and min(ys[image.width - 1]) > 2 * image.height // 3
+
+
+def test_heldout_expert_load_measures_a_checkpoint_with_and_without_its_bias(tmp_path):
+    """Claim 2's measurement as the stage asset runs it: a real checkpoint over the fixed held-out set."""
+    from dataclasses import asdict
+
+    import datagen
+    from datagen.build import build_all
+    from k3model.config import get_profile
+    from k3model.model import K3Model
+    from k3model.train.pretrain_data import PretrainData
+    from k3model.train.expert_load import flat_metrics
+
+    cfg = datagen.presets("smoke")
+    build_all(cfg, tmp_path / "data")
+    d = tmp_path / "data"
+    data = PretrainData(d / "tokenizer.json", d / "corpus.parquet", d / "images.parquet", d / "clue_eval.parquet",
+                        clues=cfg.clues)
+    model_cfg = get_profile("smoke").model
+    torch.manual_seed(0)
+    model = K3Model(model_cfg)
+    for m in model.moe_layers():
+        m.expert_bias_E[0] = 10.0  # a bias that decides the routing: the two arms must differ
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(), {"config": {"model": asdict(model_cfg)}})
+    measured = pretrain.heldout_expert_load(data, tmp_path / "ckpt")
+    flat = flat_metrics(measured)
+    assert flat["moe/heldout_tokens"] > 30_000
+    assert set(measured["with_bias"]["tokens_by_kind"]) == {"text", "clue", "image"}
+    assert flat["moe/heldout_load_max_over_mean"] == pytest.approx(model_cfg.n_routed / model_cfg.top_k)
+    assert flat["moe/heldout_load_max_over_mean_bias_zeroed"] < flat["moe/heldout_load_max_over_mean"]

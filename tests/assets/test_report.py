@@ -139,6 +139,26 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
                                                     "quantization", "acceptance"))
 
 
+def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
+    """Stages that carry the held-out expert load (assets/pretrain.py) are judged on it, with the
+    bias-zeroed arm as the labelled "without" when no stage trained without balancing."""
+    instance = dg.DagsterInstance.ephemeral()
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {"model": {"balancing": "quantile"}}}))
+    for s, (held, zeroed) in enumerate([(1.10, 2.4), (1.20, 2.0), (1.30, 1.96), (1.25, 2.2)], start=1):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", f"pretrain_stage_{s}"), tags={PROFILE_TAG: "smoke"},
+            metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": f"s{s}",
+                      "moe/load_max_over_mean": 1.59,  # the noisy training figure: not what is judged
+                      "moe/heldout_load_max_over_mean": held, "moe/heldout_load_max_over_mean_bias_zeroed": zeroed,
+                      "moe/heldout_dead_fraction": 0.0, "moe/heldout_per_batch_sd": 0.1,
+                      "moe/heldout_per_batch_max": 1.5, "moe/heldout_tokens": 65512.0}))
+    by = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}
+    c2 = by[2]
+    assert c2.status == PASS, c2.line()
+    assert c2.figures["with"] == {"stage 1": 1.10, "stage 2": 1.20, "stage 3": 1.30, "stage 4": 1.25}
+    assert "bias zeroed" in c2.figures["without_source"] and "65512 tokens" in c2.figure
+
+
 @pytest.fixture
 def k3_env(home, monkeypatch):
     # `k3 report` exports these; monkeypatch restores them after the test.

@@ -68,9 +68,10 @@ def test_fifty_tiny_steps_make_the_loss_fall(smoke_data, tmp_path):
     assert any(k.startswith("eval/clue_acc/scattered/") for k in result.eval)
 
 
-def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(smoke_data, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(smoke_data, tmp_path, optimizer):
     cfg = PretrainConfig(profile="smoke", stage=1, steps=4, ckpt_every=2, eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=4,
-                         eval_max_length=64)
+                         eval_max_length=64, optimizer=optimizer)
     full = train(cfg, smoke_data, tmp_path / "full")
     partial = train(cfg, smoke_data, tmp_path / "killed", stop_after=3)  # dies after step 3
     assert partial.eval == {}
@@ -82,6 +83,10 @@ def test_a_killed_run_resumes_and_ends_where_an_uninterrupted_one_does(smoke_dat
     for name in a:
         assert torch.equal(a[name], b[name]), name
     assert [h["train/main"] for h in full.history] == [h["train/main"] for h in resumed.history]
+    assert full.eval["moe/train_tail_load_max_over_mean"] == resumed.eval["moe/train_tail_load_max_over_mean"]
+    stage = get_profile("smoke").stages[0]
+    # The last 10 % of 4 steps' tokens lie in step 4: one step's tokens.
+    assert full.eval["moe/train_tail_tokens"] == stage.batch_size * stage.seq_len
 
 
 def test_next_stage_starts_from_the_previous_weights(smoke_data, tmp_path):
@@ -111,7 +116,7 @@ def test_batches_carry_images_in_placeholder_order(smoke_data):
 
 
 @pytest.mark.parametrize("field, value", [("stage", 5), ("profile", "giant"), ("steps", 0),
-                                          ("clue_fraction", 1.5)])
+                                          ("clue_fraction", 1.5), ("optimizer", "sgd")])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field if field != "profile" else "unknown profile"):
         PretrainConfig(**{field: value})
