@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import dagster as dg
 
-from assets import data, deploy, distill, evaluation, posttrain, pretrain, report, serve
+from assets import checkpoint_checks, data, deploy, distill, evaluation, posttrain, pretrain, report, serve
 from assets.lineage import PROFILES
 
 
@@ -51,6 +51,7 @@ def build_profile(profile: str) -> ProfileDefs:
     defs = ProfileDefs()
     for build in BUILDERS:
         defs.add(build(profile))
+    defs.checks += checkpoint_checks.build(profile, defs.assets)  # finite and intact, blocking
     return defs
 
 

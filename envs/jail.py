@@ -48,6 +48,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 import shlex
 import shutil
 import select
@@ -252,22 +253,75 @@ def _cgroup_roots() -> dict[str, Path]:
 
 
 _CGROUP_PREFIX = "k3-envs-"
+# Episode cgroups and sandbox folders carry their creator in their name: `<pid>.<start>` where
+# `start` is the process's start time in clock ticks since boot (/proc/<pid>/stat field 22). A pid
+# alone can be reused after its process dies; the pair names one process for the machine's uptime.
+_OWNER_RE = re.compile(r"(\d+)(?:\.(\d+))?-")
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces and parentheses: count from its last ')'.
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def owner_tag() -> str:
+    """`<pid>.<start ticks>` of this process: the prefix of every cgroup and folder it creates."""
+    return f"{os.getpid()}.{_start_ticks(os.getpid()) or 0}"
+
+
+def owner_is_dead(rest: str) -> bool:
+    """Whether the process named at the start of `rest` (`<pid>.<start>-…`, or an older `<pid>-…`)
+    is gone: no such pid, or a pid now held by a process that started at another time. A name that
+    names no process is not ours to judge and counts as alive."""
+    m = _OWNER_RE.match(rest)
+    if m is None:
+        return False
+    pid = int(m.group(1))
+    if pid == os.getpid() and (m.group(2) is None or int(m.group(2)) == _start_ticks(pid)):
+        return False
+    start = _start_ticks(pid)
+    return start is None or (m.group(2) is not None and int(m.group(2)) != start)
+
+
+def _kill_procs(d: Path) -> None:
+    try:
+        pids = (d / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 @functools.lru_cache(maxsize=1)
 def _sweep_stale_cgroups(roots: tuple[Path, ...]) -> None:
-    """Remove episode cgroups left by processes that died without closing them (pid in the name)."""
+    """Remove the episode cgroups a killed run left (its creator is dead, by `owner_is_dead`), after
+    killing anything still in them; cgroups of live runs and of anyone else stay."""
     for root in roots:
         try:
-            stale = [d for d in root.glob(f"{_CGROUP_PREFIX}*")
-                     if not os.path.exists(f"/proc/{d.name[len(_CGROUP_PREFIX):].split('-')[0]}")]
+            stale = [d for d in root.glob(f"{_CGROUP_PREFIX}*") if owner_is_dead(d.name[len(_CGROUP_PREFIX):])]
         except OSError:
             continue
         for d in stale:
-            try:
-                d.rmdir()
-            except OSError:
-                pass  # still has processes (they die with their pid namespace) or already gone
+            _kill_procs(d)
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # the killed processes are still being reaped
+            else:
+                log.warning("envs.jail: cannot remove the stale episode cgroup %s", d)
+        if stale:
+            log.info("envs.jail: swept %d episode cgroups of dead runs under %s", len(stale), root)
 
 
 class EpisodeCgroup:
@@ -278,7 +332,7 @@ class EpisodeCgroup:
     def __init__(self, limits: Limits):
         self.dirs: dict[str, Path] = {}  # controller -> its directory (co-mounted ones share one)
         self.v2 = False
-        name = f"{_CGROUP_PREFIX}{os.getpid()}-{next(_SEQ)}"
+        name = f"{_CGROUP_PREFIX}{owner_tag()}-{next(_SEQ)}"
         try:
             roots = _cgroup_roots()
             _sweep_stale_cgroups(tuple(sorted(set(roots.values()))))

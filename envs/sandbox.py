@@ -51,7 +51,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.jail import JAIL_GID, JAIL_UID, CommandResult, Jail, Limits, check_bwrap
+from envs.jail import JAIL_GID, JAIL_UID, CommandResult, Jail, Limits, check_bwrap, owner_is_dead, owner_tag
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +116,28 @@ def remove_tree(path: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _sweep_stale_sandboxes() -> None:
-    """Unmount and remove sandboxes whose process died without closing them (their tmpfs stays
-    mounted otherwise). The owner's pid is in the directory name."""
-    pat = re.compile(re.escape(tempfile.gettempdir()) + "/" + _SANDBOX_PREFIX + r"(\d+)-[^/]+")
+    """Unmount and remove the sandbox folders a killed run left in the temp directory: those named
+    `k3-sandbox-<pid>.<start>-…` (or an older `k3-sandbox-<pid>-…`) whose creator is dead
+    (`owner_is_dead`), whether or not their workspace tmpfs is still mounted. Live runs' folders and
+    anything not named so stay."""
+    tmp = tempfile.gettempdir()
+    pat = re.compile(re.escape(tmp) + "/" + _SANDBOX_PREFIX + r"([^/]+)")
+    roots: set[str] = set()
     try:
         with open("/proc/self/mounts") as f:
-            roots = {m.group(0): int(m.group(1)) for line in f if (m := pat.search(line.split()[1]))}
+            roots |= {m.group(0) for line in f if (m := pat.match(line.split()[1]))}
     except OSError:
-        return
-    for root, pid in roots.items():
-        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-            remove_tree(root)
+        pass
+    try:
+        roots |= {os.path.join(tmp, e.name) for e in os.scandir(tmp)
+                  if e.name.startswith(_SANDBOX_PREFIX) and e.is_dir(follow_symlinks=False)}
+    except OSError:
+        pass
+    stale = sorted(r for r in roots if owner_is_dead(os.path.basename(r)[len(_SANDBOX_PREFIX):]))
+    for root in stale:
+        remove_tree(root)
+    if stale:
+        log.info("envs.sandbox: swept %d sandbox folders of dead runs from %s", len(stale), tmp)
 
 
 class Sandbox:
@@ -134,7 +145,7 @@ class Sandbox:
         check_bwrap()  # before anything is made: no sandbox without a jail
         _sweep_stale_sandboxes()
         if root is None:
-            root = Path(tempfile.mkdtemp(prefix=f"{_SANDBOX_PREFIX}{os.getpid()}-"))
+            root = Path(tempfile.mkdtemp(prefix=f"{_SANDBOX_PREFIX}{owner_tag()}-"))
             self._finalizer = weakref.finalize(self, remove_tree, str(root))
             # Searchable, not listable: bwrap, as the jail's uid, must reach <root>/workspace.
             os.chmod(root, 0o711)

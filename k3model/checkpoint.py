@@ -18,9 +18,13 @@ weights produce the same hash; the orchestration layer uses it as the asset's da
 
 `load_checkpoint` re-hashes every file listed in the manifest and raises `CheckpointCorrupted`
 (a `ValueError`) naming the file, the expected and the actual hash; a manifest that does not list
-the weights under the checkpoint's own hash is refused too. `load_resume_state` sets a damaged
-resume checkpoint aside (with a warning) instead of failing, and `link_checkpoint` publishes an
-existing checkpoint under a new name through the same staging-and-rename.
+the weights under the checkpoint's own hash is refused too. Nothing read from disk is trusted: a
+manifest entry must name a file inside the checkpoint directory (no absolute path, no `..`, no
+symlink leading out) with a 64-hex-digit hash, and a `train_state.json` must be a tree of the shape
+`save_checkpoint` writes (at most `MAX_TREE_DEPTH` deep, integers within int64, tensors that exist).
+`load_resume_state` sets a damaged or hostile resume checkpoint aside (with a warning naming why)
+instead of failing, and `link_checkpoint` publishes an existing checkpoint under a new name through
+the same staging-and-rename.
 
 `load_model` is the one way to get a model back: it builds the `K3Model` the manifest's config
 describes, loads the verified weights, turns QAT back on when the checkpoint was trained with it
@@ -39,15 +43,17 @@ import datetime as _dt
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import random
+import re
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -58,6 +64,7 @@ MANIFEST_FILE = "manifest.json"
 TRAIN_STATE_TENSORS = "train_state.safetensors"
 TRAIN_STATE_TREE = "train_state.json"
 FORMAT = "k3-checkpoint/1"
+_log = logging.getLogger(__name__)
 
 # Manifest keys this module writes; callers cannot override them through `manifest_extra`.
 _RESERVED = ("format", "created_utc", "sha256", "files", "code_version", "library_versions",
@@ -65,6 +72,11 @@ _RESERVED = ("format", "created_utc", "sha256", "files", "code_version", "librar
 _LIBRARIES = ("torch", "numpy", "safetensors", "triton", "tokenizers", "pyarrow")
 _SOURCE_PACKAGES = ("k3model", "kernels", "datagen", "envs")
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+# A train state's JSON tree is a few levels deep (state → param id → moment → tensor tag); anything
+# far deeper is hostile, and Python's recursive decoder would overflow the stack on it.
+MAX_TREE_DEPTH = 64
+_INT64 = 1 << 63
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointCorrupted(ValueError):
@@ -207,16 +219,56 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
                     "strings, lists, tuples and dicts")
 
 
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], depth: int = 0) -> Any:
+    """The nested state `_encode` wrote, each node checked: a ValueError names the first node that
+    `_encode` could not have written (too deep, an unknown tag, a missing tensor, an int beyond int64)."""
+    if depth > MAX_TREE_DEPTH:
+        raise ValueError(f"the train-state tree nests deeper than {MAX_TREE_DEPTH} levels")
     if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
+        return [_decode(v, tensors, depth + 1) for v in obj]
     if isinstance(obj, dict):
-        if "__tensor__" in obj:
-            return tensors[obj["__tensor__"]]
-        if "__tuple__" in obj:
-            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
-        return {_decode(k, tensors): _decode(v, tensors) for k, v in obj["__dict__"]}
-    return obj
+        if len(obj) != 1:
+            raise ValueError(f"a train-state node has keys {sorted(obj)[:5]}, not one of __tensor__, "
+                             "__tuple__, __dict__")
+        (tag, value), = obj.items()
+        if tag == "__tensor__":
+            if not isinstance(value, str) or value not in tensors:
+                raise ValueError(f"the train-state tree names tensor {str(value)[:40]!r}, which "
+                                 f"{TRAIN_STATE_TENSORS} does not hold")
+            return tensors[value]
+        if tag == "__tuple__" and isinstance(value, list):
+            return tuple(_decode(v, tensors, depth + 1) for v in value)
+        if tag == "__dict__" and isinstance(value, list):
+            if not all(isinstance(kv, list) and len(kv) == 2 for kv in value):
+                raise ValueError("a train-state __dict__ node holds something other than [key, value] pairs")
+            out = {}
+            for k, v in value:
+                k = _decode(k, tensors, depth + 1)
+                if not isinstance(k, (str, int, float, bool, tuple)) and k is not None:
+                    raise ValueError(f"a train-state dict key is a {type(k).__name__}")
+                out[k] = _decode(v, tensors, depth + 1)
+            return out
+        raise ValueError(f"a train-state node is tagged {str(tag)[:40]!r} with a {type(value).__name__}")
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -_INT64 <= obj < _INT64:
+        raise ValueError(f"a train-state integer has {len(str(abs(obj)))} digits, beyond int64")
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise ValueError(f"a train-state node is a {type(obj).__name__}")
+
+
+def _check_train_state_fields(tree: Any) -> None:
+    """The top of a decoded train state: exactly TrainState's fields, each of its type."""
+    if not isinstance(tree, dict):
+        raise ValueError(f"{TRAIN_STATE_TREE} holds a {type(tree).__name__}, not a TrainState")
+    want = {f.name for f in dataclasses.fields(TrainState)}
+    if set(tree) != want:
+        raise ValueError(f"{TRAIN_STATE_TREE} has fields {sorted(map(str, tree))[:8]}, not {sorted(want)}")
+    step = tree["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < _INT64:
+        raise ValueError(f"{TRAIN_STATE_TREE} gives step {str(step)[:40]!r}: not an integer in [0, 2**63)")
+    for name in ("optimizer", "rng", "extra"):
+        if not isinstance(tree[name], dict):
+            raise ValueError(f"{TRAIN_STATE_TREE} gives {name} as a {type(tree[name]).__name__}, not a dict")
 
 
 def _json_default(obj: Any) -> Any:
@@ -335,15 +387,42 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise CheckpointCorrupted(f"checkpoint manifest {path} is not valid JSON ({e}); delete the "
                                   "checkpoint and write it again") from e
+    except RecursionError as e:
+        raise CheckpointCorrupted(f"checkpoint manifest {path} nests too deeply to parse; delete the "
+                                  "checkpoint and write it again") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointCorrupted(f"{path} holds a JSON {type(manifest).__name__}, not a {FORMAT} manifest")
     if manifest.get("format") != FORMAT or "files" not in manifest:
         raise CheckpointCorrupted(f"{path} is not a {FORMAT} manifest (format={manifest.get('format')!r})")
     return manifest
+
+
+def _check_entry(directory: Path, name: str, digest: Any) -> None:
+    """A manifest entry must name a file inside `directory` and give a sha256 hex digest: a manifest
+    listing `../x` or `/etc/hostname` would otherwise have files outside the checkpoint hashed and
+    "verified" as its own."""
+    where = f"checkpoint manifest {directory / MANIFEST_FILE}"
+    parts = Path(name).parts
+    if (not name or os.path.isabs(name) or ".." in parts or "\0" in name or "\\" in name
+            or any(p.startswith(".") for p in parts)):
+        raise CheckpointCorrupted(f"{where} lists {name[:200]!r}, which is not a plain relative path inside the "
+                                  "checkpoint directory; delete the checkpoint and write it again")
+    root = directory.resolve()
+    if not (directory / name).resolve().is_relative_to(root):
+        raise CheckpointCorrupted(f"{where} lists {name[:200]!r}, which leads outside the checkpoint directory "
+                                  f"(to {(directory / name).resolve()}); delete the checkpoint and write it again")
+    if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+        raise CheckpointCorrupted(f"{where} gives {name!r} the hash {str(digest)[:80]!r}, not a sha256 hex "
+                                  "digest; delete the checkpoint and write it again")
 
 
 def _check_listing(directory: Path, manifest: dict[str, Any]) -> None:
     """The manifest must list the weights (under the hash it gives as the checkpoint's) and, when it
     says there is a train state, both train-state files: a manifest listing nothing verified before."""
     files = manifest["files"]
+    if isinstance(files, dict):
+        for name, digest in files.items():
+            _check_entry(directory, name, digest)
     if not isinstance(files, dict) or WEIGHTS_FILE not in files:
         raise CheckpointCorrupted(f"checkpoint manifest {directory / MANIFEST_FILE} does not list "
                                   f"{WEIGHTS_FILE}, so the weights cannot be verified; delete the "
@@ -432,16 +511,25 @@ def load_train_state(directory: str | os.PathLike, verify: bool = True,
     if not manifest.get("has_train_state"):
         return None
     tensors = load_file(str(directory / TRAIN_STATE_TENSORS), device=str(device))
-    tree = _decode(json.loads((directory / TRAIN_STATE_TREE).read_text()), tensors)
+    path = directory / TRAIN_STATE_TREE
+    try:
+        tree = _decode(json.loads(path.read_text()), tensors)
+        _check_train_state_fields(tree)
+    except RecursionError as e:
+        raise CheckpointCorrupted(f"{path} nests too deeply to parse; delete the checkpoint") from e
+    except ValueError as e:  # json's errors and _decode's
+        raise CheckpointCorrupted(f"{path} is not a train state save_checkpoint wrote: {e}") from e
     return TrainState(**tree)
 
 
-def load_resume_state(directory: str | os.PathLike, device: str | torch.device = "cpu"
+def load_resume_state(directory: str | os.PathLike, device: str | torch.device = "cpu",
+                      check: Callable[[dict[str, torch.Tensor], TrainState], None] | None = None
                       ) -> tuple[dict[str, torch.Tensor], TrainState] | None:
     """(weights, train state) of a resumable checkpoint, verified; None when there is none.
 
     A damaged one (a file that does not match its hash, a missing or broken manifest, no train
-    state) is renamed to `<directory>.damaged-<UTC time>` with a warning, and None is returned: the
+    state, a train state of the wrong shape, or one that `check(weights, state)` rejects with a
+    ValueError, TypeError or KeyError) is renamed to `<directory>.damaged-<UTC time>` with a warning, and None is returned: the
     loop then starts the stage from its beginning instead of failing every rerun until someone
     deletes the directory by hand. The damaged files stay on disk for inspection.
     """
@@ -454,12 +542,16 @@ def load_resume_state(directory: str | os.PathLike, device: str | torch.device =
         if state is None:
             raise CheckpointCorrupted(f"checkpoint {directory} has no train state to resume from")
         weights = load_file(str(directory / WEIGHTS_FILE), device=str(device))
-    except (CheckpointCorrupted, OSError, ValueError, KeyError) as e:
+        if check is not None:
+            check(weights, state)
+    except (CheckpointCorrupted, OSError, ValueError, TypeError, KeyError, RecursionError) as e:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
         aside = directory.with_name(f"{directory.name}.damaged-{stamp}-{uuid.uuid4().hex[:6]}")
         os.replace(directory, aside)
-        warnings.warn(f"the resume checkpoint {directory} is damaged ({e}); moved it to {aside} and "
-                      "starting the stage from its beginning", RuntimeWarning, stacklevel=2)
+        message = (f"the resume checkpoint {directory} is damaged ({str(e)[:500]}); moved it to {aside} and "
+                   "starting the stage from its beginning")
+        _log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
         return None
     return weights, state
 

@@ -308,7 +308,8 @@ def export_quantized(model: K3Model, directory: str | os.PathLike, scale_roundin
 
 
 def is_quantized_manifest(manifest: dict[str, Any]) -> bool:
-    return manifest.get("quantization", {}).get("format") == QUANT_FORMAT
+    quant = manifest.get("quantization")
+    return isinstance(quant, dict) and quant.get("format") == QUANT_FORMAT
 
 
 def _check_packed(weights: dict[str, torch.Tensor], quant: dict[str, Any], cfg: ModelConfig) -> None:
@@ -331,11 +332,85 @@ def _check_packed(weights: dict[str, torch.Tensor], quant: dict[str, Any], cfg: 
                                  "the checkpoint is corrupt or was packed with another block size; re-export it")
 
 
+# The dtypes an export's float tensors may be recorded in: the name goes to getattr(torch, …), so
+# it is looked up here first (a manifest naming "load" or "ops" must not reach arbitrary attributes).
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Layer counts beyond this are no laptop-size model; the meta build that sizes a recorded config
+# loops over layers, so the count is bounded before it runs.
+_MAX_LAYERS = 1024
+
+
+def _config_from(recorded: Any, cls: type, where: str) -> Any:
+    """`cls(**recorded)` with every field of the type the dataclass declares, else ValueError naming it."""
+    import dataclasses
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{where} is a {type(recorded).__name__}, not a {cls.__name__} mapping: re-export")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(recorded) - set(fields))
+    if unknown:
+        raise ValueError(f"{where} has fields {unknown[:5]} that {cls.__name__} does not: re-export it")
+    for name, value in recorded.items():
+        kind = str(fields[name].type)
+        ok = (isinstance(value, str) if kind == "str" else
+              isinstance(value, bool) if kind == "bool" else
+              isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+              and abs(value) < float("inf") if kind == "float" else
+              (value is None or isinstance(value, int) and not isinstance(value, bool)) if kind == "int | None" else
+              isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31 if kind == "int" else
+              True)
+        if not ok:
+            raise ValueError(f"{where}.{name} is {str(value)[:40]!r}, not a {kind} in range: re-export the checkpoint")
+    try:
+        return cls(**recorded)
+    except TypeError as e:
+        raise ValueError(f"{where} does not make a {cls.__name__} ({e}): re-export the checkpoint") from e
+
+
 def model_config_from_manifest(manifest: dict[str, Any]) -> ModelConfig:
-    recorded = dict(manifest["config"]["model"])
-    if recorded.get("vision") is not None:
-        recorded["vision"] = VisionConfig(**recorded["vision"])
-    return ModelConfig(**recorded)
+    config = manifest.get("config")
+    if not isinstance(config, dict):
+        raise ValueError("the manifest has no config mapping, so its model cannot be built: re-export it")
+    recorded = dict(config.get("model") or {}) if isinstance(config.get("model"), dict) else config.get("model")
+    if isinstance(recorded, dict) and recorded.get("vision") is not None:
+        recorded["vision"] = _config_from(recorded["vision"], VisionConfig, "config.model.vision")
+    return _config_from(recorded, ModelConfig, "config.model")
+
+
+def _checked_quantization(directory: str | os.PathLike, manifest: dict[str, Any],
+                          cfg: ModelConfig | None = None) -> torch.dtype:
+    """The expert dtype an export's manifest records, after checking every quantization field it gives
+    (scale rounding, packed tensor names and shapes, dtype names from EXPORT_DTYPES) and, given the
+    recorded `cfg`, that the model it describes is no larger than its weights file can hold;
+    ValueError naming the field otherwise."""
+    quant = manifest["quantization"]
+    if quant.get("scale_rounding") not in SCALE_ROUNDINGS:
+        raise ValueError(f"{directory}: quantization.scale_rounding is {str(quant.get('scale_rounding'))[:40]!r}, "
+                         f"not one of {sorted(SCALE_ROUNDINGS)}: re-export it")
+    tensors = quant.get("tensors")
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError(f"{directory}: quantization.tensors lists no packed tensors: re-export it")
+    for name, meta in tensors.items():
+        if not (isinstance(meta, dict) and isinstance(meta.get("shape"), list) and len(meta["shape"]) == 3
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 < d < 1 << 31 for d in meta["shape"])):
+            raise ValueError(f"{directory}: quantization.tensors[{name[:80]!r}] records shape "
+                             f"{str(meta.get('shape') if isinstance(meta, dict) else meta)[:80]}, not three positive "
+                             "sizes: re-export it")
+        if not isinstance(meta.get("dtype"), str) or meta["dtype"] not in EXPORT_DTYPES:
+            raise ValueError(f"{directory}: quantization.tensors[{name[:80]!r}] records dtype "
+                             f"{str(meta.get('dtype'))[:40]!r}, not one of {sorted(EXPORT_DTYPES)}: re-export it")
+    if cfg is not None and cfg.n_layers > _MAX_LAYERS:
+        raise ValueError(f"{directory}: config.model.n_layers is {cfg.n_layers}, beyond {_MAX_LAYERS}: re-export it")
+    # A packed expert weight takes at least half a byte per element and every other one at least two
+    # bytes, so a config whose model needs more than twice the file's bytes in elements is not this file's.
+    if cfg is not None:
+        with torch.device("meta"):
+            numel = sum(t.numel() for t in K3Model(cfg).state_dict().values())
+        file_bytes = (Path(directory) / WEIGHTS_FILE).stat().st_size
+    if cfg is not None and numel > 2 * file_bytes + (1 << 20):
+        raise ValueError(f"{directory}: config.model describes {numel} parameters but {WEIGHTS_FILE} holds "
+                         f"{file_bytes} bytes: the manifest is not this export's; re-export it")
+    dtypes = {t["dtype"] for t in tensors.values()}
+    return EXPORT_DTYPES[dtypes.pop()] if len(dtypes) == 1 else torch.float32
 
 
 def load_quantized_into(model: K3Model, directory: str | os.PathLike, verify: bool = True) -> dict[str, Any]:
@@ -349,6 +424,7 @@ def load_quantized_into(model: K3Model, directory: str | os.PathLike, verify: bo
         raise ValueError(f"{directory} holds MXFP4-packed routed experts but this model's LatentMoEs have float "
                          "experts: build the model with k3model.quantize.load_quantized(directory), or "
                          "convert_to_mx(model) before loading")
+    _checked_quantization(directory, manifest)
     quant = manifest["quantization"]
     listed, wanted = set(quant["tensors"]), set(quantized_weight_names(model))
     if listed != wanted:
@@ -369,9 +445,9 @@ def load_quantized(directory: str | os.PathLike, device: str | torch.device = "c
         raise ValueError(f"{directory} is not an MXFP4 export: load it with k3model.checkpoint.load_model")
     quant = manifest["quantization"]
     cfg = model_config_from_manifest(manifest)
+    weight_dtype = _checked_quantization(directory, manifest, cfg)  # before anything is allocated
     model = K3Model(cfg)
-    dtypes = {t["dtype"] for t in quant["tensors"].values()}
-    _swap_in_mx(model, quant["scale_rounding"], getattr(torch, dtypes.pop()) if len(dtypes) == 1 else torch.float32)
+    _swap_in_mx(model, quant["scale_rounding"], weight_dtype)
     load_quantized_into(model, directory, verify)
     return model.to(device).eval(), manifest
 

@@ -128,8 +128,21 @@ def _config_overrides(sets: list[str], defs, mine: dict, keys) -> dict:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        _check_set_type(item, name, field, fields[field].config_type, value)
         ops.setdefault(node.name, {"config": {}})["config"][field] = value
     return ops
+
+
+def _check_set_type(item: str, name: str, field: str, config_type, value) -> None:
+    """A SystemExit naming the field, the value and the type the field takes when `value` is not
+    of it, before the run starts (Dagster would only say "Error in config for job")."""
+    from dagster._config import validate_config
+    result = validate_config(config_type, value)
+    if not result.success:
+        wanted = (config_type.given_name or config_type.key).replace("Noneable.", "").replace("SourceType", "")
+        raise SystemExit(f"k3 run: --set {item!r}: {name}.{field} must be {wanted}, not {json.dumps(value)} "
+                         f"({type(value).__name__}); e.g. --set {name}.{field}="
+                         + {"Int": "20", "Float": "3e-4", "Bool": "true"}.get(wanted, '"text"'))
 
 
 def _label(step_key: str) -> str:

@@ -9,11 +9,20 @@ distinct checkpoint, tagged with its sha256, profile, asset and headline evaluat
 version's source is the checkpoint's path in the checkpoint store *relative to K3_HOME*
 (`checkpoints/smoke/base_model/<run id>`): the bytes are stored once, and moving the home moves
 the registry with it. `load_model` resolves the source against the home and verifies the hashes.
+
+A source must resolve (symlinks followed) to a directory inside the home: a version whose source is
+absolute, climbs out with `..`, or links elsewhere is refused, so a registry entry cannot make the
+loader read an arbitrary directory. Checkpoints kept in a store shared between homes are allowed
+only when that store is named explicitly, by the `shared_store` argument or the environment variable
+`K3_SHARED_STORE` (one directory; sources inside it may then be absolute paths).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+SHARED_STORE_ENV = "K3_SHARED_STORE"
 
 
 def resolve(model: str, home: Path | None = None):
@@ -31,15 +40,27 @@ def resolve(model: str, home: Path | None = None):
                      "(k3-smoke-pretrain_stage_1/1)")
 
 
-def checkpoint_path(model: str, home: Path | None = None) -> Path:
-    """The checkpoint directory of a registered model version, under `home` (default K3_HOME)."""
+def checkpoint_path(model: str, home: Path | None = None, shared_store: Path | None = None) -> Path:
+    """The checkpoint directory of a registered model version, under `home` (default K3_HOME) or
+    under the explicitly named `shared_store` (default $K3_SHARED_STORE, unset: none); ValueError
+    naming the version and its source when the source resolves anywhere else."""
     from pipelines.resources import k3_home
     version = resolve(model, home)
-    source = Path(version.source)
-    return source if source.is_absolute() else Path(home or k3_home()).resolve() / source
+    root = Path(home or k3_home()).resolve()
+    shared = shared_store or os.environ.get(SHARED_STORE_ENV) or None
+    source = str(version.source)
+    path = (root / source).resolve()  # an absolute source replaces root here, then must pass the check
+    allowed = [root] + ([Path(shared).resolve()] if shared else [])
+    if not any(path.is_relative_to(a) and path != a for a in allowed):
+        raise ValueError(f"model {model!r} (version {version.version}) has source {source[:200]!r}, which resolves "
+                         f"to {path}, outside the home {root}"
+                         + (f" and the shared store {allowed[1]}" if shared else "")
+                         + f": re-register it with a path relative to the home, or name a store shared between "
+                         f"homes with {SHARED_STORE_ENV} (or shared_store=)")
+    return path
 
 
-def load_model(model: str, device: str = "cpu", home: Path | None = None):
+def load_model(model: str, device: str = "cpu", home: Path | None = None, shared_store: Path | None = None):
     """(K3Model, manifest) of a registered model version, its hashes verified on load."""
     from k3model.checkpoint import load_model as load
-    return load(checkpoint_path(model, home), device, qat=False)
+    return load(checkpoint_path(model, home, shared_store), device, qat=False)

@@ -355,13 +355,44 @@ def resume(model: nn.Module, directory: str | Path, log: Callable[[int, dict], N
     from k3model.checkpoint import load_resume_state
     # A damaged checkpoint is moved aside with a warning and the loop starts fresh, rather than
     # failing every rerun until someone deletes it by hand.
-    found = load_resume_state(directory)
+    # So is one whose fields this loop cannot use (a hostile or foreign train_state.json).
+    found = load_resume_state(directory, check=lambda weights, state: _check_resumable(model, weights, state))
     if found is None:
         return Resumed(None)
     weights, state = found
     model.load_state_dict(weights)
     log(state.step, {"event/resumed_from_step": state.step})
     return Resumed(state, state.step, state.extra["history"], state.extra["tokens_seen"])
+
+
+def _check_resumable(model: nn.Module, weights: dict[str, torch.Tensor], state: TrainState) -> None:
+    """ValueError naming the first field of a resume checkpoint that this model and loop cannot use."""
+    own = model.state_dict()
+    if set(weights) != set(own):
+        raise ValueError(f"its weights name {sorted(set(weights) ^ set(own))[:3]}… unlike this model's")
+    for name, t in own.items():
+        if weights[name].shape != t.shape or weights[name].dtype != t.dtype:
+            raise ValueError(f"its {name} is {list(weights[name].shape)} {weights[name].dtype}, this model's "
+                             f"{list(t.shape)} {t.dtype}")
+    history, tokens = state.extra.get("history"), state.extra.get("tokens_seen")
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise ValueError(f"its extra['history'] is a {type(history).__name__}, not a list of metric rows")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise ValueError(f"its extra['tokens_seen'] is {str(tokens)[:40]!r}, not a count")
+    opt = state.optimizer
+    if not isinstance(opt.get("state"), dict) or not isinstance(opt.get("param_groups"), list):
+        raise ValueError("its optimizer state lacks the 'state' dict and 'param_groups' list of a state_dict")
+    rng = state.rng
+    py, np_state, torch_state = rng.get("python"), rng.get("numpy"), rng.get("torch")
+    if not (isinstance(py, list) and len(py) == 3 and isinstance(py[1], list) and len(py[1]) == 625
+            and all(isinstance(x, int) and 0 <= x < 1 << 32 for x in py[1])):
+        raise ValueError("its RNG state's 'python' entry is not random.getstate()'s (version, 625 words, gauss)")
+    if not (isinstance(np_state, list) and len(np_state) == 5 and isinstance(np_state[1], torch.Tensor)
+            and np_state[1].shape == (624,) and isinstance(np_state[2], int) and 0 <= np_state[2] <= 624):
+        raise ValueError("its RNG state's 'numpy' entry is not np.random.get_state()'s (name, 624 keys, pos, …)")
+    if not (isinstance(torch_state, torch.Tensor) and torch_state.dtype == torch.uint8
+            and torch_state.shape == torch.get_rng_state().shape):
+        raise ValueError("its RNG state's 'torch' entry is not torch.get_rng_state()'s uint8 tensor")
 
 
 def resume_point(directory: str | Path) -> TrainState | None:

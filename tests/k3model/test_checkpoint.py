@@ -4,6 +4,7 @@ import importlib.metadata
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -211,3 +212,74 @@ def test_a_damaged_resume_checkpoint_is_set_aside_with_a_warning(tmp_path):
         assert load_resume_state(tmp_path / "last") is None
     [aside] = list(tmp_path.iterdir())
     assert aside.name.startswith("last.damaged-") and (aside / WEIGHTS_FILE).exists()  # kept to inspect
+
+
+# ----------------------------------------------------------------------------------------------
+# Hostile files on disk: nothing outside the checkpoint directory is hashed, no tree is trusted.
+
+def _rewrite_manifest(directory, edit):
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    edit(manifest)
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("entry", ["../outside.bin", "/etc/hostname", "sub/../../outside.bin", "link.bin"])
+def test_a_manifest_entry_outside_the_directory_fails_verification_naming_it(tmp_path, entry):
+    info = save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    (tmp_path / "outside.bin").write_bytes(b"not the checkpoint's")
+    (tmp_path / "ckpt" / "link.bin").symlink_to(tmp_path / "outside.bin")
+    target = "/etc/hostname" if entry == "/etc/hostname" else str(tmp_path / "outside.bin")
+    digest = sha256_file(target)  # a hostile manifest gives the right hash of the outside file
+    _rewrite_manifest(info.path, lambda m: m["files"].update({entry: digest}))
+    with pytest.raises(CheckpointCorrupted, match=re.escape(repr(entry))):
+        verify_checkpoint(info.path)
+    with pytest.raises(CheckpointCorrupted, match=re.escape(repr(entry))):
+        load_checkpoint(info.path)
+
+
+def test_a_manifest_hash_that_is_not_a_digest_or_a_manifest_that_is_no_object_fails(tmp_path):
+    info = save_checkpoint(tmp_path / "ckpt", _model().state_dict())
+    _rewrite_manifest(info.path, lambda m: m["files"].update({"x.bin": {"nested": 1}}))
+    with pytest.raises(CheckpointCorrupted, match="'x.bin' the hash .* not a sha256 hex digest"):
+        verify_checkpoint(info.path)
+    (info.path / MANIFEST_FILE).write_text("[1, 2]")
+    with pytest.raises(CheckpointCorrupted, match="holds a JSON list"):
+        verify_checkpoint(info.path)
+    (info.path / MANIFEST_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointCorrupted):
+        verify_checkpoint(info.path)
+
+
+def _plant_tree(directory, text):
+    """Replace train_state.json by `text` and re-hash it in the manifest (as a hostile writer would)."""
+    (directory / "train_state.json").write_text(text)
+    _rewrite_manifest(directory, lambda m: m["files"].update({"train_state.json": sha256_file(directory / "train_state.json")}))
+
+
+_HOSTILE_TREES = {
+    "deep nesting": "[" * 200_000 + "]" * 200_000,
+    "nesting past the bound": ('{"__dict__": [["step", 1], ["optimizer", {"__dict__": []}], ["rng", {"__dict__": []}], '
+                               '["extra", {"__dict__": [["h", ' + "[" * 100 + "]" * 100 + ']]}]]}'),
+    "a list": "[1, 2, 3]",
+    "wrong field types": json.dumps({"__dict__": [["step", "seven"], ["optimizer", []], ["rng", 3], ["extra", None]]}),
+    "missing fields": json.dumps({"__dict__": [["step", 1]]}),
+    "a huge number": json.dumps({"__dict__": [["step", 10 ** 30], ["optimizer", {"__dict__": []}],
+                                              ["rng", {"__dict__": []}], ["extra", {"__dict__": []}]]}),
+    "an infinite step": '{"__dict__": [["step", 1e999], ["optimizer", {"__dict__": []}], ["rng", {"__dict__": []}], ["extra", {"__dict__": []}]]}',
+    "a tensor that is not there": json.dumps({"__tensor__": "t999"}),
+    "an unknown tag": json.dumps({"__pickle__": "cos\nsystem"}),
+    "a 5000-digit integer": '{"__dict__": [["step", ' + "9" * 5000 + ']]}',
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_HOSTILE_TREES))
+def test_a_hostile_train_state_is_refused_and_a_resume_sets_it_aside(tmp_path, kind):
+    from k3model.checkpoint import load_resume_state
+    save_checkpoint(tmp_path / "last", _model().state_dict(), train_state=TrainState(step=7))
+    _plant_tree(tmp_path / "last", _HOSTILE_TREES[kind])
+    with pytest.raises(CheckpointCorrupted, match="train_state.json"):
+        load_train_state(tmp_path / "last")
+    with pytest.warns(RuntimeWarning, match="is damaged .* starting the stage from its beginning"):
+        assert load_resume_state(tmp_path / "last") is None
+    [aside] = list(tmp_path.iterdir())
+    assert aside.name.startswith("last.damaged-")

@@ -238,3 +238,40 @@ def test_a_bf16_model_converts_to_mx_and_keeps_its_dtypes():
     ids_BT = torch.randint(0, model.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert ptq(ids_BT).logits_BTV.dtype == torch.bfloat16
+
+
+def _hostile_export(exported, tmp_path, edit):
+    """The export with its manifest edited and its hashes still consistent (as a hostile writer makes it)."""
+    import json
+    import shutil
+    _, info, _, _ = exported
+    copy_dir = tmp_path / "hostile"
+    shutil.copytree(info.path, copy_dir)
+    manifest = json.loads((copy_dir / "manifest.json").read_text())
+    edit(manifest)
+    (copy_dir / "manifest.json").write_text(json.dumps(manifest))
+    return copy_dir
+
+
+def _first_tensor(m):
+    return next(iter(m["quantization"]["tensors"].values()))
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("dtype an attribute", lambda m: _first_tensor(m).update(dtype="load"), r"records dtype 'load', not one of"),
+    ("dtype a module", lambda m: _first_tensor(m).update(dtype="ops"), r"records dtype 'ops', not one of"),
+    ("dtype a list", lambda m: _first_tensor(m).update(dtype=["float32"]), r"records dtype .*not one of"),
+    ("shape strings", lambda m: _first_tensor(m).update(shape=["4", 32, 64]), "not three positive sizes"),
+    ("rounding", lambda m: m["quantization"].update(scale_rounding="$(id)"), "scale_rounding is"),
+    ("tensors a list", lambda m: m["quantization"].update(tensors=[1]), "lists no packed tensors"),
+    ("config field type", lambda m: m["config"]["model"].update(d_model="64"), r"config.model.d_model is '64'"),
+    ("config unknown field", lambda m: m["config"]["model"].update(evil=1), r"fields \['evil'\]"),
+    ("config huge", lambda m: m["config"]["model"].update(vocab_size=2_000_000_000),
+     "describes .* parameters but model.safetensors holds"),
+    ("config many layers", lambda m: m["config"]["model"].update(n_layers=10 ** 6), "n_layers is 1000000, beyond"),
+    ("config nan", lambda m: m["config"]["model"].update(norm_eps=float("nan")), "config.model.norm_eps is 'nan'"),
+])
+def test_a_hostile_export_manifest_is_refused_naming_the_field(exported, tmp_path, case, edit, message):
+    directory = _hostile_export(exported, tmp_path, edit)
+    with pytest.raises(ValueError, match=message):
+        load_quantized(directory)

@@ -119,3 +119,13 @@ def test_set_overrides_a_config_field_and_names_what_to_change(home, capsys):
     # An up-to-date asset is not run, so its override would be silently dropped: refused instead.
     with pytest.raises(SystemExit, match="corpus is not materialized by this run .* add --force"):
         main(["run", "--profile", "smoke", "--select", "corpus", "--set", "corpus.seed=4"])
+
+
+@pytest.mark.parametrize("item, message", [
+    ('rl_specialist.steps="many"', r"rl_specialist.steps must be Int, not \"many\" \(str\); e.g. --set rl_specialist.steps=20"),
+    ("rl_specialist.lr=fast", r"rl_specialist.lr must be Float, not \"fast\" \(str\)"),
+    ("corpus.seed=1.5", r"corpus.seed must be Int, not 1.5 \(float\)"),
+])
+def test_a_wrong_type_set_value_names_the_field_and_the_value_before_the_run(home, item, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["run", "--profile", "smoke", "--select", item.split(".")[0], "--set", item])

@@ -53,3 +53,30 @@ def test_one_version_per_checkpoint_and_load_from_a_moved_home(tmp_path):
 
     with pytest.raises(ValueError, match="write 'name@alias'"):
         load_model("k3-smoke-base", home=moved)
+
+
+def test_a_version_whose_source_leaves_the_home_is_refused_unless_a_shared_store_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("K3_SHARED_STORE", raising=False)
+    home, store = tmp_path / "home", tmp_path / "store"
+    mlflow = resources_for(home)["mlflow"]
+    client = MlflowClient(mlflow.resolved_tracking_uri())
+    run = client.create_run(mlflow.experiment_id())
+    torch.manual_seed(0)
+    model = K3Model(get_profile("smoke").model)
+    info = save_checkpoint(store / "base", model.state_dict(), {"config": {"model": dataclasses.asdict(model.cfg)}})
+    (home / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (home / "checkpoints" / "link").symlink_to(store / "base")
+    sources = {"absolute": str(info.path), "dotdot": "checkpoints/../../store/base", "symlink": "checkpoints/link",
+               "system": "/etc", "the home itself": "."}
+    for i, (case, source) in enumerate(sources.items()):
+        version, _ = mlflow.register_checkpoint(run.info.run_id, "k3-smoke-base", source, f"{i:064x}",
+                                                {"profile": "smoke"}, case)
+        with pytest.raises(ValueError, match=rf"version {version.version}\) has source .*outside the home.*K3_SHARED_STORE"):
+            load_model(f"k3-smoke-base/{version.version}", home=home)
+    # Named explicitly, the shared store is allowed (argument or environment), and nothing else is.
+    assert checkpoint_path("k3-smoke-base/1", home=home, shared_store=store) == info.path.resolve()
+    monkeypatch.setenv("K3_SHARED_STORE", str(store))
+    loaded, _ = load_model("k3-smoke-base/2", home=home)
+    assert isinstance(loaded, K3Model)
+    with pytest.raises(ValueError, match="outside the home .* and the shared store"):
+        checkpoint_path("k3-smoke-base/4", home=home)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 from k3model.train.common import (MetricBuffer, build_optimizer, load_weights, optimizer_step,
-                                  restore_train_state, resume_point, save_state)
+                                  restore_train_state, resume, resume_point, save_state)
 
 
 def _net() -> nn.Module:
@@ -80,3 +81,39 @@ def test_a_resumed_run_takes_the_steps_an_uninterrupted_one_takes(tmp_path):
     restore_train_state(state, opt3)
     assert state.step == 3 and state.extra["losses"] == first
     assert first + run(6, net3, opt3, start=state.step) == full
+
+
+def _hostile_extra(tmp_path, extra, weights=None):
+    """A resume checkpoint whose train state parses but whose fields this loop cannot use."""
+    net = _net()
+    opt = build_optimizer(net, 1e-2, 0.1)
+    save_state(tmp_path / "last", weights or net, {"config": {}}, opt, step=3, extra=extra)
+    return net
+
+
+@pytest.mark.parametrize("case", ["history a string", "tokens negative", "tokens missing", "other model"])
+def test_resume_sets_aside_a_train_state_whose_fields_it_cannot_use(tmp_path, case, caplog):
+    extra = {"history": [{"train/loss": 1.0}], "tokens_seen": 96}
+    other = None
+    if case == "history a string":
+        extra["history"] = "x" * 10
+    elif case == "tokens negative":
+        extra["tokens_seen"] = -5
+    elif case == "tokens missing":
+        del extra["tokens_seen"]
+    else:
+        other = nn.Sequential(nn.Linear(4, 3))
+    net = _hostile_extra(tmp_path, extra, other)
+    logged = []
+    with pytest.warns(RuntimeWarning, match="is damaged"):
+        run = resume(net, tmp_path / "last", lambda step, row: logged.append(row))
+    assert run.state is None and run.step == 0 and not logged
+    assert "is damaged" in caplog.text  # the reason is logged, not only warned
+    [aside] = list(tmp_path.iterdir())
+    assert aside.name.startswith("last.damaged-")
+
+
+def test_resume_takes_a_sound_train_state(tmp_path):
+    net = _hostile_extra(tmp_path, {"history": [{"train/loss": 1.0}], "tokens_seen": 96})
+    run = resume(net, tmp_path / "last", lambda step, row: None)
+    assert run.step == 3 and run.tokens_seen == 96 and run.history == [{"train/loss": 1.0}]
