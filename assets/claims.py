@@ -31,10 +31,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3model.train.stats import Z95, newcombe as rate_difference, wilson  # noqa: F401  (re-exported)
+
 PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
 DOMAINS = ("general_tasks", "general_agents", "coding_agents")
 EFFORTS = ("low", "high", "max")
-Z95 = 1.959963984540054
 
 # Claim 2: "near k/N" as the busiest expert's load over the mean load. 1.0 is a perfectly even
 # load; at tiny's 2048-token batches batch-to-batch variation alone leaves 1.23 (docs/log/moe.md).
@@ -102,26 +103,6 @@ def not_measured(number: int, target: str, reason: str, profile: str,
 
 # ----------------------------------------------------------------------------------------------
 # Intervals
-
-def wilson(successes: float, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of a rate; (0, 1) when n is 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + Z95 ** 2 / n
-    centre = (p + Z95 ** 2 / (2 * n)) / denom
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def rate_difference(s1: float, n1: int, s2: float, n2: int) -> tuple[float, float, float]:
-    """(p1 − p2, lower, upper): Newcombe's hybrid score 95 % interval of a difference of rates."""
-    p1, p2 = s1 / n1, s2 / n2
-    l1, u1 = wilson(s1, n1)
-    l2, u2 = wilson(s2, n2)
-    d = p1 - p2
-    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
-
 
 def _rate(fig: dict[str, Any] | None) -> tuple[float, int] | None:
     """(successes, n) from {"success_rate": r, "n": n}; None when either is missing or n is 0."""

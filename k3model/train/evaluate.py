@@ -32,7 +32,6 @@ No Dagster, Ray or MLflow here. Legend: n episodes, s successes.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,22 +41,9 @@ import torch
 
 from k3model.engine import SamplingConfig
 from k3model.train.rollout import Episode, play_tasks, sft_format
+from k3model.train.stats import wilson as wilson_interval  # noqa: F401  (re-exported: the interval of `ci95`)
 
-Z95 = 1.959963984540054
 NO_CALL = "no tool call found"  # how envs.Env.step's parse error for a turn without a readable call starts
-
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (0, 1 for n = 0)."""
-    if n < 0 or not 0 <= successes <= max(n, 0):
-        raise ValueError(f"need 0 ≤ successes ≤ n, got {successes}, {n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass
