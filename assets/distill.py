@@ -75,10 +75,11 @@ SIZES_DISTILL: dict[str, DistillSizes] = {
                           transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
                           transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
                           transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # MOPD's rollouts on tiny: budgets cut to 256/384/512 policy tokens (the teachers' are 1024-4096;
-    # docs/log/mopd.md: ~1 min per 9-episode step on the loaded 2-core machine with these).
+    # MOPD's rollouts on tiny run at the teachers' own budgets (the specialists trained and are
+    # scored at SIZES["tiny"].eval_budgets): a student cut shorter than its teacher at high/max
+    # would be judged against a teacher it cannot imitate.
     "tiny": DistillSizes(mopd_steps=6, mopd_episodes_per_step=9, mopd_lr=5e-5,
-                         mopd_budgets=(("low", 256, 128), ("high", 384, 192), ("max", 512, 256)),
+                         mopd_budgets=SIZES["tiny"].eval_budgets,
                          folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
                          transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
                          transfer_eval_tasks=8,

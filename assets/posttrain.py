@@ -70,7 +70,7 @@ class PosttrainSizes:
     rl_tasks_per_family: int
     rl_eval_tasks_per_family: int
     rl_lr: float
-    rl_max_draw_factor: int  # refill draws at most this many times P groups per step
+    rl_max_draw_factor: int  # refill draws at most this many times P groups per step (≥ 2: refill on)
     # How specialist and sft_policy are both scored on the held-out tasks: episodes per task, the
     # sampling temperature (0: greedy, one episode per task), and the specialist's hard-split tasks.
     rl_eval_samples: int = 1
@@ -89,7 +89,7 @@ SIZES: dict[str, PosttrainSizes] = {
                             sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
                             sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1, rl_hard_tasks=1,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=2, rl_hard_tasks=1,
                             rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
@@ -113,7 +113,7 @@ SIZES: dict[str, PosttrainSizes] = {
                            sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
                            rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
-                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
+                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=2,
                            rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256)),
                            sft_family_weights=(("slack_ping", 2),)),
