@@ -12,12 +12,12 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
 | 2 | `pretrain_stage_{1..4}` | `moe/load_max_over_mean`; manifest `config.model.balancing` | expert load max/mean over the stage's last 10 % of steps, and the balancing it trained with |
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
-| 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
-| 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate` (SFT on the specialist's own tasks); else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
-| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; `sha256` | the one student and its teacher at every (domain, effort) |
+| 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `paired/{b,c,n}`, optional `eval/greedy/{success_rate,n}`, `eval/pass_at_8`, `sha256` | each specialist on its domain's held-out tasks, paired with sft_policy on the same tasks and seeds, tokens per episode, the hard tasks |
+| 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate`, `sft_policy/n` (SFT on the specialist's own tasks), at low `sft_policy/hard/{success_rate,n}`; else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
+| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
 | 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out loss, both against the one bf16 recipe) |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | mean accepted tokens per round by draft length, wall-clock speedup at draft length 4, greedy output equal to the target's |
-| 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's success in its harnesses and in the held-out one |
+| 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/{success_rate,n}`, `<h>/sft/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's and sft_policy's success in its harnesses and in the held-out one: the RL gain in each |
 | 8 | (the report itself) | `envs.kernelsuite.report.run_entry` over `submissions.CORPUS` | planted hacks flagged with their rules, honest submissions passed |
 
 The statistics are `k3model.train.stats`'s (its docstring gives the formulas and sources): 95 % Wilson
@@ -246,6 +246,19 @@ def claim_3_power(sft_rate: float, n: int, cells: int = 9) -> float:
     if effect <= SPECIALIST_GAIN:
         return 0.0
     return stats.paired_power(sft_rate, effect, n, min_gain=SPECIALIST_GAIN, alpha=ALPHA / cells)
+
+
+def require_claim_3_n(sft_rate: float, n: int, cells: int = 9) -> float:
+    """Refuse (ValueError with the numbers and the n that would do) a held-out n per cell whose claim-3
+    power at a true +POWERED_GAIN over sft_policy's measured `sft_rate` is below 0.8; else the power.
+    For a profile that pre-registers claim 3 as judged (a CPU profile that only shows it passes no n
+    here and reads "underpowered")."""
+    effect = min(POWERED_GAIN, 1.0 - sft_rate)
+    if effect <= SPECIALIST_GAIN:
+        raise ValueError(f"claim 3: sft_policy already scores {sft_rate:.2f}, so a gain of "
+                         f"{SPECIALIST_GAIN * 100:.0f} points has no room; choose harder held-out tasks")
+    return stats.require_paired_n(n, sft_rate, effect, min_gain=SPECIALIST_GAIN, alpha=ALPHA / cells,
+                                  what=f"claim 3 held-out evaluation (Holm over {cells} cells)")
 
 
 def claim_3(sft: dict[tuple[str, str], dict[str, Any]], specialists: dict[tuple[str, str], dict[str, Any]], *,

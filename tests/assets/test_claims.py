@@ -96,6 +96,15 @@ def test_claim_3_power_is_computed_from_sfts_rate_and_n():
     assert claims.claim_3_power(0.95, 10_000) == 0.0  # no room for +10 points above 0.95
 
 
+def test_a_held_out_n_below_the_pre_registered_power_is_refused_with_the_numbers():
+    with pytest.raises(ValueError, match=r"claim 3 held-out evaluation .*n = 64 per cell gives power 0\.\d\d < 0\.80; "
+                                         r"n ≥ \d+ per cell reaches it"):
+        claims.require_claim_3_n(0.3, 64)
+    assert claims.require_claim_3_n(0.3, 400) >= 0.8
+    with pytest.raises(ValueError, match="no room"):
+        claims.require_claim_3_n(0.95, 400)
+
+
 def test_claim_3_passes():
     c = claims.claim_3(_sft(), _specialists(), **P)
     assert c.status == PASS and c.figure.startswith("9/9 specialists beat SFT")
