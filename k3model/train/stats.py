@@ -383,7 +383,7 @@ def retention_power(cells: Sequence[tuple[float, float, int]], *, retained: floa
         draw = [rng.binomial(n, p) / n for p in (ps, pt, pf)]
         r, lo, _ = retention_from_counts(list(zip(draw[0], draw[1], draw[2], n.tolist())))
         hits += r is not None and r >= point and lo >= lower
-    return hits / sims
+    return float(hits / sims)
 
 
 def gain_ratio_power(held: tuple[float, float], held_n: tuple[int, int], inside: tuple[float, float],
@@ -400,7 +400,7 @@ def gain_ratio_power(held: tuple[float, float], held_n: tuple[int, int], inside:
                                                  (inside[1], inside_n[1]))]
         ratio, lo, _ = gain_ratio((r[0], r[1]), held_n, (r[2], r[3]), inside_n)
         hits += ratio is not None and ratio >= point and (lower is None or lo >= lower)
-    return hits / sims
+    return float(hits / sims)
 
 
 # ----------------------------------------------------------------------------------------------
