@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import envs
-from datagen.sft import turn_tokens
+from datagen.sft import SFTDataConfig, build_sft, turn_tokens
 from k3model.checkpoint import load_checkpoint
 from k3model.config import get_profile
 from k3model.model import K3Model
@@ -14,6 +14,7 @@ from k3model.train.common import save_state
 from k3model.train.evaluate import load_policy
 from k3model.train.grpo import EFFORT_SPECS, EffortSpec, GRPOConfig, _update, train
 from k3model.train.qat import QAT_SCHEME, prepare_qat, qat_enabled
+from k3model.train.sft import SFTConfig, train as sft_train
 from k3model.train.rollout import Episode, PolicyTurn
 
 # Budgets of a few tokens per turn keep a random model's episodes short; the smoke context (512) is
@@ -37,7 +38,7 @@ def policy(tmp_path_factory, smoke_tok):
     return path
 
 
-def test_the_loop_trains_on_informative_groups_and_resumes_exactly(policy, smoke_tok, tmp_path):
+def test_the_loop_refills_uninformative_groups_and_resumes_exactly(policy, smoke_tok, tmp_path):
     tasks = [envs.generate("echo_word", s) for s in range(3)]
     logs = []
     result = train(CFG, policy, smoke_tok, tmp_path / "a", domain="general_tasks", effort="low",
@@ -78,6 +79,41 @@ def test_the_loop_trains_on_informative_groups_and_resumes_exactly(policy, smoke
     wa, _ = load_checkpoint(result.checkpoint_dir)
     wb, _ = load_checkpoint(again.checkpoint_dir)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def echo_policy(tmp_path_factory, smoke_tok):
+    """(checkpoint, tasks): a smoke policy fine-tuned on two echo_word demonstrations (codex, low)
+    until it answers them most of the time at temperature 1 (about 15 s): groups that mix successes
+    and failures, which a random policy never has."""
+    demos = build_sft(SFTDataConfig(tasks_per_family=2, families=("echo_word",), harnesses=("codex",),
+                                    efforts=("low",)), smoke_tok)
+    root = tmp_path_factory.mktemp("echo")
+    torch.manual_seed(0)
+    base = K3Model(replace(get_profile("smoke").model, name="smoke-unbounded"))
+    save_state(root / "base", base, {"config": {"model": asdict(base.cfg)}})
+    ckpt = sft_train(SFTConfig(profile="smoke", steps=150, batch_size=2, lr=1e-2, qat=False, log_every=50), demos,
+                     root / "sft", init_checkpoint=root / "base").checkpoint_dir
+    return ckpt, [envs.generate("echo_word", s) for s in demos.column("task_seed").to_pylist()]
+
+
+def test_mixed_groups_are_trained_on_and_uniform_ones_dropped(echo_policy, smoke_tok, tmp_path):
+    ckpt, tasks = echo_policy
+    specs = {e: EffortSpec(budget_tokens=256, length_coef=s.length_coef, turn_tokens=128) for e, s in EFFORT_SPECS.items()}
+    cfg = GRPOConfig(group_size=4, groups_per_step=1, max_draw_factor=2, steps=2, efforts=specs, lr=1e-3)
+    h = train(cfg, ckpt, smoke_tok, tmp_path, domain="general_tasks", effort="low", harnesses=("codex",),
+              tasks=tasks).history
+    # A step updates exactly when it kept a group with both a success and a failure; an all-correct
+    # group (whatever its lengths) is dropped like an all-wrong one.
+    for row in h:
+        assert ("train/loss" in row) == (row["rl/groups_kept"] > 0)
+    updated = [row for row in h if "train/loss" in row]
+    assert updated and all(0 < row["rl/success"] < 1 for row in updated)
+    # The second pass sees the policy the first one moved: ρ ≠ 1 (π_old fixed at the sampler).
+    assert all(abs(row["rl/ratio_mean"] - 1.0) > 1e-3 for row in updated)
+    before, _ = load_checkpoint(ckpt)
+    after, _ = load_checkpoint(tmp_path / "final")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
 def test_the_update_is_the_token_sum_loss_with_tis_weights(policy):
