@@ -478,6 +478,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "sft_policy/n": sft["n"],
             # Claim 3's paired test (k3model.train.stats): tasks only the specialist / only sft_policy solved.
             **{k: mine[k] for k in ("paired/b", "paired/c", "paired/n") if k in mine},
+            **{f"eval/{k}": v for k, v in mine.items() if k.startswith("pass_at_")},  # when scored with samples > 1
             **({"sft_policy/hard/success_rate": r.start_evals[f"{cell}/hard"]["success_rate"],
                 "sft_policy/hard/n": r.start_evals[f"{cell}/hard"]["n"]} if f"{cell}/hard" in r.start_evals else {}),
             "gain": mine["success_rate"] - sft["success_rate"],

@@ -81,6 +81,10 @@ class EvalReport:
             "unparseable_rate": self.unparseable_rate, "mean_policy_tokens": self.mean_policy_tokens,
             "mean_turns": self.mean_turns, "seconds": self.seconds, "policy_tokens_per_s": self.policy_tokens_per_s,
             "n_tasks": len(self.per_task)}
+        if self.samples > 1 and self.per_task:
+            # pass@k with k = samples: the share of tasks solved by at least one of their k episodes
+            # (beside pass@1 = success_rate, so sharpening — pass@1 up, pass@k flat — shows as such).
+            out[f"pass_at_{self.samples}"] = sum(v > 0 for v in self.per_task.values()) / len(self.per_task)
         for name, (s, n) in sorted(self.per_family.items()):
             out[f"family/{name}/success_rate"] = s / n if n else 0.0
             out[f"family/{name}/n"] = n
