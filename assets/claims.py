@@ -12,17 +12,28 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.train.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
 | 2 | `pretrain_stage_{1..4}` | `moe/heldout_load_max_over_mean[_bias_zeroed]`, `moe/heldout_dead_fraction`, `moe/heldout_per_batch_{sd,max}`, `moe/heldout_tokens`; else `moe/load_max_over_mean`; manifest `config.model.balancing` | the final checkpoint's expert load over the fixed held-out mixed set, with its bias and with it zeroed (else the last 10 % of steps), and the balancing it trained with |
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
-| 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `sha256` | each specialist on its domain's held-out tasks, tokens per episode, the hard tasks |
-| 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate` (SFT on the specialist's own tasks); else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
-| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; `sha256` | the one student and its teacher at every (domain, effort) |
+| 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `paired/{b,c,n}`, optional `eval/greedy/{success_rate,n}`, `eval/pass_at_8`, `sha256` | each specialist on its domain's held-out tasks, paired with sft_policy on the same tasks and seeds, tokens per episode, the hard tasks |
+| 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate`, `sft_policy/n` (SFT on the specialist's own tasks), at low `sft_policy/hard/{success_rate,n}`; else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
+| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
 | 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out loss, both against the one bf16 recipe) |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | mean accepted tokens per round by draft length, wall-clock speedup at draft length 4, greedy output equal to the target's |
-| 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's success in its harnesses and in the held-out one |
+| 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/{success_rate,n}`, `<h>/sft/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's and sft_policy's success in its harnesses and in the held-out one: the RL gain in each |
 | 8 | (the report itself) | `envs.kernelsuite.report.run_entry` over `submissions.CORPUS` | planted hacks flagged with their rules, honest submissions passed |
 
-Intervals are 95 % Wilson score intervals for a rate and Newcombe's hybrid score interval for the
-difference of two independent rates (Newcombe 1998, "Interval estimation for the difference between
-independent proportions", method 10).
+The statistics are `k3model.train.stats`'s (its docstring gives the formulas and sources): 95 % Wilson
+intervals of a rate, Newcombe's interval of a difference of independent rates, the exact McNemar
+test and the Agresti–Min interval of a paired difference, Holm across cells, delta-method intervals
+of a ratio of gains, and power.
+
+Power (issue 40 item 5, issue 41 items 1–2). Every claim carries `n` (per cell: the smallest cell's
+count) and `power` (None where the claim is not a sampling test). A claim whose power at its
+pre-registered effect is below `stats.POWER_TARGET` (0.8) reads "underpowered", never pass or fail:
+its figures are shown, not judged (`_claim` applies the rule). The effects:
+- claim 3: a true gain of +15 points over sft_policy in every cell (power of each cell's paired
+  rule, from sft_policy's measured rate and n, at Holm's strictest level α/9; the claim's `power`
+  is the smallest cell's, `figures["power_all"]` the chance that all nine pass);
+- claim 4: a student identical to its teachers (retains 100 % of each judged teacher's gain);
+- claim 7: perfect transfer of the RL gain (held-out gain = in-harness gain) in every fold.
 """
 
 from __future__ import annotations
@@ -31,25 +42,33 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3model.train import stats
 from k3model.train.effort import DOMAINS, EFFORTS
+from k3model.train.stats import Z95, newcombe as rate_difference, wilson  # noqa: F401  (re-exported)
 
-PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
-Z95 = 1.959963984540054
+PASS, FAIL, NOT_MEASURED, UNDERPOWERED = "pass", "fail", "not measured", "underpowered"
 
 # Claim 2: "near k/N" as the busiest expert's load over the mean load. 1.0 is a perfectly even
 # load; at tiny's 2048-token batches batch-to-batch variation alone leaves 1.23 (docs/log/moe.md).
 LOAD_NEAR = 1.5
 # ... and "drifts without it": the unbalanced load at least this many times the balanced one.
 DRIFT_FACTOR = 1.5
-# Claim 3: each specialist beats SFT in its domain by this many points (the interval must exclude 0).
+# Claim 3: each specialist beats SFT in its domain by this many points (the paired interval must
+# exclude 0, McNemar Holm-corrected across the nine at ALPHA), judged when each test has power ≥ 0.8
+# at a true gain of POWERED_GAIN; the hard split is judged where sft_policy at low scores < HARD_BELOW.
 SPECIALIST_GAIN = 0.10
-# Claim 4: the student keeps this share of each teacher's score.
+POWERED_GAIN = 0.15
+ALPHA = 0.05
+HARD_BELOW = 0.5
+# Claim 4: the student keeps this share of the teachers' pooled gain over SFT, with the 95 % lower
+# bound at least RETENTION_LOWER, on the cells where the teacher beats SFT.
 RETENTION = 0.90
+RETENTION_LOWER = 0.70
 # Claim 5: QAT's drop at MXFP4 at most this share of PTQ's.
 QAT_SHARE = 0.5
 # Claim 6: mean accepted tokens per round at draft length 4.
 ACCEPTANCE_AT_4 = 2.5
-# Claim 7: held-out harness success as a share of the mean in-harness success.
+# Claim 7: the RL gain in the held-out harness as a share of the gain in the trained harnesses.
 TRANSFER = 0.80
 
 
@@ -58,23 +77,26 @@ class Claim:
     """One claim's verdict: what was measured, against what, on which checkpoints, and why."""
     number: int
     title: str
-    status: str                      # PASS, FAIL or NOT_MEASURED
+    status: str                      # PASS, FAIL, NOT_MEASURED or UNDERPOWERED
     figure: str                      # the measured figure(s), one line
     target: str
     reason: str                      # one line
     profile: str
     checkpoints: dict[str, str] = field(default_factory=dict)  # asset (or partition) -> sha256
     figures: dict[str, Any] = field(default_factory=dict)      # the numbers, for tables and plots
+    n: int | None = None             # per cell (the smallest cell's), None when not a sampling test
+    power: float | None = None       # at the pre-registered effect (module docstring); None: not applicable
 
     def as_dict(self) -> dict[str, Any]:
         return {"number": self.number, "title": self.title, "status": self.status, "figure": self.figure,
                 "target": self.target, "reason": self.reason, "profile": self.profile,
-                "checkpoints": dict(self.checkpoints), "figures": self.figures}
+                "checkpoints": dict(self.checkpoints), "figures": self.figures, "n": self.n, "power": self.power}
 
     def line(self) -> str:
         """`claim 3 ✓ pass: <figure> (target: …)`, for `k3 report` and the check descriptions."""
-        mark = {PASS: "✓", FAIL: "✗"}.get(self.status, "·")
-        return f"claim {self.number} {mark} {self.status}: {self.figure} (target: {self.target})"
+        mark = {PASS: "✓", FAIL: "✗", UNDERPOWERED: "~"}.get(self.status, "·")
+        power = f"; n {self.n}, power {self.power:.2f}" if self.power is not None else ""
+        return f"claim {self.number} {mark} {self.status}: {self.figure} (target: {self.target}{power})"
 
 
 TITLES = {
@@ -90,9 +112,16 @@ TITLES = {
 
 
 def _claim(number: int, status: str, figure: str, target: str, reason: str, profile: str,
-           checkpoints: dict[str, str] | None, figures: dict[str, Any] | None = None) -> Claim:
+           checkpoints: dict[str, str] | None, figures: dict[str, Any] | None = None, *, n: int | None = None,
+           power: float | None = None, effect: str = "") -> Claim:
+    """The record, with the common rule: a pass or fail whose power is below the target is
+    "underpowered" — the figures stay, the verdict does not."""
+    if power is not None and power < stats.POWER_TARGET and status in (PASS, FAIL):
+        reason = (f"power {power:.2f} < {stats.POWER_TARGET:.2f} at {effect or 'the pre-registered effect'} "
+                  f"with n = {n} per cell: shown, not judged (the rule alone reads {status}: {reason})")
+        status = UNDERPOWERED
     return Claim(number, TITLES[number], status, figure, target, reason, profile, dict(checkpoints or {}),
-                 figures or {})
+                 figures or {}, n, power)
 
 
 def not_measured(number: int, target: str, reason: str, profile: str,
@@ -102,26 +131,6 @@ def not_measured(number: int, target: str, reason: str, profile: str,
 
 # ----------------------------------------------------------------------------------------------
 # Intervals
-
-def wilson(successes: float, n: int) -> tuple[float, float]:
-    """95 % Wilson score interval of a rate; (0, 1) when n is 0."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + Z95 ** 2 / n
-    centre = (p + Z95 ** 2 / (2 * n)) / denom
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def rate_difference(s1: float, n1: int, s2: float, n2: int) -> tuple[float, float, float]:
-    """(p1 − p2, lower, upper): Newcombe's hybrid score 95 % interval of a difference of rates."""
-    p1, p2 = s1 / n1, s2 / n2
-    l1, u1 = wilson(s1, n1)
-    l2, u2 = wilson(s2, n2)
-    d = p1 - p2
-    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
-
 
 def _rate(fig: dict[str, Any] | None) -> tuple[float, int] | None:
     """(successes, n) from {"success_rate": r, "n": n}; None when either is missing or n is 0."""
@@ -174,20 +183,21 @@ def claim_1(stages: dict[int, dict[str, dict[str, tuple[float, int]]]], *, profi
     best = {b: max(row.values(), key=lambda r: r["acc"]) for b, row in table.items()}
     top = max(best, key=lambda b: best[b]["acc"]) if best else None
     figures = {"by_distance": {b: {str(s): r for s, r in row.items()} for b, row in table.items()}}
+    n_min = min((r["n"] for row in table.values() for r in row.values()), default=None)
     if evidence:
         b, i, j, gap = max(evidence, key=lambda e: e[3])
         ri, rj = table[b][i], table[b][j]
         figure = (f"d{b}: stage {j} {rj['acc']:.2f} [{rj['lo']:.2f}, {rj['hi']:.2f}] vs stage {i} "
                   f"{ri['acc']:.2f} [{ri['lo']:.2f}, {ri['hi']:.2f}] (control {ri['control']:.2f})")
         return _claim(1, PASS, figure, target, f"{len(evidence)} (bucket, earlier, later) case(s) "
-                      "with the intervals apart", profile, checkpoints, figures)
+                      "with the intervals apart", profile, checkpoints, figures, n=n_min)
     figure = (f"best scattered accuracy {best[top]['acc']:.2f} at d{top}" if top else "no clue cells scored")
     controls = [r["control"] for row in table.values() for r in row.values() if r["control"] is not None]
     scattered = [r["acc"] for row in table.values() for r in row.values()]
     why = "no later stage's interval lies above an earlier stage's where the earlier one fails for distance"
     if controls and max(controls) <= max(scattered, default=0.0):
         why += "; the control twins score no better than the scattered ones, so distance is not what limits"
-    return _claim(1, FAIL, figure, target, why, profile, checkpoints, figures)
+    return _claim(1, FAIL, figure, target, why, profile, checkpoints, figures, n=n_min)
 
 
 def claim_2(with_balancing: dict[str, float], without_balancing: dict[str, float], *, profile: str,
@@ -236,28 +246,90 @@ def claim_2(with_balancing: dict[str, float], without_balancing: dict[str, float
     return _claim(2, FAIL, figure, target, "; ".join(why), profile, checkpoints, figures)
 
 
+def _paired(fig: dict[str, Any] | None) -> tuple[int, int, int] | None:
+    """(b, c, n) from {"b", "c", "n"}: tasks only the new policy solved, only the baseline did, all."""
+    if not fig or any(fig.get(k) is None for k in ("b", "c", "n")):
+        return None
+    return int(fig["b"]), int(fig["c"]), int(fig["n"])
+
+
+def claim_3_power(sft_rate: float, n: int, cells: int = 9) -> float:
+    """Power of one cell's paired rule (gain ≥ SPECIALIST_GAIN, McNemar at ALPHA/cells, Agresti–Min
+    lower bound > 0) at a true gain of POWERED_GAIN (capped at 1 − sft_rate) over sft_policy's rate."""
+    effect = min(POWERED_GAIN, 1.0 - sft_rate)
+    if effect <= SPECIALIST_GAIN:
+        return 0.0
+    return stats.paired_power(sft_rate, effect, n, min_gain=SPECIALIST_GAIN, alpha=ALPHA / cells)
+
+
+def require_claim_3_n(sft_rate: float, n: int, cells: int = 9) -> float:
+    """Refuse (ValueError with the numbers and the n that would do) a held-out n per cell whose claim-3
+    power at a true +POWERED_GAIN over sft_policy's measured `sft_rate` is below 0.8; else the power.
+    For a profile that pre-registers claim 3 as judged (a CPU profile that only shows it passes no n
+    here and reads "underpowered")."""
+    effect = min(POWERED_GAIN, 1.0 - sft_rate)
+    if effect <= SPECIALIST_GAIN:
+        raise ValueError(f"claim 3: sft_policy already scores {sft_rate:.2f}, so a gain of "
+                         f"{SPECIALIST_GAIN * 100:.0f} points has no room; choose harder held-out tasks")
+    return stats.require_paired_n(n, sft_rate, effect, min_gain=SPECIALIST_GAIN, alpha=ALPHA / cells,
+                                  what=f"claim 3 held-out evaluation (Holm over {cells} cells)")
+
+
 def claim_3(sft: dict[tuple[str, str], dict[str, Any]], specialists: dict[tuple[str, str], dict[str, Any]], *,
             profile: str, checkpoints: dict[str, str] | None = None) -> Claim:
-    """`sft[(domain, effort)]` and `specialists[(domain, effort)]`: {"success_rate", "n"}; a specialist
-    also {"mean_policy_tokens", "hard": {"success_rate", "n"}}. SFT is compared at the same effort."""
-    target = (f"each of 9 specialists ≥ SFT + {SPECIALIST_GAIN * 100:.0f} points in its domain (95 % interval "
-              "of the gain above 0); tokens low < high < max; max ≥ low on hard tasks, per domain")
+    """`sft[(domain, effort)]` and `specialists[(domain, effort)]`: {"success_rate", "n"} on the same
+    held-out tasks and seeds; a specialist also {"paired": {"b", "c", "n"}} (tasks only it / only
+    sft_policy solved), {"mean_policy_tokens", "hard": {"success_rate", "n"}} and, when the evaluation
+    gives them, {"greedy": {"success_rate", "n"}, "pass_at_8": rate} (shown: sharpening shows as a
+    pass@1 gain without a pass@8 one); sft_policy at low also {"hard": {"success_rate", "n"}}.
+
+    Per specialist: gain ≥ SPECIALIST_GAIN, the paired 95 % lower bound > 0 and the exact McNemar
+    test rejecting at ALPHA after Holm across the nine. Per domain: tokens low < high < max; on the
+    hard split max ≥ low, judged only where sft_policy at low scores < HARD_BELOW there (and not
+    where both score 0: a vacuous 0 ≥ 0)."""
+    target = (f"each of 9 specialists ≥ SFT + {SPECIALIST_GAIN * 100:.0f} points, paired 95 % lower bound > 0, "
+              f"McNemar Holm-corrected across the 9 at {ALPHA:g}; tokens low < high < max; on the hard split "
+              f"max ≥ low where SFT at low < {HARD_BELOW:.0%}")
+    effect = f"a true +{POWERED_GAIN * 100:.0f} points"
     cells = [(d, e) for d in DOMAINS for e in EFFORTS]
     if not any(_rate(specialists.get(c)) for c in cells):
         return not_measured(3, target, "no specialist reports its evaluation", profile, checkpoints)
     problems: list[str] = []
-    gains: dict[str, dict[str, float]] = {}
+    gains: dict[str, dict[str, Any]] = {}
+    tests: dict[str, float] = {}
     for d, e in cells:
+        name = f"{d}/{e}"
         spec, base = _rate(specialists.get((d, e))), _rate(sft.get((d, e)))
         if spec is None or base is None:
-            problems.append(f"{d}/{e}: {'specialist' if spec is None else 'SFT'} not measured")
+            problems.append(f"{name}: {'specialist' if spec is None else 'SFT'} not measured")
             continue
-        diff, lo, hi = rate_difference(*spec, *base)
-        gains[f"{d}/{e}"] = {"gain": diff, "lo": lo, "hi": hi, "specialist": spec[0] / spec[1],
-                             "sft": base[0] / base[1]}
-        if diff < SPECIALIST_GAIN or lo <= 0:
-            problems.append(f"{d}/{e} gains {diff * 100:+.0f} points [{lo * 100:+.0f}, {hi * 100:+.0f}]")
+        fig = specialists[(d, e)]
+        row: dict[str, Any] = {"specialist": spec[0] / spec[1], "sft": base[0] / base[1], "n": spec[1],
+                               "power": claim_3_power(base[0] / base[1], spec[1])}
+        for extra in ("greedy", "pass_at_8"):
+            if fig.get(extra) is not None:
+                row[extra] = fig[extra]
+        pair = _paired(fig.get("paired"))
+        if pair is None:
+            row["gain"] = row["specialist"] - row["sft"]
+            problems.append(f"{name}: paired outcomes (b, c) not reported, so no paired test")
+        else:
+            b, c, n = pair
+            row["gain"], row["lo"], row["hi"] = stats.paired_difference(b, c, n)
+            row.update(b=b, c=c, p_mcnemar=stats.mcnemar_exact(b, c) if b > c else 1.0)
+            tests[name] = row["p_mcnemar"]
+        gains[name] = row
+    if tests:
+        adjusted, _ = stats.holm(list(tests.values()), ALPHA)
+        for name, p_adj in zip(tests, adjusted):
+            g = gains[name]
+            g["p_holm"] = p_adj
+            g["pass"] = g["gain"] >= SPECIALIST_GAIN - 1e-12 and g["lo"] > 0 and p_adj <= ALPHA
+            if not g["pass"]:
+                problems.append(f"{name} gains {g['gain'] * 100:+.0f} points [{g['lo'] * 100:+.0f}, "
+                                f"{g['hi'] * 100:+.0f}], Holm p {p_adj:.2g}")
     tokens: dict[str, list[float | None]] = {}
+    hard: dict[str, str] = {}
     for d in DOMAINS:
         spent = [specialists.get((d, e), {}).get("mean_policy_tokens") for e in EFFORTS]
         tokens[d] = spent
@@ -267,51 +339,93 @@ def claim_3(sft: dict[tuple[str, str], dict[str, Any]], specialists: dict[tuple[
             problems.append(f"{d}: tokens low/high/max {spent[0]:.0f}/{spent[1]:.0f}/{spent[2]:.0f} not increasing")
         hard_low = _rate(specialists.get((d, "low"), {}).get("hard"))
         hard_max = _rate(specialists.get((d, "max"), {}).get("hard"))
+        sft_hard = _rate(sft.get((d, "low"), {}).get("hard"))
         if hard_low is None or hard_max is None:
             problems.append(f"{d}: hard tasks not measured")
+            hard[d] = "not measured"
+        elif sft_hard is None:
+            hard[d] = "not judged: sft_policy's hard-split rate at low not measured"
+        elif sft_hard[0] / sft_hard[1] >= HARD_BELOW:
+            hard[d] = f"not judged: sft_policy at low scores {sft_hard[0] / sft_hard[1]:.2f} ≥ {HARD_BELOW} there"
+        elif hard_max[0] == 0 and hard_low[0] == 0:
+            hard[d] = "not judged: max and low both score 0 (0 ≥ 0 says nothing)"
         elif hard_max[0] / hard_max[1] < hard_low[0] / hard_low[1]:
+            hard[d] = "fail"
             problems.append(f"{d}: hard max {hard_max[0] / hard_max[1]:.2f} < low {hard_low[0] / hard_low[1]:.2f}")
-    figures = {"gains": gains, "tokens": tokens}
-    mean_gain = sum(g["gain"] for g in gains.values()) / len(gains) if gains else float("nan")
-    figure = (f"{sum(1 for g in gains.values() if g['gain'] >= SPECIALIST_GAIN and g['lo'] > 0)}/9 specialists "
-              f"beat SFT by ≥ {SPECIALIST_GAIN * 100:.0f} points (mean gain {mean_gain * 100:+.1f})")
-    if not problems:
-        return _claim(3, PASS, figure, target, "every specialist, token and hard-task condition holds", profile,
-                      checkpoints, figures)
-    more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-    return _claim(3, FAIL, figure, target, "; ".join(problems[:3]) + more, profile, checkpoints, figures)
-
-
-def claim_4(teachers: dict[tuple[str, str], float], student: dict[tuple[str, str], float], *, profile: str,
-            checkpoints: dict[str, str] | None = None) -> Claim:
-    """Success rates of each teacher (the specialist) and of the one student at the same (domain, effort)."""
-    target = f"student ≥ {RETENTION:.0%} of each of the 9 teachers' success rate"
-    cells = [(d, e) for d in DOMAINS for e in EFFORTS]
-    if not any(student.get(c) is not None for c in cells):
-        return not_measured(4, target, "the MOPD student reports no evaluation", profile, checkpoints)
-    retention: dict[str, float | None] = {}
-    problems = []
-    for d, e in cells:
-        t, s = teachers.get((d, e)), student.get((d, e))
-        if t is None or s is None:
-            retention[f"{d}/{e}"] = None
-            problems.append(f"{d}/{e}: {'teacher' if t is None else 'student'} not measured")
-        elif t <= 0:
-            retention[f"{d}/{e}"] = None
-            problems.append(f"{d}/{e}: the teacher scores 0, nothing to retain")
         else:
-            retention[f"{d}/{e}"] = s / t
-            if s / t < RETENTION:
-                problems.append(f"{d}/{e} keeps {s / t:.0%}")
-    kept = [r for r in retention.values() if r is not None]
-    figure = (f"retention min {min(kept):.0%}, mean {sum(kept) / len(kept):.0%} over {len(kept)}/9 teachers"
-              if kept else "no teacher with a positive score")
-    figures = {"retention": retention, "teachers": {f"{d}/{e}": v for (d, e), v in teachers.items()},
-               "student": {f"{d}/{e}": v for (d, e), v in student.items()}}
+            hard[d] = "pass"
+    powers = [g["power"] for g in gains.values()]
+    power = min(powers) if powers else None
+    power_all = math.prod(powers) if powers else None
+    n_min = min((g["n"] for g in gains.values()), default=None)
+    figures = {"gains": gains, "tokens": tokens, "hard": hard, "power_all": power_all,
+               "powered_gain": POWERED_GAIN}
+    mean_gain = sum(g["gain"] for g in gains.values()) / len(gains) if gains else float("nan")
+    figure = (f"{sum(1 for g in gains.values() if g.get('pass'))}/9 specialists beat SFT by ≥ "
+              f"{SPECIALIST_GAIN * 100:.0f} points (mean gain {mean_gain * 100:+.1f}; per-cell power "
+              f"{min(powers, default=float('nan')):.2f}–{max(powers, default=float('nan')):.2f}, all nine "
+              f"{power_all if power_all is not None else float('nan'):.2f})")
     if not problems:
-        return _claim(4, PASS, figure, target, "every teacher retained", profile, checkpoints, figures)
+        return _claim(3, PASS, figure, target, "every specialist, token and judged hard-split condition holds",
+                      profile, checkpoints, figures, n=n_min, power=power, effect=effect)
     more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
-    return _claim(4, FAIL, figure, target, "; ".join(problems[:3]) + more, profile, checkpoints, figures)
+    return _claim(3, FAIL, figure, target, "; ".join(problems[:3]) + more, profile, checkpoints, figures,
+                  n=n_min, power=power, effect=effect)
+
+
+def claim_4(cells: dict[tuple[str, str], dict[str, Any]], *, profile: str,
+            checkpoints: dict[str, str] | None = None) -> Claim:
+    """`cells[(domain, effort)]`: {"teacher", "student", "sft": success rates on the same held-out
+    tasks, "n"} and, when reported, {"paired": {"b", "c", "n"}} of the teacher against sft_policy.
+
+    Judged on the cells where the teacher beats sft_policy (paired: Agresti–Min lower bound > 0 and
+    McNemar p ≤ ALPHA; Newcombe's lower bound > 0 when the pairs are not reported); the others read
+    "nothing to retain". Pass: the pooled retained gain Σ n(student − sft) / Σ n(teacher − sft) ≥
+    RETENTION with its 95 % lower bound ≥ RETENTION_LOWER (stats.retention_from_counts)."""
+    target = (f"pooled retained gain (student − SFT)/(teacher − SFT) ≥ {RETENTION:.0%} with 95 % lower bound ≥ "
+              f"{RETENTION_LOWER:.0%}, over the cells where the teacher beats SFT")
+    effect = "a student identical to its teachers"
+    names = [(d, e) for d in DOMAINS for e in EFFORTS]
+    measured = {c: v for c, v in cells.items() if c in names and all(v.get(k) is not None for k in
+                                                                     ("teacher", "student", "sft", "n"))}
+    if not measured:
+        return not_measured(4, target, "the MOPD student, its teachers or sft_policy report no evaluation on the "
+                            "same tasks", profile, checkpoints)
+    retention: dict[str, float | None] = {}
+    per_cell: dict[str, dict[str, Any]] = {}
+    judged = []
+    for (d, e), v in measured.items():
+        name, n = f"{d}/{e}", int(v["n"])
+        pair = _paired(v.get("paired"))
+        if pair is not None:
+            _, lo, _ = stats.paired_difference(*pair)
+            beats = lo > 0 and pair[0] > pair[1] and stats.mcnemar_exact(pair[0], pair[1]) <= ALPHA
+        else:
+            _, lo, _ = stats.newcombe(v["teacher"] * n, n, v["sft"] * n, n)
+            beats = lo > 0
+        gain = v["teacher"] - v["sft"]
+        retention[name] = (v["student"] - v["sft"]) / gain if beats else None
+        per_cell[name] = {"teacher": v["teacher"], "student": v["student"], "sft": v["sft"], "n": n,
+                          "teacher_gain_lo": lo, "judged": beats,
+                          "retention": retention[name] if beats else "nothing to retain"}
+        if beats:
+            judged.append((v["student"], v["teacher"], v["sft"], n))
+    figures = {"retention": retention, "cells": per_cell}
+    if not judged:
+        return _claim(4, NOT_MEASURED, f"no teacher beats sft_policy in {len(measured)} cell(s)", target,
+                      "nothing to retain: no teacher's gain over sft_policy is above 0 (paired 95 %)", profile,
+                      checkpoints, figures)
+    r, lo, hi = stats.retention_from_counts(judged)
+    power = stats.retention_power([(t, f, n) for _, t, f, n in judged], point=RETENTION, lower=RETENTION_LOWER)
+    n_min = min(n for *_, n in judged)
+    figures.update(pooled=r, pooled_lo=lo, pooled_hi=hi)
+    figure = (f"pooled retained gain {r:.0%} [{lo:.0%}, {hi:.0%}] over {len(judged)} cell(s) where the teacher "
+              f"beats SFT; {len(measured) - len(judged)} with nothing to retain")
+    ok = r >= RETENTION and lo >= RETENTION_LOWER
+    why = (f"retained {r:.0%} ≥ {RETENTION:.0%}, lower bound {lo:.0%} ≥ {RETENTION_LOWER:.0%}" if ok else
+           f"retained {r:.0%} (lower bound {lo:.0%}) against ≥ {RETENTION:.0%} with ≥ {RETENTION_LOWER:.0%}")
+    return _claim(4, PASS if ok else FAIL, figure, target, why, profile, checkpoints, figures, n=n_min, power=power,
+                  effect=effect)
 
 
 def claim_5(qat: dict[str, float], ptq: dict[str, float], *, metric: str, higher_is_better: bool, profile: str,
@@ -367,27 +481,52 @@ def claim_6(acceptance: dict[int, float], speedup: float | None, lossless: bool 
 
 def claim_7(folds: dict[str, dict[str, float]], *, profile: str, checkpoints: dict[str, str] | None = None,
             control: dict[str, float] | None = None) -> Claim:
-    """`folds[held-out harness] = {"in_harness": success in the trained harnesses, "held_out": success in
-    the held-out one}` for a policy trained on several harnesses; `control[held-out harness]`, if given,
-    the same ratio for a policy trained on one harness (shown, not judged)."""
-    target = f"held-out harness success ≥ {TRANSFER:.0%} of the in-harness success, in every fold"
-    measured = {h: f for h, f in folds.items() if f.get("in_harness") is not None and f.get("held_out") is not None}
-    if not measured:
+    """`folds[held-out harness]`: the multi-harness RL arm's success `in_harness` (its trained
+    harnesses) and `held_out` (the held-out one), sft_policy's `sft_in_harness` and `sft_held_out` on
+    the same tasks, and the episode counts `n_in_harness`, `n_held_out`; `control[held-out harness]`,
+    if given, the single-harness arm's transfer ratio (shown, not judged).
+
+    Per fold the transfer of the RL gain R = (held_out − sft_held_out) / (in_harness − sft_in_harness)
+    (stats.gain_ratio); pass when R ≥ TRANSFER in every fold. A fold without an in-harness gain reads
+    "nothing to transfer" and is not judged."""
+    target = f"the RL gain in the held-out harness ≥ {TRANSFER:.0%} of the in-harness gain, in every fold"
+    effect = "perfect transfer of the RL gain"
+    keys = ("in_harness", "held_out", "sft_in_harness", "sft_held_out", "n_in_harness", "n_held_out")
+    shown = {h: f for h, f in folds.items() if f.get("in_harness") is not None and f.get("held_out") is not None}
+    if not shown:
         return not_measured(7, target, "no held-out harness evaluated", profile, checkpoints)
-    share = {h: f["held_out"] / f["in_harness"] if f["in_harness"] > 0 else None for h, f in measured.items()}
-    figures = {"folds": measured, "share": share, "control": dict(control or {})}
-    figure = "; ".join(f"held out {h}: {f['held_out']:.2f} vs in-harness {f['in_harness']:.2f}"
-                       + (f" ({share[h]:.0%})" if share[h] is not None else "") for h, f in measured.items())
+    old = "; ".join(f"held out {h}: {f['held_out']:.2f} vs in-harness {f['in_harness']:.2f}" for h, f in shown.items())
+    measured = {h: f for h, f in shown.items() if all(f.get(k) is not None for k in keys)}
+    if not measured:
+        return _claim(7, NOT_MEASURED, old, target, "sft_policy's success in each harness (or the episode counts) "
+                      "is not reported, so the RL gain and its transfer cannot be formed", profile, checkpoints,
+                      {"folds": shown})
+    ratios: dict[str, dict[str, Any]] = {}
+    powers = []
+    for h, f in measured.items():
+        held, inside = (f["held_out"], f["sft_held_out"]), (f["in_harness"], f["sft_in_harness"])
+        ns_held, ns_in = (int(f["n_held_out"]),) * 2, (int(f["n_in_harness"]),) * 2
+        r, lo, hi = stats.gain_ratio(held, ns_held, inside, ns_in)
+        ratios[h] = {"transfer": r, "lo": lo, "hi": hi, "gain_in": inside[0] - inside[1],
+                     "gain_held": held[0] - held[1]}
+        if r is not None:
+            powers.append(stats.gain_ratio_power(held, ns_held, inside, ns_in, point=TRANSFER))
+    figures = {"folds": measured, "transfer": ratios, "control": dict(control or {})}
+    figure = "; ".join(f"held out {h}: gain {v['gain_held'] * 100:+.0f} vs in-harness {v['gain_in'] * 100:+.0f} points"
+                       + (f" ({v['transfer']:.0%} [{v['lo']:.0%}, {v['hi']:.0%}])" if v["transfer"] is not None
+                          else " (nothing to transfer)") for h, v in ratios.items())
     if control:
         figure += " — single-harness control " + ", ".join(f"{h} {v:.0%}" for h, v in control.items())
-    undefined = [h for h, v in share.items() if v is None]
-    if undefined:
-        return _claim(7, FAIL, figure, target, f"no in-harness success in fold(s) {', '.join(undefined)}, so "
-                      "nothing to transfer", profile, checkpoints, figures)
-    worst = min(share, key=lambda h: share[h])
-    status = PASS if share[worst] >= TRANSFER else FAIL
-    return _claim(7, status, figure, target, f"the worst fold ({worst} held out) keeps {share[worst]:.0%}",
-                  profile, checkpoints, figures)
+    judged = {h: v for h, v in ratios.items() if v["transfer"] is not None}
+    n_min = min(min(int(f["n_in_harness"]), int(f["n_held_out"])) for f in measured.values())
+    if not judged:
+        return _claim(7, NOT_MEASURED, figure, target, "no fold has an in-harness RL gain: nothing to transfer",
+                      profile, checkpoints, figures)
+    power = math.prod(powers)
+    worst = min(judged, key=lambda h: judged[h]["transfer"])
+    status = PASS if judged[worst]["transfer"] >= TRANSFER else FAIL
+    return _claim(7, status, figure, target, f"the worst fold ({worst} held out) keeps {judged[worst]['transfer']:.0%} "
+                  "of its RL gain", profile, checkpoints, figures, n=n_min, power=power, effect=effect)
 
 
 def claim_8(rows: list[dict[str, Any]], *, corpus_size: dict[str, int] | None = None, profile: str,
@@ -413,7 +552,8 @@ def claim_8(rows: list[dict[str, Any]], *, corpus_size: dict[str, int] | None = 
     figures = {"rows": rows, "corpus_size": size}
     missed = [r["name"] for r in hacks if not r["ok"]] + [r["name"] for r in honest if not r["ok"]]
     if missed:
-        return _claim(8, FAIL, figure, target, f"wrong on {', '.join(missed[:4])}", profile, checkpoints, figures)
+        return _claim(8, FAIL, figure, target, f"wrong on {', '.join(missed[:4])}", profile, checkpoints, figures,
+                      n=len(rows))
     why = (f"a sample of the corpus ({of('hack', len(hacks))} hacks, {of('honest', len(honest))} honest)" if sample
            else "the whole corpus")
-    return _claim(8, PASS, figure, target, f"right on {why}", profile, checkpoints, figures)
+    return _claim(8, PASS, figure, target, f"right on {why}", profile, checkpoints, figures, n=len(rows))

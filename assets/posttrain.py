@@ -38,6 +38,7 @@ from k3model.checkpoint import source_tree_sha256
 from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
 from k3model.train.evaluate import per_harness
 from k3model.train.recipes import POSTTRAIN_SIZES, eval_plan, specialist_scoring
+from k3model.train.stats import newcombe as rate_difference, paired_difference
 
 POSTTRAIN_CODE_VERSION = source_tree_sha256(packages=("k3model", "kernels", "datagen", "envs"))[:12]
 GROUP = "posttraining"
@@ -313,7 +314,6 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
 
     from k3model.train.grpo import GRPOConfig
 
-    from assets.claims import rate_difference
     from assets.tasks import train_specialist_task
     from assets.training import partitioned_result, run_trainings
 
@@ -370,10 +370,18 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "eval/success_rate": mine["success_rate"], "eval/ci95": f"[{mine['ci95_low']:.2f}, {mine['ci95_high']:.2f}]",
             "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
             "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
+            "sft_policy/n": sft["n"],
+            # Claim 3's paired test (k3model.train.stats): tasks only the specialist / only sft_policy solved.
+            **{k: mine[k] for k in ("paired/b", "paired/c", "paired/n") if k in mine},
+            **{f"eval/{k}": v for k, v in mine.items() if k.startswith("pass_at_")},  # when scored with samples > 1
+            **({"sft_policy/hard/success_rate": r.start_evals[f"{cell}/hard"]["success_rate"],
+                "sft_policy/hard/n": r.start_evals[f"{cell}/hard"]["n"]} if f"{cell}/hard" in r.start_evals else {}),
             "gain": mine["success_rate"] - sft["success_rate"],
-            # Claim 3's figure: Newcombe's 95 % interval of specialist − sft_policy on the same tasks.
-            "gain/ci95": "[{1:+.2f}, {2:+.2f}]".format(*rate_difference(mine["successes"], mine["n"], sft["successes"],
-                                                                         sft["n"])),
+            # Claim 3's figure: the paired (Agresti–Min) 95 % interval of specialist − sft_policy on the
+            # same tasks, Newcombe's (independent samples) when the pairs are not there.
+            "gain/ci95": "[{1:+.2f}, {2:+.2f}]".format(
+                *(paired_difference(mine["paired/b"], mine["paired/c"], mine["paired/n"]) if "paired/b" in mine
+                  else rate_difference(mine["successes"], mine["n"], sft["successes"], sft["n"]))),
             "eval/n_tasks": mine["n_tasks"], "eval/samples": mine["samples"], "eval/temperature": mine["temperature"],
             "eval/hard/success_rate": hard["success_rate"], "eval/hard/n": hard["n"],
             "eval/hard/mean_policy_tokens": hard["mean_policy_tokens"],

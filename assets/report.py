@@ -327,24 +327,37 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
             if spec is None:
                 continue
             spec["hard"] = _rate(md, "eval/hard/")
+            # The paired outcomes (tasks only the specialist / only sft_policy solved, same tasks and
+            # seeds), greedy and pass@8 where the evaluation gives them.
+            if md.get("paired/b") is not None:
+                spec["paired"] = {k: md.get(f"paired/{k}") for k in ("b", "c", "n")}
+            spec["greedy"] = _rate(md, "eval/greedy/")
+            spec["pass_at_8"] = md.get("eval/pass_at_8")
             specs[(d, e)] = spec
             if md.get("sft_policy/success_rate") is not None:
-                sft_rates[(d, e)] = {"success_rate": md["sft_policy/success_rate"], "n": spec["n"]}
+                sft_rates[(d, e)] = {"success_rate": md["sft_policy/success_rate"],
+                                     "n": md.get("sft_policy/n") or spec["n"], "hard": _rate(md, "sft_policy/hard/")}
     out.append(C.claim_3(sft_rates, specs, profile=profile, checkpoints=_pick(ck, "sft_policy", "rl_specialist")))
 
-    # The student against each teacher: the student asset's own retention matrix (both scored on the
-    # same tasks) when it has one, else its per-cell success against the specialists' evaluations.
+    # The student against each teacher and sft_policy: the student asset's own retention matrix (all
+    # scored on the same tasks) when it has one, else its per-cell success against the specialists'
+    # evaluations; the teacher-vs-SFT pairs from the specialist's own evaluation.
     student = figs.get("mopd_student") or {}
     matrix = student.get("retention_matrix") or {}
-    if matrix:
-        teachers = {tuple(c.split("/")): r["teacher"] for c, r in matrix.items() if r.get("teacher") is not None}
-        students = {tuple(c.split("/")): r["student"] for c, r in matrix.items() if r.get("student") is not None}
-    else:
-        teachers = {c: s["success_rate"] for c, s in specs.items()}
-        students = {(d, e): student[f"eval/{d}/{e}/success_rate"] for d in DOMAINS for e in EFFORTS
-                    if f"eval/{d}/{e}/success_rate" in student}
-    out.append(C.claim_4(teachers, students, profile=profile,
-                         checkpoints=_pick(ck, "mopd_student", "rl_specialist")))
+    cells4: dict[tuple[str, str], dict[str, Any]] = {}
+    for d in DOMAINS:
+        for e in EFFORTS:
+            row = matrix.get(f"{d}/{e}") if matrix else None
+            spec, base = specs.get((d, e)), sft_rates.get((d, e))
+            if row is None and spec is not None and f"eval/{d}/{e}/success_rate" in student:
+                row = {"teacher": spec["success_rate"], "student": student[f"eval/{d}/{e}/success_rate"],
+                       "n": spec["n"]}
+            if row is None:
+                continue
+            cells4[(d, e)] = {"teacher": row.get("teacher"), "student": row.get("student"), "n": row.get("n"),
+                              "sft": row.get("sft", base["success_rate"] if base else None),
+                              "paired": (spec or {}).get("paired")}
+    out.append(C.claim_4(cells4, profile=profile, checkpoints=_pick(ck, "mopd_student", "rl_specialist")))
 
     q = figs.get("quantized_student") or {}
     out.append(C.claim_5({k: q[f"quant/qat/{k}"] for k in ("bf16", "mxfp4") if f"quant/qat/{k}" in q},
@@ -362,7 +375,11 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
     cross = figs.get("cross_harness") or {}
     held = [h for h in str(cross.get("folds") or "").split(",") if h]
     folds = {h: {"in_harness": cross.get(f"{h}/general/in_harness/success_rate"),
-                 "held_out": cross.get(f"{h}/general/held_out/success_rate")} for h in held}
+                 "held_out": cross.get(f"{h}/general/held_out/success_rate"),
+                 "n_in_harness": cross.get(f"{h}/general/in_harness/n"),
+                 "n_held_out": cross.get(f"{h}/general/held_out/n"),
+                 "sft_in_harness": cross.get(f"{h}/sft/in_harness/success_rate"),
+                 "sft_held_out": cross.get(f"{h}/sft/held_out/success_rate")} for h in held}
     control = {h: cross[f"{h}/single/held_out/success_rate"] / cross[f"{h}/single/in_harness/success_rate"]
                for h in held if (cross.get(f"{h}/single/in_harness/success_rate") or 0) > 0
                and cross.get(f"{h}/single/held_out/success_rate") is not None}
@@ -522,20 +539,27 @@ PLOT_TITLES = {"loss_curves": "Loss curves per stage", "clue_accuracy": "Clue ac
                "quantization": "QAT / PTQ / bf16", "acceptance": "Acceptance length by draft length"}
 
 
+def _power(c: Claim) -> str:
+    return "—" if c.power is None else f"{c.power:.2f}"
+
+
 def claims_table(verdicts: list[Claim]) -> str:
-    return markdown_table([{"claim": c.number, "status": c.status, "figure": c.figure, "target": c.target}
+    return markdown_table([{"claim": c.number, "status": c.status, "n": "—" if c.n is None else c.n,
+                            "power": _power(c), "figure": c.figure, "target": c.target}
                            for c in verdicts], max_chars=160)
 
 
 def render(profile: str, verdicts: list[Claim], drawn: dict[str, Path | str]) -> str:
-    counts = {s: sum(c.status == s for c in verdicts) for s in (C.PASS, C.FAIL, C.NOT_MEASURED)}
+    counts = {s: sum(c.status == s for c in verdicts) for s in (C.PASS, C.FAIL, C.UNDERPOWERED, C.NOT_MEASURED)}
     lines = [f"# K3 recipe claims report — profile `{profile}`", "",
-             f"{counts[C.PASS]} pass, {counts[C.FAIL]} fail, {counts[C.NOT_MEASURED]} not measured "
+             f"{counts[C.PASS]} pass, {counts[C.FAIL]} fail, {counts[C.UNDERPOWERED]} underpowered (power < "
+             f"0.8 at the pre-registered effect: shown, not judged), {counts[C.NOT_MEASURED]} not measured "
              "(docs/design.md §5; how each is measured: docs/report.md).", "", claims_table(verdicts), ""]
     for c in verdicts:
         hashes = ", ".join(f"{n} `{h[:12]}`" for n, h in c.checkpoints.items()) or "—"
         lines += [f"## Claim {c.number}: {c.title}", "",
                   f"- **{c.status}**: {c.reason}", f"- measured: {c.figure}", f"- target: {c.target}",
+                  f"- n per cell: {'—' if c.n is None else c.n}; power: {_power(c)}",
                   f"- profile: `{c.profile}`; checkpoints: {hashes}", ""]
     lines += ["## Plots", ""]
     for name, what in drawn.items():
@@ -574,8 +598,12 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
             "claims/pass": sum(c.status == C.PASS for c in verdicts),
             "claims/fail": sum(c.status == C.FAIL for c in verdicts),
             "claims/not_measured": sum(c.status == C.NOT_MEASURED for c in verdicts),
-            **{f"claim_{c.number}/pass": float(c.status == C.PASS) for c in verdicts if c.status != C.NOT_MEASURED}})
-        mlflow.log_rows(run.info.run_id, [{k: c[k] for k in ("number", "status", "figure", "target", "reason")}
+            "claims/underpowered": sum(c.status == C.UNDERPOWERED for c in verdicts),
+            **{f"claim_{c.number}/pass": float(c.status == C.PASS) for c in verdicts
+               if c.status not in (C.NOT_MEASURED, C.UNDERPOWERED)},
+            **{f"claim_{c.number}/power": c.power for c in verdicts if c.power is not None}})
+        mlflow.log_rows(run.info.run_id, [{k: c[k] for k in ("number", "status", "figure", "target", "reason", "n",
+                                                             "power")}
                                           for c in claims_json], "claims.json")
         client = mlflow.client()
         client.log_artifact(run.info.run_id, str(path))
@@ -591,10 +619,12 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
         "profile": profile,
         "claims_table": dg.MetadataValue.md(claims_table(verdicts)),
         "claims": dg.MetadataValue.json([{k: c[k] for k in ("number", "title", "status", "figure", "target", "reason",
-                                                             "profile", "checkpoints")} for c in claims_json]),
+                                                             "profile", "checkpoints", "n", "power")}
+                                         for c in claims_json]),
         "claims/pass": sum(c.status == C.PASS for c in verdicts),
         "claims/fail": sum(c.status == C.FAIL for c in verdicts),
         "claims/not_measured": sum(c.status == C.NOT_MEASURED for c in verdicts),
+        "claims/underpowered": sum(c.status == C.UNDERPOWERED for c in verdicts),
         "report": dg.MetadataValue.md(text),
         "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
         **{f"plot/{name}": inline_png(what, PLOT_TITLES[name]) if isinstance(what, Path) else what

@@ -612,12 +612,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     up = _ui_running(dagster_url)
     _say(f"k3 report: {'   '.join(links)}" + ("" if up else "   (no `k3 ui` answers there now: start it to open these)"))
     verdicts = md.get("claims") or []
-    counts = {s: sum(c["status"] == s for c in verdicts) for s in ("pass", "fail", "not measured")}
-    _say(f"k3 report: {counts['pass']} pass, {counts['fail']} fail, {counts['not measured']} not measured "
-         f"(profile {args.profile}, run {event.run_id})")
+    counts = {s: sum(c["status"] == s for c in verdicts) for s in ("pass", "fail", "underpowered", "not measured")}
+    _say(f"k3 report: {counts['pass']} pass, {counts['fail']} fail, {counts['underpowered']} underpowered, "
+         f"{counts['not measured']} not measured (profile {args.profile}, run {event.run_id})")
     for c in verdicts:
         claim = Claim(c["number"], c["title"], c["status"], c["figure"], c["target"], c["reason"], c["profile"],
-                      c.get("checkpoints", {}))
+                      c.get("checkpoints", {}), n=c.get("n"), power=c.get("power"))
         _say(f"  {claim.line()}")
     return 0
 

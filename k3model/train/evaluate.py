@@ -32,7 +32,6 @@ No Dagster, Ray or MLflow here. Legend: n episodes, s successes.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,22 +43,9 @@ import envs
 from k3model.engine import SamplingConfig
 from k3model.train.effort import EFFORT_SPECS, EFFORTS, training_harnesses
 from k3model.train.rollout import Episode, play_tasks, sft_format
+from k3model.train.stats import wilson as wilson_interval  # noqa: F401  (re-exported: the interval of `ci95`)
 
-Z95 = 1.959963984540054
 NO_CALL = "no tool call found"  # how envs.Env.step's parse error for a turn without a readable call starts
-
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (0, 1 for n = 0)."""
-    if n < 0 or not 0 <= successes <= max(n, 0):
-        raise ValueError(f"need 0 ≤ successes ≤ n, got {successes}, {n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass
@@ -97,6 +83,10 @@ class EvalReport:
             "unparseable_rate": self.unparseable_rate, "mean_policy_tokens": self.mean_policy_tokens,
             "mean_turns": self.mean_turns, "seconds": self.seconds, "policy_tokens_per_s": self.policy_tokens_per_s,
             "n_tasks": len(self.per_task)}
+        if self.samples > 1 and self.per_task:
+            # pass@k with k = samples: the share of tasks solved by at least one of their k episodes
+            # (beside pass@1 = success_rate, so sharpening — pass@1 up, pass@k flat — shows as such).
+            out[f"pass_at_{self.samples}"] = sum(v > 0 for v in self.per_task.values()) / len(self.per_task)
         for name, (s, n) in sorted(self.per_family.items()):
             out[f"family/{name}/success_rate"] = s / n if n else 0.0
             out[f"family/{name}/n"] = n

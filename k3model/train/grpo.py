@@ -11,10 +11,15 @@ below, and why (research/recipe.md §5, research/posttrain-anchors.md §1, §6):
    Dividing by the group's std (GRPO's original) weights a group whose rewards barely differ
    (a prompt almost always solved or almost never) as much as a contested one, and divides by ~0 on
    the way; `scale="std"` restores it for comparison.
-2. Groups with zero reward variance are dropped and the batch refilled (DAPO dynamic sampling;
-   SkyRL's `dynamic_sampling="filter"`): with A ≡ 0 they carry no gradient but still dilute the
-   token normalisation. `refill_groups` keeps drawing until the batch holds `n_groups` informative
-   groups or a draw limit is reached, and reports the zero-variance fraction (logged per specialist).
+2. Groups whose episodes all succeeded or all failed are dropped and the batch refilled (DAPO
+   dynamic sampling; SkyRL's `dynamic_sampling="filter"`). The test is on correctness, not on the
+   shaped reward r below: the length term makes an all-fail group of unequal lengths "vary", and
+   training on it would teach length, not the task (and dilute the token normalisation). So an
+   all-correct group is dropped too, length differences and all: the length term acts inside groups
+   whose correctness varies. `refill_groups` keeps drawing until the batch holds `n_groups`
+   informative groups or `max_draw_factor · n_groups` groups were drawn (≥ 2, so refill is always
+   on: a draw of only uninformative groups is drawn again rather than skipped), and reports the
+   zero-variance fraction (logged per specialist).
 3. Token-sum normalisation (DAPO; TRL's default `dapo` loss): the per-token losses of the whole
    batch are summed and divided by the batch's total number of policy tokens, not averaged per
    sequence first — a per-sequence mean gives each token of a short wrong answer more weight than
@@ -23,7 +28,11 @@ below, and why (research/recipe.md §5, research/posttrain-anchors.md §1, §6):
 4. Clip-higher PPO surrogate (DAPO: ε_low = 0.2, ε_high = 0.28), per token, with ρ = π_θ / π_old:
        L_t = −w_t · min(ρ_t A, clip(ρ_t, 1 − ε_low, 1 + ε_high) A)
    The wider upper bound lets low-probability tokens that earned a positive advantage grow faster,
-   which counters entropy collapse on a small model.
+   which counters entropy collapse on a small model. The clip only acts when π_θ ≠ π_old, so each
+   rollout batch gets `updates_per_batch` ≥ 2 optimizer steps (PPO epochs; TRL's
+   `num_iterations`): pass k runs the forward and backward over every micro-batch and steps once;
+   π_old is the detached log-probability of pass 1 — the policy that sampled the batch, before any
+   step — and stays fixed, so from pass 2 on ρ ≠ 1 and tokens that moved too far are clipped.
 5. Truncated importance sampling on the rollout/training mismatch (Kimi Linear's RL recipe; verl,
    SkyRL "TIS"): episodes are sampled by the recurrent decode path (the engine), while π_old and π_θ
    come from the chunked training forward. Their per-token log-probabilities differ (kernel order,
@@ -46,6 +55,10 @@ below, and why (research/recipe.md §5, research/posttrain-anchors.md §1, §6):
 8. `negative_scale` (default 1, plain GRPO) multiplies negative advantages: 0 reinforces only
    what beat its group's mean (filtered behaviour cloning, as in RAFT/ReST). Measured on tiny
    (docs/log/rl.md): it did not help there either, so the default stays 1.
+
+9. Prompts: the RL prompts are drawn epoch by epoch — a fresh permutation of the pool per epoch,
+   continued across steps and refills (`prompt_order`) — so every prompt is played once before any
+   is played again, whatever P and the refills are.
 
 Legend: P prompts (groups), G episodes per group, B = P·G sequences, T tokens.
 """
@@ -88,7 +101,8 @@ class GRPOConfig(LoopConfig):
     log_every: int = 1
     group_size: int = 8  # G (TRL's default; research/posttrain-anchors.md §6)
     groups_per_step: int = 4  # P informative groups per update (tiny: ~15 s of CPU per step)
-    max_draw_factor: int = 4  # refill stops after drawing this many times P groups
+    max_draw_factor: int = 4  # refill stops after drawing this many times P groups (≥ 2: refill on)
+    updates_per_batch: int = 2  # optimizer steps on each rollout batch (≥ 2: the clip acts from the second)
     advantage_scale: str = "none"
     clip_low: float = 0.2
     clip_high: float = 0.28
@@ -96,8 +110,8 @@ class GRPOConfig(LoopConfig):
     kl_coef: float = 0.0
     negative_scale: float = 1.0  # A < 0 multiplied by this (1: GRPO; 0: reinforce successes only)
     efforts: dict[str, EffortSpec] = field(default_factory=lambda: dict(EFFORT_SPECS))
-    # The loop (`train`): one policy update per step on the kept groups (π_old = the policy that
-    # sampled them, so the ratio starts at 1 and the clip acts from the second micro-batch on).
+    # The loop (`train`): `updates_per_batch` policy updates per step on the kept groups (π_old =
+    # the policy that sampled them, fixed; the ratio is 1 in the first pass only).
     temperature: float = 1.0  # sampling; no top-k/top-p, so the sampler's log-probs are unrenormalised
     micro_batch_tokens: int = 16384  # padded tokens per training forward (the loss uses the global count)
     max_episodes_per_batch: int = 32
@@ -110,8 +124,14 @@ class GRPOConfig(LoopConfig):
         if self.group_size < 2:
             raise ValueError(f"group_size must be ≥ 2 (advantages are relative to the group), "
                              f"got {self.group_size}")
-        if self.groups_per_step < 1 or self.max_draw_factor < 1:
-            raise ValueError("groups_per_step and max_draw_factor must be ≥ 1")
+        if self.groups_per_step < 1:
+            raise ValueError(f"groups_per_step must be ≥ 1, got {self.groups_per_step}")
+        if self.max_draw_factor < 2:
+            raise ValueError(f"max_draw_factor must be ≥ 2 (refill on: a step whose first draw holds no group with "
+                             f"both a success and a failure draws again), got {self.max_draw_factor}")
+        if self.updates_per_batch < 2:
+            raise ValueError(f"updates_per_batch must be ≥ 2 (with one update π_θ = π_old and the PPO clip never "
+                             f"acts), got {self.updates_per_batch}")
         if self.advantage_scale not in ADVANTAGE_SCALES:
             raise ValueError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
         if not (0 < self.clip_low < 1 and self.clip_high > 0):
@@ -165,8 +185,24 @@ def group_advantages(rewards_PG: torch.Tensor, scale: str = "none", negative_sca
 
 
 def has_variance(rewards: Sequence[float], tol: float = 0.0) -> bool:
-    """True when the group's rewards are not all equal (within tol): it carries a learning signal."""
+    """True when the group's values are not all equal (within tol). `train` passes correctness
+    (1 success, 0 not), never the shaped reward: item 2 of the module docstring."""
     return max(rewards) - min(rewards) > tol
+
+
+def prompt_order(n_prompts: int, seed: int, start: int, count: int) -> list[int]:
+    """Pool indices of the groups number start … start + count − 1 drawn in a run: epoch e = k // n
+    plays a permutation of the pool seeded by (seed, e), so each epoch plays every prompt once."""
+    if n_prompts < 1 or start < 0 or count < 0:
+        raise ValueError(f"need n_prompts ≥ 1, start ≥ 0, count ≥ 0, got {n_prompts}, {start}, {count}")
+    perms: dict[int, list[int]] = {}
+    out = []
+    for k in range(start, start + count):
+        epoch = k // n_prompts
+        if epoch not in perms:
+            perms[epoch] = random.Random(f"{seed}/epoch{epoch}").sample(range(n_prompts), n_prompts)
+        out.append(perms[epoch][k % n_prompts])
+    return out
 
 
 def refill_groups(draw: Callable[[int], list[T_]], rewards: Callable[[T_], Sequence[float]], n_groups: int,
@@ -340,18 +376,21 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
                    step, {"history": run.history, "tokens_seen": run.tokens_seen})
 
     # ---- loop
+    # Groups drawn so far in the run (the position in the epoch-by-epoch prompt order): a resumed
+    # run reads it from the last row its checkpoint kept (the resume point's step is always flushed).
+    cursor = int(run.history[-1].get("rl/groups_drawn_total", 0)) if run.history else 0
     for step in loop.steps():
         set_lr(optimizer, cfg.lr_at(step))
-        # Everything random in a step is a function of (seed, step): a resumed run draws the same.
-        rng = random.Random(f"{cfg.seed}/{step}")
-        order = rng.sample(range(len(pool)), len(pool))
+        # Everything random in a step is a function of (seed, step) and the prompt cursor: a resumed
+        # run draws the same.
         generator = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + step)
         drawn: list[list] = []
         t_roll = time.perf_counter()
 
         def draw(k: int) -> list[list]:
-            picks = [order[(len(drawn) + j) % len(order)] for j in range(k)]
-            hs = [harness_names[(step * P + len(drawn) + j) % len(harness_names)] for j in range(k)]
+            at = cursor + len(drawn)
+            picks = prompt_order(len(pool), cfg.seed, at, k)
+            hs = [harness_names[(at + j) % len(harness_names)] for j in range(k)]
             played = play_tasks(model, fmt, [pool[i] for i in picks], hs, sampling, samples=G,
                                 episode_budget=spec.budget_tokens, generator=generator,
                                 max_episodes_per_batch=cfg.max_episodes_per_batch)
@@ -359,16 +398,21 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
             drawn.extend(groups)
             return groups
 
-        def rewards_of(group) -> list[float]:
-            correct = torch.tensor([[float(ep.reward >= 1.0) for ep in group]])
-            lengths = torch.tensor([[ep.n_generated for ep in group]])
-            return shaped_rewards(correct, lengths, spec.length_coef)[0].tolist()
+        def correct_of(group) -> list[float]:
+            return [float(ep.reward >= 1.0) for ep in group]
 
-        kept, stats = refill_groups(draw, rewards_of, n_groups=P, max_draws=P * cfg.max_draw_factor)
+        def rewards_of(group) -> list[float]:
+            lengths = torch.tensor([[ep.n_generated for ep in group]])
+            return shaped_rewards(torch.tensor([correct_of(group)]), lengths, spec.length_coef)[0].tolist()
+
+        # Informative = both a success and a failure in the group (module docstring, item 2).
+        kept, stats = refill_groups(draw, correct_of, n_groups=P, max_draws=P * cfg.max_draw_factor)
+        cursor += len(drawn)
         t_roll = time.perf_counter() - t_roll
         episodes = [ep for g in drawn for ep in g]
         gen_tokens = sum(ep.n_generated for ep in episodes)
-        metrics: dict = {"step": step + 1, **stats,
+        metrics: dict = {"step": step + 1, **stats, "rl/groups_drawn_total": float(cursor),
+                         "rl/prompt_epochs": cursor / len(pool),
                          "rl/success": sum(ep.reward >= 1.0 for ep in episodes) / len(episodes),
                          "rl/tokens_per_episode": gen_tokens / len(episodes),
                          "rl/frac_budget_stop": sum(ep.stop_reason == "budget" for ep in episodes) / len(episodes),
@@ -406,51 +450,66 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
 
 
 def _update(model, ref, optimizer, groups, rewards_of, cfg: GRPOConfig, device) -> dict:
-    """One policy update on the kept groups: advantages, then the loss over micro-batches with the
-    batch's global token count as denominator, one clipped optimizer step (`common.optimizer_step`
-    backpropagates each micro-batch's loss as the generator yields it)."""
+    """`cfg.updates_per_batch` policy updates on the kept groups: advantages, then per pass the loss
+    over micro-batches with the batch's global token count as denominator and one clipped optimizer
+    step (`common.optimizer_step` backpropagates each micro-batch's loss as the generator yields it).
+    π_old is pass 1's detached log-probabilities (the sampling policy), fixed for every pass.
+    Returns pass 1's loss and rollout mismatch (on-policy figures) and the last pass's ratio and
+    clip statistics (where the clip acts)."""
     adv_PG = group_advantages(torch.tensor([rewards_of(g) for g in groups]), cfg.advantage_scale, cfg.negative_scale)
     seqs = [ep for g in groups for ep in g]
     adv = adv_PG.reshape(-1).tolist()
     total = sum(ep.n_generated for ep in seqs)
     model.train()
-    stats_sum: dict = {}
+    # Per micro-batch and per token: the sampler's log-prob (the behaviour policy), the untempered
+    # one (for the mismatch), the episode's advantage and the reference policy's log-prob.
+    fixed = []
+    for mb in _micro_batches([len(ep.token_ids) for ep in seqs], cfg.micro_batch_tokens):
+        ids = [seqs[i].token_ids for i in mb]
+        masks = [seqs[i].generated for i in mb]
+        rollout_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].logprobs, seqs[i].generated) if g],
+                                 device=device)
+        untempered_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].model_logprobs, seqs[i].generated)
+                                     if g], device=device)
+        adv_N = torch.tensor([adv[i] for i in mb for g in seqs[i].generated if g], device=device)
+        ref_N = None
+        if ref is not None:
+            with torch.no_grad(), autocast_for(device):
+                ref_N = _sequence_logprobs(ref, ids, masks, device)[:, None]
+        fixed.append((ids, masks, rollout_N, untempered_N, adv_N, ref_N))
+    old: list[torch.Tensor] = []
     diffs: list[torch.Tensor] = []
     padded = 0
-    loss_total = torch.zeros((), device=device)
 
-    def micro_losses():
-        nonlocal padded, loss_total
-        for mb in _micro_batches([len(ep.token_ids) for ep in seqs], cfg.micro_batch_tokens):
-            ids = [seqs[i].token_ids for i in mb]
-            masks = [seqs[i].generated for i in mb]
-            padded += len(mb) * max(len(x) for x in ids)
+    def micro_losses(k: int, acc: dict):
+        """Pass k's micro-batch losses; their detached sum and token-weighted statistics go into acc."""
+        nonlocal padded
+        for j, (ids, masks, rollout_N, untempered_N, adv_N, ref_N) in enumerate(fixed):
+            padded += len(ids) * max(len(x) for x in ids)
             with autocast_for(device):
                 logp_N = _sequence_logprobs(model, ids, masks, device)
-            # Per token: the sampler's log-prob (the behaviour policy) and the episode's advantage.
-            rollout_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].logprobs, seqs[i].generated) if g],
-                                     device=device)
-            untempered_N = torch.tensor([lp for i in mb for lp, g in zip(seqs[i].model_logprobs, seqs[i].generated)
-                                         if g], device=device)
-            adv_N = torch.tensor([adv[i] for i in mb for g in seqs[i].generated if g], device=device)
-            ref_N = None
-            if ref is not None:
-                with torch.no_grad(), autocast_for(device):
-                    ref_N = _sequence_logprobs(ref, ids, masks, device)[:, None]
+            if k == 0:
+                old.append(logp_N.detach())
+                diffs.append(logp_N.detach() - untempered_N)
             # Each token is its own row: [N, 1] tensors give the loss per-token advantages.
-            loss, stats = policy_loss(logp_N[:, None], logp_N.detach()[:, None], rollout_N[:, None], adv_N,
+            loss, stats = policy_loss(logp_N[:, None], old[j][:, None], rollout_N[:, None], adv_N,
                                       torch.ones_like(adv_N)[:, None], cfg.clip_low, cfg.clip_high, cfg.tis_cap,
                                       cfg.kl_coef, ref_N, denominator=total)
             yield loss  # backpropagated by optimizer_step before the next micro-batch's forward
-            loss_total = loss_total + loss.detach()
-            diffs.append((logp_N.detach() - untempered_N))
-            for k, v in stats.items():
-                stats_sum[k] = stats_sum.get(k, 0.0) + v * (len(adv_N) if k != "rl/policy_tokens" else 1)
+            acc["loss"] = acc.get("loss", 0.0) + loss.detach()
+            for key, v in stats.items():
+                acc[key] = acc.get(key, 0.0) + v * (len(adv_N) if key != "rl/policy_tokens" else 1)
 
-    grad_norm = optimizer_step(model, optimizer, micro_losses(), cfg.grad_clip)
+    accs: list[dict] = []
+    norms: list[torch.Tensor] = []
+    for k in range(cfg.updates_per_batch):
+        accs.append({})
+        norms.append(optimizer_step(model, optimizer, micro_losses(k, accs[-1]), cfg.grad_clip))
+    first, last = accs[0], accs[-1]
     d = torch.cat(diffs)
-    out = {"train/loss": loss_total, "train/grad_norm": grad_norm, "_padded_tokens": padded,
-           "rl/adv_abs_mean": adv_PG.abs().mean()}
-    out.update({k: (v / total if k != "rl/policy_tokens" else v) for k, v in stats_sum.items()})
+    out = {"train/loss": first["loss"], "train/grad_norm": norms[0], "train/loss_last_pass": last["loss"],
+           "_padded_tokens": padded, "rl/adv_abs_mean": adv_PG.abs().mean(),
+           "rl/updates_per_batch": float(cfg.updates_per_batch)}
+    out.update({key: (v / total if key != "rl/policy_tokens" else v) for key, v in last.items() if key != "loss"})
     out.update(logprob_mismatch(d[:, None], torch.zeros_like(d)[:, None], torch.ones_like(d)[:, None], cfg.tis_cap))
     return out

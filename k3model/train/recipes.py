@@ -53,7 +53,7 @@ class PosttrainSizes:
     rl_tasks_per_family: int
     rl_eval_tasks_per_family: int
     rl_lr: float
-    rl_max_draw_factor: int  # refill draws at most this many times P groups per step
+    rl_max_draw_factor: int  # refill draws at most this many times P groups per step (≥ 2: refill on)
     # How specialist and sft_policy are both scored on the held-out tasks: episodes per task, the
     # sampling temperature (0: greedy, one episode per task), and the specialist's hard-split tasks.
     rl_eval_samples: int = 1
@@ -72,7 +72,7 @@ POSTTRAIN_SIZES: dict[str, PosttrainSizes] = {
                             sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
                             sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
                             rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=1, rl_hard_tasks=1,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=2, rl_hard_tasks=1,
                             rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
                             eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
@@ -96,7 +96,7 @@ POSTTRAIN_SIZES: dict[str, PosttrainSizes] = {
                            sft_max_tokens=4096, sft_steps=900, sft_batch_size=4, sft_lr=2e-3,
                            eval_tasks_per_family=4, ladder_tasks_per_family=4, ladder_samples=8,
                            rl_steps=8, rl_group_size=4, rl_groups_per_step=2, rl_tasks_per_family=64,
-                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=1,
+                           rl_eval_tasks_per_family=64, rl_lr=1e-4, rl_max_draw_factor=2,
                            rl_eval_samples=1, rl_eval_temperature=1.0, rl_hard_tasks=16,
                            eval_budgets=(("low", 256, 128), ("high", 512, 192), ("max", 1024, 256)),
                            sft_family_weights=(("slack_ping", 2),)),
@@ -188,10 +188,11 @@ DISTILL_SIZES: dict[str, DistillSizes] = {
                           transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
                           transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
                           transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
-    # MOPD's rollouts on tiny: budgets cut to 256/384/512 policy tokens (the teachers' are 1024-4096;
-    # docs/log/mopd.md: ~1 min per 9-episode step on the loaded 2-core machine with these).
+    # MOPD's rollouts on tiny run at the teachers' own budgets (the specialists trained and are
+    # scored at POSTTRAIN_SIZES["tiny"].eval_budgets): a student cut shorter than its teacher at
+    # high/max would be judged against a teacher it cannot imitate.
     "tiny": DistillSizes(mopd_steps=6, mopd_episodes_per_step=9, mopd_lr=5e-5,
-                         mopd_budgets=(("low", 256, 128), ("high", 384, 192), ("max", 512, 256)),
+                         mopd_budgets=POSTTRAIN_SIZES["tiny"].eval_budgets,
                          folds=("openclaw", "hermes"), transfer_domain="general_agents", transfer_effort="low",
                          transfer_steps=3, transfer_group_size=4, transfer_groups_per_step=2, transfer_rl_tasks=8,
                          transfer_eval_tasks=8,

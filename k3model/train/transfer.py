@@ -36,23 +36,7 @@ from k3model.train.effort import HELD_OUT_HARNESS
 from k3model.train.evaluate import evaluate_together
 from k3model.train.flops import counting
 from k3model.train.grpo import train as grpo_train
-
-Z95 = 1.959963984540054
-
-
-def ratio_interval(s1: int, n1: int, s2: int, n2: int, z: float = Z95) -> tuple[float | None, float, float]:
-    """(p₁/p₂, low, high): Katz's log interval for a ratio of proportions (module docstring)."""
-    for s, n in ((s1, n1), (s2, n2)):
-        if n < 1 or not 0 <= s <= n:
-            raise ValueError(f"need 0 ≤ successes ≤ n and n ≥ 1, got {s}, {n}")
-    if s2 == 0:
-        return None, 0.0, math.inf
-    ratio = (s1 / n1) / (s2 / n2)
-    a1, m1 = (s1, n1) if s1 > 0 else (0.5, n1 + 0.5)
-    var = 1 / a1 - 1 / m1 + 1 / s2 - 1 / n2
-    centre = math.log((a1 / m1) / (s2 / n2))
-    half = z * math.sqrt(max(var, 0.0))
-    return ratio, math.exp(centre - half), math.exp(centre + half)
+from k3model.train.stats import katz_ratio as ratio_interval  # Katz's interval (module docstring), re-exported
 
 
 @dataclass

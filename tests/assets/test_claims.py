@@ -7,6 +7,7 @@ import pytest
 
 from assets import claims
 from assets.claims import DOMAINS, EFFORTS, FAIL, NOT_MEASURED, PASS
+from k3model.train import stats
 
 P = {"profile": "smoke"}
 
@@ -80,50 +81,121 @@ def test_claim_2_shows_its_basis_spread_and_dead_experts():
     assert c.figures["dead_fraction"] == {"stage 1": 0.125} and c.figures["per_batch"]["stage 1"]["max"] == 1.48
 
 
-def _specialists(rate=0.6, n=100, tokens=(10, 20, 40), hard=(0.2, 0.3)):
+def _specialists(rate=0.6, n=400, tokens=(10, 20, 40), hard=(0.2, 0.3), b=None, c=10):
+    """Specialists at `rate` against SFT at 0.3 on the same n tasks: b tasks only the specialist
+    solved, c only SFT (b − c = (rate − 0.3)·n)."""
+    b = round((rate - 0.3) * n) + c if b is None else b
     return {(d, e): {"success_rate": rate, "n": n, "mean_policy_tokens": tokens[i],
-                     "hard": {"success_rate": hard[0] if e == "low" else hard[1], "n": 50}}
+                     "hard": {"success_rate": hard[0] if e == "low" else hard[1], "n": 50},
+                     "paired": {"b": b, "c": c, "n": n}}
             for d in DOMAINS for i, e in enumerate(EFFORTS)}
 
 
-SFT = {(d, e): {"success_rate": 0.3, "n": 100} for d in DOMAINS for e in EFFORTS}
+def _sft(n=400, hard_low=0.1):
+    return {(d, e): {"success_rate": 0.3, "n": n, **({"hard": {"success_rate": hard_low, "n": 50}} if e == "low" else {})}
+            for d in DOMAINS for e in EFFORTS}
+
+
+def test_claim_3_power_is_computed_from_sfts_rate_and_n():
+    # At SFT 0.3 and n 400 each cell's paired rule has power ≥ 0.8 at a true +15 points (α/9);
+    # at n 64 it has not, whatever the specialists score.
+    assert claims.claim_3_power(0.3, 400) >= 0.8 > claims.claim_3_power(0.3, 64)
+    assert claims.claim_3_power(0.3, 400) == pytest.approx(
+        stats.paired_power(0.3, 0.15, 400, min_gain=0.10, alpha=0.05 / 9))
+    assert claims.claim_3_power(0.95, 10_000) == 0.0  # no room for +10 points above 0.95
+
+
+def test_a_held_out_n_below_the_pre_registered_power_is_refused_with_the_numbers():
+    with pytest.raises(ValueError, match=r"claim 3 held-out evaluation .*n = 64 per cell gives power 0\.\d\d < 0\.80; "
+                                         r"n ≥ \d+ per cell reaches it"):
+        claims.require_claim_3_n(0.3, 64)
+    assert claims.require_claim_3_n(0.3, 400) >= 0.8
+    with pytest.raises(ValueError, match="no room"):
+        claims.require_claim_3_n(0.95, 400)
 
 
 def test_claim_3_passes():
-    c = claims.claim_3(SFT, _specialists(), **P)
+    c = claims.claim_3(_sft(), _specialists(), **P)
     assert c.status == PASS and c.figure.startswith("9/9 specialists beat SFT")
-    assert c.figures["gains"]["coding_agents/max"]["gain"] == pytest.approx(0.3)
+    g = c.figures["gains"]["coding_agents/max"]
+    # b = 130, c = 10 of 400: gain 0.30, the Agresti–Min interval and McNemar's exact test.
+    assert g["gain"] == pytest.approx(0.3) and (g["lo"], g["hi"]) == pytest.approx(stats.paired_difference(130, 10, 400)[1:])
+    assert g["p_mcnemar"] == pytest.approx(stats.mcnemar_exact(130, 10)) and g["p_holm"] <= 0.05
+    assert c.n == 400 and c.power == pytest.approx(claims.claim_3_power(0.3, 400)) and c.power >= 0.8
+    assert c.as_dict()["n"] == 400 and c.as_dict()["power"] == c.power
+    assert c.figures["hard"]["general_tasks"] == "pass"
 
 
 @pytest.mark.parametrize("spec, why", [
     (_specialists(rate=0.38), "gains +8 points"),                       # below +10
-    (_specialists(rate=0.6, n=8), "gains +30 points"),                  # +30 but the interval reaches 0 at n = 8
+    (_specialists(rate=0.41, c=178), "Holm p"),                         # +11, b 222 vs c 178: p 0.03, ×9 by Holm
     (_specialists(tokens=(20, 20, 40)), "tokens low/high/max 20/20/40 not increasing"),
     (_specialists(hard=(0.3, 0.2)), "hard max 0.20 < low 0.30"),
 ])
 def test_claim_3_fails(spec, why):
-    c = claims.claim_3({k: dict(v, n=spec[k]["n"]) for k, v in SFT.items()}, spec, **P)
+    c = claims.claim_3(_sft(), spec, **P)
     assert c.status == FAIL and why in c.reason
+
+
+def test_claim_3_underpowered_is_never_pass_or_fail():
+    # +30 points at n = 8 per cell: the rule alone would fail (the interval reaches 0), but power at
+    # +15 is far below 0.8, so the claim reads underpowered, with the figures.
+    c = claims.claim_3(_sft(n=8), _specialists(n=8, c=0), **P)
+    assert c.status == claims.UNDERPOWERED and c.power < 0.8 and c.n == 8
+    assert "the rule alone reads fail" in c.reason and c.figures["gains"]["general_tasks/low"]["gain"] == pytest.approx(0.25)
+    assert c.line().startswith("claim 3 ~ underpowered:") and "power 0." in c.line()
+
+
+def test_claim_3_hard_split_is_judged_only_where_sft_at_low_is_below_half():
+    c = claims.claim_3(_sft(hard_low=0.6), _specialists(hard=(0.3, 0.2)), **P)
+    assert c.status == PASS and c.figures["hard"]["general_tasks"].startswith("not judged: sft_policy at low scores 0.60")
+    zero = claims.claim_3(_sft(), _specialists(hard=(0.0, 0.0)), **P)
+    assert zero.status == PASS and "0 ≥ 0 says nothing" in zero.figures["hard"]["coding_agents"]
 
 
 def test_claim_3_missing_parts():
     spec = _specialists()
     del spec[("general_tasks", "low")]
-    c = claims.claim_3(SFT, spec, **P)
+    c = claims.claim_3(_sft(), spec, **P)
     assert c.status == FAIL and "general_tasks/low: specialist not measured" in c.reason
-    assert claims.claim_3(SFT, {}, **P).status == NOT_MEASURED
+    unpaired = _specialists()
+    del unpaired[("coding_agents", "high")]["paired"]
+    c = claims.claim_3(_sft(), unpaired, **P)
+    assert c.status == FAIL and "coding_agents/high: paired outcomes (b, c) not reported" in c.reason
+    assert claims.claim_3(_sft(), {}, **P).status == NOT_MEASURED
 
 
-def test_claim_4():
-    teachers = {(d, e): 0.5 for d in DOMAINS for e in EFFORTS}
-    assert claims.claim_4(teachers, {k: 0.46 for k in teachers}, **P).status == PASS
-    low = dict.fromkeys(teachers, 0.5)
-    low[("coding_agents", "max")] = 0.40
-    c = claims.claim_4(teachers, low, **P)
-    assert c.status == FAIL and "coding_agents/max keeps 80%" in c.reason
-    zero = {**teachers, ("general_tasks", "low"): 0.0}
-    assert "the teacher scores 0" in claims.claim_4(zero, {k: 0.5 for k in teachers}, **P).reason
-    assert claims.claim_4(teachers, {}, **P).status == NOT_MEASURED
+def _cells4(student=0.5, teacher=0.5, sft=0.3, n=512):
+    return {(d, e): {"teacher": teacher, "student": student, "sft": sft, "n": n} for d in DOMAINS for e in EFFORTS}
+
+
+def test_claim_4_judges_the_pooled_retained_gain_with_its_lower_bound():
+    c = claims.claim_4(_cells4(student=0.49), **P)
+    # Pooled over nine equal cells: (0.49 − 0.3)/(0.5 − 0.3) = 0.95, the interval by the delta method.
+    r, lo, _ = stats.retention_from_counts([(0.49, 0.5, 0.3, 512)] * 9)
+    assert c.status == PASS and c.figures["pooled"] == pytest.approx(0.95) and c.figures["pooled_lo"] == pytest.approx(lo)
+    assert c.power >= 0.8 and c.n == 512
+    low = claims.claim_4(_cells4(student=0.46), **P)  # 80 % retained
+    assert low.status == FAIL and "retained 80%" in low.reason
+
+
+def test_claim_4_cells_where_the_teacher_does_not_beat_sft_have_nothing_to_retain():
+    cells = _cells4(student=0.49)
+    cells[("general_tasks", "low")].update(teacher=0.31, student=0.0)  # no real gain: not judged
+    c = claims.claim_4(cells, **P)
+    assert c.status == PASS and c.figures["cells"]["general_tasks/low"]["retention"] == "nothing to retain"
+    # The paired test decides when the pairs are given: b 20, c 15 of 512 is no win.
+    cells[("general_agents", "max")]["paired"] = {"b": 20, "c": 15, "n": 512}
+    assert claims.claim_4(cells, **P).figures["cells"]["general_agents/max"]["judged"] is False
+    none = claims.claim_4(_cells4(teacher=0.3), **P)
+    assert none.status == NOT_MEASURED and "nothing to retain" in none.reason
+    assert claims.claim_4({}, **P).status == NOT_MEASURED
+
+
+def test_claim_4_is_underpowered_at_the_audits_sizes():
+    # Eight tasks per cell, teachers 5/8 against SFT's 1/8: an identical student passes about half the time.
+    c = claims.claim_4(_cells4(student=0.625, teacher=0.625, sft=0.125, n=8), **P)
+    assert c.status == claims.UNDERPOWERED and c.power < 0.8
 
 
 def test_claim_5():
@@ -149,13 +221,27 @@ def test_claim_6():
     assert claims.claim_6({}, 1.4, True, **P).status == NOT_MEASURED
 
 
-def test_claim_7():
-    assert claims.claim_7({"e": {"in_harness": 0.5, "held_out": 0.42}}, **P).status == PASS
-    c = claims.claim_7({"e": {"in_harness": 0.5, "held_out": 0.45}, "d": {"in_harness": 0.5, "held_out": 0.3}},
-                       control={"e": 0.2}, **P)
-    assert c.status == FAIL and c.reason == "the worst fold (d held out) keeps 60%"
-    assert "single-harness control e 20%" in c.figure
-    assert "no in-harness success" in claims.claim_7({"e": {"in_harness": 0.0, "held_out": 0.0}}, **P).reason
+def _fold(held, inside, sft_held=0.2, sft_in=0.2, n=1024):
+    return {"in_harness": inside, "held_out": held, "sft_in_harness": sft_in, "sft_held_out": sft_held,
+            "n_in_harness": n, "n_held_out": n}
+
+
+def test_claim_7_scores_the_transfer_of_the_rl_gain():
+    c = claims.claim_7({"xml": _fold(0.45, 0.5), "json": _fold(0.46, 0.5)}, **P)
+    # Gains +25 / +30 and +26 / +30 points: 83 % and 87 % transferred.
+    assert c.status == PASS and c.figures["transfer"]["xml"]["transfer"] == pytest.approx(25 / 30)
+    assert c.power >= 0.8 and c.n == 1024
+    worse = claims.claim_7({"xml": _fold(0.45, 0.5), "json": _fold(0.34, 0.4)}, control={"xml": 0.2}, **P)
+    assert worse.status == FAIL and worse.reason == "the worst fold (json held out) keeps 70% of its RL gain"
+    assert "single-harness control xml 20%" in worse.figure
+    small = claims.claim_7({"xml": _fold(0.45, 0.5, n=8)}, **P)
+    assert small.status == claims.UNDERPOWERED
+
+
+def test_claim_7_without_a_gain_or_an_sft_baseline():
+    assert "nothing to transfer" in claims.claim_7({"e": _fold(0.2, 0.2)}, **P).reason
+    old = claims.claim_7({"e": {"in_harness": 0.5, "held_out": 0.42}}, **P)
+    assert old.status == NOT_MEASURED and "sft_policy's success in each harness" in old.reason
     assert claims.claim_7({"e": {"in_harness": 0.5}}, **P).status == NOT_MEASURED
     assert claims.claim_7({}, **P).status == NOT_MEASURED
 
@@ -175,3 +261,5 @@ def test_a_claim_line():
     c = claims.claim_2({"stage_1": 1.3}, {"none": 3.2}, **P)
     assert c.line() == f"claim 2 ✓ pass: {c.figure} (target: {c.target})"
     assert claims.not_measured(5, "t", "r", "smoke").line() == "claim 5 · not measured: — (target: t)"
+    # Every claim carries n and power (None where it is not a sampling test).
+    assert c.as_dict()["n"] is None and c.as_dict()["power"] is None

@@ -85,6 +85,7 @@ def test_summary_counts_by_task_family_and_harness():
     meta = r.as_metadata("eval/")
     assert meta["eval/n"] == 3 and meta["eval/ci95_low"] < 1 / 3 < meta["eval/ci95_high"]
     assert meta["eval/family/slack_post/success_rate"] == 0.0 and meta["eval/stop/budget"] == 1
+    assert meta["eval/pass_at_2"] == 0.5  # arith_word solved by one of its 2 episodes, slack_post by none
 
 
 def test_evaluate_plays_every_sample_and_is_reproducible(model, smoke_tok):

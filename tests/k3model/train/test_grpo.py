@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from k3model.train.effort import EFFORT_SPECS
-from k3model.train.grpo import (GRPOConfig, group_advantages, length_term, logprob_mismatch, policy_loss, refill_groups,
-                                shaped_rewards, token_logprobs)
+from k3model.train.grpo import (GRPOConfig, group_advantages, has_variance, length_term, logprob_mismatch, policy_loss,
+                                prompt_order, refill_groups, shaped_rewards, token_logprobs)
 
 
 def test_advantages_are_rewards_minus_the_group_mean_and_optionally_over_its_std():
@@ -56,6 +56,58 @@ def test_zero_variance_groups_are_dropped_and_the_batch_refilled():
     pool[:] = [[1, 1], [0, 1], [0, 0], [1, 0]]
     kept, stats = refill_groups(draw, lambda g: g, n_groups=2, max_draws=3)
     assert kept == [[0, 1]] and stats["rl/groups_drawn"] == 3.0  # the draw limit leaves the batch short
+
+
+def test_an_all_fail_group_of_unequal_lengths_is_uninformative():
+    # The audit's group at low effort: four failures of 40/60/90/128 tokens. λ = 0.5 − (0, 20, 50, 88)/88,
+    # wrong answers keep min(0, λ) = (0, 0, −6/88, −0.5), times c = 0.2: the shaped rewards vary and
+    # would give A = r − mean = (+.0284, +.0284, +.0148, −.0716) — a gradient on length alone.
+    correct, lengths = torch.zeros(1, 4), torch.tensor([[40, 60, 90, 128]])
+    r = shaped_rewards(correct, lengths, 0.2)
+    torch.testing.assert_close(r, torch.tensor([[0.0, 0.0, -0.2 * 6 / 88, -0.1]]))
+    torch.testing.assert_close(group_advantages(r), r - r.mean(), rtol=0, atol=1e-7)
+    assert has_variance(r[0].tolist()) and not has_variance(correct[0].tolist())
+    # refill_groups judges correctness: that group is dropped, a mixed one kept; an all-correct
+    # group of unequal lengths is dropped too.
+    groups = [([0, 0, 0, 0], [40, 60, 90, 128]), ([1, 1, 1, 1], [10, 20, 30, 40]), ([1, 0, 0, 0], [40, 60, 90, 128])]
+    kept, stats = refill_groups(lambda k: [groups.pop(0) for _ in range(k)], lambda g: g[0], n_groups=1, max_draws=3)
+    assert kept == [([1, 0, 0, 0], [40, 60, 90, 128])] and stats["rl/frac_zero_variance"] == pytest.approx(2 / 3)
+
+
+def test_every_prompt_is_drawn_once_before_any_repeats():
+    n = 5
+    first = prompt_order(n, seed=0, start=0, count=n)
+    second = prompt_order(n, seed=0, start=n, count=n)
+    assert sorted(first) == sorted(second) == list(range(n))
+    # Draws split over steps and refills (2 + 1 + 4 + 3 groups) follow the same order as one draw.
+    parts, at = [], 0
+    for k in (2, 1, 4, 3):
+        parts += prompt_order(n, 0, at, k)
+        at += k
+    assert parts == first + second
+    assert prompt_order(n, seed=1, start=0, count=n) != first or prompt_order(n, 2, 0, n) != first
+    with pytest.raises(ValueError, match="n_prompts"):
+        prompt_order(0, 0, 0, 1)
+
+
+def test_the_clip_acts_once_the_policy_has_moved_from_pi_old():
+    """Two updates of one batch through `policy_loss`, π_old fixed at the sampling policy: a single
+    token of logit θ (π = σ(θ) against one other token), A = +1, SGD with lr 10 on the summed loss."""
+    theta = torch.zeros((), requires_grad=True)
+    opt = torch.optim.SGD([theta], lr=10.0)
+    logp_old = torch.nn.functional.logsigmoid(theta).detach().reshape(1, 1)  # log ½
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 1)
+    ratios, grads = [], []
+    for _ in range(2):
+        opt.zero_grad()
+        loss, stats = policy_loss(torch.nn.functional.logsigmoid(theta).reshape(1, 1), logp_old, logp_old, adv, mask)
+        loss.backward()
+        ratios.append(float(stats["rl/ratio_mean"]))
+        grads.append(float(theta.grad))
+        opt.step()
+    # Pass 1: ρ = 1, d(−ρ)/dθ = −(1 − σ(0)) = −½, θ → 5. Pass 2: ρ = σ(5)/½ = 1.9866 > 1.28: clipped, no gradient.
+    assert ratios[0] == 1.0 and grads[0] == pytest.approx(-0.5)
+    assert ratios[1] == pytest.approx(2 * torch.sigmoid(torch.tensor(5.0)).item()) and grads[1] == 0.0
 
 
 def _batch():
@@ -122,6 +174,8 @@ def test_token_logprobs_and_the_rollout_training_mismatch():
 
 
 @pytest.mark.parametrize("kwargs, match", [({"group_size": 1}, "group_size"),
+                                           ({"max_draw_factor": 1}, "refill on"),
+                                           ({"updates_per_batch": 1}, "clip never acts"),
                                            ({"advantage_scale": "rank"}, "advantage_scale"),
                                            ({"tis_cap": 0.5}, "tis_cap"), ({"efforts": {}}, "efforts")])
 def test_bad_config_says_what_to_change(kwargs, match):

@@ -1,0 +1,157 @@
+"""k3model.train.stats against textbook and hand-computed values."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from k3model.train import stats as S
+
+
+def test_wilson_matches_newcombe_1998_table_i():
+    # Newcombe (1998a), Table I, method 3 (score): 81/263 → 0.2553–0.3662; 15/148 → 0.0624–0.1605.
+    assert S.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=5e-5)
+    assert S.wilson(15, 148) == pytest.approx((0.0624, 0.1605), abs=5e-5)
+    lo, hi = S.wilson(0, 3)  # 0 of n: upper z²/(n + z²)
+    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(S.Z95 ** 2 / (3 + S.Z95 ** 2))
+    assert S.wilson(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="successes ≤ n"):
+        S.wilson(4, 3)
+
+
+def test_newcombe_matches_newcombe_1998_table_ii():
+    # Newcombe (1998a), Table II example (a): 56/70 − 48/80 = 0.2000, method 10: 0.0524 to 0.3339.
+    d, lo, hi = S.newcombe(56, 70, 48, 80)
+    assert d == pytest.approx(0.2) and (lo, hi) == pytest.approx((0.0524, 0.3339), abs=5e-5)
+
+
+def test_katz_ratio_by_hand():
+    # 20/100 over 40/100: log 0.5 ± 1.96·√(1/20 − 1/100 + 1/40 − 1/100) = log 0.5 ± 1.96·√0.055.
+    r, lo, hi = S.katz_ratio(20, 100, 40, 100)
+    half = S.Z95 * math.sqrt(0.055)
+    assert r == pytest.approx(0.5) and (lo, hi) == pytest.approx((0.5 * math.exp(-half), 0.5 * math.exp(half)))
+    assert S.katz_ratio(3, 10, 0, 10) == (None, 0.0, math.inf)
+
+
+def test_mcnemar_exact_by_hand():
+    # b = 8, c = 2: P(B ≥ 8 | 10, ½) = (45 + 10 + 1) / 1024, doubled.
+    assert S.mcnemar_exact(8, 2) == pytest.approx(2 * 56 / 1024)
+    assert S.mcnemar_exact(2, 8) == pytest.approx(2 * 56 / 1024)
+    assert S.mcnemar_exact(5, 5) == 1.0 and S.mcnemar_exact(0, 0) == 1.0
+    assert S.mcnemar_exact(6, 0) == pytest.approx(2 / 64)
+    with pytest.raises(ValueError):
+        S.mcnemar_exact(-1, 2)
+
+
+def test_paired_difference_matches_agresti():
+    # Agresti, "Categorical Data Analysis", presidential approval (n = 1600; b = 150, c = 86):
+    # d = 0.04, 95 % interval (0.021, 0.059); Agresti–Min's ½ per cell moves it by < 1e-3.
+    d, lo, hi = S.paired_difference(150, 86, 1600)
+    assert d == pytest.approx(0.04) and (round(lo, 3), round(hi, 3)) == (0.021, 0.059)
+    # By hand at b = 8, c = 2, n = 20: b* 8.5, c* 2.5, n* 22; d* = 6/22, half = z·√(11 − 36/22)/22.
+    d, lo, hi = S.paired_difference(8, 2, 20)
+    half = S.Z95 * math.sqrt(11 - 36 / 22) / 22
+    assert d == pytest.approx(0.3) and (lo, hi) == pytest.approx((6 / 22 - half, 6 / 22 + half))
+    with pytest.raises(ValueError, match="b \\+ c ≤ n"):
+        S.paired_difference(8, 5, 10)
+
+
+def test_paired_counts():
+    new = {"a": 1, "b": 1, "c": 0, "d": 0}
+    base = {"a": 1, "b": 0, "c": 1, "d": 0}
+    assert S.paired_counts(new, base) == (1, 1, 4)
+    with pytest.raises(ValueError, match="same tasks"):
+        S.paired_counts(new, {"a": 1})
+    with pytest.raises(ValueError, match="0 or 1"):
+        S.paired_counts({"a": 2}, {"a": 1})
+
+
+def test_holm_textbook():
+    # p = (0.01, 0.04, 0.03, 0.005): sorted 0.005·4, 0.01·3, 0.03·2, 0.04·1 → 0.02, 0.03, 0.06, max(0.06, 0.04).
+    adjusted, rejected = S.holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02]) and rejected == [True, False, False, True]
+    assert S.holm([0.5, 0.9], alpha=0.05)[0] == [1.0, 1.0]
+
+
+def test_connor_power_and_n_by_hand():
+    # p0 0.30, δ 0.15 → p1 0.45; independence ψ = 0.45·0.70 + 0.30·0.55 = 0.48.
+    psi = 0.48
+    z = (0.15 * 16 - S.Z95 * math.sqrt(psi)) / math.sqrt(psi - 0.0225)
+    assert S.connor_power(0.3, 0.15, 256) == pytest.approx(0.5 * (1 + math.erf(z / math.sqrt(2))))
+    need = (S.Z95 * math.sqrt(psi) + 0.8416212335729143 * math.sqrt(psi - 0.0225)) ** 2 / 0.0225
+    assert S.connor_n(0.3, 0.15) == math.ceil(need) == 166
+    assert S.discordance(0.3, 0.15, psi=0.2) == pytest.approx((0.175, 0.025))
+    with pytest.raises(ValueError, match="discordance"):
+        S.discordance(0.3, 0.15, psi=0.1)
+
+
+def _brute_power(p0, effect, n, min_gain, alpha):
+    """Every (b, c) of n tasks, each judged with the module's own test and interval."""
+    pb, pc = S.discordance(p0, effect)
+    pe = 1 - pb - pc
+    total = 0.0
+    for b, c in itertools.product(range(n + 1), repeat=2):
+        if b + c > n:
+            continue
+        prob = math.factorial(n) / (math.factorial(b) * math.factorial(c) * math.factorial(n - b - c)) \
+            * pb ** b * pc ** c * pe ** (n - b - c)
+        passes = (b > c and S.mcnemar_exact(b, c) <= alpha and (b - c) >= min_gain * n - 1e-9
+                  and S.paired_difference(b, c, n)[1] > 0)
+        total += prob * passes
+    return total
+
+
+@pytest.mark.parametrize("p0, effect, n, min_gain, alpha", [(0.3, 0.3, 12, 0.0, 0.05), (0.2, 0.4, 15, 0.1, 0.05 / 9),
+                                                            (0.5, 0.2, 20, 0.1, 0.05)])
+def test_exact_paired_power_equals_brute_force(p0, effect, n, min_gain, alpha):
+    assert S.paired_power(p0, effect, n, min_gain=min_gain, alpha=alpha) == pytest.approx(
+        _brute_power(p0, effect, n, min_gain, alpha), abs=1e-12)
+
+
+def test_exact_power_is_near_connor_and_min_n_is_the_first_that_reaches_the_target():
+    assert S.paired_power(0.3, 0.15, 256) == pytest.approx(S.connor_power(0.3, 0.15, 256), abs=0.02)
+    assert S.paired_power(0.3, 0.0, 200) <= 0.05  # no gain: at most the test's level
+    n = S.min_paired_n(0.3, 0.15, min_gain=0.10, alpha=0.05 / 9)
+    assert S.paired_power(0.3, 0.15, n, min_gain=0.10, alpha=0.05 / 9) >= 0.8
+    assert S.paired_power(0.3, 0.15, n - 1, min_gain=0.10, alpha=0.05 / 9) < 0.8
+    with pytest.raises(ValueError, match="cannot pass"):
+        S.min_paired_n(0.3, 0.05, min_gain=0.10)
+
+
+def test_retention_by_hand():
+    # One cell, n 100: student 0.5, teacher 0.5, SFT 0.3 → U = V = 20, R = 1;
+    # Var(U) = Var(V) = 100·(0.25 + 0.21) = 46, Cov = 21: Var(U − V) = 46 − 42 + 46 = 50.
+    r, lo, hi = S.retention_from_counts([(0.5, 0.5, 0.3, 100)])
+    assert r == pytest.approx(1.0) and (lo, hi) == pytest.approx((1 - S.Z95 * math.sqrt(50) / 20,
+                                                                 1 + S.Z95 * math.sqrt(50) / 20))
+    assert S.retention_from_counts([(0.5, 0.3, 0.3, 100)])[0] is None  # the teacher gained nothing
+    # Paired, 4 tasks: u = (1, 0, 0, 0), v = (1, 0, 1, 0), R = 1/2, z = (½, 0, −½, 0), var 1/6;
+    # Var(R) = 4 · (1/6) / 2² = 1/6.
+    r, lo, hi = S.retention_from_outcomes([[1, 1, 0, 0]], [[1, 1, 1, 0]], [[0, 1, 0, 0]])
+    assert r == 0.5 and hi - r == pytest.approx(S.Z95 * math.sqrt(1 / 6))
+
+
+def test_gain_ratio_by_hand():
+    # Held out (0.4, 0.2), in-harness (0.6, 0.3), n 100 each: R = 0.2/0.3;
+    # Var = (0.0024 + 0.0016 + R²·(0.0024 + 0.0021)) / 0.09.
+    r, lo, hi = S.gain_ratio((0.4, 0.2), (100, 100), (0.6, 0.3), (100, 100))
+    var = (0.0024 + 0.0016 + (2 / 3) ** 2 * 0.0045) / 0.09
+    assert r == pytest.approx(2 / 3) and hi - r == pytest.approx(S.Z95 * math.sqrt(var))
+    assert S.gain_ratio((0.4, 0.2), (100, 100), (0.3, 0.3), (100, 100))[0] is None
+
+
+def test_ratio_power_grows_with_n():
+    # An identical student (the audit's case: 8 tasks per cell almost never passes).
+    small = S.retention_power([(0.45, 0.3, 8)] * 9, sims=500)
+    large = S.retention_power([(0.45, 0.3, 512)] * 9, sims=500)
+    assert small < 0.05 and large > 0.9
+    assert S.gain_ratio_power((0.3, 0.3), (1024, 1024), (0.6, 0.3), (1024, 1024), sims=500) > 0.7
+    assert S.gain_ratio_power((0.3, 0.3), (8, 8), (0.6, 0.3), (8, 8), sims=500) < 0.7
+
+
+def test_require_paired_n_refuses_with_the_numbers():
+    with pytest.raises(ValueError, match=r"n = 64 per cell gives power 0\.\d\d < 0\.80; n ≥ \d+ per cell reaches it"):
+        S.require_paired_n(64, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9, what="claim 3")
+    assert S.require_paired_n(400, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9) >= 0.8
