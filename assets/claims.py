@@ -30,8 +30,9 @@ count) and `power` (None where the claim is not a sampling test). A claim whose 
 pre-registered effect is below `stats.POWER_TARGET` (0.8) reads "underpowered", never pass or fail:
 its figures are shown, not judged (`_claim` applies the rule). The effects:
 - claim 3: a true gain of +15 points over sft_policy in every cell (power of each cell's paired
-  rule, from sft_policy's measured rate and n, at Holm's strictest level α/9; the claim's `power`
-  is the smallest cell's, `figures["power_all"]` the chance that all nine pass);
+  rule, from sft_policy's measured rate and n, at Holm's strictest level α/9). The claim says *each*
+  specialist beats SFT, so its `power` is the chance that all nine pass at that effect (the product of
+  the cells' powers, `figures["power_all"]`); each cell's power is shown beside its gain;
 - claim 4: a student identical to its teachers (retains 100 % of each judged teacher's gain);
 - claim 7: perfect transfer of the RL gain (held-out gain = in-harness gain) in every fold.
 """
@@ -264,15 +265,18 @@ def claim_3_power(sft_rate: float, n: int, cells: int = 9) -> float:
 
 def require_claim_3_n(sft_rate: float, n: int, cells: int = 9) -> float:
     """Refuse (ValueError with the numbers and the n that would do) a held-out n per cell whose claim-3
-    power at a true +POWERED_GAIN over sft_policy's measured `sft_rate` is below 0.8; else the power.
+    power at a true +POWERED_GAIN over sft_policy's measured `sft_rate` is below 0.8 for all `cells`
+    together (each cell at 0.8^(1/cells)); else the cell's power.
     For a profile that pre-registers claim 3 as judged (a CPU profile that only shows it passes no n
     here and reads "underpowered")."""
     effect = min(POWERED_GAIN, 1.0 - sft_rate)
     if effect <= SPECIALIST_GAIN:
         raise ValueError(f"claim 3: sft_policy already scores {sft_rate:.2f}, so a gain of "
                          f"{SPECIALIST_GAIN * 100:.0f} points has no room; choose harder held-out tasks")
+    # The claim needs all `cells` to pass: each cell at POWER_TARGET^(1/cells) gives the claim POWER_TARGET.
     return stats.require_paired_n(n, sft_rate, effect, min_gain=SPECIALIST_GAIN, alpha=ALPHA / cells,
-                                  what=f"claim 3 held-out evaluation (Holm over {cells} cells)")
+                                  target=stats.POWER_TARGET ** (1 / cells),
+                                  what=f"claim 3 held-out evaluation (Holm over {cells} cells, all of which must pass)")
 
 
 def claim_3(sft: dict[tuple[str, str], dict[str, Any]], specialists: dict[tuple[str, str], dict[str, Any]], *,
@@ -355,8 +359,8 @@ def claim_3(sft: dict[tuple[str, str], dict[str, Any]], specialists: dict[tuple[
         else:
             hard[d] = "pass"
     powers = [g["power"] for g in gains.values()]
-    power = min(powers) if powers else None
     power_all = math.prod(powers) if powers else None
+    power = power_all  # the claim is about all nine at once (module docstring)
     n_min = min((g["n"] for g in gains.values()), default=None)
     figures = {"gains": gains, "tokens": tokens, "hard": hard, "power_all": power_all,
                "powered_gain": POWERED_GAIN}

@@ -81,7 +81,7 @@ def test_claim_2_shows_its_basis_spread_and_dead_experts():
     assert c.figures["dead_fraction"] == {"stage 1": 0.125} and c.figures["per_batch"]["stage 1"]["max"] == 1.48
 
 
-def _specialists(rate=0.6, n=400, tokens=(10, 20, 40), hard=(0.2, 0.3), b=None, c=10):
+def _specialists(rate=0.6, n=900, tokens=(10, 20, 40), hard=(0.2, 0.3), b=None, c=10):
     """Specialists at `rate` against SFT at 0.3 on the same n tasks: b tasks only the specialist
     solved, c only SFT (b − c = (rate − 0.3)·n)."""
     b = round((rate - 0.3) * n) + c if b is None else b
@@ -91,25 +91,28 @@ def _specialists(rate=0.6, n=400, tokens=(10, 20, 40), hard=(0.2, 0.3), b=None, 
             for d in DOMAINS for i, e in enumerate(EFFORTS)}
 
 
-def _sft(n=400, hard_low=0.1):
+def _sft(n=900, hard_low=0.1):
     return {(d, e): {"success_rate": 0.3, "n": n, **({"hard": {"success_rate": hard_low, "n": 50}} if e == "low" else {})}
             for d in DOMAINS for e in EFFORTS}
 
 
 def test_claim_3_power_is_computed_from_sfts_rate_and_n():
-    # At SFT 0.3 and n 400 each cell's paired rule has power ≥ 0.8 at a true +15 points (α/9);
-    # at n 64 it has not, whatever the specialists score.
+    # At SFT 0.3 and n 400 each cell's paired rule has power ≥ 0.8 at a true +15 points (α/9), but all
+    # nine together only ~0.54; n 900 gives all nine ≥ 0.8. At n 64 no cell has it.
     assert claims.claim_3_power(0.3, 400) >= 0.8 > claims.claim_3_power(0.3, 64)
+    assert claims.claim_3_power(0.3, 400) ** 9 < 0.8 <= claims.claim_3_power(0.3, 900) ** 9
     assert claims.claim_3_power(0.3, 400) == pytest.approx(
         stats.paired_power(0.3, 0.15, 400, min_gain=0.10, alpha=0.05 / 9))
     assert claims.claim_3_power(0.95, 10_000) == 0.0  # no room for +10 points above 0.95
 
 
 def test_a_held_out_n_below_the_pre_registered_power_is_refused_with_the_numbers():
-    with pytest.raises(ValueError, match=r"claim 3 held-out evaluation .*n = 64 per cell gives power 0\.\d\d < 0\.80; "
+    with pytest.raises(ValueError, match=r"claim 3 held-out evaluation .*n = 64 per cell gives power 0\.\d\d < 0\.98; "
                                          r"n ≥ \d+ per cell reaches it"):
         claims.require_claim_3_n(0.3, 64)
-    assert claims.require_claim_3_n(0.3, 400) >= 0.8
+    with pytest.raises(ValueError, match=r"n = 400 per cell"):  # each cell ≥ 0.8, all nine not
+        claims.require_claim_3_n(0.3, 400)
+    assert claims.require_claim_3_n(0.3, 900) >= 0.8 ** (1 / 9)
     with pytest.raises(ValueError, match="no room"):
         claims.require_claim_3_n(0.95, 400)
 
@@ -118,17 +121,19 @@ def test_claim_3_passes():
     c = claims.claim_3(_sft(), _specialists(), **P)
     assert c.status == PASS and c.figure.startswith("9/9 specialists beat SFT")
     g = c.figures["gains"]["coding_agents/max"]
-    # b = 130, c = 10 of 400: gain 0.30, the Agresti–Min interval and McNemar's exact test.
-    assert g["gain"] == pytest.approx(0.3) and (g["lo"], g["hi"]) == pytest.approx(stats.paired_difference(130, 10, 400)[1:])
-    assert g["p_mcnemar"] == pytest.approx(stats.mcnemar_exact(130, 10)) and g["p_holm"] <= 0.05
-    assert c.n == 400 and c.power == pytest.approx(claims.claim_3_power(0.3, 400)) and c.power >= 0.8
-    assert c.as_dict()["n"] == 400 and c.as_dict()["power"] == c.power
+    # b = 280, c = 10 of 900: gain 0.30, the Agresti–Min interval and McNemar's exact test.
+    assert g["gain"] == pytest.approx(0.3) and (g["lo"], g["hi"]) == pytest.approx(stats.paired_difference(280, 10, 900)[1:])
+    assert g["p_mcnemar"] == pytest.approx(stats.mcnemar_exact(280, 10)) and g["p_holm"] <= 0.05
+    # The claim's power: all nine cells pass at a true +15 points.
+    assert c.n == 900 and c.power == pytest.approx(claims.claim_3_power(0.3, 900) ** 9) and c.power >= 0.8
+    assert c.as_dict()["n"] == 900 and c.as_dict()["power"] == c.power
     assert c.figures["hard"]["general_tasks"] == "pass"
 
 
 @pytest.mark.parametrize("spec, why", [
     (_specialists(rate=0.38), "gains +8 points"),                       # below +10
-    (_specialists(rate=0.41, c=178), "Holm p"),                         # +11, b 222 vs c 178: p 0.03, ×9 by Holm
+    # No "Holm p" case: at an n where the claim is powered (900), a gain ≥ +10 points has b − c ≥ 90 of
+    # at most 900 discordant tasks, z ≥ 3, so McNemar's p ≤ 0.003 clears Holm's α/9; stats tests Holm.
     (_specialists(tokens=(20, 20, 40)), "tokens low/high/max 20/20/40 not increasing"),
     (_specialists(hard=(0.3, 0.2)), "hard max 0.20 < low 0.30"),
 ])

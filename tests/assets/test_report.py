@@ -114,10 +114,11 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
                                                                       for d, e in cells}})})
     for i, (d, e) in enumerate(cells):
         # The specialist's own SFT figure (its tasks) wins over sft_policy's (0.9 would fail claim 3).
-        # 400 paired tasks: 170 only the specialist solved, 10 only SFT (0.6 against 0.2).
-        put("rl_specialist", {"eval/success_rate": 0.6, "eval/n": 400, "eval/mean_policy_tokens": 10.0 * (1 + i % 3),
+        # 900 paired tasks (claim 3 powered for all nine cells): 370 only the specialist solved, 10 only
+        # SFT (0.6 against 0.2).
+        put("rl_specialist", {"eval/success_rate": 0.6, "eval/n": 900, "eval/mean_policy_tokens": 10.0 * (1 + i % 3),
                               "eval/hard/success_rate": 0.3, "eval/hard/n": 40, "sft_policy/success_rate": 0.2,
-                              "sft_policy/n": 400, "paired/b": 170, "paired/c": 10, "paired/n": 400,
+                              "sft_policy/n": 900, "paired/b": 370, "paired/c": 10, "paired/n": 900,
                               **({"sft_policy/hard/success_rate": 0.1, "sft_policy/hard/n": 40} if e == "low" else {})},
             partition=str(dg.MultiPartitionKey({"domain": d, "effort": e})))
     put("mopd_student", {"retention_matrix": dg.MetadataValue.json(
@@ -135,7 +136,7 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     by = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}
     assert by[3].status == PASS and by[3].checkpoints["sft_policy"] == "sft_policy"
     assert len([n for n in by[3].checkpoints if n.startswith("rl_specialist[")]) == 9
-    assert by[3].n == 400 and by[3].power >= 0.8 and by[3].figures["hard"]["general_tasks"] == "pass"
+    assert by[3].n == 900 and by[3].power >= 0.8 and by[3].figures["hard"]["general_tasks"] == "pass"
     assert by[4].status == FAIL and "retained 75%" in by[4].reason  # (0.5 − 0.2) of (0.6 − 0.2)
     assert by[5].status == PASS and by[5].figures["drop_ptq"] == pytest.approx(3.0)
     assert by[6].status == FAIL and "2.20 < 2.5" in by[6].reason
