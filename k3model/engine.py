@@ -128,9 +128,16 @@ def _per_row(cfg: SamplingConfig | Sequence[SamplingConfig], n: int) -> list[Sam
     return cfgs
 
 
-def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch.Generator | None = None):
+def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch.Generator | None = None,
+           uniforms: Sequence[float] | None = None):
     """Draw one token per row. Returns (tokens [B], logprobs [B] under the sampling distribution,
-    model_logprobs [B] under log_softmax(logits)), all computed in fp32."""
+    model_logprobs [B] under log_softmax(logits)), all computed in fp32.
+
+    With `uniforms` (one u ∈ [0, 1) per row, read for sampled rows only) a row draws by inverse CDF,
+    token = min{v : Σ_{w ≤ v} p_w > u · Σ_w p_w}, instead of from `generator`: each row's draw then
+    depends on its own u alone, not on which rows share the batch (continuous batching,
+    k3model/train/rollout.py). Every step is per row (softmax, cumsum, search), so a row gets the
+    same bits in any batch."""
     logits_BV = logits_BV.float()
     B = logits_BV.shape[0]
     model_logp_BV = logits_BV.log_softmax(-1)
@@ -144,7 +151,15 @@ def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch
         if any(cfgs[b].top_k is not None or cfgs[b].top_p is not None for b in sampled):
             z_SV = _filter(z_SV, [cfgs[b] for b in sampled])
         dist_logp_SV = z_SV.log_softmax(-1)
-        drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)
+        if uniforms is None:
+            drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)
+        else:
+            cdf_SV = z_SV.softmax(-1).cumsum(-1)
+            u_S1 = torch.tensor([[float(uniforms[b])] for b in sampled], device=logits_BV.device)
+            # right=True skips tokens of probability 0 (a flat CDF step); the clamp guards u·total
+            # rounding onto the last step.
+            drawn_S = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True).squeeze(-1).clamp_max(
+                cdf_SV.shape[-1] - 1)
         tokens_B = tokens_B.index_copy(0, idx, drawn_S)
         logp_B = logp_B.index_copy(0, idx, dist_logp_SV.gather(-1, drawn_S.unsqueeze(-1)).squeeze(-1))
     model_logp_B = model_logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
