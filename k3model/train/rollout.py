@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from k3model.cache import ModelCache
-from k3model.engine import (FINISH_LENGTH, MIN_ROWS, Completion, SamplingConfig, _record, context_length,
-                            last_logits, sample)
+from k3model.engine import (FINISH_LENGTH, MIN_ROWS, Completion, SamplingConfig, SlotBatch, _record,
+                            context_length, last_logits, sample)
 from k3model.train.qat import frozen_expert_weights
 
 
@@ -146,7 +146,7 @@ class _Slot:
     logits_V: torch.Tensor | None = None  # after the last fed id, until the slot joins the batch
     turn: Completion | None = None  # the turn being decoded
     budget: int = 0
-    in_batch: bool = False
+    row: int | None = None  # its slot in the decode batch while it decodes
 
 
 class TokenPolicy:
@@ -231,13 +231,27 @@ class TokenPolicy:
         out: list[Episode | None] = [None] * len(jobs)
         queue = deque(range(len(jobs)))
         slots: list[_Slot] = []
-        rows: list[_Slot | None] = []  # the decode batch's rows; None: a padding row or one that left
-        n_pad = 0  # padding rows of the last rebuild
-        cache: ModelCache | None = None
-        logits_BV: torch.Tensor | None = None
+        batch = SlotBatch(model, max(MIN_ROWS, min(self.max_concurrent, len(jobs))))
+        row_of: list[_Slot | None] = [None] * batch.rows  # the episode in each slot of the batch
+        logits_BV = torch.zeros(batch.rows, model.cfg.vocab_size, device=device)
         closing: list[Future] = []
         prompts: "OrderedDict[tuple[int, ...], tuple[ModelCache, torch.Tensor]]" = OrderedDict()
         greedy = SamplingConfig(max_new_tokens=0)
+        sampled = self.cfg.temperature > 0
+
+        def finish(s: _Slot) -> None:
+            slots.remove(s)
+            out[s.job] = s.ep
+            if s.row is not None:
+                batch.leave(s.row)
+                row_of[s.row] = None
+            s.row, s.cache, s.logits_V, s.pending = None, None, None, None
+            if s.close:
+                if s.future is None:
+                    closing.append(pool.submit(s.env.close))
+                else:  # still resetting or stepping: close once that returns
+                    s.future.add_done_callback(partial(_close_after, s.env))
+
         try:
             while queue or slots:
                 while queue and len(slots) < self.max_concurrent:
@@ -248,75 +262,70 @@ class TokenPolicy:
                     slot.future = pool.submit(_reset, job)
                     slots.append(slot)
                 stepping = [s for s in slots if s.future is not None]
-                if stepping and not any(s.in_batch or s.pending is not None for s in slots):
+                if stepping and not any(s.row is not None or s.pending is not None for s in slots):
                     # Nothing to decode: wait for an env, at most until the next deadline.
                     timeout = min(s.deadline for s in slots) - time.monotonic()
                     wait([s.future for s in stepping], timeout=None if timeout == float("inf") else max(timeout, 0),
                          return_when=FIRST_COMPLETED)
-                ended: list[_Slot] = []
                 for s in stepping:
-                    if s.future.done():
-                        future, s.future = s.future, None
-                        if s.env is None:
-                            s.env, obs = future.result()
-                            ids = fmt.first_observation(obs)
-                            s.ep.append(ids, generated=False)
-                            s.pending = ids
-                            if not self._room(s.ep, limit):
-                                s.ep.truncated = True
-                                self._end(s, "context")
-                        else:
-                            self._after_step(s, future.result(), limit)
-                        if s.ep.stop_reason:
-                            ended.append(s)
+                    if not s.future.done():
+                        continue
+                    future, s.future = s.future, None
+                    if s.env is None:
+                        s.env, obs = future.result()
+                        ids = fmt.first_observation(obs)
+                        s.ep.append(ids, generated=False)
+                        s.pending = ids
+                        if not self._room(s.ep, limit):
+                            s.ep.truncated = True
+                            self._end(s, "context")
+                    else:
+                        self._after_step(s, future.result(), limit)
+                    if s.ep.stop_reason:
+                        finish(s)
                 now = time.monotonic()
-                for s in slots:
-                    if not s.ep.stop_reason and now >= s.deadline:
-                        self._out_of_time(s)
-                        ended.append(s)
-                for s in ended:
-                    slots.remove(s)
-                    out[s.job] = s.ep
-                    s.in_batch, s.cache, s.logits_V, s.pending = False, None, None, None
-                    if s.close:
-                        if s.future is None:
-                            closing.append(pool.submit(s.env.close))
-                        else:  # still resetting or stepping: close once that returns
-                            s.future.add_done_callback(partial(_close_after, s.env))
+                for s in [s for s in slots if now >= s.deadline]:
+                    self._out_of_time(s)
+                    finish(s)
                 # Feed what the ready episodes still have to read; they join the batch.
-                joining = [s for s in slots if s.pending is not None]
-                for s in joining:
+                for s in [s for s in slots if s.pending is not None]:
                     self._feed(s, prompts, device, limit)
-                keep = [b for b, s in enumerate(rows) if s is not None and s.in_batch]
-                if joining or len(keep) + n_pad < len(rows):
-                    cache, logits_BV, rows = self._rebuild(cache, logits_BV, rows, keep, joining)
-                    n_pad = sum(s is None for s in rows)
-                if not rows:
+                    s.row = batch.join(s.cache, s.cache.lengths[0] + s.budget)
+                    row_of[s.row] = s
+                    logits_BV[s.row] = s.logits_V
+                    s.cache, s.logits_V = None, None
+                if not queue and len(slots) <= batch.rows // 2:
+                    # The queue is empty: the last episodes need fewer slots.
+                    order = batch.shrink(len(slots))
+                    if order is not None:
+                        row_of = [row_of[b] for b in order]
+                        logits_BV = logits_BV[torch.tensor(order, device=device)]
+                        for b, s in enumerate(row_of):
+                            if s is not None:
+                                s.row = b
+                live = [b for b, s in enumerate(row_of) if s is not None]
+                if not live:
                     continue
-                # One decode step over the batch.
-                row_cfgs = [self.cfg if s is not None else greedy for s in rows]
-                uniforms = [s.rng.random() if s is not None and self.cfg.temperature > 0 else 0.0 for s in rows]
+                # One decode step over the batch (free slots: greedy, ignored).
+                row_cfgs = [self.cfg if s is not None else greedy for s in row_of]
+                uniforms = [s.rng.random() if s is not None and sampled else 0.0 for s in row_of]
                 tokens_B, logp_B, model_logp_B = sample(logits_BV, row_cfgs, uniforms=uniforms)
                 tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
-                self.decode_batches.append(sum(s is not None for s in rows))
-                for b, s in enumerate(rows):
-                    if s is None or not s.in_batch:
+                self.decode_batches.append(len(live))
+                for b in live:
+                    s = row_of[b]
+                    if not _record(s.turn, tokens[b], logps[b], model_logps[b], self.cfg, s.budget):
                         continue
-                    if _record(s.turn, tokens[b], logps[b], model_logps[b], self.cfg, s.budget):
-                        # Its cache holds every sampled id but the last (never fed).
-                        s.cache, s.in_batch, rows[b] = cache.select([b]), False, None
-                        text = self._turn_text(s)
-                        if text is not None:
-                            s.future = pool.submit(s.env.step, text)
-                        else:
-                            slots.remove(s)
-                            out[s.job] = s.ep
-                            s.cache = None
-                            if s.close:
-                                closing.append(pool.submit(s.env.close))
-                if any(s is not None for s in rows):
-                    # Rows that just left ride along this step; the next rebuild drops them.
-                    logits_BV = model(tokens_B.unsqueeze(1), cache=cache).logits_BTV[:, 0]
+                    # Its cache holds every sampled id but the last (never fed).
+                    s.cache, s.row, row_of[b] = batch.leave(b), None, None
+                    text = self._turn_text(s)
+                    if text is not None:
+                        s.future = pool.submit(s.env.step, text)
+                    else:
+                        s.cache = None
+                        finish(s)
+                if any(s is not None for s in row_of):
+                    logits_BV = batch.step(tokens_B)
         finally:
             for s in slots:  # an error: close what was opened
                 if s.close and s.env is not None and s.future is None:
@@ -339,36 +348,13 @@ class TokenPolicy:
                 while len(prompts) > 16:
                     prompts.popitem(last=False)
             cache, first = prompts[key]
-            s.cache, s.logits_V = cache.select([0]), first  # select copies: decoding writes in place
+            s.cache, s.logits_V = cache, first  # joining the batch copies it: the cache stays as prefilled
         else:
             fed = model(torch.tensor([ids], device=device), cache=s.cache, logits=False)
             s.logits_V = last_logits(model, fed.hidden_BTD)[0]
         s.pending = None
         s.budget = int(min(self.cfg.max_new_tokens, limit - len(s.ep.token_ids), self._left(s.ep)))
         s.turn = Completion([], [], [], FINISH_LENGTH)
-        s.in_batch = True
-
-    @staticmethod
-    def _rebuild(cache, logits_BV, rows, keep: list[int], joining: list[_Slot]):
-        """The batch of the kept rows and the joining slots, padded to MIN_ROWS rows."""
-        parts = [cache.select(keep)] if keep else []
-        parts += [s.cache for s in joining]
-        logit_parts = [logits_BV[keep]] if keep else []
-        logit_parts += [s.logits_V.unsqueeze(0) for s in joining]
-        new_rows = [rows[b] for b in keep] + list(joining)
-        for s in joining:
-            s.cache, s.logits_V = None, None
-        if not new_rows:
-            return None, None, []
-        cache = parts[0] if len(parts) == 1 else ModelCache.cat(parts)
-        logits_BV = torch.cat(logit_parts)
-        if len(new_rows) < MIN_ROWS:
-            # Padding rows (copies of row 0) keep every GEMM at ≥ MIN_ROWS rows (engine's batch invariance).
-            pad = [0] * (MIN_ROWS - len(new_rows))
-            cache = cache.select(list(range(len(new_rows))) + pad)
-            logits_BV = torch.cat([logits_BV, logits_BV[pad]])
-            new_rows += [None] * len(pad)
-        return cache, logits_BV, new_rows
 
     def _turn_text(self, s: _Slot) -> str | None:
         """Record the finished turn; the text for the env, or None when the episode ended here."""

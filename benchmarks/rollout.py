@@ -1,0 +1,166 @@
+"""Rollout and evaluation throughput of `k3model.train.rollout.play_tasks` against the engine's own
+raw batched decode at the same batch size, in the same run.
+
+    nice -n 10 env OMP_NUM_THREADS=1 PYTHONPATH=$PWD python benchmarks/rollout.py --profile tiny \
+        --out benchmarks/results/posttrain/2026-12-05_rollout_tiny_cpu.json
+
+Three workloads, interleaved over `--reps` repetitions (the 2-core machine is shared: the load is in
+the header, and the ratios are the figures):
+- `rl`: an RL step's rollouts: `--tasks` tasks × `--group` samples at temperature 1, episode budget
+  `--turns` × `--turn-tokens` generated tokens (the envs' own step limits also end episodes);
+- `eval`: held-out evaluation: `--tasks` × `--group` tasks, one greedy episode each, same budgets;
+- `raw`: `engine.prefill` of `--concurrent` prompts of the mean first-observation length, then
+  `engine.decode` of the mean generated tokens per episode at temperature 1, no stop ids (every row
+  decodes to the end: the engine's ceiling at that batch size).
+
+Per workload: episodes/s, generated tokens/s (tokens the model sampled), and core-seconds
+(getrusage user + system of this process and its reaped children: the sandboxed commands of the
+coding envs) per episode. `rl_vs_raw` = rollout generated tokens/s ÷ raw decode tokens/s.
+
+The model is randomly initialised (no trained tiny checkpoint here): decoding cost does not depend
+on the weights, episode lengths do — a random policy never writes a valid call nor its stop id, so
+its turns run to `--turn-tokens` and its episodes to the budget or the env's step limit: fixed max
+tokens, stated in the JSON. Text: `rollout.sft_format` at `--effort` on the profile's tokenizer
+(trained from its corpus at the start, ~9 s at tiny), harnesses in rotation (`--harnesses`).
+`raw` reports end to end (prefill + decode, `generated_tokens_per_s`) and decode only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from common import close_report, run_header, write_json  # noqa: E402
+
+
+def core_seconds() -> float:
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def token_format(profile: str, effort: str):
+    """The conversation format RL and evaluation use (`rollout.sft_format`), on the profile's
+    tokenizer trained here from its corpus (a few seconds at tiny)."""
+    from datagen.corpus import build_corpus
+    from datagen.profiles import presets
+    from datagen.tokenizer import train_tokenizer
+    from k3model.train.rollout import sft_format
+    cfg = presets(profile)
+    return sft_format(train_tokenizer(cfg.tokenizer, build_corpus(cfg.corpus)), effort)
+
+
+def run_episodes(model, fmt, tasks, harnesses, args, temperature: float, samples: int, seed: int) -> dict:
+    from k3model.engine import SamplingConfig
+    from k3model.train.rollout import play_tasks
+    cfg = SamplingConfig(max_new_tokens=args.turn_tokens, temperature=temperature)
+    generator = torch.Generator().manual_seed(seed)
+    c0, t0 = core_seconds(), time.perf_counter()
+    played = play_tasks(model, fmt, tasks, harnesses, cfg, samples=samples,
+                        episode_budget=args.turns * args.turn_tokens, generator=generator,
+                        max_episodes_per_batch=args.concurrent)
+    wall, cores = time.perf_counter() - t0, core_seconds() - c0
+    episodes = [ep for _, _, ep in played]
+    generated = sum(ep.n_generated for ep in episodes)
+    first = [ep.turns[0].start for ep in episodes if ep.turns]
+    return {"episodes": len(episodes), "wall_s": round(wall, 3), "core_s": round(cores, 3),
+            "episodes_per_s": len(episodes) / wall, "generated_tokens_per_s": generated / wall,
+            "core_s_per_episode": cores / len(episodes), "generated_tokens": generated,
+            "generated_per_episode": generated / len(episodes),
+            "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / len(episodes),
+            "turns_per_episode": sum(len(ep.turns) for ep in episodes) / len(episodes),
+            "first_observation_mean": sum(first) / max(1, len(first)),
+            "stop_reasons": {r: sum(ep.stop_reason == r for ep in episodes) for r in
+                             sorted({ep.stop_reason for ep in episodes})}}
+
+
+def run_raw(model, batch: int, prompt_len: int, new: int, seed: int) -> dict:
+    from k3model.engine import SamplingConfig, decode, prefill
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, model.cfg.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    cfg = SamplingConfig(max_new_tokens=new, temperature=1.0)
+    c0, t0 = core_seconds(), time.perf_counter()
+    with torch.no_grad():
+        cache, logits_BV = prefill(model, prompts, new)
+        t1 = time.perf_counter()
+        done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g)
+    wall, cores = time.perf_counter() - t0, core_seconds() - c0
+    decode_s = time.perf_counter() - t1
+    tokens = sum(len(c.token_ids) for c in done)
+    return {"batch": batch, "prompt": prompt_len, "new": new, "wall_s": round(wall, 3), "core_s": round(cores, 3),
+            "generated_tokens_per_s": tokens / wall, "decode_only_tokens_per_s": tokens / decode_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--domains", default="general_tasks,general_agents,coding_agents")
+    ap.add_argument("--harnesses", default="hermes,codex,claude_code")
+    ap.add_argument("--effort", default="high", help="the effort tag of the conversation format")
+    ap.add_argument("--tasks", type=int, default=32, help="distinct tasks per workload (× --group episodes)")
+    ap.add_argument("--group", type=int, default=4, help="RL samples per task (evaluation plays this many tasks more)")
+    ap.add_argument("--concurrent", type=int, default=64)
+    ap.add_argument("--turn-tokens", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=4, help="episode budget = turns × turn-tokens generated tokens")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    report = {"header": run_header(), "args": vars(args),
+              "model": "randomly initialised (seed 0), fp32, eval; episode lengths fixed by the budgets",
+              "format": "rollout.sft_format on the profile's tokenizer (trained here)"}
+    t_start = time.perf_counter()
+    error = None
+    try:
+        import envs
+        from k3model.config import get_profile
+        from k3model.model import K3Model
+        torch.manual_seed(0)
+        model = K3Model(get_profile(args.profile).model).eval()
+        fmt = token_format(args.profile, args.effort)
+        domains, harness_list = args.domains.split(","), args.harnesses.split(",")
+        per = -(-args.tasks // len(domains))
+        rl_tasks = [t for d in domains for t in envs.task_set(d, per, seed=0)][: args.tasks]
+        ev_tasks = [t for d in domains for t in envs.task_set(d, per * args.group, seed=10_000)][: args.tasks * args.group]
+        rl_h = [harness_list[i % len(harness_list)] for i in range(len(rl_tasks))]
+        ev_h = [harness_list[i % len(harness_list)] for i in range(len(ev_tasks))]
+        runs = {"rl": [], "eval": [], "raw": []}
+        for rep in range(args.reps):
+            runs["rl"].append(run_episodes(model, fmt, rl_tasks, rl_h, args, 1.0, args.group, rep))
+            runs["eval"].append(run_episodes(model, fmt, ev_tasks, ev_h, args, 0.0, 1, rep))
+            rl = runs["rl"][-1]
+            runs["raw"].append(run_raw(model, args.concurrent, max(4, round(rl["first_observation_mean"])),
+                                       max(1, round(rl["generated_per_episode"])), rep))
+            print({k: {m: v[-1][m] for m in ("wall_s", "core_s", "generated_tokens_per_s")} for k, v in runs.items()},
+                  flush=True)
+        report["runs"] = runs
+        best = {k: max(v, key=lambda r: r["generated_tokens_per_s"]) for k, v in runs.items()}
+        report["summary"] = {
+            "rl_core_s_per_episode_median": statistics.median(r["core_s_per_episode"] for r in runs["rl"]),
+            "eval_core_s_per_episode_median": statistics.median(r["core_s_per_episode"] for r in runs["eval"]),
+            "rl_episodes_per_s_best": best["rl"]["episodes_per_s"],
+            "eval_episodes_per_s_best": best["eval"]["episodes_per_s"],
+            "rl_generated_tokens_per_s_best": best["rl"]["generated_tokens_per_s"],
+            "eval_generated_tokens_per_s_best": best["eval"]["generated_tokens_per_s"],
+            "raw_decode_tokens_per_s_best": best["raw"]["generated_tokens_per_s"],
+            "rl_vs_raw": [r["generated_tokens_per_s"] / w["generated_tokens_per_s"]
+                          for r, w in zip(runs["rl"], runs["raw"])],
+            "eval_vs_raw": [r["generated_tokens_per_s"] / w["generated_tokens_per_s"]
+                            for r, w in zip(runs["eval"], runs["raw"])],
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        }
+        print(report["summary"], flush=True)
+    except Exception:
+        error = traceback.format_exc()
+    return close_report(report, t_start, lambda: write_json(args.out, report), error)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
