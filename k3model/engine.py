@@ -39,6 +39,12 @@ per-expert loop, where an expert that gets 1–3 of the batch's tokens gets othe
 it would alone (rare at hundreds of tokens; not tested).
 Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
 
+Continuous batching (`SlotBatch`, used by k3model/train/rollout.py's episodes): a batch of fixed
+slots that rows join (a one-row cache copied in) and leave (copied out) between steps, free slots
+riding along; on CUDA its step is the same captured `GraphStep` over a static cache, so multi-turn
+episodes that keep their caches decode through the graph. `decode(keep_caches=True)` itself stays
+eager: its finished rows leave a shrinking dynamic batch, which a fixed-shape graph cannot follow.
+
 On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer
 under a length mask, no host synchronisation inside the step); finished rows ride along to the
 end. A step is captured once per model, batch and capacity (rounded up to a power of two) and
@@ -508,16 +514,16 @@ class SlotBatch:
         self.graphed = (param.is_cuda and _capturable(model)) if graphed is None else graphed
         self.live = [False] * rows
         self.step_fn: GraphStep | None = None
-        if self.graphed:
-            self._capture(capacity_bucket(1))
-        else:
+        self.cache: ModelCache | None = None
+        if not self.graphed:
             self.cache = ModelCache.empty(model, rows, capacity=64)
             self.cache.lengths = [1] * rows
+        # (graphed: captured at the first join, at the capacity that row needs)
         self._lengths_dirty = False
 
     def _capture(self, capacity: int) -> None:
         """(Re)build the static cache at `capacity` and its captured step, keeping the live rows."""
-        model, rows, old = self.model, self.rows, getattr(self, "cache", None)
+        model, rows, old = self.model, self.rows, self.cache
         def build():
             blank = ModelCache.empty(model, rows, capacity=capacity)
             blank.lengths = [1] * rows
@@ -540,7 +546,7 @@ class SlotBatch:
 
     @property
     def capacity(self) -> int:
-        return self.cache.capacity
+        return 0 if self.cache is None else self.cache.capacity
 
     def free(self) -> list[int]:
         return [b for b, on in enumerate(self.live) if not on]
@@ -583,7 +589,11 @@ class SlotBatch:
             if isinstance(layer, KDAState):
                 layers.append(KDAState(*(getattr(layer, name)[b: b + 1].clone() for name in _KDA_FIELDS)))
             else:
-                layers.append(LatentCache(layer.buffer_BSL[b: b + 1, :n].clone(), None))
+                # Room for the next observation, so feeding it does not grow (zero and copy) the
+                # buffer; entries past the length are never read by a dynamic cache.
+                row = layer.buffer_BSL.new_empty(1, n + LEAVE_ROOM, layer.buffer_BSL.shape[2])
+                row[:, :n] = layer.buffer_BSL[b: b + 1, :n]
+                layers.append(LatentCache(row, None))
         self.live[b] = False
         cache.lengths[b] = 1
         self._lengths_dirty = True
@@ -603,7 +613,7 @@ class SlotBatch:
             old_cap, self.cache = self.capacity, None
             self._capture(old_cap)
             for row in kept:
-                self.join(row, row.lengths[0] + 1)
+                self.join(row, row.lengths[0])
         else:
             self.cache = self.cache.select(order)
             self.rows, self.live = rows, [b < len(live) for b in range(rows)]
@@ -628,3 +638,4 @@ class SlotBatch:
 
 
 _KDA_FIELDS = ("conv_q", "conv_k", "conv_v", "recurrent")
+LEAVE_ROOM = 512  # MLA entries a row that leaves a SlotBatch gets beyond its length

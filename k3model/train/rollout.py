@@ -171,7 +171,7 @@ class TokenPolicy:
 
     def __init__(self, model, fmt: TokenFormat, cfg: SamplingConfig, *, generator: torch.Generator | None = None,
                  episode_budget: int | None = None, max_concurrent: int = 64, env_workers: int | None = None,
-                 episode_seconds: float | None = None):
+                 episode_seconds: float | None = None, graphed: bool | None = None):
         if cfg.max_new_tokens < 1:
             raise ValueError(f"a policy turn needs max_new_tokens ≥ 1, got {cfg.max_new_tokens}")
         if episode_budget is not None and episode_budget < 1:
@@ -184,6 +184,7 @@ class TokenPolicy:
             raise ValueError(f"episode_seconds must be > 0 or None (no wall-clock limit), got {episode_seconds}")
         self.model, self.fmt, self.generator = model, fmt, generator
         self.episode_budget, self.max_concurrent, self.episode_seconds = episode_budget, max_concurrent, episode_seconds
+        self.graphed = graphed  # SlotBatch's: None replays a captured step where the model allows (CUDA, bf16)
         # Env steps mostly wait (sandboxed processes, I/O): a few threads per core, never more than
         # there are episodes to step.
         self.env_workers = env_workers or min(max_concurrent, 4 * (os.cpu_count() or 1))
@@ -231,7 +232,7 @@ class TokenPolicy:
         out: list[Episode | None] = [None] * len(jobs)
         queue = deque(range(len(jobs)))
         slots: list[_Slot] = []
-        batch = SlotBatch(model, max(MIN_ROWS, min(self.max_concurrent, len(jobs))))
+        batch = SlotBatch(model, max(MIN_ROWS, min(self.max_concurrent, len(jobs))), graphed=self.graphed)
         row_of: list[_Slot | None] = [None] * batch.rows  # the episode in each slot of the batch
         logits_BV = torch.zeros(batch.rows, model.cfg.vocab_size, device=device)
         closing: list[Future] = []
