@@ -6,8 +6,9 @@ raw batched decode at the same batch size, in the same run.
 
 Three workloads, interleaved over `--reps` repetitions (the 2-core machine is shared: the load is in
 the header, and the ratios are the figures):
-- `rl`: an RL step's rollouts: `--tasks` tasks × `--group` samples at temperature 1, episode budget
-  `--turns` × `--turn-tokens` generated tokens (the envs' own step limits also end episodes);
+- `rl`: an RL step's rollouts: `--tasks` tasks × `--group` samples at temperature 1, turns of at
+  most `--turn-tokens`, episodes of at most `--budget` generated tokens (the envs' own step limits
+  also end episodes);
 - `eval`: held-out evaluation: `--tasks` × `--group` tasks, one greedy episode each, same budgets;
 - `raw`: `engine.prefill` of `--concurrent` prompts of the mean first-observation length, then
   `engine.decode` of the mean generated tokens per episode at temperature 1, no stop ids (every row
@@ -15,12 +16,16 @@ the header, and the ratios are the figures):
 
 Per workload: episodes/s, generated tokens/s (tokens the model sampled), and core-seconds
 (getrusage user + system of this process and its reaped children: the sandboxed commands of the
-coding envs) per episode. `rl_vs_raw` = rollout generated tokens/s ÷ raw decode tokens/s.
+coding envs) per episode. `rl_vs_raw` = rollout generated tokens/s ÷ raw tokens/s (prefill of the
+same first-observation length + decode, end to end), `*_core` the same per core-second, and
+`rl_vs_decode_only` against the decode loop alone.
 
 The model is randomly initialised (no trained tiny checkpoint here): decoding cost does not depend
 on the weights, episode lengths do — a random policy never writes a valid call nor its stop id, so
-its turns run to `--turn-tokens` and its episodes to the budget or the env's step limit: fixed max
-tokens, stated in the JSON. Text: `rollout.sft_format` at `--effort` on the profile's tokenizer
+its turns would all run to `--turn-tokens` and its episodes to the budget or the env's step limit.
+A trained policy's turns end where it writes its stop id, so lengths vary, and that is what
+continuous batching is for: the top `--stop-frac` of the vocabulary also ends a turn (at temperature
+1, a turn then ends at each token with probability ≈ stop-frac). Fixed max tokens, in the JSON. Text: `rollout.sft_format` at `--effort` on the profile's tokenizer
 (trained from its corpus at the start, ~9 s at tiny), harnesses in rotation (`--harnesses`).
 `raw` reports end to end (prefill + decode, `generated_tokens_per_s`) and decode only.
 """
@@ -61,11 +66,15 @@ def token_format(profile: str, effort: str):
 def run_episodes(model, fmt, tasks, harnesses, args, temperature: float, samples: int, seed: int) -> dict:
     from k3model.engine import SamplingConfig
     from k3model.train.rollout import play_tasks
-    cfg = SamplingConfig(max_new_tokens=args.turn_tokens, temperature=temperature)
+    V = model.cfg.vocab_size
+    # A random policy's turns all run to the cap; a trained one's end where it stops. Extra stop ids
+    # (the top --stop-frac of the vocabulary) make turn and episode lengths vary the same way.
+    stops = tuple(range(V - round(args.stop_frac * V), V))
+    cfg = SamplingConfig(max_new_tokens=args.turn_tokens, temperature=temperature, stop_ids=stops)
     generator = torch.Generator().manual_seed(seed)
     c0, t0 = core_seconds(), time.perf_counter()
     played = play_tasks(model, fmt, tasks, harnesses, cfg, samples=samples,
-                        episode_budget=args.turns * args.turn_tokens, generator=generator,
+                        episode_budget=args.budget, generator=generator,
                         max_episodes_per_batch=args.concurrent)
     wall, cores = time.perf_counter() - t0, core_seconds() - c0
     episodes = [ep for _, _, ep in played]
@@ -74,7 +83,9 @@ def run_episodes(model, fmt, tasks, harnesses, args, temperature: float, samples
     return {"episodes": len(episodes), "wall_s": round(wall, 3), "core_s": round(cores, 3),
             "episodes_per_s": len(episodes) / wall, "generated_tokens_per_s": generated / wall,
             "core_s_per_episode": cores / len(episodes), "generated_tokens": generated,
-            "generated_per_episode": generated / len(episodes),
+            "generated_per_episode": generated / len(episodes), "generated_tokens_per_core_s": generated / cores,
+            "generated_per_episode_min_max": [min(ep.n_generated for ep in episodes),
+                                              max(ep.n_generated for ep in episodes)],
             "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / len(episodes),
             "turns_per_episode": sum(len(ep.turns) for ep in episodes) / len(episodes),
             "first_observation_mean": sum(first) / max(1, len(first)),
@@ -90,13 +101,14 @@ def run_raw(model, batch: int, prompt_len: int, new: int, seed: int) -> dict:
     c0, t0 = core_seconds(), time.perf_counter()
     with torch.no_grad():
         cache, logits_BV = prefill(model, prompts, new)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), core_seconds()
         done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g)
     wall, cores = time.perf_counter() - t0, core_seconds() - c0
-    decode_s = time.perf_counter() - t1
+    decode_s, decode_core_s = time.perf_counter() - t1, core_seconds() - c1
     tokens = sum(len(c.token_ids) for c in done)
     return {"batch": batch, "prompt": prompt_len, "new": new, "wall_s": round(wall, 3), "core_s": round(cores, 3),
-            "generated_tokens_per_s": tokens / wall, "decode_only_tokens_per_s": tokens / decode_s}
+            "generated_tokens_per_s": tokens / wall, "generated_tokens_per_core_s": tokens / cores,
+            "decode_only_tokens_per_s": tokens / decode_s, "decode_only_tokens_per_core_s": tokens / decode_core_s}
 
 
 def main() -> int:
@@ -108,8 +120,11 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=32, help="distinct tasks per workload (× --group episodes)")
     ap.add_argument("--group", type=int, default=4, help="RL samples per task (evaluation plays this many tasks more)")
     ap.add_argument("--concurrent", type=int, default=64)
-    ap.add_argument("--turn-tokens", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=4, help="episode budget = turns × turn-tokens generated tokens")
+    ap.add_argument("--turn-tokens", type=int, default=256, help="max new tokens a turn (tiny's low effort)")
+    ap.add_argument("--budget", type=int, default=128,
+                    help="generated tokens an episode may spend (make run's RL episodes averaged 117)")
+    ap.add_argument("--stop-frac", type=float, default=0.02,
+                    help="this fraction of the vocabulary (its top ids) also ends a turn: variable lengths")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -154,6 +169,15 @@ def main() -> int:
                           for r, w in zip(runs["rl"], runs["raw"])],
             "eval_vs_raw": [r["generated_tokens_per_s"] / w["generated_tokens_per_s"]
                             for r, w in zip(runs["eval"], runs["raw"])],
+            # The same ratios in core-seconds (the shared machine's load moves wall time the most),
+            # and against the decode loop alone (no prefill: a ceiling rollouts cannot reach, since
+            # they also read every observation).
+            "rl_vs_raw_core": [r["generated_tokens_per_core_s"] / w["generated_tokens_per_core_s"]
+                               for r, w in zip(runs["rl"], runs["raw"])],
+            "eval_vs_raw_core": [r["generated_tokens_per_core_s"] / w["generated_tokens_per_core_s"]
+                                 for r, w in zip(runs["eval"], runs["raw"])],
+            "rl_vs_decode_only": [r["generated_tokens_per_s"] / w["decode_only_tokens_per_s"]
+                                  for r, w in zip(runs["rl"], runs["raw"])],
             "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         }
         print(report["summary"], flush=True)
