@@ -135,6 +135,9 @@ def main() -> int:
     error = None
     try:
         import envs
+        import k3model
+        # Which library ran (PYTHONPATH may point at another checkout: a before/after comparison).
+        report["k3model_path"] = os.path.dirname(os.path.abspath(k3model.__file__))
         from k3model.config import get_profile
         from k3model.model import K3Model
         torch.manual_seed(0)
