@@ -39,6 +39,12 @@ per-expert loop, where an expert that gets 1–3 of the batch's tokens gets othe
 it would alone (rare at hundreds of tokens; not tested).
 Finished rows leave the batch (the cache keeps the remaining rows) while at least MIN_ROWS remain.
 
+Continuous batching (`SlotBatch`, used by k3model/train/rollout.py's episodes): a batch of fixed
+slots that rows join (a one-row cache copied in) and leave (copied out) between steps, free slots
+riding along; on CUDA its step is the same captured `GraphStep` over a static cache, so multi-turn
+episodes that keep their caches decode through the graph. `decode(keep_caches=True)` itself stays
+eager: its finished rows leave a shrinking dynamic batch, which a fixed-shape graph cannot follow.
+
 On CUDA, `decode` replays one captured step (`GraphStep`: a static cache, the whole MLA buffer
 under a length mask, no host synchronisation inside the step); finished rows ride along to the
 end. A step is captured once per model, batch and capacity (rounded up to a power of two) and
@@ -57,7 +63,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from k3model.cache import ModelCache
+from k3model.cache import LatentCache, ModelCache
+from k3model.kda_layer import KDAState
 from k3model.config import PROFILES, get_profile
 
 # The smallest decode batch: CPU GEMMs with fewer rows take other kernels, so a row's bits would
@@ -128,9 +135,16 @@ def _per_row(cfg: SamplingConfig | Sequence[SamplingConfig], n: int) -> list[Sam
     return cfgs
 
 
-def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch.Generator | None = None):
+def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch.Generator | None = None,
+           uniforms: Sequence[float] | None = None):
     """Draw one token per row. Returns (tokens [B], logprobs [B] under the sampling distribution,
-    model_logprobs [B] under log_softmax(logits)), all computed in fp32."""
+    model_logprobs [B] under log_softmax(logits)), all computed in fp32.
+
+    With `uniforms` (one u ∈ [0, 1) per row, read for sampled rows only) a row draws by inverse CDF,
+    token = min{v : Σ_{w ≤ v} p_w > u · Σ_w p_w}, instead of from `generator`: each row's draw then
+    depends on its own u alone, not on which rows share the batch (continuous batching,
+    k3model/train/rollout.py). Every step is per row (softmax, cumsum, search), so a row gets the
+    same bits in any batch."""
     logits_BV = logits_BV.float()
     B = logits_BV.shape[0]
     model_logp_BV = logits_BV.log_softmax(-1)
@@ -144,7 +158,15 @@ def sample(logits_BV: torch.Tensor, cfgs: list[SamplingConfig], generator: torch
         if any(cfgs[b].top_k is not None or cfgs[b].top_p is not None for b in sampled):
             z_SV = _filter(z_SV, [cfgs[b] for b in sampled])
         dist_logp_SV = z_SV.log_softmax(-1)
-        drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)
+        if uniforms is None:
+            drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)
+        else:
+            cdf_SV = z_SV.softmax(-1).cumsum(-1)
+            u_S1 = torch.tensor([[float(uniforms[b])] for b in sampled], device=logits_BV.device)
+            # right=True skips tokens of probability 0 (a flat CDF step); the clamp guards u·total
+            # rounding onto the last step.
+            drawn_S = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True).squeeze(-1).clamp_max(
+                cdf_SV.shape[-1] - 1)
         tokens_B = tokens_B.index_copy(0, idx, drawn_S)
         logp_B = logp_B.index_copy(0, idx, dist_logp_SV.gather(-1, drawn_S.unsqueeze(-1)).squeeze(-1))
     model_logp_B = model_logp_BV.gather(-1, tokens_B.unsqueeze(-1)).squeeze(-1)
@@ -468,3 +490,152 @@ def _decode_graphed(model, cache: ModelCache, logits_BV, cfgs, budgets, generato
             step = reused(model, ("decode", B, capacity), lambda: GraphStep(model, cache.to_static(capacity)), model)
             step.cache.load(cache)
         logits_BV = step(tokens_B)
+
+
+class SlotBatch:
+    """A decode batch of `rows` slots that episodes join and leave between steps (continuous
+    batching, k3model/train/rollout.py). A one-row cache joins a free slot by being copied into it,
+    in place; a row leaves by being copied out (a one-row dynamic cache holding what it was fed);
+    free slots ride along on a dummy token, with length 1 (MLA then attends one finite entry). Each
+    event copies one row's state, never the batch's.
+
+    On the CPU (or an fp32 model) the cache is dynamic and each step is the model's forward; with
+    rows ≥ MIN_ROWS a live row gets the bits it gets alone (the engine's batch invariance: MLA
+    attends per group of rows of equal length, the GEMMs see ≥ 4 rows). On CUDA with a capturable
+    model the cache is static (capacity rounded up to a power of two, grown by a new capture when a
+    joining row needs more) and each step replays a captured `GraphStep`, reused across calls for
+    the same model, rows and capacity (`reused`)."""
+
+    def __init__(self, model, rows: int, graphed: bool | None = None):
+        if rows < MIN_ROWS:
+            raise ValueError(f"a SlotBatch needs at least MIN_ROWS = {MIN_ROWS} rows (batch invariance), got {rows}")
+        param = next(model.parameters())
+        self.model, self.rows = model, rows
+        self.graphed = (param.is_cuda and _capturable(model)) if graphed is None else graphed
+        self.live = [False] * rows
+        self.step_fn: GraphStep | None = None
+        self.cache: ModelCache | None = None
+        if not self.graphed:
+            self.cache = ModelCache.empty(model, rows, capacity=64)
+            self.cache.lengths = [1] * rows
+        # (graphed: captured at the first join, at the capacity that row needs)
+        self._lengths_dirty = False
+
+    def _capture(self, capacity: int) -> None:
+        """(Re)build the static cache at `capacity` and its captured step, keeping the live rows."""
+        model, rows, old = self.model, self.rows, self.cache
+        def build():
+            blank = ModelCache.empty(model, rows, capacity=capacity)
+            blank.lengths = [1] * rows
+            return GraphStep(model, blank.to_static(capacity))
+        self.step_fn = reused(model, ("slots", rows, capacity), build, model)
+        cache = self.step_fn.cache
+        if old is not None:
+            for mine, theirs in zip(cache.layers, old.layers):
+                if isinstance(mine, KDAState):
+                    for name in _KDA_FIELDS:
+                        getattr(mine, name).copy_(getattr(theirs, name))
+                else:
+                    n = min(theirs.buffer_BSL.shape[1], capacity)
+                    mine.buffer_BSL[:, :n].copy_(theirs.buffer_BSL[:, :n])
+            cache.lengths = list(old.lengths)
+        else:
+            cache.lengths = [1] * rows
+        cache.lengths_B.copy_(torch.tensor(cache.lengths))
+        self.cache = cache
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else self.cache.capacity
+
+    def free(self) -> list[int]:
+        return [b for b, on in enumerate(self.live) if not on]
+
+    def join(self, row: ModelCache, need: int) -> int:
+        """Copy a one-row dynamic cache into a free slot; `need` is the most tokens the row may hold
+        before it leaves again (its length + its turn's budget). Returns the slot."""
+        if row.batch != 1 or row.static:
+            raise ValueError("join() takes a one-row dynamic cache")
+        b = self.free()[0]
+        n = row.lengths[0]
+        if self.graphed and need > self.capacity:
+            self._capture(capacity_bucket(need))
+        cache = self.cache
+        for i, (mine, theirs) in enumerate(zip(cache.layers, row.layers)):
+            if isinstance(mine, KDAState):
+                for name in _KDA_FIELDS:
+                    target = getattr(mine, name)
+                    if not target.is_contiguous():  # a forward's view: own it before writing a row
+                        target = target.contiguous()
+                        setattr(mine, name, target)
+                    target[b].copy_(getattr(theirs, name)[0])
+            else:
+                if n > mine.buffer_BSL.shape[1]:  # dynamic only: the static capacity was checked above
+                    grown = mine.buffer_BSL.new_zeros(self.rows, max(n + 64, 2 * mine.buffer_BSL.shape[1]),
+                                                      mine.buffer_BSL.shape[2])
+                    grown[:, : mine.buffer_BSL.shape[1]] = mine.buffer_BSL
+                    mine.buffer_BSL = grown
+                mine.buffer_BSL[b, :n].copy_(theirs.buffer_BSL[0, :n])
+        cache.lengths[b] = n
+        self.live[b] = True
+        self._lengths_dirty = True
+        return b
+
+    def leave(self, b: int) -> ModelCache:
+        """Free slot b; returns its row as a one-row dynamic cache (every token it was fed)."""
+        cache, n = self.cache, self.cache.lengths[b]
+        layers = []
+        for layer in cache.layers:
+            if isinstance(layer, KDAState):
+                layers.append(KDAState(*(getattr(layer, name)[b: b + 1].clone() for name in _KDA_FIELDS)))
+            else:
+                # Room for the next observation, so feeding it does not grow (zero and copy) the
+                # buffer; entries past the length are never read by a dynamic cache.
+                row = layer.buffer_BSL.new_empty(1, n + LEAVE_ROOM, layer.buffer_BSL.shape[2])
+                row[:, :n] = layer.buffer_BSL[b: b + 1, :n]
+                layers.append(LatentCache(row, None))
+        self.live[b] = False
+        cache.lengths[b] = 1
+        self._lengths_dirty = True
+        return ModelCache(layers, [n], cache.model_id)
+
+    def shrink(self, rows: int) -> list[int] | None:
+        """Keep max(rows, MIN_ROWS) slots, the live ones first, in their order; returns the old slot of
+        each new one (None, and nothing done, when there would be no fewer slots)."""
+        rows = max(MIN_ROWS, rows)
+        live = [b for b, on in enumerate(self.live) if on]
+        if rows >= self.rows or len(live) > rows:
+            return None
+        order = live + [b for b in range(self.rows) if not self.live[b]][: rows - len(live)]
+        if self.graphed:
+            kept = [self.leave(b) for b in live]
+            self.rows, self.live = rows, [False] * rows
+            old_cap, self.cache = self.capacity, None
+            self._capture(old_cap)
+            for row in kept:
+                self.join(row, row.lengths[0])
+        else:
+            self.cache = self.cache.select(order)
+            self.rows, self.live = rows, [b < len(live) for b in range(rows)]
+        self._lengths_dirty = True
+        return order
+
+    def step(self, tokens_B: torch.Tensor) -> torch.Tensor:
+        """Feed one token per slot (free slots: anything); the logits [rows, V] after it (on CUDA a
+        buffer the next step overwrites)."""
+        cache = self.cache
+        for b, on in enumerate(self.live):
+            if not on and cache.lengths[b] != 1:
+                cache.lengths[b] = 1
+                self._lengths_dirty = True
+        if self.graphed:
+            if self._lengths_dirty:
+                cache.lengths_B.copy_(torch.tensor(cache.lengths))
+            self._lengths_dirty = False
+            return self.step_fn(tokens_B)
+        self._lengths_dirty = False
+        return self.model(tokens_B.unsqueeze(1), cache=cache).logits_BTV[:, 0]
+
+
+_KDA_FIELDS = ("conv_q", "conv_k", "conv_v", "recurrent")
+LEAVE_ROOM = 512  # MLA entries a row that leaves a SlotBatch gets beyond its length

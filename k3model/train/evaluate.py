@@ -13,8 +13,8 @@ What an episode is (DESIGN.md §5 claim 3, §8):
   turn and `budget_tokens` per episode; an episode that spends its budget, its env's step/token
   budget or the model's context without finishing scores 0, as in RL.
 - The reward is the task's verifier's (1 only when every goal holds and nothing else changed).
-- Many episodes step together (`rollout.play_tasks`): one batched decode per turn, each task's
-  samples side by side.
+- Many episodes play at once (`rollout.play_tasks`: continuous batching, 64 live, refilled as
+  episodes end), each task's samples side by side.
 
 Figures: success rate s/n over all n = tasks × samples episodes, with the Wilson score interval at
 95 % (z = 1.96):
@@ -158,7 +158,7 @@ def summarize(tasks: Sequence, played: list[tuple[int, str, Episode]], effort: s
 
 @torch.no_grad()
 def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1, temperature: float = 0.0,
-             harness: str | Sequence[str] | None = None, seed: int = 0, max_episodes_per_batch: int = 32,
+             harness: str | Sequence[str] | None = None, seed: int = 0, max_episodes_per_batch: int = 64,
              specs=None) -> EvalReport:
     """Play `samples` episodes of each task (envs `Task`s) at `effort` and score them; see the module
     docstring. `harness`: one name, a list (round-robin over the tasks) or None (the training
@@ -183,7 +183,7 @@ def evaluate(model, tokenizer, tasks: Sequence, effort: str, *, samples: int = 1
 
 @torch.no_grad()
 def evaluate_together(model: K3Model, tokenizer, calls: Mapping, specs: Mapping[str, EffortSpec] | None = None,
-                      seed: int = 0, max_episodes_per_batch: int = 32) -> dict:
+                      seed: int = 0, max_episodes_per_batch: int = 64) -> dict:
     """`evaluate(model, tokenizer, tasks, effort, harness=harness, specs=specs)`
     for every `calls[name] = (tasks, effort, harness)` (greedy, one sample; `harness` as evaluate
     takes it: a name, a list round-robin over the tasks, or None for the training harnesses), with

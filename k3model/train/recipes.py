@@ -121,7 +121,7 @@ class EvalPlan:
     tasks_per_family: int
     seed: int
     budgets: tuple[tuple[str, int, int], ...] | None = None
-    max_episodes_per_batch: int = 32
+    max_episodes_per_batch: int = 64  # episodes live at once (rollout.TokenPolicy's max_concurrent)
 
     def specs(self) -> dict | None:
         return effort_specs(self.budgets)

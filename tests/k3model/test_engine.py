@@ -123,3 +123,55 @@ def test_bad_prompts_raise():
         generate(model, [[1], [2]], [cfg])
     with pytest.raises(ValueError, match="prompt_lens"):
         score(model, [[1, 2, 3]], [0])
+
+
+
+def test_rows_that_join_and_leave_a_slot_batch_get_what_they_get_alone(one_thread):
+    # engine.SlotBatch (continuous batching): prompt i joins at step 2·i, prompt 1 leaves after 3
+    # tokens (copied out of the batch) and rejoins 2 steps later (copied in), the batch shrinks
+    # to 4 rows at the end; every row's greedy tokens and log-probabilities equal the row decoded
+    # alone, bitwise.
+    from k3model.engine import SlotBatch, prefill
+    model = smoke_model()
+    prompts = prompts_of([5, 17, 9, 30, 12, 8])
+    new = 6
+    alone = [generate(model, [p], SamplingConfig(max_new_tokens=new))[0] for p in prompts]
+    batch = SlotBatch(model, 6)
+    tokens = [[] for _ in prompts]
+    logps = [[] for _ in prompts]
+    rows: dict[int, int] = {}
+    out_of_batch = None  # (cache, logits, step) of prompt 1 while it is out
+    logits_BV = torch.zeros(6, model.cfg.vocab_size)
+    with torch.no_grad():
+        for step in range(60):
+            for i, p in enumerate(prompts):
+                if step == 2 * i:
+                    cache, first_BV = prefill(model, [p], new)
+                    rows[i] = batch.join(cache, len(p) + new)
+                    logits_BV[rows[i]] = first_BV[0]
+            if out_of_batch is not None and step == out_of_batch[2] + 2:
+                rows[1] = batch.join(out_of_batch[0], out_of_batch[0].lengths[0] + new)
+                logits_BV[rows[1]] = out_of_batch[1]
+                out_of_batch = None
+            if step > 2 * len(prompts) and out_of_batch is None and len(rows) <= 2:
+                order = batch.shrink(len(rows))
+                if order is not None:
+                    logits_BV = logits_BV[torch.tensor(order)]
+                    rows = {i: order.index(b) for i, b in rows.items()}
+            if not rows and out_of_batch is None and step > 2 * len(prompts):
+                break
+            tokens_B = logits_BV.argmax(-1)
+            logp_BV = logits_BV.float().log_softmax(-1)
+            for i, b in list(rows.items()):
+                tokens[i].append(int(tokens_B[b]))
+                logps[i].append(float(logp_BV[b, tokens_B[b]]))
+                if len(tokens[i]) == new:
+                    batch.leave(b)
+                    del rows[i]
+            if rows:
+                logits_BV = batch.step(tokens_B).clone()
+            if 1 in rows and len(tokens[1]) == 3:  # out, with its third token fed
+                out_of_batch = (batch.leave(rows[1]), logits_BV[rows.pop(1)].clone(), step)
+    assert batch.rows == 4
+    assert tokens == [a.token_ids for a in alone]
+    assert logps == [a.model_logprobs for a in alone]  # bitwise

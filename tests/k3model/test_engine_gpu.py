@@ -116,3 +116,35 @@ def test_captured_speculative_rounds_equal_the_eager_rounds_and_the_plain_greedy
                     assert out == plain, (K, prompt)
                 accepted += stats.accepted
     assert accepted > 0
+
+
+def test_rollouts_decode_through_the_captured_step_and_give_the_eager_episodes():
+    # Continuous batching on CUDA (engine.SlotBatch): episodes join and leave a captured step's
+    # static cache; 12 episodes through 8 slots (refill, then the batch shrinks to 4), observations of
+    # ~1,000 tokens (the first join recaptures at a larger capacity), kept caches across turns.
+    # The eager run (dynamic cache) rounds otherwise in bf16: tokens equal, log-probs close, as above.
+    import envs
+    from dataclasses import replace
+    from k3model.engine import _CAPTURED
+    from k3model.train.rollout import Job, TokenPolicy
+    from tests.k3model.train.test_rollout import BYTES
+
+    torch.manual_seed(0)
+    model = K3Model(replace(get_profile("smoke").model, name="smoke-unbounded")).cuda().to(torch.bfloat16).eval()
+    names = ["slack_post", "gmail_label", "arith_word"]
+
+    def jobs():
+        return [Job(lambda k=k: envs.make_env(names[k % 3], seed=0, max_steps=1 + k % 3), seed=k, close=True)
+                for k in range(12)]
+
+    def play(graphed):
+        policy = TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=5), max_concurrent=8, graphed=graphed)
+        return policy.play(jobs())
+
+    graphed, eager = play(None), play(False)
+    captured = [key for key in _CAPTURED[model] if key[0] == "slots"]
+    assert {key[1] for key in captured} == {8, 4} and all(key[2] >= 1024 for key in captured)
+    assert [len(ep.turns) for ep in graphed] == [1 + k % 3 for k in range(12)]
+    for g, e in zip(graphed, eager):
+        assert g.token_ids == e.token_ids and g.generated == e.generated
+        torch.testing.assert_close(torch.tensor(g.model_logprobs), torch.tensor(e.model_logprobs), atol=3e-2, rtol=0)

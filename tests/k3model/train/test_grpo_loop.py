@@ -97,10 +97,20 @@ def echo_policy(tmp_path_factory, smoke_tok):
     return ckpt, [envs.generate("echo_word", s) for s in demos.column("task_seed").to_pylist()]
 
 
-def test_mixed_groups_are_trained_on_and_uniform_ones_dropped(echo_policy, smoke_tok, tmp_path):
+@pytest.fixture
+def one_thread():
+    # Episodes join the decode batch as their envs answer (k3model.train.rollout): the rows' bits are
+    # independent of the batch only on one intra-op thread (AGENTS.md), so exact resume is tested there.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_mixed_groups_are_trained_on_and_uniform_ones_dropped(echo_policy, smoke_tok, tmp_path, one_thread):
     ckpt, tasks = echo_policy
     specs = {e: EffortSpec(budget_tokens=256, length_coef=s.length_coef, turn_tokens=128) for e, s in EFFORT_SPECS.items()}
-    cfg = GRPOConfig(group_size=4, groups_per_step=1, max_draw_factor=2, steps=2, efforts=specs, lr=1e-3)
+    cfg = GRPOConfig(group_size=8, groups_per_step=1, max_draw_factor=4, steps=2, efforts=specs, lr=1e-3)
     h = train(cfg, ckpt, smoke_tok, tmp_path, domain="general_tasks", effort="low", harnesses=("codex",),
               tasks=tasks).history
     # A step updates exactly when it kept a group with both a success and a failure; an all-correct
