@@ -128,7 +128,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
         profile=profile, name="quantized_student", task=quantize_student_task,
         args=(job, str(ups["mopd_student"].path), str(ups["base_model"].path), str(demos),
               str(demos.parent / "heldout.parquet"), str(ups["tokenizer"].path), sft_cfg, plan),
-        config=job, inputs=ups, log_every=1,
+        config=job, inputs=ups, log_every=1, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} MOPD student with packed MXFP4 routed experts (E2M1 + E8M0, "
                     f"{config.scale_rounding}), MXFP8 expert activations at inference, the rest bf16",
         headline=lambda r: {"export/ratio_to_bf16": r.export["ratio_to_bf16"], "audit/ok": float(r.audit["ok"])}))
@@ -214,7 +214,7 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     trained = run_training(context, TrainingJob(
         profile=profile, name="draft_model", task=train_draft_task,
         args=(job, str(ups["mopd_student"].path), str(demos), str(demos.parent / "heldout.parquet")),
-        config=job, inputs=ups, log_every=cfg.log_every,
+        config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} EAGLE-3-style draft for mopd_student, initialised from its MTP module, trained "
                     f"{cfg.steps} steps with a {cfg.ttt_steps}-pass training-time test on its own generations",
         headline=lambda r: {k: r.metrics[k] for k in ("draft/tau_sim", "draft/tau_sim_untrained") if k in r.metrics}))

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import LiveLog
+from assets.tasks import LiveLog, task_device
 
 
 def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:
@@ -213,7 +213,8 @@ def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, he
 
     from k3model.engine import context_length
 
-    target, manifest = load_pretrained(student_checkpoint)
+    # The draft trains and is measured on the target's device (k3model.train.draft follows it).
+    target, manifest = load_pretrained(student_checkpoint, task_device())
     target.eval()
     # A prompt and its generation must fit the student's context.
     limit = context_length(target)

@@ -211,7 +211,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
               str(ups["tokenizer"].path), cells, specs, figures, control_cfg, specialist_flops,
               specialist_scoring(profile, config.seed)),
         config=cfg, inputs=inputs, log_every=cfg.log_every,
-        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        **ray.placement(log=context.log.info),
         params={"control": config.control, "teacher_evals_reused": len(figures)},
         description=f"{profile} MOPD student: sft_policy distilled on-policy from the nine rl_specialist teachers "
                     "(routed by domain × effort), one checkpoint for every effort",
@@ -322,13 +322,13 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]
     context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
                      f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
-    ray = context.resources.ray
+    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.tasks.placement
     jobs = [TrainingJob(
         profile=profile, name="cross_harness", partition=f"{h}|{name}", task=train_transfer_arm_task,
         args=(grpo, str(ups["sft_policy"].path), str(ups["tokenizer"].path), name, domain, effort, tuple(hs), h,
               rl_tasks, eval_tasks, specs),
         config=ArmConfig(grpo, h, name, tuple(hs), domain, effort), inputs=ups, log_every=grpo.log_every,
-        num_cpus=1.0, num_gpus=0.0,
+        **share,
         description=f"{profile} cross-harness fold (held out: {h}), {name} arm: GRPO on {', '.join(hs)}",
         headline=lambda r: {"held_out_success": r.arm.held_out["success_rate"],
                             "in_harness_success": r.arm.in_harness["success_rate"]})

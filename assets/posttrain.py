@@ -288,7 +288,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
         args=(cfg, str(demos), str(demos.parent / "heldout.parquet"), str(ups["base_model"].path),
               str(ups["tokenizer"].path), plan),
         config=cfg, inputs=ups, log_every=cfg.log_every,
-        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        **ray.placement(log=context.log.info),
         params={"eval_tasks_per_family": plan.tasks_per_family, "eval_seed": plan.seed},
         description=f"{profile} SFT policy: base_model fine-tuned {cfg.steps} steps on expert demonstrations "
                     "at three efforts, QAT (MXFP4 weights, MXFP8 activations on the routed experts) from step 1",
@@ -355,7 +355,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     ray = context.resources.ray
     t0 = time.perf_counter()
     out = ray.run(measure_ladder_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), cfg,
-                  effort_specs(sizes.eval_budgets), log=context.log.info)
+                  effort_specs(sizes.eval_budgets), log=context.log.info, **ray.placement(log=context.log.info))
     seconds = time.perf_counter() - t0
     ladder = out["json"]
     chosen: dict[str, dict[str, list]] = {}
@@ -403,15 +403,6 @@ class RLSpecialistConfig(dg.Config):
     retries: int = Field(default=1, ge=0, description="how often a failed specialist's Ray task is run again")
 
 
-def task_share(n_tasks: int, cpus: float, gpus: float) -> tuple[float, float]:
-    """(num_cpus, num_gpus) per task that packs `n_tasks` concurrent tasks onto a node: on GPUs, an
-    equal share of them each (Ray schedules fractions of a GPU); on CPUs, one core each at least, so a
-    2-core machine runs two at a time and queues the rest."""
-    if gpus >= 1:
-        return 1.0, min(1.0, int(gpus / n_tasks * 10_000) / 10_000)
-    return float(max(1, int(cpus // n_tasks))), 0.0
-
-
 def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpecialistConfig, profile: str):
     import json
 
@@ -441,7 +432,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
                          allow_retries=False) from e
     ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
     ray = context.resources.ray
-    num_cpus, num_gpus = task_share(len(keys), ray.node_cpus(), ray.cluster_gpus(log=context.log.info))
+    share = ray.placement(len(keys), log=context.log.info)  # assets.tasks.placement
+    num_cpus, num_gpus = share["num_cpus"], share["num_gpus"]
     context.log.info(f"{profile}/rl_specialist: {len(keys)} specialist(s) ({', '.join(keys)}), {cfg.steps} GRPO "
                      f"steps each, as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")
 

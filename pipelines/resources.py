@@ -13,8 +13,14 @@ parameters, so `assets/` never imports `pipelines/`: dependencies keep pointing 
 Ray: one cluster per run, not per step. The Definitions use the in-process executor, so a run is one
 process, and `RayResource` starts its cluster on first use (a run of data assets never starts one)
 and stops it when the run ends. `RAY_ADDRESS` (or `address`) joins an existing cluster instead,
-which is then left running. A cluster already initialized in this process (a test session's) is
-reused and left running too.
+which is then left running; the code travels with the job as a Ray `runtime_env` working_dir (the
+repository without .venv, .git, homes and results), so worker nodes need only the same Python,
+torch and Ray. A cluster already initialized in this process (a test session's) is reused and left
+running too. Every model task asks for the GPU share and CPUs of `assets.tasks.placement`.
+
+MLflow: sqlite under the home by default, or any `MLFLOW_TRACKING_URI` (an `http://` server; the
+registry goes through the same server). Registered checkpoints are pyfunc models
+(`pipelines.registry`). An unreachable Ray address or MLflow server fails in seconds, naming it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from assets.lineage import PROFILES as RUNNABLE_PROFILES
-from assets.tasks import RayCall, error_line, interrupted
+from assets.tasks import RayCall, error_line, interrupted, placement
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,6 +125,46 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# What a joined cluster's workers do not need from the repository (runtime_env working_dir): the
+# environment, history, homes (checkpoints, MLflow stores) and results. Ray caps a working_dir at
+# 500 MiB; the code itself is ~10 MB.
+RUNTIME_EXCLUDES = [".venv", ".git", ".k3", ".k3-*", "homes", "results", "benchmarks/results", "mlruns",
+                    "test-artifacts", ".gpu-*", ".whl", ".gl", "__pycache__", "*.egg-info", ".pytest_cache",
+                    ".hypothesis", "build"]
+
+
+def check_reachable(address: str, what: str, timeout_s: float = 5.0) -> None:
+    """A ConnectionError naming `address` unless a TCP connection to its host:port opens within
+    `timeout_s`: ray.init and MLflow's client otherwise retry for minutes before failing."""
+    import socket
+    from urllib.parse import urlsplit
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError as e:  # a port that is not a number
+        raise ValueError(f"{what} = {address!r} is not host:port: {e}") from e
+    if not host or not port:
+        raise ValueError(f"{what} = {address!r}: give host:port (e.g. 10.0.0.5:6379 or http://host:5000)")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"{what} = {address!r} is unreachable ({host}:{port}: {e}); start it, or "
+                              f"unset {what.split()[0]} to run locally") from e
+
+
+def runtime_env(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    """The runtime_env of a joined cluster: the repository as working_dir (Ray puts it first on the
+    workers' sys.path), the home and MLflow URI the tasks write to, and GPUs hidden from tasks that
+    asked for none (Ray 2.60 otherwise leaves CUDA_VISIBLE_DEVICES alone for num_gpus=0)."""
+    env_vars = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "K3_HOME": str(k3_home())}
+    for key in ("MLFLOW_TRACKING_URI", "K3_PROFILE"):
+        if os.environ.get(key):
+            env_vars[key] = os.environ[key]
+    return {"working_dir": str(repo), "excludes": RUNTIME_EXCLUDES, "env_vars": env_vars}
+
+
 class RayResource(dg.ConfigurableResource):
     """A Ray cluster for the GPU-heavy steps: started locally once per run, or joined."""
 
@@ -129,6 +175,8 @@ class RayResource(dg.ConfigurableResource):
                                  "torch.cuda.device_count() (0 on a CPU machine)")
     object_store_memory_mb: int = Field(default=256, ge=80, description="object store of a local "
                                         "cluster (Ray's default is 30% of RAM)")
+    ship_code: bool = Field(default=True, description="on a joined cluster, send the repository as the "
+                            "runtime_env working_dir; off: the workers' image already holds this code")
     _started_here: bool = PrivateAttr(default=False)
 
     def _ensure(self, log: Callable[[str], None] | None = None) -> None:
@@ -145,9 +193,14 @@ class RayResource(dg.ConfigurableResource):
         t0 = time.perf_counter()
         on_sigterm = signal.getsignal(signal.SIGTERM)
         if address:
-            ray.init(address=address, log_to_driver=True)
-            what = f"joined Ray cluster at {address}"
+            check_reachable(address.removeprefix("ray://"), "RAY_ADDRESS")
+            env = runtime_env() if self.ship_code else {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
+            ray.init(address=address, log_to_driver=True, runtime_env=env)
+            what = f"joined Ray cluster at {address} ({ray.cluster_resources()}" + \
+                   (", code shipped as the runtime_env working_dir)" if self.ship_code else ")")
         else:
+            # Workers inherit the driver's environment: hide the GPUs from tasks that asked for none.
+            os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1"
             # Ray 2.60 turns on token auth and writes ~/.ray/auth_token; a private local cluster
             # needs none.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -184,9 +237,21 @@ class RayResource(dg.ConfigurableResource):
 
     def node_cpus(self) -> float:
         """CPUs of the largest node: a task asking for more could never be scheduled."""
+        return max(n.get("CPU", 0.0) for n in self.nodes())
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The resources of every alive node ({"CPU": .., "GPU": .., ...})."""
         self._ensure()
         import ray
-        return max(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
+        return [n["Resources"] for n in ray.nodes() if n["Alive"]]
+
+    def placement(self, n_tasks: int = 1, require_gpu: bool = False,
+                  log: Callable[[str], None] | None = None) -> dict[str, float]:
+        """{"num_cpus", "num_gpus"} for each of `n_tasks` concurrent model tasks
+        (`assets.tasks.placement`: a GPU, or a share of one, whenever the cluster has any)."""
+        self._ensure(log)
+        cpus, gpus = placement(self.nodes(), n_tasks, require_gpu)
+        return {"num_cpus": cpus, "num_gpus": gpus}
 
     def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
             num_cpus: float | None = None, log: Callable[[str], None] | None = None,
@@ -230,15 +295,18 @@ class RayResource(dg.ConfigurableResource):
         gpus = self.cluster_gpus()
         for call in calls:
             if call.num_gpus > gpus:
-                raise ValueError(f"the task needs {call.num_gpus:g} GPU(s) but the Ray cluster has "
+                label = call.label or getattr(call.fn, "__name__", "task")
+                raise ValueError(f"{label} asked Ray for {call.num_gpus:g} GPU(s) but the cluster has "
                                  f"{gpus:g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
                                  "to a cluster with GPUs")
         from pipelines.driver_watch import Driver, run_watched
         driver = Driver.this_process()
-        node_cpus = self.node_cpus()
+        nodes = self.nodes()
 
         def submit(call: RayCall):
-            cpus = node_cpus if call.num_cpus is None else call.num_cpus
+            # Unset: a GPU task gets a GPU node's CPUs, a CPU task the largest node's.
+            cpus = (placement(nodes, 1, call.num_gpus > 0)[0] if call.num_cpus is None
+                    else call.num_cpus)
             # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
             remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
                                                      name=getattr(call.fn, "__name__", "task"))

@@ -92,8 +92,9 @@ def own_token_kl(reference, model, demos: sft.Demonstrations, batch_size: int = 
 
 
 def _load(directory: Path):
+    """An arm's checkpoint for its evaluation, on the GPU where there is one (as the arm trained)."""
     from k3model.pretrain import load_pretrained
-    return load_pretrained(directory)[0].eval()
+    return load_pretrained(directory, "cuda" if torch.cuda.is_available() else "cpu")[0].eval()
 
 
 def compare_qat_ptq(cfg: sft.SFTConfig, demos: pa.Table | str | Path, eval_demos: pa.Table | str | Path,

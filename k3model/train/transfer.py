@@ -131,7 +131,9 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
     with counting() as flops:
         result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
                             harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
-    model = load_policy(result.checkpoint_dir, qat=True)[0].eval()
+    import torch
+    # Evaluated where it trained (grpo: the GPU when there is one).
+    model = load_policy(result.checkpoint_dir, qat=True)[0].eval().to("cuda" if torch.cuda.is_available() else "cpu")
     # In-harness and held-out in one batched decode (the same figures as two evaluate() calls).
     reports = evaluate_together(model, tokenizer, {"in": (list(eval_tasks), effort, list(harnesses)),
                                                    "out": (list(eval_tasks), effort, [held_out])}, eval_specs)
