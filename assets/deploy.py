@@ -214,7 +214,7 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     trained = run_training(context, TrainingJob(
         profile=profile, name="draft_model", task=train_draft_task,
         args=(job, str(ups["mopd_student"].path), str(demos), str(demos.parent / "heldout.parquet")),
-        config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
+        model_target=ups["mopd_student"], config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} EAGLE-3-style draft for mopd_student, initialised from its MTP module, trained "
                     f"{cfg.steps} steps with a {cfg.ttt_steps}-pass training-time test on its own generations",
         headline=lambda r: {k: r.metrics[k] for k in ("draft/tau_sim", "draft/tau_sim_untrained") if k in r.metrics}))

@@ -217,6 +217,9 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                     "(routed by domain × effort), one checkpoint for every effort",
         headline=lambda r: {k: r.metrics[k] for k in ("eval/success_rate", "eval/retention_min") if k in r.metrics},
         report=report))
+    # The student is what `k3 serve` serves: `models:/k3-<profile>-mopd_student@champion`.
+    context.resources.mlflow.client().set_registered_model_alias(trained.version.name, "champion",
+                                                                 trained.version.version)
     return trained.materialize_result(mopd_metadata(trained.result, cfg, teachers, specialist_flops))
 
 

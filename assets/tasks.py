@@ -121,6 +121,30 @@ class LiveLog:
                 f.write(line + "\n")
 
 
+def with_system_metrics(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` (a training task whose last argument is its LiveLog) with MLflow's system metrics
+    (CPU, memory, disk, network; GPU where pynvml finds one) sampled every 5 s on the node the task
+    runs on, logged to the task's MLflow run as `system/*`, tagged with the node."""
+    live = args[-1]
+    monitor = None
+    if isinstance(live, LiveLog) and live.tracking_uri and live.run_id:
+        import socket
+
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        try:
+            monitor = SystemMetricsMonitor(live.run_id, sampling_interval=5, samples_before_logging=1,
+                                           node_id=socket.gethostname(), tracking_uri=live.tracking_uri)
+            monitor.start()
+        except ImportError as e:  # psutil missing: train anyway, say why there are no system metrics
+            print(f"[{live.label}] no system metrics: {e}", flush=True)
+            monitor = None
+    try:
+        return fn(*args)
+    finally:
+        if monitor is not None:
+            monitor.finish()
+
+
 def is_grid_metric(name: str) -> bool:
     """A cell of the clue-accuracy grid (`eval/clue_acc/<variant>/<bucket>`), not a headline figure
     (`eval/clue_acc/<variant>/all`)."""

@@ -309,7 +309,7 @@ class RayResource(dg.ConfigurableResource):
                     else call.num_cpus)
             # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
             remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
-                                                     name=getattr(call.fn, "__name__", "task"))
+                                                     name=call.label or getattr(call.fn, "__name__", "task"))
             ref = remote.remote(driver, call.fn, *call.args)
             refs.append(ref)
             return ref
@@ -389,22 +389,37 @@ def mlflow_key(name: str) -> str:
 
 
 class MlflowResource(dg.ConfigurableResource):
-    """MLflow tracking on a sqlite store: one MLflow run per asset materialization.
+    """MLflow tracking, on a sqlite store in the home or an MLflow server (`MLFLOW_TRACKING_URI`):
+    one MLflow run per asset materialization.
 
     Links in asset metadata go through `k3 ui`'s Dagster webserver (`/k3/mlflow/...`), which
     redirects to wherever MLflow is served now; a link written by `k3 run` keeps working under any
     later `k3 ui --mlflow-port` (pipelines/webserver.py).
     """
 
-    tracking_uri: str | None = Field(default=None, description="default: sqlite:///<K3_HOME>/mlflow/mlflow.db")
-    artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts")
+    tracking_uri: str | None = Field(default=None, description="default: MLFLOW_TRACKING_URI, else "
+                                     "sqlite:///<K3_HOME>/mlflow/mlflow.db")
+    artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts on "
+                                      "sqlite; the server's own artifact store on a server")
     experiment: str = "k3"
+    checkpoint_artifacts: str = Field(default="auto", description="how a registered model carries its "
+                                      "checkpoint: 'copy' (into the artifact store), 'pointer' (a sha256-"
+                                      "checked path into the home), 'auto' (copy on a server, else pointer)")
+    _checked: str | None = PrivateAttr(default=None)
 
     def resolved_tracking_uri(self) -> str:
-        uri = self.tracking_uri or f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+            f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        elif uri.startswith(("http://", "https://")) and self._checked != uri:
+            # MLflow's client retries an unreachable server for minutes; fail in seconds instead.
+            check_reachable(uri, "MLFLOW_TRACKING_URI")
+            self._checked = uri
         return uri
+
+    def is_server(self) -> bool:
+        return self.resolved_tracking_uri().startswith(("http://", "https://"))
 
     def resolved_artifact_root(self) -> Path:
         return Path(self.artifact_root) if self.artifact_root else k3_home() / "mlflow" / "artifacts"
@@ -422,6 +437,9 @@ class MlflowResource(dg.ConfigurableResource):
                 for k, v in EXPERIMENT_KIND.items():
                     client.set_experiment_tag(exp.experiment_id, k, v)
             return exp.experiment_id
+        if self.is_server() and not self.artifact_root:
+            # The server's artifact store (proxied mlflow-artifacts:/), reachable from any client.
+            return client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
         root = self.resolved_artifact_root()
         root.mkdir(parents=True, exist_ok=True)
         return client.create_experiment(self.experiment, artifact_location=root.resolve().as_uri(),
@@ -489,16 +507,24 @@ class MlflowResource(dg.ConfigurableResource):
             self.client().log_table(run_id, data={c: [r.get(c) for r in rows] for c in rows[0]},
                                     artifact_file=artifact_file)
 
-    def register_checkpoint(self, run_id: str, model_name: str, source: str, sha256: str,
-                            tags: dict[str, str], description: str):
+    def register_checkpoint(self, run_id: str, model_name: str, checkpoint: Path, sha256: str,
+                            tags: dict[str, str], description: str, home: Path | None = None,
+                            target: tuple[Path, str] | None = None):
         """The model version of a checkpoint: a new version for new bytes, the existing one for bytes
         already registered (matched by the `sha256` tag). Returns (version, created).
 
-        The checkpoint is not copied into MLflow's artifacts: `source` is its path in the checkpoint
-        store relative to K3_HOME, so moving the home does not break the registry
-        (`pipelines.registry.load_model` resolves it).
+        A new version is a pyfunc model logged to run `run_id` (`pipelines.registry`), carrying the
+        checkpoint as a copy or a pointer (`checkpoint_artifacts`); its `checkpoint` tag is the path
+        relative to `home` (default K3_HOME), which `pipelines.registry.load_model` resolves.
+        `target` (path, sha256): the model a draft proposes for.
         """
         from mlflow.exceptions import MlflowException
+
+        from pipelines.registry import log_checkpoint_model
+        if self.checkpoint_artifacts not in ("auto", "copy", "pointer"):
+            raise ValueError(f"checkpoint_artifacts = {self.checkpoint_artifacts!r}: use 'auto', 'copy' or 'pointer'")
+        home = Path(home or k3_home()).resolve()
+        checkpoint = Path(checkpoint).resolve()
         client = self.client()
         try:
             client.create_registered_model(model_name, description=description)
@@ -508,8 +534,12 @@ class MlflowResource(dg.ConfigurableResource):
         for version in client.search_model_versions(f"name = '{model_name}'"):
             if version.tags.get("sha256") == sha256:
                 return version, False
+        copy = self.checkpoint_artifacts == "copy" or (self.checkpoint_artifacts == "auto" and self.is_server())
+        source = log_checkpoint_model(client, run_id, checkpoint, sha256, home, copy, target)
+        rel = checkpoint.relative_to(home).as_posix() if checkpoint.is_relative_to(home) else str(checkpoint)
         return client.create_model_version(model_name, source=source, run_id=run_id,
-                                           tags={"sha256": sha256, **tags}, description=description), True
+                                           tags={"sha256": sha256, "checkpoint": rel, **tags},
+                                           description=description), True
 
     def run_url(self, run) -> str:
         """A link to the run, served by `k3 ui`'s Dagster webserver as a redirect to MLflow."""
