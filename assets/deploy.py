@@ -261,7 +261,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES)
 
-    @dg.asset(name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
+    @dg.asset(pool="gpu", name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
               deps=[key(profile, n) for n in ("mopd_student", "base_model", "sft_data", "tokenizer")], **common,
               description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
                           "the engine, the quantized-path audit) and claim 5: QAT vs PTQ vs short QAT at matched "
@@ -269,7 +269,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def quantized_student(context: dg.AssetExecutionContext, config: QuantizedStudentConfig) -> dg.MaterializeResult:
         return materialize_quantized_student(context, config, profile)
 
-    @dg.asset(name="draft_model", kinds={"pytorch", "ray"}, deps=[key(profile, n) for n in ("mopd_student", "sft_data")],
+    @dg.asset(pool="gpu", name="draft_model", kinds={"pytorch", "ray"}, deps=[key(profile, n) for n in ("mopd_student", "sft_data")],
               **common,
               description="The EAGLE-3-style speculative-decoding draft for mopd_student, from its MTP module, trained "
                           "with a training-time test on the student's own generations: τ_sim over training, measured "

@@ -374,7 +374,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, kinds={"pytorch", "ray"})
 
-    @dg.asset(name="mopd_student",
+    @dg.asset(pool="gpu", name="mopd_student",
               deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "rl_specialist", "tokenizer")],
               description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
                           "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
@@ -382,7 +382,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def mopd_student(context: dg.AssetExecutionContext, config: MOPDStudentConfig) -> dg.MaterializeResult:
         return materialize_mopd_student(context, config, profile)
 
-    @dg.asset(name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+    @dg.asset(pool="gpu", name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
               description="Claim 7: GRPO on four harness styles vs on one (same budget), each evaluated on the "
                           "held-out fifth; held-out ÷ in-harness success with 95 % intervals, unparseable rates.",
               **common)

@@ -497,7 +497,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig) -> dg.MaterializeResult:
         return materialize_sft_data(context, config, profile)
 
-    @dg.asset(name="sft_policy", kinds={"pytorch", "ray"},
+    @dg.asset(pool="gpu", name="sft_policy", kinds={"pytorch", "ray"},
               deps=[key(profile, n) for n in ("base_model", "sft_data", "tokenizer")],
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
               description="The SFT cold start: base_model fine-tuned on sft_data with QAT on from the first "
@@ -505,7 +505,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig) -> dg.MaterializeResult:
         return materialize_sft_policy(context, config, profile)
 
-    @dg.asset(name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+    @dg.asset(pool="gpu", name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
               description="The RL task ladder: sft_policy's pass rate per task family and effort (G samples "
                           "per task), and per (domain, effort) the families in the 10–90 % band the specialist "
@@ -513,7 +513,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig) -> dg.MaterializeResult:
         return materialize_rl_tasks(context, config, profile)
 
-    @dg.asset(name="rl_specialist", kinds={"pytorch", "ray"},
+    @dg.asset(pool="gpu", name="rl_specialist", kinds={"pytorch", "ray"},
               deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "tokenizer")],
               partitions_def=SPECIALIST_PARTITIONS, backfill_policy=dg.BackfillPolicy.single_run(),
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,

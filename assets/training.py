@@ -54,6 +54,7 @@ on its own materialization and records the partitions that succeeded even when o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -160,12 +161,20 @@ def run_training(context: dg.AssetExecutionContext, job: TrainingJob) -> Trained
 
 def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob]) -> list[Trained | BaseException]:
     """Train every job as concurrent Ray tasks (module docstring); a Trained or the exception per job."""
+    # Each work directory is this run's until its stage is promoted (another run waits).
+    with contextlib.ExitStack() as held:
+        return _run_trainings(context, jobs, held)
+
+
+def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
+                   held: contextlib.ExitStack) -> list[Trained | BaseException]:
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
     dagster_run = run_id(context)
     staged, calls, feeds = [], [], []
     try:
         for job in jobs:
             work_dir = store.work_dir(job.profile, job.name, job.inputs_key(), job.partition)
+            held.enter_context(store.hold_work_dir(work_dir, job.label, say=context.log.info))
             work_dir.mkdir(parents=True, exist_ok=True)
             progress = work_dir / f"progress-{dagster_run}.log"
             params = {**dataclasses.asdict(job.config), **job.params,

@@ -75,18 +75,20 @@ def local_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
+def end_leftover_ray_processes(home: str, grace_s: float = 5.0, owner: int | None = None) -> list[int]:
     """SIGTERM, then SIGKILL after `grace_s`, every live Ray process whose environment holds
-    K3_HOME=`home`; returns their pids. For an interrupted `k3 run` only: a SIGTERM that cuts ray.init
-    short can leave Ray's DashboardAgent and RuntimeEnvAgent waiting for a raylet that never comes
-    (seen alive over 60 s later on a busy 2-core machine). The home lock makes this run the home's only
-    user, so a Ray process with its K3_HOME is one this run started. Linux /proc; elsewhere a no-op."""
+    K3_HOME=`home` (and, with `owner`, K3_RAY_DRIVER=`owner`: the local cluster that driver process
+    started, as `RayResource` marks it); returns their pids. For an interrupted `k3 run`: a SIGTERM
+    that cuts ray.init short can leave Ray's DashboardAgent and RuntimeEnvAgent waiting for a raylet
+    that never comes (seen alive over 60 s later on a busy 2-core machine). Other runs may share the
+    home, so `k3 run` passes its own pid. Linux /proc; elsewhere a no-op."""
     needle = f"K3_HOME={home}".encode()
+    marker = None if owner is None else f"K3_RAY_DRIVER={owner}".encode()
     ended: list[int] = []
     # Sweep until a sweep finds nothing: a raylet cut short may still spawn its agents after the
     # first sweep (seen in a fresh-clone `make test`, 2026-12-01).
     for _ in range(5):
-        pids = _signal_ray_processes(needle)
+        pids = _signal_ray_processes(needle, marker)
         if not pids:
             break
         ended += pids
@@ -100,13 +102,14 @@ def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
     return ended
 
 
-def _signal_ray_processes(needle: bytes) -> list[int]:
-    """SIGTERM every live Ray process whose environment holds `needle`; their pids."""
+def _signal_ray_processes(needle: bytes, marker: bytes | None = None) -> list[int]:
+    """SIGTERM every live Ray process whose environment holds `needle` (and `marker`); their pids."""
     pids = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             pid = int(proc_dir.name)
-            if pid == os.getpid() or needle not in (proc_dir / "environ").read_bytes().split(b"\0"):
+            environ = (proc_dir / "environ").read_bytes().split(b"\0")
+            if pid == os.getpid() or needle not in environ or (marker is not None and marker not in environ):
                 continue
             args = (proc_dir / "cmdline").read_bytes().split(b"\0")
             if (any(a.startswith(b"ray::") or b"/ray/" in a or a.endswith((b"raylet", b"gcs_server"))
@@ -199,8 +202,10 @@ class RayResource(dg.ConfigurableResource):
             what = f"joined Ray cluster at {address} ({ray.cluster_resources()}" + \
                    (", code shipped as the runtime_env working_dir)" if self.ship_code else ")")
         else:
-            # Workers inherit the driver's environment: hide the GPUs from tasks that asked for none.
+            # Workers inherit the driver's environment: hide the GPUs from tasks that asked for none,
+            # and mark the cluster as this driver's (end_leftover_ray_processes(owner=...)).
             os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1"
+            os.environ["K3_RAY_DRIVER"] = str(os.getpid())
             # Ray 2.60 turns on token auth and writes ~/.ray/auth_token; a private local cluster
             # needs none.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -567,6 +572,12 @@ class CheckpointStore(dg.ConfigurableResource):
 
     def data_dir(self, profile: str, asset: str) -> Path:
         return self.resolved_root() / "data" / profile / asset
+
+    def hold_work_dir(self, work_dir: Path, label: str, say: Callable[[str], None] = print):
+        """A context holding `work_dir` exclusively while a stage trains there
+        (`pipelines.home_lock.hold_work_dir`): a second run of the same stage waits for the first."""
+        from pipelines.home_lock import hold_work_dir
+        return hold_work_dir(work_dir, label, say, interrupted=interrupted)
 
     def work_dir(self, profile: str, asset: str, inputs_key: str, partition: str | None = None) -> Path:
         """Where a training task writes while it runs. Keyed by its inputs, not the run: a run

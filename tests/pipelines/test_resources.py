@@ -106,7 +106,7 @@ def test_home_layout(tmp_path, monkeypatch):
     env = k3_environ("smoke")
     assert env["DAGSTER_HOME"] == str(tmp_path / "home" / "dagster") and env["K3_PROFILE"] == "smoke"
     config = (dagster_home() / "dagster.yaml").read_text()
-    assert "enabled: false" in config and "max_concurrent_runs: 1" in config
+    assert "enabled: false" in config and "max_concurrent_runs: 4" in config and "run_monitoring:" in config
     store = CheckpointStore()
     assert store.checkpoint_dir("tiny", "pretrain_stage_1", "r1") == \
         (tmp_path / "home" / "checkpoints" / "tiny" / "pretrain_stage_1" / "r1").resolve()
