@@ -143,6 +143,12 @@ def with_system_metrics(fn: Callable[..., Any], *args: Any) -> Any:
     finally:
         if monitor is not None:
             monitor.finish()
+            # finish() drops the samples of the last, unfinished interval (all of them for a task
+            # shorter than one): log them as the final point.
+            last = monitor.aggregate_metrics()
+            if last:
+                monitor.publish_metrics(last)
+                monitor.mlflow_logger.flush()
 
 
 def is_grid_metric(name: str) -> bool:

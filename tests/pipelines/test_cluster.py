@@ -23,6 +23,7 @@ from pipelines.resources import end_leftover_ray_processes
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 DATA = ["corpus", "tokenizer", "clue_data", "image_data"]
+STAGES = [f"pretrain_stage_{s}" for s in range(1, 5)]
 SHORT = {"eval_examples_per_cell": 1, "log_every": 1}
 
 
@@ -69,7 +70,7 @@ def two_nodes(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_two_node_cluster_ships_the_code_and_trains_the_first_stage(two_nodes):
+def test_two_node_cluster_ships_the_code_and_materializes_data_and_pretraining(two_nodes, tmp_path):
     home, address, start_s = two_nodes
     env = {**clean_env(home), "RAY_ADDRESS": address, "DAGSTER_HOME": str(dagster_home(home))}
 
@@ -82,11 +83,11 @@ def test_two_node_cluster_ships_the_code_and_trains_the_first_stage(two_nodes):
     assert sorted(seen["cpus"]) == [1.0, 2.0] and seen["gpus"] == 0
     assert "runtime_resources" in seen["tasks_file"] and not seen["tasks_file"].startswith(str(REPO))
 
-    # The data group and the first pretraining stage, through Dagster's CLI, joined to the cluster:
-    # the stage's task asks for the largest node's 2 CPUs, so only the worker node can run it.
+    # The data and pretraining groups, through Dagster's CLI, joined to the cluster: each stage's
+    # task asks for the largest node's 2 CPUs, so only the worker node can run it.
     t0 = time.perf_counter()
-    select = [f"smoke/{n}" for n in [*DATA, "pretrain_stage_1"]]
-    config = {"ops": {"smoke__pretrain_stage_1": {"config": SHORT}}}
+    select = [f"smoke/{n}" for n in [*DATA, *STAGES, "base_model"]]
+    config = {"ops": {f"smoke__{s}": {"config": SHORT} for s in STAGES}}
     proc = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-m", "pipelines.definitions",
                            "--select", ",".join(select), "--config-json", json.dumps(config)],
                           cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
@@ -94,9 +95,22 @@ def test_two_node_cluster_ships_the_code_and_trains_the_first_stage(two_nodes):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     log = proc.stdout + proc.stderr
     assert f"joined Ray cluster at {address}" in log and "runtime_env working_dir" in log
-    ckpts = list((home / "checkpoints" / "smoke" / "pretrain_stage_1").glob("*/model.safetensors"))
-    assert len(ckpts) == 1
-    print(f"two-node cluster: start {start_s:.1f} s, data + pretrain_stage_1 {wall_s:.1f} s")
+    for stage in STAGES:
+        assert len(list((home / "checkpoints" / "smoke" / stage).glob("*/model.safetensors"))) == 1, stage
+
+    # Each stage's MLflow run has the system metrics of the node its task ran on.
+    from mlflow.tracking import MlflowClient
+    uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    [stage_run] = client.search_runs([client.get_experiment_by_name("k3").experiment_id],
+                                     "tags.asset = 'smoke/pretrain_stage_1'")
+    assert any(k.startswith("system/") and "cpu_utilization_percentage" in k for k in stage_run.data.metrics), \
+        sorted(stage_run.data.metrics)
+    # The promoted base model loads as a pyfunc model in a fresh process and generates.
+    from tests.pipelines.test_registry import fresh_env, load_in_fresh_process
+    got = load_in_fresh_process(uri, "models:/k3-smoke-base@champion", fresh_env(), tmp_path)
+    assert len(got["gen"][0]) == 5 and len(got["score"]) == 3
+    print(f"two-node cluster: start {start_s:.1f} s, data + pretraining + base_model {wall_s:.1f} s")
 
 
 PROBE = """
