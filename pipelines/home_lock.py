@@ -6,7 +6,7 @@
                        _alembic_tmp_params already exists`), and the crash clean-up of
                        pipelines/recovery.py. Released before the run or the UI starts, so
                        `k3 ui` and `k3 run` (or two runs) work on one home at once.
-  `<work dir>.lock`    held by a run while a stage trains in its work directory
+  `.<work dir>.lock`   held by a run while a stage trains in its work directory
                        (`hold_work_dir`): the directory is keyed by the stage's inputs, not the
                        run, so two runs of the same stage on the same inputs would resume from each
                        other's `last/` checkpoint. The second waits for the first.
@@ -108,11 +108,12 @@ def hold_home(home: Path, command: str, wait: bool = False,
 @contextlib.contextmanager
 def hold_work_dir(work_dir: Path, label: str, say: Callable[[str], None] = print,
                   interrupted: Callable[[], bool] = lambda: False, poll_s: float = 1.0) -> Iterator[Path]:
-    """Hold `<work_dir>.lock` (beside the directory, which is removed once its stage is promoted)
+    """Hold `.<work_dir name>.lock` (beside the directory, which is removed once its stage is
+    promoted; hidden, so a listing of the stage's work directories shows only directories)
     exclusively for the body, waiting for another holder and saying whom it waits for. The wait
     polls, so an interruption noted by `interrupted` (pipelines.cli's signal thread) ends it."""
     work_dir = Path(work_dir)
-    path = work_dir.parent / f"{work_dir.name}.lock"
+    path = work_dir.parent / f".{work_dir.name}.lock"
     work_dir.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
