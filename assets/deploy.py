@@ -92,7 +92,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
         profile=profile, name="quantized_student", task=quantize_student_task,
         args=(job, str(ups["mopd_student"].path), str(ups["base_model"].path), str(demos),
               str(demos.parent / "heldout.parquet"), str(ups["tokenizer"].path), sft_cfg, plan),
-        config=job, inputs=ups, log_every=1,
+        config=job, inputs=ups, log_every=1, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} MOPD student with packed MXFP4 routed experts (E2M1 + E8M0, "
                     f"{config.scale_rounding}), MXFP8 expert activations at inference, the rest bf16",
         headline=lambda r: {"export/ratio_to_bf16": r.export["ratio_to_bf16"], "audit/ok": float(r.audit["ok"])}))
@@ -178,7 +178,7 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     trained = run_training(context, TrainingJob(
         profile=profile, name="draft_model", task=train_draft_task,
         args=(job, str(ups["mopd_student"].path), str(demos), str(demos.parent / "heldout.parquet")),
-        config=job, inputs=ups, log_every=cfg.log_every,
+        model_target=ups["mopd_student"], config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} EAGLE-3-style draft for mopd_student, initialised from its MTP module, trained "
                     f"{cfg.steps} steps with a {cfg.ttt_steps}-pass training-time test on its own generations",
         headline=lambda r: {k: r.metrics[k] for k in ("draft/tau_sim", "draft/tau_sim_untrained") if k in r.metrics}))
@@ -225,7 +225,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES)
 
-    @dg.asset(name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
+    @dg.asset(pool="gpu", name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
               deps=[key(profile, n) for n in ("mopd_student", "base_model", "sft_data", "tokenizer")], **common,
               description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
                           "the engine, the quantized-path audit) and claim 5: QAT vs PTQ vs short QAT at matched "
@@ -233,7 +233,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def quantized_student(context: dg.AssetExecutionContext, config: QuantizedStudentConfig) -> dg.MaterializeResult:
         return materialize_quantized_student(context, config, profile)
 
-    @dg.asset(name="draft_model", kinds={"pytorch", "ray"}, deps=[key(profile, n) for n in ("mopd_student", "sft_data")],
+    @dg.asset(pool="gpu", name="draft_model", kinds={"pytorch", "ray"}, deps=[key(profile, n) for n in ("mopd_student", "sft_data")],
               **common,
               description="The EAGLE-3-style speculative-decoding draft for mopd_student, from its MTP module, trained "
                           "with a training-time test on the student's own generations: τ_sim over training, measured "

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import LiveLog
+from assets.tasks import LiveLog, task_device
 
 
 def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:
@@ -213,7 +213,9 @@ def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, he
 
     from k3model.engine import context_length
 
-    target, manifest = load_model(student_checkpoint, qat=False)  # the draft targets the float student
+    # The draft trains and is measured on the target's device (k3model.train.draft follows it); it
+    # targets the float student.
+    target, manifest = load_model(student_checkpoint, task_device(), qat=False)
     target.eval()
     # A prompt and its generation must fit the student's context.
     limit = context_length(target)

@@ -167,12 +167,15 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
               str(ups["tokenizer"].path), cells, specs, figures, control_cfg, specialist_flops,
               specialist_scoring(profile, config.seed)),
         config=cfg, inputs=inputs, log_every=cfg.log_every,
-        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        **ray.placement(log=context.log.info),
         params={"control": config.control, "teacher_evals_reused": len(figures)},
         description=f"{profile} MOPD student: sft_policy distilled on-policy from the nine rl_specialist teachers "
                     "(routed by domain × effort), one checkpoint for every effort",
         headline=lambda r: {k: r.metrics[k] for k in ("eval/success_rate", "eval/retention_min") if k in r.metrics},
         report=report))
+    # The student is what `k3 serve` serves: `models:/k3-<profile>-mopd_student@champion`.
+    context.resources.mlflow.client().set_registered_model_alias(trained.version.name, "champion",
+                                                                 trained.version.version)
     return trained.materialize_result(mopd_metadata(trained.result, cfg, teachers, specialist_flops))
 
 
@@ -278,13 +281,13 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]
     context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
                      f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
-    ray = context.resources.ray
+    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.tasks.placement
     jobs = [TrainingJob(
         profile=profile, name="cross_harness", partition=f"{h}|{name}", task=train_transfer_arm_task,
         args=(grpo, str(ups["sft_policy"].path), str(ups["tokenizer"].path), name, domain, effort, tuple(hs), h,
               rl_tasks, eval_tasks, specs),
         config=ArmConfig(grpo, h, name, tuple(hs), domain, effort), inputs=ups, log_every=grpo.log_every,
-        num_cpus=1.0, num_gpus=0.0,
+        **share,
         description=f"{profile} cross-harness fold (held out: {h}), {name} arm: GRPO on {', '.join(hs)}",
         headline=lambda r: {"held_out_success": r.arm.held_out["success_rate"],
                             "in_harness_success": r.arm.in_harness["success_rate"]})
@@ -327,7 +330,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     common = dict(key_prefix=[profile], group_name=group(profile, GROUP), tags=profile_tags(profile),
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, kinds={"pytorch", "ray"})
 
-    @dg.asset(name="mopd_student",
+    @dg.asset(pool="gpu", name="mopd_student",
               deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "rl_specialist", "tokenizer")],
               description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
                           "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
@@ -335,7 +338,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def mopd_student(context: dg.AssetExecutionContext, config: MOPDStudentConfig) -> dg.MaterializeResult:
         return materialize_mopd_student(context, config, profile)
 
-    @dg.asset(name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+    @dg.asset(pool="gpu", name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
               description="Claim 7: GRPO on four harness styles vs on one (same budget), each evaluated on the "
                           "held-out fifth; held-out ÷ in-harness success with 95 % intervals, unparseable rates.",
               **common)

@@ -105,7 +105,7 @@ def materialize_checkpoint_evals(context: dg.AssetExecutionContext, config: Eval
 
 def build(profile: str) -> list[dg.AssetsDefinition]:
     """`<profile>/checkpoint_evals`."""
-    @dg.asset(name="checkpoint_evals", key_prefix=[profile], group_name=group(profile, "evaluation"),
+    @dg.asset(pool="gpu", name="checkpoint_evals", key_prefix=[profile], group_name=group(profile, "evaluation"),
               deps=[key(profile, n) for n in (*DATA_INPUTS, *(stage_name(s) for s in range(1, NUM_STAGES + 1)))],
               kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION, tags=profile_tags(profile),
               required_resource_keys={"store", "mlflow", "ray"},

@@ -185,7 +185,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
         args=(cfg, str(demos), str(demos.parent / "heldout.parquet"), str(ups["base_model"].path),
               str(ups["tokenizer"].path), plan),
         config=cfg, inputs=ups, log_every=cfg.log_every,
-        num_gpus=1.0 if ray.cluster_gpus(log=context.log.info) >= 1 else 0.0,
+        **ray.placement(log=context.log.info),
         params={"eval_tasks_per_family": plan.tasks_per_family, "eval_seed": plan.seed},
         description=f"{profile} SFT policy: base_model fine-tuned {cfg.steps} steps on expert demonstrations "
                     "at three efforts, QAT (MXFP4 weights, MXFP8 activations on the routed experts) from step 1",
@@ -252,7 +252,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     ray = context.resources.ray
     t0 = time.perf_counter()
     out = ray.run(measure_ladder_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), cfg,
-                  effort_specs(sizes.eval_budgets), log=context.log.info)
+                  effort_specs(sizes.eval_budgets), log=context.log.info, **ray.placement(log=context.log.info))
     seconds = time.perf_counter() - t0
     ladder = out["json"]
     chosen: dict[str, dict[str, list]] = {}
@@ -300,15 +300,6 @@ class RLSpecialistConfig(dg.Config):
     retries: int = Field(default=1, ge=0, description="how often a failed specialist's Ray task is run again")
 
 
-def task_share(n_tasks: int, cpus: float, gpus: float) -> tuple[float, float]:
-    """(num_cpus, num_gpus) per task that packs `n_tasks` concurrent tasks onto a node: on GPUs, an
-    equal share of them each (Ray schedules fractions of a GPU); on CPUs, one core each at least, so a
-    2-core machine runs two at a time and queues the rest."""
-    if gpus >= 1:
-        return 1.0, min(1.0, int(gpus / n_tasks * 10_000) / 10_000)
-    return float(max(1, int(cpus // n_tasks))), 0.0
-
-
 def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpecialistConfig, profile: str):
     import json
 
@@ -337,7 +328,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
                          allow_retries=False) from e
     ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
     ray = context.resources.ray
-    num_cpus, num_gpus = task_share(len(keys), ray.node_cpus(), ray.cluster_gpus(log=context.log.info))
+    share = ray.placement(len(keys), log=context.log.info)  # assets.tasks.placement
+    num_cpus, num_gpus = share["num_cpus"], share["num_gpus"]
     context.log.info(f"{profile}/rl_specialist: {len(keys)} specialist(s) ({', '.join(keys)}), {cfg.steps} GRPO "
                      f"steps each, as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")
 
@@ -409,7 +401,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig) -> dg.MaterializeResult:
         return materialize_sft_data(context, config, profile)
 
-    @dg.asset(name="sft_policy", kinds={"pytorch", "ray"},
+    @dg.asset(pool="gpu", name="sft_policy", kinds={"pytorch", "ray"},
               deps=[key(profile, n) for n in ("base_model", "sft_data", "tokenizer")],
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
               description="The SFT cold start: base_model fine-tuned on sft_data with QAT on from the first "
@@ -417,7 +409,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig) -> dg.MaterializeResult:
         return materialize_sft_policy(context, config, profile)
 
-    @dg.asset(name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
+    @dg.asset(pool="gpu", name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
               description="The RL task ladder: sft_policy's pass rate per task family and effort (G samples "
                           "per task), and per (domain, effort) the families in the 10–90 % band the specialist "
@@ -425,7 +417,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig) -> dg.MaterializeResult:
         return materialize_rl_tasks(context, config, profile)
 
-    @dg.asset(name="rl_specialist", kinds={"pytorch", "ray"},
+    @dg.asset(pool="gpu", name="rl_specialist", kinds={"pytorch", "ray"},
               deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "tokenizer")],
               partitions_def=SPECIALIST_PARTITIONS, backfill_policy=dg.BackfillPolicy.single_run(),
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,

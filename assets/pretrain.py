@@ -259,7 +259,7 @@ def _stage_asset(profile: str, stage: int) -> dg.AssetsDefinition:
     previous = stage_name(stage - 1) if stage > 1 else None
     start = f"{previous}'s checkpoint" if previous else "random weights"
 
-    @dg.asset(name=stage_name(stage), key_prefix=[profile], group_name=group(profile, "pretraining"),
+    @dg.asset(pool="gpu", name=stage_name(stage), key_prefix=[profile], group_name=group(profile, "pretraining"),
               deps=[key(profile, n) for n in (*DATA_INPUTS, *([previous] if previous else []))],
               kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION, required_resource_keys=RESOURCES,
               tags=profile_tags(profile),

@@ -44,13 +44,50 @@ def interrupted() -> bool:
 @dataclass(frozen=True)
 class RayCall:
     """One Ray task for `context.resources.ray.run_all`: `fn(*args)`, its resources (`num_cpus` None:
-    the largest node's CPUs), how often a failure is submitted again, and a label for the log."""
+    the CPUs of the nodes it can run on, `placement`), how often a failure is submitted again, and a
+    label for the log."""
     fn: Callable[..., Any]
     args: tuple
     num_cpus: float | None = None
     num_gpus: float = 0.0
     retries: int = 0
     label: str = ""
+
+
+def placement(nodes: list[dict[str, float]], n_tasks: int = 1, require_gpu: bool = False) -> tuple[float, float]:
+    """(num_cpus, num_gpus) for each of `n_tasks` concurrent model tasks (training, rollouts,
+    evaluation) on a cluster whose alive nodes have the resources `nodes` ({"CPU": c, "GPU": g}).
+
+    The one device rule: when the cluster has a GPU, every model task asks for one, or an equal
+    share g = min(1, total GPUs / n_tasks) when several tasks share them (the nine specialists); its
+    CPUs are sized from the GPU nodes, never from the largest node: a GPU task asking for a CPU-only
+    node's core count could be placed nowhere, and Ray would leave it pending for ever. With
+    k = min(n_tasks, floor(GPUs of the smallest GPU node / g)) tasks packed per GPU node, each asks
+    for that node's CPUs / k (whole cores when at least one), so they fit side by side on every GPU
+    node. Without a GPU: the largest node's CPUs / n_tasks, at least one core (a 2-core machine runs
+    two at a time and queues the rest). `require_gpu` (a cuda profile) asks for a GPU even where the
+    cluster has none, so `run_all` refuses the task with its name instead of training on a CPU.
+    """
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks = {n_tasks}: a placement is for at least one task")
+    gpu_nodes = [n for n in nodes if n.get("GPU", 0.0) > 0]
+    if not gpu_nodes:
+        cpus = max((n.get("CPU", 0.0) for n in nodes), default=1.0)
+        return float(max(1, int(cpus // n_tasks))), (1.0 if require_gpu else 0.0)
+    total = sum(n["GPU"] for n in gpu_nodes)
+    # Truncated, not rounded, so n shares never add up to more than the cluster holds.
+    gpus = min(1.0, int(total / n_tasks * 10_000) / 10_000)
+    smallest = min(gpu_nodes, key=lambda n: (n.get("CPU", 0.0), n["GPU"]))
+    per_node = max(1, min(n_tasks, int(smallest["GPU"] / gpus + 1e-9)))
+    cpus = smallest.get("CPU", 0.0) / per_node
+    return (float(int(cpus)) if cpus >= 1 else int(cpus * 10_000) / 10_000), gpus
+
+
+def task_device() -> str:
+    """Where a Ray task runs its model: "cuda" when Ray gave it a GPU (it hides the GPUs from a task
+    that asked for none: pipelines.resources sets RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO), else "cpu"."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def error_line(e: BaseException) -> str:
@@ -83,6 +120,36 @@ class LiveLog:
             # One short line per write, appended: concurrent tasks never interleave within a line.
             with open(self.progress_path, "a") as f:
                 f.write(line + "\n")
+
+
+def with_system_metrics(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` (a training task whose last argument is its LiveLog) with MLflow's system metrics
+    (CPU, memory, disk, network; GPU where pynvml finds one) sampled every 5 s on the node the task
+    runs on, logged to the task's MLflow run as `system/*`, tagged with the node."""
+    live = args[-1]
+    monitor = None
+    if isinstance(live, LiveLog) and live.tracking_uri and live.run_id:
+        import socket
+
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        try:
+            monitor = SystemMetricsMonitor(live.run_id, sampling_interval=5, samples_before_logging=1,
+                                           node_id=socket.gethostname(), tracking_uri=live.tracking_uri)
+            monitor.start()
+        except ImportError as e:  # psutil missing: train anyway, say why there are no system metrics
+            print(f"[{live.label}] no system metrics: {e}", flush=True)
+            monitor = None
+    try:
+        return fn(*args)
+    finally:
+        if monitor is not None:
+            monitor.finish()
+            # finish() drops the samples of the last, unfinished interval (all of them for a task
+            # shorter than one): log them as the final point.
+            last = monitor.aggregate_metrics()
+            if last:
+                monitor.publish_metrics(last)
+                monitor.mlflow_logger.flush()
 
 
 def is_grid_metric(name: str) -> bool:
@@ -142,13 +209,11 @@ def train_stage_task(cfg: PretrainConfig, data: PretrainData, init_checkpoint: s
 def evaluate_checkpoint_task(checkpoint_dir: str, data: PretrainData, examples_per_cell: int,
                              live: LiveLog, step: int) -> dict[str, float]:
     """Re-score a checkpoint (hashes verified on load) with the model config its manifest records."""
-    import torch
-
     from k3model.checkpoint import load_model
     from k3model.train.pretrain import eval_sizes
     from k3model.train.pretrain_eval import evaluate
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = task_device()
     model, manifest = load_model(checkpoint_dir, device)
     pretrain_cfg = manifest["config"]["pretrain"]
     _, windows, questions = eval_sizes(pretrain_cfg["profile"])

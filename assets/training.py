@@ -54,6 +54,7 @@ on its own materialization and records the partitions that succeeded even when o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -67,7 +68,7 @@ from typing import Any
 import dagster as dg
 
 from assets.lineage import Upstream, profile_tags, run_id
-from assets.tasks import LiveLog, ProgressFeed, RayCall, error_line
+from assets.tasks import LiveLog, ProgressFeed, RayCall, error_line, with_system_metrics
 from k3model.checkpoint import CheckpointInfo, verify_checkpoint
 
 
@@ -84,10 +85,11 @@ class TrainingJob:
     partition: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # more MLflow params (override the config's)
     log_every: int = 10  # the task's live-logging period: the other steps are logged afterwards
-    num_cpus: float | None = None  # None: a whole node's CPUs
+    num_cpus: float | None = None  # None: the CPUs of a node it can run on (assets.tasks.placement)
     num_gpus: float = 0.0
     retries: int = 0
     model_name: str | None = None  # default: k3-<profile>-<name>[-<domain>-<effort>]
+    model_target: Upstream | None = None  # a draft's target: its registered pyfunc model generates with both
     headline: Callable[[Any], Mapping[str, float]] | None = None  # figures tagged on the model version
     report: Callable[[Any, str, Path], Mapping[str, Any]] | None = None  # (result, mlflow run id, report dir)
 
@@ -159,12 +161,20 @@ def run_training(context: dg.AssetExecutionContext, job: TrainingJob) -> Trained
 
 def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob]) -> list[Trained | BaseException]:
     """Train every job as concurrent Ray tasks (module docstring); a Trained or the exception per job."""
+    # Each work directory is this run's until its stage is promoted (another run waits).
+    with contextlib.ExitStack() as held:
+        return _run_trainings(context, jobs, held)
+
+
+def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
+                   held: contextlib.ExitStack) -> list[Trained | BaseException]:
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
     dagster_run = run_id(context)
     staged, calls, feeds = [], [], []
     try:
         for job in jobs:
             work_dir = store.work_dir(job.profile, job.name, job.inputs_key(), job.partition)
+            held.enter_context(store.hold_work_dir(work_dir, job.label, say=context.log.info))
             work_dir.mkdir(parents=True, exist_ok=True)
             progress = work_dir / f"progress-{dagster_run}.log"
             params = {**dataclasses.asdict(job.config), **job.params,
@@ -172,7 +182,7 @@ def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob]) ->
             run = mlflow.create_run(context, params=params, tags=profile_tags(job.profile), partition=job.partition)
             staged.append((job, work_dir, run))
             live = LiveLog(job.label, mlflow.resolved_tracking_uri(), run.info.run_id, str(progress))
-            calls.append(RayCall(job.task, (*job.args, str(work_dir), live), num_cpus=job.num_cpus,
+            calls.append(RayCall(with_system_metrics, (job.task, *job.args, str(work_dir), live), num_cpus=job.num_cpus,
                                  num_gpus=job.num_gpus, retries=job.retries, label=job.label))
             feeds.append(ProgressFeed(progress, context.log.info))
         results = ray.run_all(calls, log=context.log.info, warn=context.log.warning,
@@ -220,25 +230,27 @@ def _promote(context: dg.AssetExecutionContext, job: TrainingJob, work_dir: Path
                                 store.report_dir(job.profile, job.name, run_id(context), job.partition)))
     headline = dict(job.headline(result)) if job.headline is not None else {}
     version = register(context, job.profile, job.resolved_model_name(), final, info.sha256, run.info.run_id,
-                       headline, job.description, partition=job.partition)
+                       headline, job.description, partition=job.partition,
+                       target=(job.model_target.path, job.model_target.data_version) if job.model_target else None)
     return Trained(job=job, result=result, checkpoint=final, info=info, mlflow_run=run, version=version,
                    mlflow_run_url=mlflow.run_url(run), mlflow_model_url=mlflow.model_url(version.name, version.version),
                    extra=extra)
 
 
 def register(context: dg.AssetExecutionContext, profile: str, model_name: str, checkpoint: Path, sha256: str,
-             mlflow_run_id: str, headline: Mapping[str, float], description: str, partition: str | None = None):
+             mlflow_run_id: str, headline: Mapping[str, float], description: str, partition: str | None = None,
+             target: tuple[Path, str] | None = None):
     """Register `checkpoint` as a version of MLflow model `model_name` (the existing version when the
     same bytes are already registered), tagged with the `headline` figures; logs which."""
     store, mlflow = context.resources.store, context.resources.mlflow
-    source = checkpoint.relative_to(store.resolved_root()).as_posix()
     tags = {"profile": profile, "asset": context.asset_key.to_user_string(), "dagster_run_id": run_id(context),
             **({"partition": partition} if partition is not None else {}),
             **{k: f"{v:.4g}" for k, v in headline.items()}}
-    version, created = mlflow.register_checkpoint(mlflow_run_id, model_name, source, sha256, tags, description)
+    version, created = mlflow.register_checkpoint(mlflow_run_id, model_name, checkpoint, sha256, tags, description,
+                                                  home=store.resolved_root(), target=target)
     context.log.info(f"{'registered' if created else 'already registered (same sha256)'}: MLflow model "
                      f"{version.name} version {version.version}; load it with "
-                     f"pipelines.registry.load_model('{version.name}/{version.version}')")
+                     f"mlflow.pyfunc.load_model('models:/{version.name}/{version.version}')")
     return version
 
 

@@ -312,18 +312,20 @@ def _root_message(err) -> str:
 
 def _under_home_lock(who: str, profile: str | None, args: argparse.Namespace,
                      body: Callable[[argparse.Namespace, str | None, dict[str, str]], int]) -> int:
-    """`body(args, profile, env)` holding the home's lock, after cleaning up crashed runs
-    (pipelines/home_lock.py, pipelines/recovery.py). `k3 ui` has no profile (None)."""
+    """`body(args, profile, env)` after setting the home up and cleaning up crashed runs under the
+    home's lock, which is then released: `k3 ui` and `k3 run` share a home (pipelines/home_lock.py,
+    pipelines/recovery.py). `k3 ui` has no profile (None)."""
     from pipelines.home_lock import HomeLocked, HomeNotWritable, hold_home
     from pipelines.instance import apply_k3_environ
     from pipelines.recovery import prepare_home
     home = k3_home()
     try:
         command = f"{who} --profile {profile}" if profile else who
-        with hold_home(home, command, wait=args.wait, say=lambda m: _say(f"{who}: {m}")):
+        # The set-up takes seconds: queue behind another command's instead of refusing.
+        with hold_home(home, command, wait=True, say=lambda m: _say(f"{who}: {m}")):
             env = apply_k3_environ(profile, home)
             prepare_home(home, who, _say)
-            return body(args, profile, env)
+        return body(args, profile, env)
     except (HomeLocked, HomeNotWritable) as e:
         _say(f"{who}: {e}")
         return 1
@@ -778,7 +780,8 @@ def console_main() -> None:
     if code == 130:
         if os.environ.get("K3_HOME"):
             from pipelines.resources import end_leftover_ray_processes
-            end_leftover_ray_processes(os.environ["K3_HOME"])
+            # Only this command's own cluster: another run on the home may be training.
+            end_leftover_ray_processes(os.environ["K3_HOME"], owner=os.getpid())
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(130)

@@ -1,17 +1,28 @@
-"""One `k3 run` or `k3 ui` at a time per home: an exclusive `flock` on `<K3_HOME>/k3.lock`.
+"""What must be exclusive on a home, and only that: two `flock`s.
 
-Everything under a home is shared state: the sqlite Dagster and MLflow stores, the content-addressed
-data, and the `work/` directories that a stage resumes from (keyed by its inputs, not its run). Two
-commands on one home used to race: on a fresh home both ran MLflow's schema migrations at once
-(`table _alembic_tmp_params already exists`, the store broken for good), and on a used one two runs
-resumed from each other's `last/` checkpoint. Holding the lock for the whole command rules both out.
+  `<K3_HOME>/k3.lock`  held by `k3 run` and `k3 ui` while they set the home up (`hold_home`):
+                       creating the MLflow store, whose schema migrations must run once, by one
+                       process (two at once on a fresh home broke it for good: `table
+                       _alembic_tmp_params already exists`), and the crash clean-up of
+                       pipelines/recovery.py. Released before the run or the UI starts, so
+                       `k3 ui` and `k3 run` (or two runs) work on one home at once.
+  `.<work dir>.lock`   held by a run while a stage trains in its work directory
+                       (`hold_work_dir`): the directory is keyed by the stage's inputs, not the
+                       run, so two runs of the same stage on the same inputs would resume from each
+                       other's `last/` checkpoint. The second waits for the first.
+
+Everything else is safe to share: the sqlite stores take concurrent writers (Dagster's and MLflow's
+own locking), data and checkpoints are content-addressed and published by rename, and a Dagster
+run's Ray cluster is its own.
 
 The kernel drops a `flock` when its holder dies, however it dies (kill -9 included), so a crashed
-command never leaves a stale lock. What the lock file holds (the holder's pid, command and start
-time) is only read to say who holds it; the flock itself is the truth.
+command never leaves a stale lock. What a lock file holds (the holder's pid, command and start
+time) is only read to say who holds it; the flock itself is the truth. On a shared filesystem the
+locks need a filesystem whose flock is cluster-wide (NFSv4, Lustre, CephFS, GPFS; not NFSv3 without
+lockd).
 
     with hold_home(home, "k3 run --profile smoke", wait=False):
-        ...  # the whole command
+        ...  # create the stores, clean up crashed runs
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import errno
 import fcntl
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -77,9 +89,8 @@ def hold_home(home: Path, command: str, wait: bool = False,
                 raise
             holder = describe_holder(path)
             if not wait:
-                raise HomeLocked(f"K3_HOME {home} is in use by {holder}; one run or UI at a time per "
-                                 "home: wait for it to end, pass --wait to queue behind it, or use "
-                                 "another K3_HOME") from None
+                raise HomeLocked(f"K3_HOME {home} is being set up by {holder} (store creation, crash "
+                                 "clean-up; seconds): try again, or pass --wait to queue behind it") from None
             say(f"waiting for {holder} to release K3_HOME {home}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
@@ -91,4 +102,41 @@ def hold_home(home: Path, command: str, wait: bool = False,
             os.ftruncate(fd, 0)
     finally:
         # Closing the descriptor releases the flock.
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def hold_work_dir(work_dir: Path, label: str, say: Callable[[str], None] = print,
+                  interrupted: Callable[[], bool] = lambda: False, poll_s: float = 1.0) -> Iterator[Path]:
+    """Hold `.<work_dir name>.lock` (beside the directory, which is removed once its stage is
+    promoted; hidden, so a listing of the stage's work directories shows only directories)
+    exclusively for the body, waiting for another holder and saying whom it waits for. The wait
+    polls, so an interruption noted by `interrupted` (pipelines.cli's signal thread) ends it."""
+    work_dir = Path(work_dir)
+    path = work_dir.parent / f".{work_dir.name}.lock"
+    work_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            if not said:
+                say(f"{label}: waiting for {describe_holder(path)}, which trains in {work_dir}")
+                said = True
+            if interrupted():
+                raise KeyboardInterrupt
+            time.sleep(poll_s)
+        os.ftruncate(fd, 0)
+        stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": label, "since": stamp}).encode(), 0)
+        try:
+            yield work_dir
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
         os.close(fd)

@@ -2,9 +2,14 @@
 
 `dagster dev`, `dagster asset materialize` and `k3 run` all use the instance that `DAGSTER_HOME`
 names; pointing it at `.k3/dagster/` makes headless runs and UI runs share one history. The
-instance is sqlite (Dagster's default when `dagster.yaml` names no storage) with telemetry off and at
-most one run at a time: a run owns the machine (it starts its own Ray cluster), and two on two
-cores would only slow each other down.
+instance is sqlite (Dagster's default when `dagster.yaml` names no storage) with telemetry off.
+
+Runs do not serialize: up to four queued runs (the UI's) run at once, and every step that runs a
+model on Ray (`@asset(pool="gpu")`: pretraining, evaluation, post-training, deploy) takes the one
+slot of the `gpu` pool, so GPU steps queue across runs, `k3 run`'s included, while data steps and
+the UI go on. Run monitoring fails a run whose process never started or died (the UI's runs; `k3
+run` also checks pids itself, pipelines/recovery.py). A home created before keeps its own
+dagster.yaml (the file is never overwritten): delete it to get this one.
 """
 
 from __future__ import annotations
@@ -19,8 +24,19 @@ DAGSTER_YAML = """\
 # Storage: sqlite under this directory (Dagster's default when no storage is named).
 telemetry:
   enabled: false
-run_queue:
-  max_concurrent_runs: 1
+concurrency:
+  runs:
+    max_concurrent_runs: 4
+  pools:
+    # The `gpu` pool (the only pool): one model step at a time across runs; Ray packs the tasks
+    # of that step (the nine specialists) onto the GPUs itself.
+    granularity: op
+    default_limit: 1
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 180
+  cancel_timeout_seconds: 180
+  poll_interval_seconds: 30
 """
 
 

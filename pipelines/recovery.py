@@ -105,6 +105,8 @@ def fail_dead_runs(instance: dg.DagsterInstance, who: str) -> tuple[list[str], l
             continue
         instance.report_run_failed(run, message=f"Marked failed by `{who}` at start: {why} "
                                    "(killed or crashed); a stage run again resumes from its last checkpoint.")
+        # Its slot of the `gpu` pool (pipelines/instance.py) would otherwise stay taken for good.
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         lines.append(f"run {run.run_id} was {run.status.value} but {why}: marked failed")
     return lines, live
 

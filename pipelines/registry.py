@@ -1,28 +1,85 @@
-"""Loading a registered checkpoint: one call.
+"""The model registry: every registered checkpoint is an MLflow pyfunc model.
+
+    import mlflow
+    m = mlflow.pyfunc.load_model("models:/k3-smoke-base@champion")  # any process, sqlite or server
+    m.predict({"prompt_ids": [[1, 2, 3]]}, params={"max_new_tokens": 8})
 
     from pipelines.registry import load_model
-    model, manifest = load_model("k3-smoke-base@champion")     # or "k3-tiny-pretrain_stage_2/3"
+    model, manifest = load_model("k3-smoke-base@champion")          # the K3Model itself
 
-Every pretraining stage registers its checkpoint as a version of the MLflow model
-`k3-<profile>-<asset>` (`base_model` as `k3-<profile>-base`, alias `champion`); one version per
-distinct checkpoint, tagged with its sha256, profile, asset and headline evaluation figures. A
-version's source is the checkpoint's path in the checkpoint store *relative to K3_HOME*
-(`checkpoints/smoke/base_model/<run id>`): the bytes are stored once, and moving the home moves
-the registry with it. `load_model` resolves the source against the home and verifies the hashes.
+Every trained asset registers its checkpoint as a version of the MLflow model
+`k3-<profile>-<asset>` (`base_model` as `k3-<profile>-base`, alias `champion`, as is the served
+student); one version per distinct checkpoint, tagged with its sha256, profile, asset, its path in
+the home (`checkpoint`) and headline figures. The version's source is `runs:/<run>/model`, a pyfunc
+model (`pipelines/pyfunc_model.py`) logged to the asset's MLflow run, which an MLflow server accepts
+(a local path outside the run's artifacts it rejects) and `mlflow.pyfunc.load_model` reads. The
+model carries the checkpoint as a copy or as a sha256-verified pointer into the home
+(`MlflowResource.checkpoint_artifacts`). `load_model` reads the checkpoint straight from the home
+(`checkpoint` tag, relative to K3_HOME: a moved home still loads) and verifies its hashes.
 
-A source must resolve (symlinks followed) to a directory inside the home: a version whose source is
-absolute, climbs out with `..`, or links elsewhere is refused, so a registry entry cannot make the
-loader read an arbitrary directory. Checkpoints kept in a store shared between homes are allowed
-only when that store is named explicitly, by the `shared_store` argument or the environment variable
-`K3_SHARED_STORE` (one directory; sources inside it may then be absolute paths).
+A version's checkpoint must resolve (symlinks followed) to a directory inside the home: a `checkpoint`
+tag that is absolute, climbs out with `..`, or links elsewhere is refused, so a registry entry cannot
+make the loader read an arbitrary directory. Checkpoints kept in a store shared between homes are
+allowed only when that store is named explicitly, by the `shared_store` argument or the environment
+variable `K3_SHARED_STORE` (one directory; paths inside it may then be absolute).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from pathlib import Path
 
 SHARED_STORE_ENV = "K3_SHARED_STORE"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The library the pyfunc model imports, shipped with it (MLflow code_paths).
+CODE_PACKAGES = ("k3model", "kernels", "datagen", "envs")
+MODEL_ARTIFACT = "model"
+
+
+def log_checkpoint_model(client, run_id: str, checkpoint: Path, sha256: str, home: Path, copy: bool,
+                         target: tuple[Path, str] | None = None) -> str:
+    """Log `checkpoint` as a pyfunc model under the run's `model/` artifacts; returns its
+    `runs:/` URI. `copy`: the checkpoint directory goes into the artifacts; else a pointer (its
+    path relative to `home` and its sha256). `target` (path, sha256): a draft's target model."""
+    import mlflow.pyfunc
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec
+
+    from pipelines.pyfunc_model import SAMPLING_PARAMS
+
+    with tempfile.TemporaryDirectory(prefix="k3-pyfunc-") as tmp:
+        artifacts: dict[str, str] = {}
+        for name, (path, sha) in {"checkpoint": (checkpoint, sha256), **({"target": target} if target else {})}.items():
+            # A pointer is a path in the home: a checkpoint kept elsewhere travels as a copy.
+            if copy or not Path(path).resolve().is_relative_to(home.resolve()):
+                artifacts[name] = str(path)
+            else:
+                pointer = Path(tmp) / f"{name}_pointer.json"
+                pointer.write_text(json.dumps({"path": Path(path).resolve().relative_to(home.resolve()).as_posix(),
+                                               "home": str(home.resolve()), "sha256": sha}))
+                artifacts[f"{name}_pointer"] = str(pointer)
+        params = ParamSchema([ParamSpec(k, _param_type(v), v) for k, v in SAMPLING_PARAMS.items()])
+        out = Path(tmp) / MODEL_ARTIFACT
+        mlflow.pyfunc.save_model(
+            out, python_model=str(Path(__file__).with_name("pyfunc_model.py")), artifacts=artifacts,
+            code_paths=[str(REPO_ROOT / p) for p in CODE_PACKAGES],
+            # Given, not inferred: inference would load the model in a subprocess at every registration.
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "safetensors", "pyarrow",
+                              "tokenizers"],
+            signature=ModelSignature(inputs=None, params=params))
+        for junk in out.rglob("__pycache__"):
+            import shutil
+            shutil.rmtree(junk, ignore_errors=True)
+        client.log_artifacts(run_id, str(out), MODEL_ARTIFACT)
+    return f"runs:/{run_id}/{MODEL_ARTIFACT}"
+
+
+def _param_type(value) -> str:
+    return {bool: "boolean", int: "long", float: "double", str: "string"}[type(value)]
 
 
 def resolve(model: str, home: Path | None = None):
@@ -48,7 +105,9 @@ def checkpoint_path(model: str, home: Path | None = None, shared_store: Path | N
     version = resolve(model, home)
     root = Path(home or k3_home()).resolve()
     shared = shared_store or os.environ.get(SHARED_STORE_ENV) or None
-    source = str(version.source)
+    # The checkpoint's path in the home (the `checkpoint` tag; the version's own source is the pyfunc
+    # model, runs:/<run>/model).
+    source = str(version.tags.get("checkpoint") or version.source)
     path = (root / source).resolve()  # an absolute source replaces root here, then must pass the check
     allowed = [root] + ([Path(shared).resolve()] if shared else [])
     if not any(path.is_relative_to(a) and path != a for a in allowed):

@@ -13,8 +13,14 @@ parameters, so `assets/` never imports `pipelines/`: dependencies keep pointing 
 Ray: one cluster per run, not per step. The Definitions use the in-process executor, so a run is one
 process, and `RayResource` starts its cluster on first use (a run of data assets never starts one)
 and stops it when the run ends. `RAY_ADDRESS` (or `address`) joins an existing cluster instead,
-which is then left running. A cluster already initialized in this process (a test session's) is
-reused and left running too.
+which is then left running; the code travels with the job as a Ray `runtime_env` working_dir (the
+repository without .venv, .git, homes and results), so worker nodes need only the same Python,
+torch and Ray. A cluster already initialized in this process (a test session's) is reused and left
+running too. Every model task asks for the GPU share and CPUs of `assets.tasks.placement`.
+
+MLflow: sqlite under the home by default, or any `MLFLOW_TRACKING_URI` (an `http://` server; the
+registry goes through the same server). Registered checkpoints are pyfunc models
+(`pipelines.registry`). An unreachable Ray address or MLflow server fails in seconds, naming it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from assets.lineage import PROFILES as RUNNABLE_PROFILES
-from assets.tasks import RayCall, error_line, interrupted
+from assets.tasks import RayCall, error_line, interrupted, placement
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,18 +75,20 @@ def local_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
+def end_leftover_ray_processes(home: str, grace_s: float = 5.0, owner: int | None = None) -> list[int]:
     """SIGTERM, then SIGKILL after `grace_s`, every live Ray process whose environment holds
-    K3_HOME=`home`; returns their pids. For an interrupted `k3 run` only: a SIGTERM that cuts ray.init
-    short can leave Ray's DashboardAgent and RuntimeEnvAgent waiting for a raylet that never comes
-    (seen alive over 60 s later on a busy 2-core machine). The home lock makes this run the home's only
-    user, so a Ray process with its K3_HOME is one this run started. Linux /proc; elsewhere a no-op."""
+    K3_HOME=`home` (and, with `owner`, K3_RAY_DRIVER=`owner`: the local cluster that driver process
+    started, as `RayResource` marks it); returns their pids. For an interrupted `k3 run`: a SIGTERM
+    that cuts ray.init short can leave Ray's DashboardAgent and RuntimeEnvAgent waiting for a raylet
+    that never comes (seen alive over 60 s later on a busy 2-core machine). Other runs may share the
+    home, so `k3 run` passes its own pid. Linux /proc; elsewhere a no-op."""
     needle = f"K3_HOME={home}".encode()
+    marker = None if owner is None else f"K3_RAY_DRIVER={owner}".encode()
     ended: list[int] = []
     # Sweep until a sweep finds nothing: a raylet cut short may still spawn its agents after the
     # first sweep (seen in a fresh-clone `make test`, 2026-12-01).
     for _ in range(5):
-        pids = _signal_ray_processes(needle)
+        pids = _signal_ray_processes(needle, marker)
         if not pids:
             break
         ended += pids
@@ -94,13 +102,14 @@ def end_leftover_ray_processes(home: str, grace_s: float = 5.0) -> list[int]:
     return ended
 
 
-def _signal_ray_processes(needle: bytes) -> list[int]:
-    """SIGTERM every live Ray process whose environment holds `needle`; their pids."""
+def _signal_ray_processes(needle: bytes, marker: bytes | None = None) -> list[int]:
+    """SIGTERM every live Ray process whose environment holds `needle` (and `marker`); their pids."""
     pids = []
     for proc_dir in Path("/proc").glob("[0-9]*"):
         try:
             pid = int(proc_dir.name)
-            if pid == os.getpid() or needle not in (proc_dir / "environ").read_bytes().split(b"\0"):
+            environ = (proc_dir / "environ").read_bytes().split(b"\0")
+            if pid == os.getpid() or needle not in environ or (marker is not None and marker not in environ):
                 continue
             args = (proc_dir / "cmdline").read_bytes().split(b"\0")
             if (any(a.startswith(b"ray::") or b"/ray/" in a or a.endswith((b"raylet", b"gcs_server"))
@@ -119,6 +128,46 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# What a joined cluster's workers do not need from the repository (runtime_env working_dir): the
+# environment, history, homes (checkpoints, MLflow stores) and results. Ray caps a working_dir at
+# 500 MiB; the code itself is ~10 MB.
+RUNTIME_EXCLUDES = [".venv", ".git", ".k3", ".k3-*", "homes", "results", "benchmarks/results", "mlruns",
+                    "test-artifacts", ".gpu-*", ".whl", ".gl", "__pycache__", "*.egg-info", ".pytest_cache",
+                    ".hypothesis", "build"]
+
+
+def check_reachable(address: str, what: str, timeout_s: float = 5.0) -> None:
+    """A ConnectionError naming `address` unless a TCP connection to its host:port opens within
+    `timeout_s`: ray.init and MLflow's client otherwise retry for minutes before failing."""
+    import socket
+    from urllib.parse import urlsplit
+    if address in ("auto", "local"):
+        return
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError as e:  # a port that is not a number
+        raise ValueError(f"{what} = {address!r} is not host:port: {e}") from e
+    if not host or not port:
+        raise ValueError(f"{what} = {address!r}: give host:port (e.g. 10.0.0.5:6379 or http://host:5000)")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"{what} = {address!r} is unreachable ({host}:{port}: {e}); start it, or "
+                              f"unset {what.split()[0]} to run locally") from e
+
+
+def runtime_env(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    """The runtime_env of a joined cluster: the repository as working_dir (Ray puts it first on the
+    workers' sys.path), the home and MLflow URI the tasks write to, and GPUs hidden from tasks that
+    asked for none (Ray 2.60 otherwise leaves CUDA_VISIBLE_DEVICES alone for num_gpus=0)."""
+    env_vars = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "K3_HOME": str(k3_home())}
+    for key in ("MLFLOW_TRACKING_URI", "K3_PROFILE"):
+        if os.environ.get(key):
+            env_vars[key] = os.environ[key]
+    return {"working_dir": str(repo), "excludes": RUNTIME_EXCLUDES, "env_vars": env_vars}
+
+
 class RayResource(dg.ConfigurableResource):
     """A Ray cluster for the GPU-heavy steps: started locally once per run, or joined."""
 
@@ -129,6 +178,8 @@ class RayResource(dg.ConfigurableResource):
                                  "torch.cuda.device_count() (0 on a CPU machine)")
     object_store_memory_mb: int = Field(default=256, ge=80, description="object store of a local "
                                         "cluster (Ray's default is 30% of RAM)")
+    ship_code: bool = Field(default=True, description="on a joined cluster, send the repository as the "
+                            "runtime_env working_dir; off: the workers' image already holds this code")
     _started_here: bool = PrivateAttr(default=False)
 
     def _ensure(self, log: Callable[[str], None] | None = None) -> None:
@@ -145,9 +196,16 @@ class RayResource(dg.ConfigurableResource):
         t0 = time.perf_counter()
         on_sigterm = signal.getsignal(signal.SIGTERM)
         if address:
-            ray.init(address=address, log_to_driver=True)
-            what = f"joined Ray cluster at {address}"
+            check_reachable(address.removeprefix("ray://"), "RAY_ADDRESS")
+            env = runtime_env() if self.ship_code else {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}}
+            ray.init(address=address, log_to_driver=True, runtime_env=env)
+            what = f"joined Ray cluster at {address} ({ray.cluster_resources()}" + \
+                   (", code shipped as the runtime_env working_dir)" if self.ship_code else ")")
         else:
+            # Workers inherit the driver's environment: hide the GPUs from tasks that asked for none,
+            # and mark the cluster as this driver's (end_leftover_ray_processes(owner=...)).
+            os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "1"
+            os.environ["K3_RAY_DRIVER"] = str(os.getpid())
             # Ray 2.60 turns on token auth and writes ~/.ray/auth_token; a private local cluster
             # needs none.
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -184,9 +242,21 @@ class RayResource(dg.ConfigurableResource):
 
     def node_cpus(self) -> float:
         """CPUs of the largest node: a task asking for more could never be scheduled."""
+        return max(n.get("CPU", 0.0) for n in self.nodes())
+
+    def nodes(self) -> list[dict[str, float]]:
+        """The resources of every alive node ({"CPU": .., "GPU": .., ...})."""
         self._ensure()
         import ray
-        return max(n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n["Alive"])
+        return [n["Resources"] for n in ray.nodes() if n["Alive"]]
+
+    def placement(self, n_tasks: int = 1, require_gpu: bool = False,
+                  log: Callable[[str], None] | None = None) -> dict[str, float]:
+        """{"num_cpus", "num_gpus"} for each of `n_tasks` concurrent model tasks
+        (`assets.tasks.placement`: a GPU, or a share of one, whenever the cluster has any)."""
+        self._ensure(log)
+        cpus, gpus = placement(self.nodes(), n_tasks, require_gpu)
+        return {"num_cpus": cpus, "num_gpus": gpus}
 
     def run(self, fn: Callable[..., Any], *args: Any, num_gpus: float = 0.0,
             num_cpus: float | None = None, log: Callable[[str], None] | None = None,
@@ -230,18 +300,21 @@ class RayResource(dg.ConfigurableResource):
         gpus = self.cluster_gpus()
         for call in calls:
             if call.num_gpus > gpus:
-                raise ValueError(f"the task needs {call.num_gpus:g} GPU(s) but the Ray cluster has "
+                label = call.label or getattr(call.fn, "__name__", "task")
+                raise ValueError(f"{label} asked Ray for {call.num_gpus:g} GPU(s) but the cluster has "
                                  f"{gpus:g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
                                  "to a cluster with GPUs")
         from pipelines.driver_watch import Driver, run_watched
         driver = Driver.this_process()
-        node_cpus = self.node_cpus()
+        nodes = self.nodes()
 
         def submit(call: RayCall):
-            cpus = node_cpus if call.num_cpus is None else call.num_cpus
+            # Unset: a GPU task gets a GPU node's CPUs, a CPU task the largest node's.
+            cpus = (placement(nodes, 1, call.num_gpus > 0)[0] if call.num_cpus is None
+                    else call.num_cpus)
             # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
             remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
-                                                     name=getattr(call.fn, "__name__", "task"))
+                                                     name=call.label or getattr(call.fn, "__name__", "task"))
             ref = remote.remote(driver, call.fn, *call.args)
             refs.append(ref)
             return ref
@@ -321,22 +394,37 @@ def mlflow_key(name: str) -> str:
 
 
 class MlflowResource(dg.ConfigurableResource):
-    """MLflow tracking on a sqlite store: one MLflow run per asset materialization.
+    """MLflow tracking, on a sqlite store in the home or an MLflow server (`MLFLOW_TRACKING_URI`):
+    one MLflow run per asset materialization.
 
     Links in asset metadata go through `k3 ui`'s Dagster webserver (`/k3/mlflow/...`), which
     redirects to wherever MLflow is served now; a link written by `k3 run` keeps working under any
     later `k3 ui --mlflow-port` (pipelines/webserver.py).
     """
 
-    tracking_uri: str | None = Field(default=None, description="default: sqlite:///<K3_HOME>/mlflow/mlflow.db")
-    artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts")
+    tracking_uri: str | None = Field(default=None, description="default: MLFLOW_TRACKING_URI, else "
+                                     "sqlite:///<K3_HOME>/mlflow/mlflow.db")
+    artifact_root: str | None = Field(default=None, description="default: <K3_HOME>/mlflow/artifacts on "
+                                      "sqlite; the server's own artifact store on a server")
     experiment: str = "k3"
+    checkpoint_artifacts: str = Field(default="auto", description="how a registered model carries its "
+                                      "checkpoint: 'copy' (into the artifact store), 'pointer' (a sha256-"
+                                      "checked path into the home), 'auto' (copy on a server, else pointer)")
+    _checked: str | None = PrivateAttr(default=None)
 
     def resolved_tracking_uri(self) -> str:
-        uri = self.tracking_uri or f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
+            f"sqlite:///{k3_home() / 'mlflow' / 'mlflow.db'}"
         if uri.startswith("sqlite:///"):
             Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        elif uri.startswith(("http://", "https://")) and self._checked != uri:
+            # MLflow's client retries an unreachable server for minutes; fail in seconds instead.
+            check_reachable(uri, "MLFLOW_TRACKING_URI")
+            self._checked = uri
         return uri
+
+    def is_server(self) -> bool:
+        return self.resolved_tracking_uri().startswith(("http://", "https://"))
 
     def resolved_artifact_root(self) -> Path:
         return Path(self.artifact_root) if self.artifact_root else k3_home() / "mlflow" / "artifacts"
@@ -354,6 +442,9 @@ class MlflowResource(dg.ConfigurableResource):
                 for k, v in EXPERIMENT_KIND.items():
                     client.set_experiment_tag(exp.experiment_id, k, v)
             return exp.experiment_id
+        if self.is_server() and not self.artifact_root:
+            # The server's artifact store (proxied mlflow-artifacts:/), reachable from any client.
+            return client.create_experiment(self.experiment, tags=EXPERIMENT_KIND)
         root = self.resolved_artifact_root()
         root.mkdir(parents=True, exist_ok=True)
         return client.create_experiment(self.experiment, artifact_location=root.resolve().as_uri(),
@@ -421,16 +512,24 @@ class MlflowResource(dg.ConfigurableResource):
             self.client().log_table(run_id, data={c: [r.get(c) for r in rows] for c in rows[0]},
                                     artifact_file=artifact_file)
 
-    def register_checkpoint(self, run_id: str, model_name: str, source: str, sha256: str,
-                            tags: dict[str, str], description: str):
+    def register_checkpoint(self, run_id: str, model_name: str, checkpoint: Path, sha256: str,
+                            tags: dict[str, str], description: str, home: Path | None = None,
+                            target: tuple[Path, str] | None = None):
         """The model version of a checkpoint: a new version for new bytes, the existing one for bytes
         already registered (matched by the `sha256` tag). Returns (version, created).
 
-        The checkpoint is not copied into MLflow's artifacts: `source` is its path in the checkpoint
-        store relative to K3_HOME, so moving the home does not break the registry
-        (`pipelines.registry.load_model` resolves it).
+        A new version is a pyfunc model logged to run `run_id` (`pipelines.registry`), carrying the
+        checkpoint as a copy or a pointer (`checkpoint_artifacts`); its `checkpoint` tag is the path
+        relative to `home` (default K3_HOME), which `pipelines.registry.load_model` resolves.
+        `target` (path, sha256): the model a draft proposes for.
         """
         from mlflow.exceptions import MlflowException
+
+        from pipelines.registry import log_checkpoint_model
+        if self.checkpoint_artifacts not in ("auto", "copy", "pointer"):
+            raise ValueError(f"checkpoint_artifacts = {self.checkpoint_artifacts!r}: use 'auto', 'copy' or 'pointer'")
+        home = Path(home or k3_home()).resolve()
+        checkpoint = Path(checkpoint).resolve()
         client = self.client()
         try:
             client.create_registered_model(model_name, description=description)
@@ -440,8 +539,12 @@ class MlflowResource(dg.ConfigurableResource):
         for version in client.search_model_versions(f"name = '{model_name}'"):
             if version.tags.get("sha256") == sha256:
                 return version, False
+        copy = self.checkpoint_artifacts == "copy" or (self.checkpoint_artifacts == "auto" and self.is_server())
+        source = log_checkpoint_model(client, run_id, checkpoint, sha256, home, copy, target)
+        rel = checkpoint.relative_to(home).as_posix() if checkpoint.is_relative_to(home) else str(checkpoint)
         return client.create_model_version(model_name, source=source, run_id=run_id,
-                                           tags={"sha256": sha256, **tags}, description=description), True
+                                           tags={"sha256": sha256, "checkpoint": rel, **tags},
+                                           description=description), True
 
     def run_url(self, run) -> str:
         """A link to the run, served by `k3 ui`'s Dagster webserver as a redirect to MLflow."""
@@ -469,6 +572,12 @@ class CheckpointStore(dg.ConfigurableResource):
 
     def data_dir(self, profile: str, asset: str) -> Path:
         return self.resolved_root() / "data" / profile / asset
+
+    def hold_work_dir(self, work_dir: Path, label: str, say: Callable[[str], None] = print):
+        """A context holding `work_dir` exclusively while a stage trains there
+        (`pipelines.home_lock.hold_work_dir`): a second run of the same stage waits for the first."""
+        from pipelines.home_lock import hold_work_dir
+        return hold_work_dir(work_dir, label, say, interrupted=interrupted)
 
     def work_dir(self, profile: str, asset: str, inputs_key: str, partition: str | None = None) -> Path:
         """Where a training task writes while it runs. Keyed by its inputs, not the run: a run

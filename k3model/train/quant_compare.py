@@ -93,7 +93,8 @@ def own_token_kl(reference, model, demos: sft.Demonstrations, batch_size: int = 
 
 
 def _load(directory: Path):
-    return load_model(directory, qat=False)[0].eval()
+    """An arm's checkpoint for its evaluation, on the GPU where there is one (as the arm trained)."""
+    return load_model(directory, "cuda" if torch.cuda.is_available() else "cpu", qat=False)[0].eval()
 
 
 def compare_qat_ptq(cfg: sft.SFTConfig, demos: pa.Table | str | Path, eval_demos: pa.Table | str | Path,

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+
 import envs
 from k3model.checkpoint import load_model
 from k3model.train.effort import HELD_OUT_HARNESS
@@ -115,7 +117,9 @@ def train_arm(grpo_cfg, policy_checkpoint: str | Path, tokenizer, out_dir: str |
     with counting() as flops:
         result = grpo_train(grpo_cfg, policy_checkpoint, tokenizer, out_dir, domain=domain, effort=effort,
                             harnesses=tuple(harnesses), tasks=train_tasks, log_fn=log_fn)
-    model = load_model(result.checkpoint_dir, frozen_router=True)[0].eval()
+    # Evaluated where it trained (grpo: the GPU when there is one).
+    model = load_model(result.checkpoint_dir, "cuda" if torch.cuda.is_available() else "cpu",
+                       frozen_router=True)[0].eval()
     # In-harness and held-out in one batched decode (the same figures as two evaluate() calls).
     reports = evaluate_together(model, tokenizer, {"in": (list(eval_tasks), effort, list(harnesses)),
                                                    "out": (list(eval_tasks), effort, [held_out])}, eval_specs)

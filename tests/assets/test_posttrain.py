@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from assets import posttrain
-from assets.posttrain import SPECIALIST_PARTITIONS, SFTDataAssetConfig, SFTPolicyConfig, specialist_cell, task_share
+from assets.posttrain import SPECIALIST_PARTITIONS, SFTDataAssetConfig, SFTPolicyConfig, specialist_cell
 from k3model.train.effort import check_route
 from datagen.io import read_parquet
 from pipelines.jobs import partition_range_tags
@@ -79,11 +79,3 @@ def test_a_partition_range_is_the_rectangle_covering_the_partitions():
         dg.PartitionKeyRange(tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]))
     assert sorted(keys) == sorted(["general_tasks|high", "general_tasks|max", "general_agents|high",
                                    "general_agents|max"])
-
-
-def test_task_share_packs_the_specialists():
-    assert task_share(9, cpus=2, gpus=0) == (1.0, 0.0)  # two at a time, the rest queued
-    assert task_share(9, cpus=32, gpus=0) == (3.0, 0.0)
-    assert task_share(9, cpus=16, gpus=1) == (1.0, 0.1111)  # nine on one GPU at once
-    assert task_share(9, cpus=128, gpus=8) == (1.0, 0.8888)
-    assert task_share(1, cpus=16, gpus=8) == (1.0, 1.0)

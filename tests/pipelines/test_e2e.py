@@ -118,7 +118,7 @@ def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
     # Every step, logged live from inside the Ray task (log_every 1 here).
     assert [m.step for m in client.get_metric_history(stage1.info.run_id, "train/main")] == list(range(1, md["steps"] + 1))
     # The clue grid is one table artifact, not a metric per cell; the checkpoint is not copied.
-    assert {a.path for a in client.list_artifacts(stage1.info.run_id)} == {"eval", "loss.png"}
+    assert {a.path for a in client.list_artifacts(stage1.info.run_id)} == {"eval", "loss.png", "model"}  # model: the registered pyfunc model
     assert not any(k.startswith("eval/clue_acc/") and not k.endswith("/all") for k in stage1.data.metrics)
     for s in STAGES:
         [version] = client.search_model_versions(f"name = 'k3-smoke-{s}'")

@@ -46,7 +46,7 @@ def test_ray_resource_starts_one_cluster_with_the_machines_gpus():
         assert len(results) == 2
         assert ray.get_runtime_context().gcs_address == address  # the same cluster throughout
         if local_gpu_count() == 0:
-            with pytest.raises(ValueError, match="needs 1 GPU"):
+            with pytest.raises(ValueError, match="asked Ray for 1 GPU"):
                 ray_res.run(_task_env, num_gpus=1.0)
     assert not ray.is_initialized()  # stopped with the run
 
@@ -64,8 +64,8 @@ def test_mlflow_run_metrics_and_model_version(tmp_path):
             mlflow.log_metrics(run.info.run_id, {"train/loss": 2.0}, step=2)
             n = mlflow.log_history(run.info.run_id, history, skip_steps=frozenset({2}))
             mlflow.log_rows(run.info.run_id, [{"variant": "scattered", "accuracy": 0.5}], "eval/grid.json")
-            version, _ = mlflow.register_checkpoint(run.info.run_id, "probe-model", "ckpt", ckpt.sha256,
-                                                    {"profile": "smoke"}, "a probe")
+            version, _ = mlflow.register_checkpoint(run.info.run_id, "probe-model", ckpt.path, ckpt.sha256,
+                                                    {"profile": "smoke"}, "a probe", home=tmp_path)
         return dg.MaterializeResult(metadata={"n": n, "run": mlflow.run_url(run), "version": version.version})
 
     result = dg.materialize([probe], instance=dg.DagsterInstance.ephemeral())
@@ -79,7 +79,9 @@ def test_mlflow_run_metrics_and_model_version(tmp_path):
         [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "eval")] == ["eval/grid.json"]
     version = client.get_model_version("probe-model", md["version"].value)
-    assert version.source == "ckpt" and version.tags == {"sha256": ckpt.sha256, "profile": "smoke"}
+    # The source is the pyfunc model logged to the run (an MLflow server accepts it; a path it would not).
+    assert version.source == f"runs:/{run.info.run_id}/model"
+    assert version.tags == {"sha256": ckpt.sha256, "profile": "smoke", "checkpoint": "ckpt"}
 
 
 def test_mlflow_run_marked_failed_when_the_asset_fails(tmp_path):
@@ -104,7 +106,7 @@ def test_home_layout(tmp_path, monkeypatch):
     env = k3_environ("smoke")
     assert env["DAGSTER_HOME"] == str(tmp_path / "home" / "dagster") and env["K3_PROFILE"] == "smoke"
     config = (dagster_home() / "dagster.yaml").read_text()
-    assert "enabled: false" in config and "max_concurrent_runs: 1" in config
+    assert "enabled: false" in config and "max_concurrent_runs: 4" in config and "run_monitoring:" in config
     store = CheckpointStore()
     assert store.checkpoint_dir("tiny", "pretrain_stage_1", "r1") == \
         (tmp_path / "home" / "checkpoints" / "tiny" / "pretrain_stage_1" / "r1").resolve()
