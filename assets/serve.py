@@ -16,10 +16,11 @@ data version is the hash of what it serves).
 """
 
 import hashlib
+import json
 
 import dagster as dg
 
-from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, tag_run
+from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, run_id, tag_run
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 
 UPSTREAMS = ("quantized_student", "draft_model", "tokenizer")
@@ -44,8 +45,18 @@ def materialize_served_model(context: dg.AssetExecutionContext, profile: str) ->
     versions = {n: ups[n].data_version for n in UPSTREAMS}
     version = hashlib.sha256("|".join(f"{n}={versions[n]}" for n in UPSTREAMS).encode()).hexdigest()
     by_batch = {r["batch"]: r for r in rows}
+    # The asset's own artifact: a JSON record of what `k3 serve` loads (its "path" is re-hashed by
+    # the lineage against "sha256"; the served model itself is quantized_student's checkpoint).
+    record = {"model": str(model_up.path), "draft": str(draft_up.path), "tokenizer": str(tok_up.path),
+              "model_id": served.model_id, "quantization": served.quantization, "upstreams": versions,
+              "command": f"k3 serve --profile {profile}"}
+    path = context.resources.store.report_dir(profile, "served_model", run_id(context)) / "served_model.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True))
     metadata = {
-        "path": dg.MetadataValue.path(str(model_up.path)),
+        "path": dg.MetadataValue.path(str(path)),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "model": dg.MetadataValue.path(str(model_up.path)),
         "model_id": served.model_id,
         "command": f"k3 serve --profile {profile}",
         "endpoints": "GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream), GET /health",
@@ -70,7 +81,7 @@ def materialize_served_model(context: dg.AssetExecutionContext, profile: str) ->
 def build(profile: str) -> list[dg.AssetsDefinition]:
     @dg.asset(name="served_model", key_prefix=[profile], group_name=group(profile, "deployment"),
               deps=[key(profile, n) for n in UPSTREAMS], kinds={"pytorch"}, tags=profile_tags(profile),
-              code_version=POSTTRAIN_CODE_VERSION,
+              code_version=POSTTRAIN_CODE_VERSION, required_resource_keys={"store"},
               description="What `k3 serve` loads for this profile (quantized_student's MXFP4 export, draft_model, "
                           "the tokenizer), loaded and served once: the endpoint, its files and a small inference card.")
     def served_model(context: dg.AssetExecutionContext) -> dg.MaterializeResult:

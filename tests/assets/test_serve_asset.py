@@ -35,7 +35,7 @@ def test_served_model_records_what_k3_serve_loads(data_run, smoke_resources, tmp
     _report(instance, "draft_model", d.path, d.sha256)
     assert dg.materialize([SERVED], instance=instance, resources=smoke_resources).success
     md = latest(instance, "smoke", "served_model").metadata
-    assert md["path"] == str(q.path) and md["draft"] == str(d.path) and md["quantization"] == "mxfp4"
+    assert md["model"] == str(q.path) and md["draft"] == str(d.path) and md["quantization"] == "mxfp4"
     assert md["model_sha256"] == q.sha256 and md["command"] == "k3 serve --profile smoke"
     assert md["context_length"] == 512 and set(md["reasoning_efforts"]) == {"low", "high", "max"}
     # The card ran through a real server: batch 1 decoded by the draft, batch 4 batched.

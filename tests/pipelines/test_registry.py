@@ -165,6 +165,11 @@ def test_pointer_refuses_changed_bytes_and_copy_carries_the_weights(tmp_path):
     assert f"model/artifacts/{info.path.name}/model.safetensors" in names
     shutil.rmtree(info.path)  # the copy alone must do
     import mlflow as mlflow_lib
+    # mlflow.set_tracking_uri also sets MLFLOW_TRACKING_URI in this process: unset both after, or
+    # every later test's home would be this one's (pipelines.resources honours the variable).
     mlflow_lib.set_tracking_uri(mlflow.resolved_tracking_uri())
-    m = mlflow_lib.pyfunc.load_model(f"models:/k3-smoke-copy/{version.version}")
-    assert len(m.predict([[1, 2, 3]], params={"max_new_tokens": 3})[0]["token_ids"]) == 3
+    try:
+        m = mlflow_lib.pyfunc.load_model(f"models:/k3-smoke-copy/{version.version}")
+        assert len(m.predict([[1, 2, 3]], params={"max_new_tokens": 3})[0]["token_ids"]) == 3
+    finally:
+        mlflow_lib.set_tracking_uri(None)
