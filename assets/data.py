@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig
 from assets.lineage import (group, inline_png, key, markdown_table, profile_tags, require_upstream,
                             require_upstreams, tag_run, thumbnail)
 from assets.storage import publish as _publish
@@ -26,7 +27,7 @@ DATAGEN_CODE_VERSION = source_tree_sha256(packages=("datagen",))[:12]
 RESOURCES = {"store", "mlflow"}
 
 
-class DataConfig(dg.Config):
+class DataConfig(AssetConfig):
     seed: int = Field(default=0, ge=0, description="seeds the generator (same seed → same bytes)")
 
 

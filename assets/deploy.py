@@ -30,6 +30,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig
 from assets.claims import claim_5
 from assets.deploy_tasks import DraftJob, QuantizeJob, quantize_student_task, train_draft_task
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
@@ -48,7 +49,7 @@ SPEEDUP_TARGET = 1.5  # on the CPU
 # ----------------------------------------------------------------------------------------------
 # quantized_student
 
-class QuantizedStudentConfig(dg.Config):
+class QuantizedStudentConfig(AssetConfig):
     scale_rounding: str = Field(default="ceil", description="E8M0 scale rounding of the export: 'ceil' (RCEIL) "
                                 "or 'floor' (OCP)")
     compare_steps: int | None = Field(default=None, ge=2, description="SFT steps of each arm of the QAT/PTQ "
@@ -146,7 +147,7 @@ def claim5_keys(comparison: dict, scale_rounding: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # draft_model
 
-class DraftModelConfig(dg.Config):
+class DraftModelConfig(AssetConfig):
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps (default: the profile's)")
     lr: float = Field(default=1e-3, gt=0)

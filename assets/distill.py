@@ -33,6 +33,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig, refuse_unfit
 from assets.claims import rate_difference
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.integrity import verify_upstreams
@@ -80,7 +81,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
 # ----------------------------------------------------------------------------------------------
 # mopd_student
 
-class MOPDStudentConfig(dg.Config):
+class MOPDStudentConfig(AssetConfig):
     """Overrides for the distillation; unset fields take the profile's values (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1)
@@ -93,6 +94,14 @@ class MOPDStudentConfig(dg.Config):
     log_every: int = Field(default=2, ge=1)
     control: bool = Field(default=False, description="also train the equal-compute generalist GRPO control "
                           "(needs the specialists' counted FLOPs in their metadata, `flops/total`)")
+
+    def check_fits(self, profile: str) -> None:
+        from k3model.limits import check_episodes_fit
+        e, k = self.episodes_per_step or DISTILL_SIZES[profile].mopd_episodes_per_step, self.samples_per_task
+        what = f"episodes_per_step {e} × samples_per_task {k}, kept until the step's update"
+        if self.episodes_per_step is not None:
+            check_episodes_fit("episodes_per_step", e, e * k, what)
+        check_episodes_fit("samples_per_task", k, e * k, what)
 
 
 def retention_rows(kept: dict[str, dict]) -> list[dict[str, Any]]:
@@ -115,6 +124,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     from k3model.train.mopd import MOPDConfig
 
     tag_run(context, profile)
+    refuse_unfit(context, config, profile, "mopd_student")
     sizes = DISTILL_SIZES[profile]
     try:
         cfg = MOPDConfig(seed=config.seed, steps=config.steps or sizes.mopd_steps,
@@ -244,7 +254,7 @@ class ArmConfig:
     effort: str
 
 
-class CrossHarnessConfig(dg.Config):
+class CrossHarnessConfig(AssetConfig):
     seed: int = Field(default=0, ge=0)
     folds: list[str] | None = Field(default=None, description="held-out harness of each fold (default: the "
                                     "profile's); the single-harness control trains on the fold's first style")

@@ -15,12 +15,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig
 from assets.lineage import group, inline_png, key, markdown_table, profile_tags, run_id, tag_run
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
 from assets.tasks import LiveLog, ProgressFeed, evaluate_checkpoint_task, grid_rows
 
 
-class EvalConfig(dg.Config):
+class EvalConfig(AssetConfig):
     examples_per_cell: int = Field(default=1_000_000, ge=1, description="clue-eval examples scored per "
                                    "(length, distance) cell; the default scores the whole grid")
     stages: list[int] = Field(default=list(range(1, NUM_STAGES + 1)), min_length=1,

@@ -29,6 +29,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig, refuse_unfit
 from assets.data import _result as data_result
 from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
 from assets.storage import publish
@@ -64,7 +65,7 @@ def specialist_cell(partition_key: str) -> tuple[str, str]:
 # ----------------------------------------------------------------------------------------------
 # sft_data
 
-class SFTDataAssetConfig(dg.Config):
+class SFTDataAssetConfig(AssetConfig):
     seed: int = Field(default=0, ge=0, description="seeds the demonstration tasks (same seed → same bytes); "
                       "the held-out table uses seed + 1")
     tasks_per_family: int | None = Field(default=None, ge=1, description="default: the profile's (POSTTRAIN_SIZES)")
@@ -123,7 +124,7 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 # ----------------------------------------------------------------------------------------------
 # sft_policy
 
-class SFTPolicyConfig(dg.Config):
+class SFTPolicyConfig(AssetConfig):
     """Overrides for the SFT run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps")
@@ -132,6 +133,21 @@ class SFTPolicyConfig(dg.Config):
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
     eval_tasks_per_family: int | None = Field(default=None, ge=1, description="held-out tasks per task "
                                               "family, each played at every effort")
+
+    def check_fits(self, profile: str) -> None:
+        from k3model.config import get_profile
+        from k3model.limits import ram_bytes, step_floor_bytes
+
+        from assets.config_bounds import SFT_ROW_FLOOR_TOKENS
+        if self.batch_size is None:
+            return
+        need, ram = step_floor_bytes(get_profile(profile).model, self.batch_size, SFT_ROW_FLOOR_TOKENS), ram_bytes()
+        if need > ram:
+            gib = 1 << 30
+            raise ValueError(f"batch_size={self.batch_size} rows of at least {SFT_ROW_FLOOR_TOKENS} tokens need at "
+                             f"least {need / gib:.1f} GiB per step (the logits and their gradient alone), more "
+                             f"than this machine's {ram / gib:.1f} GiB of RAM: lower batch_size (at most "
+                             f"{max(ram * self.batch_size // need, 1)} would pass this bound)")
 
 
 def success_rows(evals: dict[str, dict], start: dict[str, dict], start_name: str) -> list[dict[str, Any]]:
@@ -157,6 +173,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
     from k3model.train.sft import SFTConfig
 
     tag_run(context, profile)
+    refuse_unfit(context, config, profile, "sft_policy")
     op = f"{profile}__sft_policy"
     sizes = POSTTRAIN_SIZES[profile]
     try:
@@ -230,10 +247,19 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
 # ----------------------------------------------------------------------------------------------
 # rl_tasks: the ladder
 
-class RLTasksConfig(dg.Config):
+class RLTasksConfig(AssetConfig):
     tasks_per_family: int | None = Field(default=None, ge=1, description="ladder tasks per family "
                                          "(default: the profile's, POSTTRAIN_SIZES)")
     samples: int | None = Field(default=None, ge=2, description="episodes per task (G)")
+
+    def check_fits(self, profile: str) -> None:
+        from k3model.limits import check_episodes_fit
+        sizes = POSTTRAIN_SIZES[profile]
+        tasks, samples = self.tasks_per_family or sizes.ladder_tasks_per_family, self.samples or sizes.ladder_samples
+        if self.samples is not None:
+            check_episodes_fit("samples", samples, samples * tasks, f"{samples} samples × {tasks} tasks of a family")
+        if self.tasks_per_family is not None:
+            check_episodes_fit("tasks_per_family", tasks, samples * tasks, f"{samples} samples × {tasks} tasks of a family")
 
 
 def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig, profile: str) -> dg.MaterializeResult:
@@ -244,6 +270,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     from assets.tasks import measure_ladder_task
 
     tag_run(context, profile)
+    refuse_unfit(context, config, profile, "rl_tasks")
     ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
     sizes = POSTTRAIN_SIZES[profile]
     families = {"families": sizes.sft_families} if sizes.sft_families is not None else {}
@@ -290,7 +317,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 # ----------------------------------------------------------------------------------------------
 # rl_specialist: nine partitions, trained concurrently
 
-class RLSpecialistConfig(dg.Config):
+class RLSpecialistConfig(AssetConfig):
     """Overrides for every specialist of the run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
     steps: int | None = Field(default=None, ge=1, description="GRPO updates per specialist")
     group_size: int | None = Field(default=None, ge=2, description="episodes per prompt (G)")
@@ -298,6 +325,16 @@ class RLSpecialistConfig(dg.Config):
     lr: float | None = Field(default=None, gt=0)
     seed: int = Field(default=0, ge=0)
     retries: int = Field(default=1, ge=0, description="how often a failed specialist's Ray task is run again")
+
+    def check_fits(self, profile: str) -> None:
+        from k3model.limits import check_episodes_fit
+        sizes = POSTTRAIN_SIZES[profile]
+        g, p = self.group_size or sizes.rl_group_size, self.groups_per_step or sizes.rl_groups_per_step
+        what = f"group_size {g} × groups_per_step {p}, the first draw of a step, kept until its update"
+        if self.group_size is not None:
+            check_episodes_fit("group_size", g, g * p, what)
+        if self.groups_per_step is not None:
+            check_episodes_fit("groups_per_step", p, g * p, what)
 
 
 def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpecialistConfig, profile: str):
@@ -309,6 +346,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     from assets.training import partitioned_result, run_trainings
 
     tag_run(context, profile)
+    refuse_unfit(context, config, profile, "rl_specialist")
     keys = list(context.partition_keys)
     try:
         cells = {pk: specialist_cell(pk) for pk in keys}

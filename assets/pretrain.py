@@ -25,6 +25,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig
 from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
                             require_upstream, require_upstreams, run_id, sparkline, tag_run)
 from assets.tasks import grid_rows, train_stage_task
@@ -40,7 +41,7 @@ RESOURCES = {"store", "mlflow", "ray"}
 LOSS_CHECK_MIN_STEPS = 10
 
 
-class PretrainStageConfig(dg.Config):
+class PretrainStageConfig(AssetConfig):
     """Overrides for one stage; unset fields take the profile's values (k3model.config)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps of this stage")

@@ -29,6 +29,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from assets.config_bounds import AssetConfig
 from assets import claims as C
 from assets.claims import DOMAINS, EFFORTS, Claim
 from assets.lineage import group, inline_png, key, latest, markdown_table, profile_tags, run_id, tag_run
@@ -50,7 +51,7 @@ def upstream_names() -> list[str]:
     return [n for module, names in SOURCES.items() if importlib.util.find_spec(f"assets.{module}") for n in names]
 
 
-class ReportConfig(dg.Config):
+class ReportConfig(AssetConfig):
     kernelsuite: str = Field(default="auto", description="claim 8: 'all' scores the whole kernel-suite corpus, "
                              "'sample' one planted hack and one honest submission, 'off' skips it; 'auto': "
                              "sample on smoke, all otherwise")

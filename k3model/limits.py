@@ -57,3 +57,26 @@ def check_fits_machine(model: ModelConfig, steps: int, batch_size: int, seq_len:
             f"steps {steps} × batch_size {batch_size} rows of {seq_len} tokens need at least "
             f"{packed / _GIB:.1f} GiB to pack, more than this machine's {ram / _GIB:.1f} GiB of RAM: "
             f"lower steps (at most {max(ram * steps // packed, 1)} would pass this bound) or batch_size")
+
+
+# An RL or distillation step holds every episode of its first draw until the update. A finished
+# episode keeps four Python lists over its whole sequence, prompt included (ids, generated mask and
+# two log-prob lists: 32 bytes of list slots a token, more for the int and float objects), plus its
+# env's transcript. Measured (tracemalloc, retained after `play_tasks`, smoke tokenizer, a random
+# smoke model, hermes): 59 KB for the shortest (echo_word, 642 tokens), 69 KB slack_ping, 120 KB
+# write_constant. About half the least of them is the floor; a larger vocabulary tokenizes the
+# same prompt into fewer tokens, so on tiny/small it is an estimate rather than a certainty.
+EPISODE_FLOOR_BYTES = 32 << 10
+
+
+def check_episodes_fit(field: str, value: int, episodes: int, what: str) -> None:
+    """ValueError naming `field`, its `value` and the numbers when `episodes` held at once (`what`
+    says how they follow from the config) certainly exceed this machine's RAM."""
+    need, ram = episodes * EPISODE_FLOOR_BYTES, ram_bytes()
+    if need > ram:
+        per_unit = max(episodes // max(value, 1), 1)
+        most = max(ram // (EPISODE_FLOOR_BYTES * per_unit), 1)
+        raise ValueError(
+            f"{field}={value} holds {episodes} episodes at once ({what}), at least "
+            f"{EPISODE_FLOOR_BYTES >> 10} KiB each = {need / _GIB:.1f} GiB, more than this machine's "
+            f"{ram / _GIB:.1f} GiB of RAM: lower {field} (at most {most} would pass this bound)")

@@ -145,6 +145,27 @@ def _check_set_type(item: str, name: str, field: str, config_type, value) -> Non
                          + {"Int": "20", "Float": "3e-4", "Bool": "true"}.get(wanted, '"text"'))
 
 
+def _check_config_values(ops: dict, defs, mine: dict, keys, profile: str) -> None:
+    """A SystemExit naming field and value when an overridden asset config fails its validation
+    (finite, in range: assets/config_bounds.py) or cannot fit this machine, before the run starts."""
+    from assets.config_bounds import AssetConfig, describe_invalid
+    for name, key in mine.items():
+        if key not in keys:
+            continue
+        assets_def = defs.resolve_assets_def(key)
+        node = assets_def.node_def
+        if node.name not in ops or not assets_def.op.compute_fn.has_config_arg():
+            continue
+        config_class = assets_def.op.compute_fn.get_config_arg().annotation
+        if not (isinstance(config_class, type) and issubclass(config_class, AssetConfig)):
+            continue
+        try:
+            config = config_class(**ops[node.name]["config"])
+            config.check_fits(profile)
+        except ValueError as e:  # pydantic's ValidationError is a ValueError
+            raise SystemExit(f"k3 run: --set refused before the run: {describe_invalid(name, e)}") from None
+
+
 def _label(step_key: str) -> str:
     """`smoke__corpus` (the op of asset `smoke/corpus`) → `smoke/corpus`."""
     return step_key.replace("__", "/", 1)
@@ -376,6 +397,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
         keys = sorted(todo, key=lambda k: k.to_user_string())
     names = [k.path[-1] for k in keys]
     ops = _config_overrides(args.set, defs, mine, keys)
+    _check_config_values(ops, defs, mine, keys, profile)
     tags = {"k3/profile": profile, "k3/cli": "run"}
     if partitions:
         from pipelines.jobs import partition_range_tags

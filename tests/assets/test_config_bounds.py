@@ -1,0 +1,94 @@
+"""Every asset config refuses non-finite and out-of-range values, and sizes that cannot fit the
+machine, naming field and value — by `k3 run --set` before the run starts (issue 45 item 1)."""
+
+import math
+
+import pytest
+from pydantic import ValidationError
+
+import k3model.limits as limits
+from assets.config_bounds import LR_MAX, AssetConfig
+from assets.data import DataConfig
+from assets.deploy import DraftModelConfig, QuantizedStudentConfig
+from assets.distill import CrossHarnessConfig, MOPDStudentConfig
+from assets.evaluation import EvalConfig
+from assets.posttrain import RLSpecialistConfig, RLTasksConfig, SFTDataAssetConfig, SFTPolicyConfig
+from assets.pretrain import PretrainStageConfig
+from assets.report import ReportConfig
+from pipelines.cli import main
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    for var in ("K3_HOME", "DAGSTER_HOME", "K3_PROFILE"):
+        monkeypatch.setenv(var, "")
+    monkeypatch.setenv("K3_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def ram_16gib(monkeypatch):
+    # The memory bounds compare with this machine's RAM: fixed, so the numbers are the same anywhere.
+    monkeypatch.setattr(limits, "ram_bytes", lambda: 16 * GIB)
+
+
+def test_every_asset_config_takes_the_one_validation():
+    for cls in (DataConfig, DraftModelConfig, QuantizedStudentConfig, CrossHarnessConfig, MOPDStudentConfig,
+                EvalConfig, RLSpecialistConfig, RLTasksConfig, SFTDataAssetConfig, SFTPolicyConfig,
+                PretrainStageConfig, ReportConfig):
+        assert issubclass(cls, AssetConfig), cls
+
+
+@pytest.mark.parametrize("cls, field, value, message", [
+    (SFTPolicyConfig, "lr", math.inf, "lr must be a finite number, got inf"),
+    (DraftModelConfig, "lr", math.inf, "lr must be a finite number, got inf"),
+    (RLSpecialistConfig, "lr", math.inf, "lr must be a finite number, got inf"),
+    (MOPDStudentConfig, "lr", float("1e999"), "lr must be a finite number, got inf"),
+    (PretrainStageConfig, "lr", math.inf, "lr must be a finite number, got inf"),
+    (MOPDStudentConfig, "outcome_coef", math.inf, "outcome_coef must be a finite number, got inf"),
+    (PretrainStageConfig, "qk_clip_tau", math.inf, "qk_clip_tau must be a finite number, got inf"),
+    (SFTPolicyConfig, "lr", 3.0, rf"lr must lie in \(0, {LR_MAX}\] .* got 3.0"),
+    (SFTPolicyConfig, "lr", math.nan, "greater than 0"),
+    (QuantizedStudentConfig, "short_frac", math.nan, "short_frac"),
+])
+def test_a_non_finite_or_absurd_value_is_refused_naming_field_and_value(cls, field, value, message):
+    with pytest.raises(ValidationError, match=message):
+        cls(**{field: value})
+
+
+def test_sound_values_pass():
+    assert SFTPolicyConfig(lr=1e-2).lr == 1e-2
+    assert RLSpecialistConfig(lr=LR_MAX, group_size=8).group_size == 8
+    MOPDStudentConfig(lr=1e-4).check_fits("smoke")
+
+
+@pytest.mark.parametrize("config, message", [
+    (RLSpecialistConfig(group_size=1_000_000),
+     r"group_size=1000000 holds 1000000 episodes at once \(group_size 1000000 × groups_per_step 1, .*\), at least "
+     r"32 KiB each = 30.5 GiB, more than this machine's 16.0 GiB of RAM: lower group_size \(at most 524288 would"),
+    (RLSpecialistConfig(groups_per_step=1_000_000), r"groups_per_step=1000000 holds 2000000 episodes"),
+    (MOPDStudentConfig(samples_per_task=1_000_000), r"samples_per_task=1000000 holds 3000000 episodes"),
+    (RLTasksConfig(samples=1_000_000), r"samples=1000000 holds 1000000 episodes"),
+    (SFTPolicyConfig(batch_size=100_000), r"batch_size=100000 rows of at least 256 tokens need at least 122.1 GiB per step .*at most 13107 would pass"),
+])
+def test_a_size_that_cannot_fit_the_machine_is_refused_with_the_numbers(ram_16gib, config, message):
+    with pytest.raises(ValueError, match=message):
+        config.check_fits("smoke")
+
+
+@pytest.mark.parametrize("item, message", [
+    ("sft_policy.lr=Infinity", "sft_policy.lr must be a finite number, got inf"),
+    ("draft_model.lr=Infinity", "draft_model.lr must be a finite number, got inf"),
+    ("rl_specialist.lr=Infinity", "rl_specialist.lr must be a finite number, got inf"),
+    ("mopd_student.lr=1e999", "mopd_student.lr must be a finite number, got inf"),
+    ("rl_specialist.group_size=1000000", "rl_specialist: group_size=1000000 holds 1000000 episodes .* 16.0 GiB"),
+])
+def test_k3_run_refuses_before_the_run_starts(home, ram_16gib, item, message):
+    with pytest.raises(SystemExit, match=f"--set refused before the run: {message}"):
+        main(["run", "--profile", "smoke", "--set", item])
+    # Refused before any step: the run left no materialization behind (no run was even created).
+    import dagster as dg
+    with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
+        assert instance.get_runs() == []
