@@ -281,7 +281,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]
     context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
                      f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
-    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.tasks.placement
+    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.ray_task.placement
     jobs = [TrainingJob(
         profile=profile, name="cross_harness", partition=f"{h}|{name}", task=train_transfer_arm_task,
         args=(grpo, str(ups["sft_policy"].path), str(ups["tokenizer"].path), name, domain, effort, tuple(hs), h,

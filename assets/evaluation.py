@@ -17,7 +17,8 @@ from pydantic import Field
 
 from assets.lineage import group, inline_png, key, markdown_table, profile_tags, run_id, tag_run
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
-from assets.tasks import LiveLog, ProgressFeed, evaluate_checkpoint_task, grid_rows
+from assets.pretrain_tasks import evaluate_checkpoint_task, grid_rows
+from assets.ray_task import LiveLog, ProgressFeed
 
 
 class EvalConfig(dg.Config):

@@ -3,7 +3,7 @@
     tokenizer, corpus, clue_data, image_data ─> pretrain_stage_1 ─> … ─> pretrain_stage_4 ─> base_model
 
 `build(profile)` makes them for one profile (keys `<profile>/pretrain_stage_1`, …, group
-`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
+`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.pretrain_tasks.train_stage_task`),
 starting from the previous stage's checkpoint with no positional change, through the training
 adapter (`assets.training`): while it trains, the task logs metrics to the asset's MLflow run and
 its progress lines reach the Dagster run's event feed; afterwards the checkpoint moves to
@@ -27,7 +27,7 @@ from pydantic import Field
 
 from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
                             require_upstream, require_upstreams, run_id, sparkline, tag_run)
-from assets.tasks import grid_rows, train_stage_task
+from assets.pretrain_tasks import grid_rows, train_stage_task
 from assets.training import TrainingJob, register, run_training
 from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 

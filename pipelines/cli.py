@@ -266,11 +266,11 @@ def _raise_keyboard_interrupt(signum, frame) -> None:
 
 
 def _watch_interrupts() -> None:
-    """Note every SIGINT/SIGTERM (`assets.tasks.note_interrupt`) from a thread reading the signal
+    """Note every SIGINT/SIGTERM (`assets.ray_task.note_interrupt`) from a thread reading the signal
     wakeup fd, to which Python's C-level handler writes whatever Python handler is in force (Dagster
-    swaps them during a step). The handler's own exception can be lost (assets.tasks.interrupted);
+    swaps them during a step). The handler's own exception can be lost (assets.ray_task.interrupted);
     the long waits check the note."""
-    from assets.tasks import note_interrupt
+    from assets.ray_task import note_interrupt
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
