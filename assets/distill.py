@@ -34,9 +34,9 @@ import dagster as dg
 from pydantic import Field
 
 from assets.claims import rate_difference
+from assets.display import markdown_table, sparkline
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
-from assets.integrity import verify_upstreams
-from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.lineage import Upstream, group, key, profile_tags, require_upstreams, tag_run, verify_upstreams
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs

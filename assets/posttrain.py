@@ -30,9 +30,10 @@ import dagster as dg
 from pydantic import Field
 
 from assets.data import _result as data_result
-from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
-from assets.storage import publish
+from assets.display import markdown_table, sparkline
+from assets.lineage import group, key, profile_tags, require_upstreams, tag_run
 from assets.posttrain_tasks import train_sft_task
+from assets.storage import publish
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
 from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
