@@ -25,8 +25,9 @@ _INTERRUPTED = threading.Event()
 
 
 def note_interrupt() -> None:
-    """Record that SIGINT or SIGTERM reached this process (`pipelines.cli` calls it from a thread that
-    reads the signal wakeup fd, which sees every signal whatever Python handler is in force)."""
+    """Record that SIGINT or SIGTERM reached this process (`pipelines.console.watch_interrupts` calls it
+    from a thread that reads the signal wakeup fd, which sees every signal whatever Python handler is
+    in force)."""
     _INTERRUPTED.set()
 
 
