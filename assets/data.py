@@ -17,8 +17,8 @@ import dagster as dg
 from pydantic import Field
 
 from assets.config_bounds import AssetConfig
-from assets.lineage import (group, inline_png, key, markdown_table, profile_tags, require_upstream,
-                            require_upstreams, tag_run, thumbnail)
+from assets.display import inline_png, markdown_table, thumbnail
+from assets.lineage import group, key, profile_tags, require_upstream, require_upstreams, tag_run
 from assets.storage import publish as _publish
 from k3model.checkpoint import source_tree_sha256
 

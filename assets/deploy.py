@@ -33,7 +33,8 @@ from pydantic import Field
 from assets.config_bounds import AssetConfig
 from assets.claims import claim_5
 from assets.deploy_tasks import DraftJob, QuantizeJob, quantize_student_task, train_draft_task
-from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.display import markdown_table, sparkline
+from assets.lineage import group, key, profile_tags, require_upstreams, tag_run
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training
 from k3model.train.recipes import DEPLOY_SIZES, POSTTRAIN_SIZES, eval_plan

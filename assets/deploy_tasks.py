@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import LiveLog, task_device
+from assets.ray_task import LiveLog, task_device
 
 
 def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:

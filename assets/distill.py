@@ -35,9 +35,9 @@ from pydantic import Field
 
 from assets.config_bounds import AssetConfig, refuse_unfit
 from assets.claims import rate_difference
+from assets.display import markdown_table, sparkline
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
-from assets.integrity import verify_upstreams
-from assets.lineage import Upstream, group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.lineage import Upstream, group, key, profile_tags, require_upstreams, tag_run, verify_upstreams
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
@@ -291,7 +291,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     eval_tasks = [(t.family, t.seed) for t in tasks_of(families, per, TRANSFER_EVAL_SEED)[: sizes.transfer_eval_tasks]]
     context.log.info(f"{profile}/cross_harness: {len(folds)} fold(s) × 2 arms of {grpo.steps} GRPO steps on "
                      f"{domain} at {effort}; {len(eval_tasks)} held-out tasks per evaluation")
-    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.tasks.placement
+    share = context.resources.ray.placement(len(arms), log=context.log.info)  # assets.ray_task.placement
     jobs = [TrainingJob(
         profile=profile, name="cross_harness", partition=f"{h}|{name}", task=train_transfer_arm_task,
         args=(grpo, str(ups["sft_policy"].path), str(ups["tokenizer"].path), name, domain, effort, tuple(hs), h,

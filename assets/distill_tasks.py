@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.tasks import LiveLog
+from assets.ray_task import LiveLog
 
 
 def retention(student: dict[str, dict], teachers: dict[str, dict]) -> dict[str, dict]:

@@ -9,16 +9,18 @@ claim 1 of docs/design.md §5. `build(profile)` makes the asset `<profile>/check
 catches checkpoints damaged on disk.
 """
 
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from assets.config_bounds import AssetConfig
-from assets.lineage import group, inline_png, key, markdown_table, profile_tags, run_id, tag_run
+from assets.display import inline_png, markdown_table
+from assets.lineage import group, key, profile_tags, run_id, tag_run
+from assets.plots import clue_accuracy_by_stage
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, PRETRAIN_CODE_VERSION, pretrain_data, stage_name, verified
-from assets.tasks import LiveLog, ProgressFeed, evaluate_checkpoint_task, grid_rows
+from assets.pretrain_tasks import evaluate_checkpoint_task, grid_rows
+from assets.ray_task import LiveLog, ProgressFeed
 
 
 class EvalConfig(AssetConfig):
@@ -26,26 +28,6 @@ class EvalConfig(AssetConfig):
                                    "(length, distance) cell; the default scores the whole grid")
     stages: list[int] = Field(default=list(range(1, NUM_STAGES + 1)), min_length=1,
                               description="which stages to re-score (default: all)")
-
-
-def _plot(rows: list[dict[str, Any]], buckets: list[str], path: Path, profile: str) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for row in rows:
-        ax.plot(buckets, [row.get(b, float("nan")) for b in buckets], marker="o", label=f"stage {row['stage']}")
-    ax.set_xlabel("clue distance (tokens)")
-    ax.set_ylabel("scattered-clue accuracy")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"clue accuracy by distance, per stage ({profile})")
-    ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
 
 
 def materialize_checkpoint_evals(context: dg.AssetExecutionContext, config: EvalConfig,
@@ -87,7 +69,7 @@ def materialize_checkpoint_evals(context: dg.AssetExecutionContext, config: Eval
                         buckets.append(bucket)
             rows.append(row)
         buckets.sort(key=lambda b: int(b.split("-")[0]))
-        plot = _plot(rows, buckets, report / "clue_acc_by_distance.png", profile)
+        plot = clue_accuracy_by_stage(rows, buckets, report / "clue_acc_by_distance.png", profile)
         mlflow.client().log_artifact(run.info.run_id, str(plot))
         mlflow.log_rows(run.info.run_id, [{"stage": s, **row} for s, ev in zip(stages, results)
                                           for row in grid_rows(ev)], "eval/clue_acc_grid.json")

@@ -1,4 +1,5 @@
-"""Asset keys per profile, finding an upstream asset's files, and the metadata every asset reports.
+"""Asset keys per profile, finding an upstream asset's files and verifying them on read, and the
+metadata every asset reports.
 
 Every asset exists once per profile, under the key prefix of its profile (`smoke/corpus`,
 `tiny/pretrain_stage_1`; `assets.profiles` builds them). Dagster therefore keeps one lineage per
@@ -9,20 +10,27 @@ Assets hand each other paths, not values: a materialization records `path` in it
 content hash as its data version. A downstream asset reads the newest materialization of each
 upstream key of its own profile, and a missing or deleted upstream fails with the name of the asset
 to materialize first.
+
+Verification on read: an upstream's files must still be the bytes its materialization recorded.
+The data assets are content-addressed (`data/<profile>/<asset>/<sha256[:16]>/`), and the recorded
+data version *is* the file's sha256; a checkpoint's data version is the sha256 of its weights, and
+its manifest lists the hash of every file. Without this check, 256 flipped bytes in `corpus.parquet`
+surface as `OSError: Unexpected end of stream` naming no file, and a `tokenizer.json` edited into
+another valid tokenizer is used silently. So every read through `require_upstreams` re-hashes
+first (`verify_upstreams`), and any damage or read error names the file and what to
+re-materialize. Re-materializing replaces the damaged file (`assets/storage.py`). Display helpers
+for metadata (tables, pictures) are in `assets.display`.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from assets.integrity import verify_upstreams
+from k3model.checkpoint import CheckpointCorrupted, sha256_file, verify_checkpoint
 
 PROFILE_TAG = "k3/profile"
 # The profiles a run can use (k3model.config also has `k3`, the published shape, for accounting only).
@@ -99,6 +107,39 @@ def require_upstreams(context: dg.AssetExecutionContext | dg.AssetCheckExecution
     return found
 
 
+def upstream_problem(up: Upstream) -> str | None:
+    """What is wrong with an upstream's files (damaged, unreadable), or None when they verify."""
+    try:
+        if up.path.is_dir():
+            actual = verify_checkpoint(up.path).sha256
+            what = f"checkpoint {up.path}"
+        else:
+            actual = sha256_file(up.path)
+            what = f"file {up.path}"
+    except CheckpointCorrupted as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot read {e.filename or up.path}: {e.strerror or e}"
+    expected = up.metadata.get("sha256") or up.data_version
+    if expected and actual != expected:
+        return (f"{what} is damaged: its sha256 is {actual} but its materialization (run "
+                f"{up.run_id[:8]}) recorded {expected}")
+    return None
+
+
+def verify_upstreams(me: str, ups: dict[str, Upstream], profile: str) -> None:
+    """A Failure naming every damaged or unreadable upstream and how to rebuild it."""
+    problems = {name: p for name, up in ups.items() if (p := upstream_problem(up)) is not None}
+    if problems:
+        what = [f"cannot start from {n}: {p}" if ups[n].path.is_dir() else f"{me} cannot run: {n}: {p}"
+                for n, p in problems.items()]
+        raise dg.Failure(
+            description="; ".join(what) + f". Re-materialize {', '.join(problems)} (`k3 run --profile "
+                        f"{profile} --select {','.join(problems)}`, which replaces damaged files, or "
+                        "Materialize in the UI)",
+            allow_retries=False)
+
+
 def _my_name(context) -> str:
     try:
         return context.asset_key.path[-1]
@@ -130,71 +171,3 @@ def tag_run(context: dg.AssetExecutionContext, profile: str) -> None:
 
 def profile_tags(profile: str) -> dict[str, str]:
     return {PROFILE_TAG: profile}
-
-
-def fmt(v: Any) -> str:
-    """A table cell: floats to 4 significant digits, everything else as JSON."""
-    if isinstance(v, float):
-        return "NaN" if math.isnan(v) else f"{v:.4g}"
-    return v if isinstance(v, str) else json.dumps(v, default=str)
-
-
-def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80) -> str:
-    """A small Markdown table for metadata previews; long cells are cut to `max_chars`."""
-    if not rows:
-        return "(no rows)"
-    cols = list(rows[0])
-
-    def cell(v: Any) -> str:
-        text = fmt(v).replace("\n", "⏎").replace("|", "\\|")
-        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-# The Dagster UI renders Markdown metadata shorter than this in the metadata table itself; longer
-# Markdown sits behind a "[Show Markdown]" link that opens it in a dialog.
-INLINE_MARKDOWN_CHARS = 1000
-
-
-def inline_png(path: Path, alt: str) -> dg.MetadataValue:
-    """A PNG file as Markdown with the image as a data URI: the UI renders the picture (one click on
-    "[Show Markdown]" for a full-size plot), where a `MetadataValue.path` shows only the file name."""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})\n\n`{path}`")
-
-
-def _png_markdown(image, alt: str, caption: str) -> str:
-    import io
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG", optimize=True)
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}) {caption}"
-
-
-def sparkline(values: list[float], alt: str, caption: str, width: int = 240, height: int = 48) -> dg.MetadataValue:
-    """A two-colour line picture of `values`, small enough (about 400 characters) to show in the
-    metadata table itself."""
-    from PIL import Image, ImageDraw
-    image = Image.new("P", (width, height), 0)
-    image.putpalette([255, 255, 255, 79, 67, 221])
-    finite = [(i, v) for i, v in enumerate(values) if math.isfinite(v)]
-    if len(finite) >= 2:
-        lo, hi = min(v for _, v in finite), max(v for _, v in finite)
-        span = (hi - lo) or 1.0
-        points = [(round(i * (width - 1) / (len(values) - 1)), round(2 + (height - 5) * (hi - v) / span))
-                  for i, v in finite]
-        ImageDraw.Draw(image).line(points, fill=1, width=2)
-    return dg.MetadataValue.md(_png_markdown(image, alt, caption))
-
-
-def thumbnail(image, alt: str, caption: str) -> dg.MetadataValue:
-    """`image` (a PIL image) in 16 colours, at 2× when that still shows in the metadata table
-    itself, else at 1× (behind "[Show Markdown]" only if even that is too large)."""
-    from PIL import Image
-    small = image.quantize(16)
-    for scale in (2, 1):
-        text = _png_markdown(small.resize((small.width * scale, small.height * scale), Image.NEAREST), alt, caption)
-        if len(text) < INLINE_MARKDOWN_CHARS:
-            break
-    return dg.MetadataValue.md(text)

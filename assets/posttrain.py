@@ -31,9 +31,10 @@ from pydantic import Field
 
 from assets.config_bounds import AssetConfig, refuse_unfit
 from assets.data import _result as data_result
-from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, sparkline, tag_run
+from assets.display import markdown_table, sparkline
+from assets.lineage import group, key, profile_tags, require_upstreams, tag_run
+from assets.posttrain_tasks import train_sft_task
 from assets.storage import publish
-from assets.tasks import train_sft_task
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
 from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
@@ -267,7 +268,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 
     from k3model.train.ladder import RL_SEED_BASE, LadderConfig, heldout_tasks, tasks_of
 
-    from assets.tasks import measure_ladder_task
+    from assets.posttrain_tasks import measure_ladder_task
 
     tag_run(context, profile)
     refuse_unfit(context, config, profile, "rl_tasks")
@@ -342,7 +343,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
 
     from k3model.train.grpo import GRPOConfig
 
-    from assets.tasks import train_specialist_task
+    from assets.posttrain_tasks import train_specialist_task
     from assets.training import partitioned_result, run_trainings
 
     tag_run(context, profile)
@@ -366,7 +367,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
                          allow_retries=False) from e
     ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
     ray = context.resources.ray
-    share = ray.placement(len(keys), log=context.log.info)  # assets.tasks.placement
+    share = ray.placement(len(keys), log=context.log.info)  # assets.ray_task.placement
     num_cpus, num_gpus = share["num_cpus"], share["num_gpus"]
     context.log.info(f"{profile}/rl_specialist: {len(keys)} specialist(s) ({', '.join(keys)}), {cfg.steps} GRPO "
                      f"steps each, as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")

@@ -3,7 +3,7 @@
     tokenizer, corpus, clue_data, image_data ─> pretrain_stage_1 ─> … ─> pretrain_stage_4 ─> base_model
 
 `build(profile)` makes them for one profile (keys `<profile>/pretrain_stage_1`, …, group
-`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.tasks.train_stage_task`),
+`<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.pretrain_tasks.train_stage_task`),
 starting from the previous stage's checkpoint with no positional change, through the training
 adapter (`assets.training`): while it trains, the task logs metrics to the asset's MLflow run and
 its progress lines reach the Dagster run's event feed; afterwards the checkpoint moves to
@@ -26,9 +26,11 @@ import dagster as dg
 from pydantic import Field
 
 from assets.config_bounds import AssetConfig
-from assets.lineage import (Upstream, group, inline_png, key, latest, markdown_table, profile_tags,
-                            require_upstream, require_upstreams, run_id, sparkline, tag_run)
-from assets.tasks import grid_rows, train_stage_task
+from assets.display import inline_png, markdown_table, sparkline
+from assets.lineage import (Upstream, group, key, latest, profile_tags, require_upstream, require_upstreams, run_id,
+                            tag_run)
+from assets.plots import stage_losses
+from assets.pretrain_tasks import grid_rows, train_stage_task
 from assets.training import TrainingJob, register, run_training
 from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 
@@ -94,32 +96,6 @@ def verified(context, name: str, profile: str) -> Upstream:
     except CheckpointCorrupted as e:
         raise dg.Failure(description=f"cannot start from {name}: {e}", allow_retries=False) from e
     return up
-
-
-def _plot_losses(history: list[dict], path: Path, title: str) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    fig, (ax_loss, ax_load) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for key in ("train/main", "train/total"):
-        if any(key in h for h in history):
-            ax_loss.plot(steps, [h.get(key, float("nan")) for h in history], label=key)
-    ax_loss.set_xlabel("step")
-    ax_loss.set_ylabel("loss")
-    ax_loss.legend()
-    ax_loss.set_title(title)
-    if any("moe/load_max_over_mean" in h for h in history):
-        ax_load.plot(steps, [h.get("moe/load_max_over_mean", float("nan")) for h in history])
-    ax_load.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax_load.set_xlabel("step")
-    ax_load.set_ylabel("expert load max / mean")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
 
 
 def clue_tables(ev: dict[str, float]) -> tuple[str, str]:
@@ -209,7 +185,7 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
     def report(result, mlflow_run_id: str, report_dir: Path) -> dict[str, Any]:
         mlflow = context.resources.mlflow
         mlflow.log_rows(mlflow_run_id, grid_rows(result.eval), "eval/clue_acc_grid.json")
-        plot = _plot_losses(result.history, report_dir / "loss.png", f"{profile}/{name}")
+        plot = stage_losses(result.history, report_dir / "loss.png", f"{profile}/{name}")
         mlflow.client().log_artifact(mlflow_run_id, str(plot))
         return {"loss_plot": inline_png(plot, f"loss curve of {profile}/{name}")}
 

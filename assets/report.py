@@ -32,12 +32,15 @@ from pydantic import Field
 from assets.config_bounds import AssetConfig
 from assets import claims as C
 from assets.claims import DOMAINS, EFFORTS, Claim
-from assets.lineage import group, inline_png, key, latest, markdown_table, profile_tags, run_id, tag_run
+from assets.display import inline_png, markdown_table
+from assets.lineage import group, key, latest, profile_tags, run_id, tag_run
+from assets.plots import report_plots
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Bumps with the report or the verdicts, so the UI marks a report made by older code as stale.
+# Bumps with the report, its plots or the verdicts, so the UI marks a report made by older code as stale.
 REPORT_CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()
-                                     + (REPO_ROOT / "assets" / "claims.py").read_bytes()).hexdigest()[:12]
+                                     + (REPO_ROOT / "assets" / "claims.py").read_bytes()
+                                     + (REPO_ROOT / "assets" / "plots.py").read_bytes()).hexdigest()[:12]
 STAGES = tuple(f"pretrain_stage_{s}" for s in range(1, 5))
 # The assets the report reads, by the module of assets/ that builds them. Only those whose module
 # exists are its upstreams, so the graph never holds a dangling key while a stage is still unwritten.
@@ -396,142 +399,6 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
 
 
 # ----------------------------------------------------------------------------------------------
-# Plots (each drawn only when its figures exist)
-
-def _figure(path: Path, draw, size=(6, 3.5)) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=size)
-    draw(ax)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
-
-
-def plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict[str, Path | str]:
-    """{plot name: PNG path, or the reason it is not drawn}."""
-    got: dict[str, Path | str] = {}
-    by = {c.number: c for c in verdicts}
-
-    def put(name: str, draw, missing: str, size=(6, 3.5)) -> None:
-        got[name] = _figure(out / f"{name}.png", draw, size) if draw else f"not measured: {missing}"
-
-    def losses(ax):
-        # One after another in lineage order, each stage's steps after the last one's.
-        offset = 0
-        for name, (metric, points) in figs["losses"].items():
-            ax.plot([offset + p[0] for p in points], [p[1] for p in points], label=f"{name} ({metric})", lw=1)
-            offset += points[-1][0]
-            ax.axvline(offset, color="gray", lw=0.5, ls=":")
-        ax.set_xlabel("step (the stages one after another)")
-        ax.set_ylabel("training loss")
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
-    put("loss_curves", losses if figs["losses"] else None, "no asset's MLflow run has a training-loss history")
-
-    by_distance = by[1].figures.get("by_distance", {})
-    buckets = sorted(by_distance, key=lambda b: int(b.split("-")[0]))
-
-    def clue(ax):
-        stages = sorted({int(s) for row in by_distance.values() for s in row})
-        for s in stages:
-            rows = [by_distance[b].get(str(s)) for b in buckets]
-            xs = [i for i, r in enumerate(rows) if r]
-            acc = [rows[i]["acc"] for i in xs]
-            err = [[max(rows[i]["acc"] - rows[i]["lo"], 0.0) for i in xs],
-                   [max(rows[i]["hi"] - rows[i]["acc"], 0.0) for i in xs]]
-            line = ax.errorbar([x + 0.05 * s for x in xs], acc, yerr=err, marker="o", capsize=2,
-                               label=f"stage {s} scattered")
-            ax.plot(xs, [rows[i]["control"] for i in xs], ls="--", color=line[0].get_color(), alpha=0.6,
-                    label=f"stage {s} control")
-        ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
-        ax.set_xlabel("clue distance (tokens)")
-        ax.set_ylabel("accuracy (95 % interval)")
-        ax.set_ylim(-0.05, 1.05)
-        ax.legend(fontsize=6, ncol=2)
-    put("clue_accuracy", clue if by_distance else None, "no stage reports clue accuracy with counts")
-
-    ablation = figs.get("ablation")
-
-    def load(ax):
-        for name, points in figs["load_curves"].items():
-            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1, label=f"{name} (lineage)")
-        for arm, rec in (ablation or {}).get("arms", {}).items():
-            if arm in ("quantile", "none"):
-                ax.plot(range(1, len(rec["load_max_over_mean"]) + 1), rec["load_max_over_mean"], lw=1, ls=":",
-                        label=f"probe, {'no balancing' if arm == 'none' else arm}")
-        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-        ax.axhline(C.LOAD_NEAR, color="red", lw=0.6, ls="--")
-        ax.set_xlabel("step (each stage and probe arm from its own start)")
-        ax.set_ylabel("expert load max / mean")
-        ax.legend(fontsize=6)
-    put("expert_load", load if figs["load_curves"] or ablation else None, "no expert-load history")
-
-    gains = by[3].figures.get("gains", {})
-
-    def vs_sft(ax):
-        names = list(gains)
-        xs = range(len(names))
-        ax.bar([x - 0.2 for x in xs], [gains[n]["sft"] for n in names], width=0.4, label="SFT")
-        ax.bar([x + 0.2 for x in xs], [gains[n]["specialist"] for n in names], width=0.4, label="specialist")
-        ax.set_xticks(list(xs), [n.replace("general_", "g_").replace("coding_", "c_") for n in names],
-                      rotation=45, fontsize=6)
-        ax.set_ylabel("success rate")
-        ax.legend(fontsize=7)
-    put("specialists_vs_sft", vs_sft if gains else None, "no specialist and SFT evaluations")
-
-    tokens = {d: t for d, t in by[3].figures.get("tokens", {}).items() if any(v is not None for v in t)}
-
-    def spent(ax):
-        for d, t in tokens.items():
-            ax.plot(EFFORTS, [float("nan") if v is None else v for v in t], marker="o", label=d)
-        ax.set_xlabel("effort")
-        ax.set_ylabel("policy tokens per episode")
-        ax.legend(fontsize=7)
-    put("tokens_by_effort", spent if tokens else None, "no specialist reports its token use")
-
-    retention = by[4].figures.get("retention", {})
-
-    def matrix(ax):
-        grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
-        values = [[float("nan") if v is None else v for v in row] for row in grid]
-        im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
-        ax.set_xticks(range(3), EFFORTS)
-        ax.set_yticks(range(3), DOMAINS, fontsize=7)
-        ax.set_title("student / teacher success")
-        ax.figure.colorbar(im, ax=ax)
-    put("teacher_retention", matrix if any(v is not None for v in retention.values()) else None,
-        "no student and teacher evaluations", size=(5, 3.5))
-
-    q = by[5].figures
-
-    def quant(ax):
-        labels = ["QAT bf16", "QAT MXFP4", "PTQ bf16", "PTQ MXFP4"]
-        ax.bar(labels, [q["qat"]["bf16"], q["qat"]["mxfp4"], q["ptq"]["bf16"], q["ptq"]["mxfp4"]],
-               color=["C0", "C0", "C1", "C1"])
-        ax.set_ylabel(q["metric"])
-    put("quantization", quant if q else None, "no QAT / PTQ / bf16 figures")
-
-    acceptance = by[6].figures.get("acceptance", {})
-
-    def accept(ax):
-        ks = sorted(acceptance)
-        ax.plot(ks, [acceptance[k] for k in ks], marker="o")
-        ax.axhline(C.ACCEPTANCE_AT_4, color="red", lw=0.6, ls="--")
-        ax.set_xlabel("draft length")
-        ax.set_ylabel("mean acceptance length")
-    put("acceptance", accept if acceptance else None, "the draft model reports no acceptance lengths")
-    return got
-
-
-# ----------------------------------------------------------------------------------------------
 # The report
 
 PLOT_TITLES = {"loss_curves": "Loss curves per stage", "clue_accuracy": "Clue accuracy by distance, per stage",
@@ -583,7 +450,7 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
         context.log.info(c.line())
 
     out = store.report_dir(profile, "report", run_id(context))
-    drawn = plots(figs, verdicts, out)
+    drawn = report_plots(figs, verdicts, out)
     text = render(profile, verdicts, drawn)
     path = out / "report.md"
     path.write_text(text)
@@ -615,7 +482,7 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
     metadata: dict[str, Any] = {
         "path": dg.MetadataValue.path(str(path)),
         # The file's own hash (the data version is the claims' digest): `k3 run` re-hashes the file
-        # to tell a damaged report from a fresh one (assets/integrity.py).
+        # to tell a damaged report from a fresh one (assets/lineage.py, verify_upstreams).
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "profile": profile,
         "claims_table": dg.MetadataValue.md(claims_table(verdicts)),

@@ -20,7 +20,8 @@ import json
 
 import dagster as dg
 
-from assets.lineage import group, key, markdown_table, profile_tags, require_upstreams, run_id, tag_run
+from assets.display import markdown_table
+from assets.lineage import group, key, profile_tags, require_upstreams, run_id, tag_run
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 
 UPSTREAMS = ("quantized_student", "draft_model", "tokenizer")

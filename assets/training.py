@@ -13,7 +13,7 @@ job) or `run_trainings` (several, trained concurrently), and adds its own metada
         cfg = SFTConfig(profile=profile, steps=config.steps, ...)           # the library's config
         job = TrainingJob(
             profile=profile, name="sft_policy", config=cfg, inputs=ups,
-            task=train_sft_task,                     # assets/tasks.py: task(*args, work_dir, live)
+            task=train_sft_task,                     # assets/posttrain_tasks.py: task(*args, work_dir, live)
             args=(cfg, str(ups["sft_data"].path), str(ups["base_model"].path)),
             description=f"{profile} SFT policy ({cfg.steps} steps, QAT on)",
             log_every=cfg.log_every,
@@ -68,7 +68,7 @@ from typing import Any
 import dagster as dg
 
 from assets.lineage import Upstream, profile_tags, run_id
-from assets.tasks import LiveLog, ProgressFeed, RayCall, error_line, with_system_metrics
+from assets.ray_task import LiveLog, ProgressFeed, RayCall, error_line, with_system_metrics
 from k3model.checkpoint import CheckpointInfo, verify_checkpoint
 
 
@@ -85,7 +85,7 @@ class TrainingJob:
     partition: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)  # more MLflow params (override the config's)
     log_every: int = 10  # the task's live-logging period: the other steps are logged afterwards
-    num_cpus: float | None = None  # None: the CPUs of a node it can run on (assets.tasks.placement)
+    num_cpus: float | None = None  # None: the CPUs of a node it can run on (assets.ray_task.placement)
     num_gpus: float = 0.0
     retries: int = 0
     model_name: str | None = None  # default: k3-<profile>-<name>[-<domain>-<effort>]

@@ -18,6 +18,8 @@
 one history, one MLflow store and one checkpoint store. Each holds the home's lock while it runs (one
 at a time per home; `--wait` queues behind the holder) and first cleans up after crashed runs
 (pipelines/home_lock.py, pipelines/recovery.py). Errors are one line; `--verbose` adds tracebacks.
+`k3 ui`'s servers are started and stopped by pipelines/ui.py; what the commands share (messages,
+the home's lock, interrupts) is pipelines/console.py.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile, k3_home
+from pipelines.console import raise_keyboard_interrupt, say, under_home_lock, watch_interrupts
+from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
+from pipelines.ui import cmd_ui
 
 # docs/design.md §1, in lineage order: what the pipeline will hold when the recipe is complete.
 DESIGN_LINEAGE = (
@@ -44,10 +47,6 @@ DESIGN_LINEAGE = (
     "env_task_sets", "sft_policy", "rl_specialist", "mopd_student", "quantized_student",
     "draft_model", "served_model", "report",
 )
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,7 +184,7 @@ class _Progress(threading.Thread):
         self.interrupted = False  # a step failed because the run was interrupted (Ctrl-C, SIGTERM)
 
     def _line(self, msg: str) -> None:
-        _say(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}")
+        say(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}")
 
     def run(self) -> None:
         from dagster import DagsterEventType
@@ -282,28 +281,6 @@ def _record_origin_for_the_ui(instance, job_name: str) -> None:
     instance.create_run_for_job = create_run_for_job
 
 
-def _raise_keyboard_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def _watch_interrupts() -> None:
-    """Note every SIGINT/SIGTERM (`assets.tasks.note_interrupt`) from a thread reading the signal
-    wakeup fd, to which Python's C-level handler writes whatever Python handler is in force (Dagster
-    swaps them during a step). The handler's own exception can be lost (assets.tasks.interrupted);
-    the long waits check the note."""
-    from assets.tasks import note_interrupt
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while data := os.read(read_fd, 64):
-            if signal.SIGINT in data or signal.SIGTERM in data:
-                note_interrupt()
-
-    threading.Thread(target=watch, daemon=True, name="k3-interrupt-watch").start()
-
-
 def _is_interruption(err) -> bool:
     # Dagster's own wrapper, or our KeyboardInterrupt raised inside a step (a SIGTERM during
     # ray.init: RayResource._ensure).
@@ -331,34 +308,13 @@ def _root_message(err) -> str:
     return text
 
 
-def _under_home_lock(who: str, profile: str | None, args: argparse.Namespace,
-                     body: Callable[[argparse.Namespace, str | None, dict[str, str]], int]) -> int:
-    """`body(args, profile, env)` after setting the home up and cleaning up crashed runs under the
-    home's lock, which is then released: `k3 ui` and `k3 run` share a home (pipelines/home_lock.py,
-    pipelines/recovery.py). `k3 ui` has no profile (None)."""
-    from pipelines.home_lock import HomeLocked, HomeNotWritable, hold_home
-    from pipelines.instance import apply_k3_environ
-    from pipelines.recovery import prepare_home
-    home = k3_home()
-    try:
-        command = f"{who} --profile {profile}" if profile else who
-        # The set-up takes seconds: queue behind another command's instead of refusing.
-        with hold_home(home, command, wait=True, say=lambda m: _say(f"{who}: {m}")):
-            env = apply_k3_environ(profile, home)
-            prepare_home(home, who, _say)
-        return body(args, profile, env)
-    except (HomeLocked, HomeNotWritable) as e:
-        _say(f"{who}: {e}")
-        return 1
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         profile = check_profile_name(args.profile, field="--profile")
     except ValueError as e:
-        _say(f"k3 run: {e}")
+        say(f"k3 run: {e}")
         return 2
-    return _under_home_lock("k3 run", profile, args, _run)
+    return under_home_lock("k3 run", profile, args, _run)
 
 
 def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
@@ -388,12 +344,12 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
             partitions = {k: ps for k, ps in stale_parts.items() if k in todo}
         fresh = [k.path[-1] for k in keys if k not in todo]
         if fresh:
-            _say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
+            say(f"k3 run: up to date for profile {profile}, skipped: {', '.join(fresh)} (--force redoes them)")
         if not todo and not args.set:
-            _say("k3 run: nothing to materialize")
+            say("k3 run: nothing to materialize")
             return 0
         for k, why in todo.items():
-            _say(f"k3 run: {k.path[-1]}: {why}")
+            say(f"k3 run: {k.path[-1]}: {why}")
         keys = sorted(todo, key=lambda k: k.to_user_string())
     names = [k.path[-1] for k in keys]
     ops = _config_overrides(args.set, defs, mine, keys)
@@ -403,18 +359,18 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
         from pipelines.jobs import partition_range_tags
         [(pkey, chosen)] = partitions.items()  # one partitions definition per profile (pipelines/jobs.py)
         tags.update(partition_range_tags(graph.get(pkey).partitions_def, chosen))
-        _say(f"k3 run: {pkey.path[-1]}: partition(s) {tags['dagster/asset_partition_range_start']} … "
-             f"{tags['dagster/asset_partition_range_end']} in one step ({len(chosen)} asked for)")
+        say(f"k3 run: {pkey.path[-1]}: partition(s) {tags['dagster/asset_partition_range_start']} … "
+            f"{tags['dagster/asset_partition_range_end']} in one step ({len(chosen)} asked for)")
 
-    _say(f"k3 run: profile {profile}, {len(keys)} asset(s): {', '.join(names)}")
+    say(f"k3 run: profile {profile}, {len(keys)} asset(s): {', '.join(names)}")
     if missing:
-        _say(f"k3 run: not in the pipeline yet (docs/design.md §1): {', '.join(missing)}")
-    _say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
+        say(f"k3 run: not in the pipeline yet (docs/design.md §1): {', '.join(missing)}")
+    say(f"k3 run: Dagster instance {env['DAGSTER_HOME']} (open it with `k3 ui`)")
 
     # SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: the Ray task is cancelled, the local
     # cluster stopped and the run recorded as failed, instead of dying mid-write.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    _watch_interrupts()
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    watch_interrupts()
     instance = dg.DagsterInstance.get()
     _record_origin_for_the_ui(instance, job.name)
     run_id = str(uuid.uuid4())
@@ -425,7 +381,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if args.verbose else "CRITICAL"}}}}
     if ops:
         run_config["ops"] = ops
-        _say(f"k3 run: config overrides {json.dumps(ops)}")
+        say(f"k3 run: config overrides {json.dumps(ops)}")
     try:
         result = job.execute_in_process(run_config=run_config, instance=instance, run_id=run_id,
                                         asset_selection=keys, raise_on_error=False, tags=tags)
@@ -436,160 +392,28 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     progress.join()
     if result is None or progress.interrupted:
         # Inside a step, Dagster turns the interrupt into a failed step and returns normally.
-        _say(f"k3 run: interrupted; run {run_id} is recorded as failed, and a stage run again resumes "
-             "from its last checkpoint")
+        say(f"k3 run: interrupted; run {run_id} is recorded as failed, and a stage run again resumes "
+            "from its last checkpoint")
         return 130
     took = time.perf_counter() - progress.t0
     if result.success:
         if progress.warnings:
-            _say(f"k3 run: success with {len(progress.warnings)} check warning(s) in {took:.1f} s (run {run_id}):")
+            say(f"k3 run: success with {len(progress.warnings)} check warning(s) in {took:.1f} s (run {run_id}):")
             for warning in progress.warnings:
-                _say(f"  ⚠ {warning}")
+                say(f"  ⚠ {warning}")
         else:
-            _say(f"k3 run: success in {took:.1f} s (run {run_id})")
+            say(f"k3 run: success in {took:.1f} s (run {run_id})")
         return 0
     failed = progress.failed or ["run setup"]
-    _say(f"k3 run: FAILED in {took:.1f} s at {', '.join(failed)} (run {run_id}); "
-         "`k3 ui` shows the full log")
+    say(f"k3 run: FAILED in {took:.1f} s at {', '.join(failed)} (run {run_id}); "
+        "`k3 ui` shows the full log")
     if not progress.failed:
         # A failure before any step (resource or config errors) has no step event: say it here.
         for ev in result.all_events:
             if ev.is_failure and ev.event_specific_data is not None and getattr(ev.event_specific_data, "error", None):
-                _say(f"k3 run: {_root_message(ev.event_specific_data.error)}")
+                say(f"k3 run: {_root_message(ev.event_specific_data.error)}")
                 break
     return 1
-
-
-# ----------------------------------------------------------------------------------------------
-# k3 ui
-
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    def child_setup() -> None:
-        # A parent started in the background ignores SIGINT, and the child would inherit that
-        # (research/orchestration.md §6): give it default handlers and its own process group.
-        os.setsid()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _die_with_parent()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log, "ab")
-    return subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                            preexec_fn=child_setup)
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGTERM this (forked) child when the `k3 ui` that started it dies, even by SIGKILL,
-    so no server outlives the home lock its parent held."""
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the child's process group (twice: dagster dev can swallow the first), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGTERM):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            continue
-        break
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
-
-
-def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[str], list[str]]:
-    bin_dir = Path(sys.executable).parent
-    # `dagster dev`'s pair (webserver and daemon), with a redirect to MLflow for the metadata links.
-    dagster = [sys.executable, "-m", "pipelines.webserver", "-w", str(REPO_ROOT / "workspace.yaml"),
-               "-h", "127.0.0.1", "-p", str(dagster_port)]
-    mlflow_dir = home / "mlflow"
-    (mlflow_dir / "artifacts").mkdir(parents=True, exist_ok=True)
-    mlflow = [str(bin_dir / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-              "--backend-store-uri", f"sqlite:///{mlflow_dir / 'mlflow.db'}",
-              "--default-artifact-root", (mlflow_dir / "artifacts").as_uri(), "--workers", "1"]
-    return dagster, mlflow
-
-
-def cmd_ui(args: argparse.Namespace) -> int:
-    busy = [p for p in (args.port, args.mlflow_port) if _port_in_use(p)]
-    if busy:
-        # Another server there would answer the health checks and pass for ours.
-        _say(f"k3 ui: port {', '.join(map(str, busy))} on 127.0.0.1 is already in use (another `k3 ui`?): "
-             "stop it, or pass --port / --mlflow-port")
-        return 1
-    # The UI serves every profile's lineage, so it takes no profile.
-    return _under_home_lock("k3 ui", None, args, _ui)
-
-
-def _port_in_use(port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _ui(args: argparse.Namespace, profile: None, k3env: dict[str, str]) -> int:
-    home = Path(k3env["K3_HOME"])
-    logs = home / "logs"
-    env = {**os.environ, **k3env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-           "K3_MLFLOW_PORT": str(args.mlflow_port), "K3_DAEMON_LOG": str(logs / "dagster-daemon.log")}
-    dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
-    procs: list[subprocess.Popen] = []
-
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    try:
-        procs.append(_spawn(mlflow_cmd, env, logs / "mlflow.log"))
-        procs.append(_spawn(dagster_cmd, env, logs / "dagster.log"))
-        dagster_url = f"http://127.0.0.1:{args.port}"
-        mlflow_url = f"http://127.0.0.1:{args.mlflow_port}"
-        ok_mlflow = _wait_http(f"{mlflow_url}/health", procs[0], 90)
-        ok_dagster = _wait_http(f"{dagster_url}/server_info", procs[1], 120)
-        if not (ok_mlflow and ok_dagster):
-            which = [n for n, ok in (("MLflow", ok_mlflow), ("Dagster", ok_dagster)) if not ok]
-            _say(f"k3 ui: {' and '.join(which)} did not start; see {logs}/")
-            return 1
-        _say(f"k3 ui: Dagster  {dagster_url}   (Catalog: {dagster_url}/assets, Lineage: {dagster_url}/asset-groups)")
-        _say(f"k3 ui: MLflow   {mlflow_url}   (the k3 training runs: {dagster_url}/k3/mlflow/experiment)")
-        _say(f"k3 ui: every profile's assets under its prefix (smoke/, tiny/, small/); instance "
-             f"{k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
-        while all(p.poll() is None for p in procs):
-            time.sleep(1)
-        dead = [cmd for p, cmd in zip(procs, ("MLflow", "Dagster")) if p.poll() is not None]
-        _say(f"k3 ui: {', '.join(dead)} exited; see {logs}/; stopping")
-        return 1
-    except KeyboardInterrupt:
-        _say("k3 ui: stopping")
-        return 0
-    finally:
-        for p in reversed(procs):
-            stop_process_group(p)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -600,9 +424,9 @@ def cmd_params(args: argparse.Namespace) -> int:
     try:
         counts = count_params(args.profile)
     except ValueError as e:
-        _say(f"k3 params: {e}")
+        say(f"k3 params: {e}")
         return 2
-    _say(json.dumps(counts, indent=2) if args.json else format_counts(counts))
+    say(json.dumps(counts, indent=2) if args.json else format_counts(counts))
     return 0
 
 
@@ -618,31 +442,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     make = f"`k3 run --profile {args.profile} --select report`"
     event = dg.DagsterInstance.get().get_latest_materialization_event(asset)
     if event is None or event.asset_materialization is None:
-        _say(f"k3 report: no report yet for profile {args.profile}: {make} makes one from whatever the lineage "
-             f"holds (`k3 run --profile {args.profile}` runs the whole lineage, the report last)")
+        say(f"k3 report: no report yet for profile {args.profile}: {make} makes one from whatever the lineage "
+            f"holds (`k3 run --profile {args.profile}` runs the whole lineage, the report last)")
         return 1
     md = {k: v.value for k, v in event.asset_materialization.metadata.items()}
     path = md.get("path")
     if path is None or not Path(path).exists():
-        _say(f"k3 report: the newest {asset.to_user_string()} (run {event.run_id}) has no file at {path}: "
-             f"{make} writes it again")
+        say(f"k3 report: the newest {asset.to_user_string()} (run {event.run_id}) has no file at {path}: "
+            f"{make} writes it again")
         return 1
-    _say(f"k3 report: {path}")
+    say(f"k3 report: {path}")
     dagster_url = f"http://127.0.0.1:{args.port}"
     links = [f"Dagster {dagster_url}/assets/{args.profile}/report"]
     if isinstance(md.get("mlflow_run"), str):
         # The metadata link goes through the Dagster webserver's redirect to wherever MLflow is served.
         links.append(f"MLflow {dagster_url}{md['mlflow_run']}")
     up = _ui_running(dagster_url)
-    _say(f"k3 report: {'   '.join(links)}" + ("" if up else "   (no `k3 ui` answers there now: start it to open these)"))
+    say(f"k3 report: {'   '.join(links)}" + ("" if up else "   (no `k3 ui` answers there now: start it to open these)"))
     verdicts = md.get("claims") or []
     counts = {s: sum(c["status"] == s for c in verdicts) for s in ("pass", "fail", "underpowered", "not measured")}
-    _say(f"k3 report: {counts['pass']} pass, {counts['fail']} fail, {counts['underpowered']} underpowered, "
-         f"{counts['not measured']} not measured (profile {args.profile}, run {event.run_id})")
+    say(f"k3 report: {counts['pass']} pass, {counts['fail']} fail, {counts['underpowered']} underpowered, "
+        f"{counts['not measured']} not measured (profile {args.profile}, run {event.run_id})")
     for c in verdicts:
         claim = Claim(c["number"], c["title"], c["status"], c["figure"], c["target"], c["reason"], c["profile"],
                       c.get("checkpoints", {}), n=c.get("n"), power=c.get("power"))
-        _say(f"  {claim.line()}")
+        say(f"  {claim.line()}")
     return 0
 
 
@@ -662,7 +486,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         script = found[0]
     if not script.is_file():
         names = sorted(str(p.relative_to(bench_dir).with_suffix("")) for p in bench_dir.glob("*/*.py"))
-        _say(f"k3 bench: no benchmark {args.name!r}; available: {', '.join(names) or 'none yet'}")
+        say(f"k3 bench: no benchmark {args.name!r}; available: {', '.join(names) or 'none yet'}")
         return 2
     # Benchmarks import `benchmarks.common` and the library from the checkout (they are scripts, not
     # an installed package), as on the GPU machine where `PYTHONPATH=.` is how they run.
@@ -676,9 +500,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     served = load_served(paths["model"], paths["tokenizer"], None if args.draft == "off" else paths["draft"],
                          model_id=args.served_name)
     server = K3Server(served, args.host, args.port, max_batch=args.max_batch, verbose=args.verbose)
-    _say(f"k3 serve: {served.model_id} ({served.quantization}, draft "
-         f"{served.draft_path if served.draft is not None else 'off'}) from {served.path}")
-    _say(f"k3 serve: http://{args.host}:{server.server_address[1]}/v1 (Ctrl-C stops)")
+    say(f"k3 serve: {served.model_id} ({served.quantization}, draft "
+        f"{served.draft_path if served.draft is not None else 'off'}) from {served.path}")
+    say(f"k3 serve: http://{args.host}:{server.server_address[1]}/v1 (Ctrl-C stops)")
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -778,12 +602,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except KeyboardInterrupt:
-        _say(f"k3 {args.command}: interrupted")
+        say(f"k3 {args.command}: interrupted")
         return 130
     except Exception as e:  # noqa: BLE001 - the last resort: one line, the traceback on request
         if getattr(args, "verbose", False):
             raise
-        _say(f"k3 {args.command}: {_one_line(e)} (--verbose shows the traceback)")
+        say(f"k3 {args.command}: {_one_line(e)} (--verbose shows the traceback)")
         return 1
 
 

@@ -4,7 +4,7 @@ A plain Dagster run re-materializes everything it selects (research/orchestratio
 rerun after a crash retrained stages that the killed run had already finished. `k3 run` now skips
 an asset when, for the run's profile, all of these hold:
 
-- it has a materialization, and its files still verify (`assets/integrity.py`);
+- it has a materialization, and its files still verify (`assets.lineage.upstream_problem`);
 - that materialization was made by the asset's current `code_version`;
 - each upstream's newest materialization is the one it consumed (Dagster records the consumed
   versions as `dagster/input_data_version/<upstream>` tags);
@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.integrity import upstream_problem
-from assets.lineage import latest
+from assets.lineage import latest, upstream_problem
 
 _INPUT_TAG = "dagster/input_data_version/"
 _POINTER_TAG = "dagster/input_event_pointer/"

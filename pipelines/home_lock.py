@@ -111,7 +111,7 @@ def hold_work_dir(work_dir: Path, label: str, say: Callable[[str], None] = print
     """Hold `.<work_dir name>.lock` (beside the directory, which is removed once its stage is
     promoted; hidden, so a listing of the stage's work directories shows only directories)
     exclusively for the body, waiting for another holder and saying whom it waits for. The wait
-    polls, so an interruption noted by `interrupted` (pipelines.cli's signal thread) ends it."""
+    polls, so an interruption noted by `interrupted` (pipelines.console's signal thread) ends it."""
     work_dir = Path(work_dir)
     path = work_dir.parent / f".{work_dir.name}.lock"
     work_dir.parent.mkdir(parents=True, exist_ok=True)

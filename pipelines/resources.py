@@ -16,7 +16,7 @@ and stops it when the run ends. `RAY_ADDRESS` (or `address`) joins an existing c
 which is then left running; the code travels with the job as a Ray `runtime_env` working_dir (the
 repository without .venv, .git, homes and results), so worker nodes need only the same Python,
 torch and Ray. A cluster already initialized in this process (a test session's) is reused and left
-running too. Every model task asks for the GPU share and CPUs of `assets.tasks.placement`.
+running too. Every model task asks for the GPU share and CPUs of `assets.ray_task.placement`.
 
 MLflow: sqlite under the home by default, or any `MLFLOW_TRACKING_URI` (an `http://` server; the
 registry goes through the same server). Registered checkpoints are pyfunc models
@@ -39,7 +39,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from assets.lineage import PROFILES as RUNNABLE_PROFILES
-from assets.tasks import RayCall, error_line, interrupted, placement
+from assets.ray_task import RayCall, error_line, interrupted, placement
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -184,7 +184,7 @@ class RayResource(dg.ConfigurableResource):
 
     def _ensure(self, log: Callable[[str], None] | None = None) -> None:
         self._start(log)
-        if interrupted():  # a SIGTERM whose exception was lost (assets.tasks.interrupted)
+        if interrupted():  # a SIGTERM whose exception was lost (assets.ray_task.interrupted)
             self.teardown_after_execution(None)
             raise KeyboardInterrupt
 
@@ -253,7 +253,7 @@ class RayResource(dg.ConfigurableResource):
     def placement(self, n_tasks: int = 1, require_gpu: bool = False,
                   log: Callable[[str], None] | None = None) -> dict[str, float]:
         """{"num_cpus", "num_gpus"} for each of `n_tasks` concurrent model tasks
-        (`assets.tasks.placement`: a GPU, or a share of one, whenever the cluster has any)."""
+        (`assets.ray_task.placement`: a GPU, or a share of one, whenever the cluster has any)."""
         self._ensure(log)
         cpus, gpus = placement(self.nodes(), n_tasks, require_gpu)
         return {"num_cpus": cpus, "num_gpus": gpus}

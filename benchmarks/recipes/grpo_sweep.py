@@ -4,7 +4,7 @@
         --cell general_agents/low --steps 16 --lr 1e-3 --label ga_low_s16
 
 Each run trains one specialist exactly as the `rl_specialist` asset does — it calls the asset's Ray
-task body, `assets.tasks.train_specialist_task`: `grpo.train` from the home's sft_policy on the
+task body, `assets.posttrain_tasks.train_specialist_task`: `grpo.train` from the home's sft_policy on the
 cell's RL prompts (the families the home's `rl_tasks` ladder selected, seeds from
 `ladder.RL_SEED_BASE`), then the specialist and sft_policy scored the same way on the same held-out
 tasks (`ladder.heldout_tasks`: seeds from `ladder.EVAL_SEED_BASE`, any task whose prompt equals an
@@ -47,7 +47,7 @@ def main() -> None:
     # the library, once the tidy step lands (no benchmark imports assets/).
     from assets.claims import rate_difference
     from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
-    from assets.tasks import train_specialist_task
+    from assets.posttrain_tasks import train_specialist_task
     from k3model.train.recipes import SpecialistEval
     from k3model.train.effort import effort_specs
     from k3model.train.grpo import GRPOConfig

@@ -1,9 +1,9 @@
-"""The one device rule (`assets.tasks.placement`) on fake cluster resources: a model task asks for a
+"""The one device rule (`assets.ray_task.placement`) on fake cluster resources: a model task asks for a
 GPU (or an equal share) whenever the cluster has one, and its CPUs come from the GPU nodes."""
 
 import pytest
 
-from assets.tasks import placement
+from assets.ray_task import placement
 
 CPU_BOX = [{"CPU": 2.0}]
 ONE_GPU_HOST = [{"CPU": 16.0, "GPU": 1.0}]

@@ -7,8 +7,9 @@ import torch
 from conftest import error_text
 
 from assets import evaluation, pretrain
+from assets.display import markdown_table
 from assets.evaluation import EvalConfig
-from assets.lineage import PROFILE_TAG, key, markdown_table
+from assets.lineage import PROFILE_TAG, key
 from assets.pretrain import PretrainStageConfig, clue_tables
 from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file
 
@@ -175,7 +176,7 @@ def test_sparkline_shows_in_the_table_and_draws_the_curve():
 
     from PIL import Image
 
-    from assets.lineage import INLINE_MARKDOWN_CHARS, sparkline
+    from assets.display import INLINE_MARKDOWN_CHARS, sparkline
     md = sparkline([6.0 - 0.01 * i for i in range(500)] + [float("nan")], "loss", "6.0 → 1.0").value
     assert len(md) < INLINE_MARKDOWN_CHARS and md.endswith(") 6.0 → 1.0")
     image = Image.open(io.BytesIO(base64.b64decode(md.split("base64,", 1)[1].split(")", 1)[0])))

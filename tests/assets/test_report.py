@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from assets import data, pretrain, report
 from assets.claims import DOMAINS, EFFORTS, FAIL, NOT_MEASURED, PASS
 from assets.lineage import PROFILE_TAG, key
+from assets.plots import report_plots
 from pipelines.cli import main
 from pipelines.instance import dagster_home
 
@@ -144,7 +145,7 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     assert by[7].status == FAIL and by[7].reason == "the worst fold (json held out) keeps 70% of its RL gain"
     assert "single-harness control xml 20%" in by[7].figure
     assert by[1].status == NOT_MEASURED and by[8].status == NOT_MEASURED
-    drawn = report.plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
+    drawn = report_plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
     assert all(isinstance(drawn[n], Path) for n in ("specialists_vs_sft", "tokens_by_effort", "teacher_retention",
                                                     "quantization", "acceptance"))
 

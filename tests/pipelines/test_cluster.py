@@ -120,8 +120,8 @@ r = RayResource()
 r._ensure()
 
 def where():
-    import assets.tasks
-    return assets.tasks.__file__
+    import assets.ray_task
+    return assets.ray_task.__file__
 
 f = ray.remote(num_cpus=2)(where)
 nodes = r.nodes()

@@ -14,7 +14,7 @@ import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from assets.lineage import INLINE_MARKDOWN_CHARS
+from assets.display import INLINE_MARKDOWN_CHARS
 from assets.lineage import key as asset_key
 from k3model.checkpoint import WEIGHTS_FILE, sha256_file, verify_checkpoint
 from pipelines.instance import dagster_home

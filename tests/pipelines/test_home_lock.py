@@ -149,7 +149,7 @@ def test_a_work_directory_is_held_by_one_process_and_freed_by_kill_9(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    # A wait ends on an interruption (pipelines.cli notes SIGINT/SIGTERM).
+    # A wait ends on an interruption (pipelines.console notes SIGINT/SIGTERM).
     with hold_work_dir(work, "a"):
         with pytest.raises(KeyboardInterrupt):
             with hold_work_dir(work, "b", interrupted=lambda: True, poll_s=0.01):

@@ -1,4 +1,4 @@
-"""Data verified on read (assets/integrity.py), re-materializing replaces damaged files
+"""Data verified on read (assets/lineage.py, verify_upstreams), re-materializing replaces damaged files
 (assets/storage.py), and `k3 run`'s missing/stale selection (pipelines/freshness.py): flipped bytes
 in each data file and in a checkpoint."""
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import dagster as dg
 from mlflow.tracking import MlflowClient
 
-from assets.integrity import upstream_problem
-from assets.lineage import key, latest
+from assets.lineage import key, latest, upstream_problem
 from k3model.checkpoint import load_resume_state
 from pipelines.definitions import defs
 from pipelines.freshness import stale_assets

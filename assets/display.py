@@ -1,0 +1,82 @@
+"""Display helpers for asset metadata in the Dagster UI: small Markdown tables, PNG files and PIL
+images inlined as data URIs, sparklines of a metric's curve. The plots themselves are drawn in
+`assets.plots`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+
+def fmt(v: Any) -> str:
+    """A table cell: floats to 4 significant digits, everything else as JSON."""
+    if isinstance(v, float):
+        return "NaN" if math.isnan(v) else f"{v:.4g}"
+    return v if isinstance(v, str) else json.dumps(v, default=str)
+
+
+def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80) -> str:
+    """A small Markdown table for metadata previews; long cells are cut to `max_chars`."""
+    if not rows:
+        return "(no rows)"
+    cols = list(rows[0])
+
+    def cell(v: Any) -> str:
+        text = fmt(v).replace("\n", "⏎").replace("|", "\\|")
+        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# The Dagster UI renders Markdown metadata shorter than this in the metadata table itself; longer
+# Markdown sits behind a "[Show Markdown]" link that opens it in a dialog.
+INLINE_MARKDOWN_CHARS = 1000
+
+
+def inline_png(path: Path, alt: str) -> dg.MetadataValue:
+    """A PNG file as Markdown with the image as a data URI: the UI renders the picture (one click on
+    "[Show Markdown]" for a full-size plot), where a `MetadataValue.path` shows only the file name."""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})\n\n`{path}`")
+
+
+def _png_markdown(image, alt: str, caption: str) -> str:
+    import io
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG", optimize=True)
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}) {caption}"
+
+
+def sparkline(values: list[float], alt: str, caption: str, width: int = 240, height: int = 48) -> dg.MetadataValue:
+    """A two-colour line picture of `values`, small enough (about 400 characters) to show in the
+    metadata table itself."""
+    from PIL import Image, ImageDraw
+    image = Image.new("P", (width, height), 0)
+    image.putpalette([255, 255, 255, 79, 67, 221])
+    finite = [(i, v) for i, v in enumerate(values) if math.isfinite(v)]
+    if len(finite) >= 2:
+        lo, hi = min(v for _, v in finite), max(v for _, v in finite)
+        span = (hi - lo) or 1.0
+        points = [(round(i * (width - 1) / (len(values) - 1)), round(2 + (height - 5) * (hi - v) / span))
+                  for i, v in finite]
+        ImageDraw.Draw(image).line(points, fill=1, width=2)
+    return dg.MetadataValue.md(_png_markdown(image, alt, caption))
+
+
+def thumbnail(image, alt: str, caption: str) -> dg.MetadataValue:
+    """`image` (a PIL image) in 16 colours, at 2× when that still shows in the metadata table
+    itself, else at 1× (behind "[Show Markdown]" only if even that is too large)."""
+    from PIL import Image
+    small = image.quantize(16)
+    for scale in (2, 1):
+        text = _png_markdown(small.resize((small.width * scale, small.height * scale), Image.NEAREST), alt, caption)
+        if len(text) < INLINE_MARKDOWN_CHARS:
+            break
+    return dg.MetadataValue.md(text)
