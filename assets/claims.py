@@ -15,7 +15,7 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `paired/{b,c,n}`, optional `eval/greedy/{success_rate,n}`, `eval/pass_at_8`, `sha256` | each specialist on its domain's held-out tasks, paired with sft_policy on the same tasks and seeds, tokens per episode, the hard tasks |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate`, `sft_policy/n` (SFT on the specialist's own tasks), at low `sft_policy/hard/{success_rate,n}`; else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
 | 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
-| 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out loss, both against the one bf16 recipe) |
+| 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}` (means over seeds), `quant/seed_drops` (JSON `{"qat": [...], "ptq": [...]}`), `quant/n` (held-out windows), `quant/scope`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out window NLL at the "all_linear" scope, each seed against its own bf16 arm) |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | mean accepted tokens per round by draft length, wall-clock speedup at draft length 4, greedy output equal to the target's |
 | 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/{success_rate,n}`, `<h>/sft/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's and sft_policy's success in its harnesses and in the held-out one: the RL gain in each |
 | 8 | (the report itself) | `envs.kernelsuite.report.run_entry` over `submissions.CORPUS` | planted hacks flagged with their rules, honest submissions passed |
@@ -67,6 +67,10 @@ RETENTION = 0.90
 RETENTION_LOWER = 0.70
 # Claim 5: QAT's drop at MXFP4 at most this share of PTQ's.
 QAT_SHARE = 0.5
+# ... judged only where PTQ measurably hurts: its mean drop at least MIN_PTQ_DROP (nats on a held-out
+# NLL) and at least SEED_SPREAD_FACTOR times the spread of its drops over two seeds (issue 41 item 3).
+MIN_PTQ_DROP = 0.01
+SEED_SPREAD_FACTOR = 5.0
 # Claim 6: mean accepted tokens per round at draft length 4.
 ACCEPTANCE_AT_4 = 2.5
 # Claim 7: the RL gain in the held-out harness as a share of the gain in the trained harnesses.
@@ -433,28 +437,42 @@ def claim_4(cells: dict[tuple[str, str], dict[str, Any]], *, profile: str,
 
 
 def claim_5(qat: dict[str, float], ptq: dict[str, float], *, metric: str, higher_is_better: bool, profile: str,
-            checkpoints: dict[str, str] | None = None) -> Claim:
+            checkpoints: dict[str, str] | None = None, seed_drops: dict[str, list[float]] | None = None,
+            n: int | None = None, scope: str | None = None) -> Claim:
     """`qat` and `ptq`: {"bf16": x, "mxfp4": y}, one metric of the QAT-trained and the plainly trained
     model after MXFP4 quantization (`mxfp4`) and of the high-precision model each drop is measured
-    from (`bf16`: the same one for both when the recipe has one bf16 reference, as quantized_student's)."""
-    target = f"QAT's drop at MXFP4 ≤ {QAT_SHARE:g}× PTQ's (on {metric})"
+    from (`bf16`), averaged over seeds; `seed_drops` {"qat": [...], "ptq": [...]}: each seed's drop;
+    `n` the held-out windows; `scope` the quantization scope (k3model.train.qat.QUANT_SCOPES).
+
+    Judged only where PTQ measurably hurts: PTQ's mean drop ≥ MIN_PTQ_DROP and ≥ SEED_SPREAD_FACTOR ×
+    the spread (max − min) of its drops over ≥ 2 seeds; otherwise "underpowered" (shown, not judged).
+    Not a sampling test of a rate: `power` is None, the note says so."""
+    target = (f"QAT's drop at MXFP4 ≤ {QAT_SHARE:g}× PTQ's (on {metric}{f', scope {scope}' if scope else ''}), "
+              f"judged when PTQ's drop ≥ {MIN_PTQ_DROP:g} and ≥ {SEED_SPREAD_FACTOR:g}× its seed spread")
     if not all(k in f for f in (qat, ptq) for k in ("bf16", "mxfp4")):
         return not_measured(5, target, "the QAT or PTQ figures are missing", profile, checkpoints)
     sign = 1.0 if higher_is_better else -1.0
     drop_qat = sign * (qat["bf16"] - qat["mxfp4"])
     drop_ptq = sign * (ptq["bf16"] - ptq["mxfp4"])
+    ptq_seeds = list((seed_drops or {}).get("ptq") or [])
+    spread = max(ptq_seeds) - min(ptq_seeds) if len(ptq_seeds) >= 2 else None
     figures = {"metric": metric, "higher_is_better": higher_is_better, "qat": dict(qat), "ptq": dict(ptq),
-               "drop_qat": drop_qat, "drop_ptq": drop_ptq}
+               "drop_qat": drop_qat, "drop_ptq": drop_ptq, "seed_drops": dict(seed_drops or {}),
+               "ptq_seed_spread": spread, "scope": scope,
+               "power_note": "not a sampling test of a rate: judged on PTQ's drop against its seed spread"}
     figure = (f"{metric} drop QAT {drop_qat:.4g} ({qat['bf16']:.4g} → {qat['mxfp4']:.4g}), PTQ {drop_ptq:.4g} "
-              f"({ptq['bf16']:.4g} → {ptq['mxfp4']:.4g})")
-    if drop_ptq <= 0:
-        return _claim(5, FAIL, figure, target, "PTQ loses nothing at this scale, so there is no loss for QAT "
-                      "to halve", profile, checkpoints, figures)
-    if drop_qat <= QAT_SHARE * drop_ptq:
-        return _claim(5, PASS, figure, target, f"QAT loses {drop_qat / drop_ptq:.0%} of PTQ's drop", profile,
-                      checkpoints, figures)
-    return _claim(5, FAIL, figure, target, f"QAT loses {drop_qat / drop_ptq:.0%} of PTQ's drop", profile,
-                  checkpoints, figures)
+              f"({ptq['bf16']:.4g} → {ptq['mxfp4']:.4g})"
+              + (f", PTQ seed spread {spread:.2g} over {len(ptq_seeds)} seeds" if spread is not None else ""))
+    if spread is None:
+        return _claim(5, UNDERPOWERED, figure, target, "PTQ's drop was measured on fewer than two seeds, so its "
+                      "spread is unknown: shown, not judged", profile, checkpoints, figures, n=n)
+    if drop_ptq < MIN_PTQ_DROP or drop_ptq < SEED_SPREAD_FACTOR * spread:
+        return _claim(5, UNDERPOWERED, figure, target, f"PTQ's drop {drop_ptq:.4g} is below {MIN_PTQ_DROP:g} or "
+                      f"{SEED_SPREAD_FACTOR:g}× its seed spread {spread:.2g}: quantization does not measurably hurt "
+                      "here, shown, not judged", profile, checkpoints, figures, n=n)
+    verdict = PASS if drop_qat <= QAT_SHARE * drop_ptq else FAIL
+    return _claim(5, verdict, figure, target, f"QAT loses {drop_qat / drop_ptq:.0%} of PTQ's drop", profile,
+                  checkpoints, figures, n=n)
 
 
 def claim_6(acceptance: dict[int, float], speedup: float | None, lossless: bool | None, *, profile: str,

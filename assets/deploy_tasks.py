@@ -4,8 +4,9 @@ only the library. Each is `task(*args, work_dir, live) -> result` for `assets.tr
 - `quantize_student_task`: the student exported with packed MXFP4 routed experts
   (`k3model.quantize.export_quantized`, the rest bf16), loaded back (`load_quantized`), audited
   (every routed expert weight through the MX op in a prefill and a decode step), a greedy generation
-  through the engine beside the float student's; then claim 5's comparison
-  (`k3model.train.quant_compare.compare_qat_ptq`) on the SFT step at matched tokens.
+  through the engine beside the float student's; the export's drop on held-out windows (K3's
+  experts-only scope, the product); then claim 5's comparison at the judged scope
+  (`k3model.train.quant_compare.compare_scope`) on the SFT step at matched steps, per seed.
 - `train_draft_task`: `k3model.train.draft.train` on the student's own generations from sft_data's
   prompts (held-out prompts from its held-out table), then measured speculative decoding
   (`k3model.speculative.speculative_generate`, greedy) at draft lengths 1–6 on held-out prompts,
@@ -52,11 +53,13 @@ class QuantizeJob:
     compare_steps: int  # SFT steps of each arm of the QAT/PTQ comparison
     compare_batch_size: int
     compare_lr: float
-    short_frac: float
     scale_roundings: tuple[str, ...]
     gen_tokens: int
-    eval_tasks_per_family: int  # 0: no task success, loss and KL only
     max_rows: int | None = None  # the comparison on the shortest rows of each table only (None: all)
+    scope: str = "all_linear"  # claim 5's quantization scope (k3model.train.qat.QUANT_SCOPES)
+    seeds: tuple[int, ...] = (0, 1)
+    windows: int = 8  # held-out windows of window_len tokens (product drop and claim 5)
+    window_len: int = 512
 
 
 @dataclass
@@ -72,14 +75,15 @@ class QuantizedResult:
 
 
 def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkpoint: str, demos_path: str,
-                          heldout_path: str, tokenizer_path: str, sft_cfg, plan, work_dir: str,
+                          heldout_path: str, sft_cfg, work_dir: str,
                           live: LiveLog) -> QuantizedResult:
     import torch
 
     from k3model.checkpoint import load_model
     from k3model.engine import SamplingConfig, generate
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
-    from k3model.train.quant_compare import compare_qat_ptq
+    from datagen.io import read_parquet
+    from k3model.train.quant_compare import compare_scope, token_windows, window_metrics
 
     t0 = time.perf_counter()
     student, manifest = load_model(student_checkpoint, qat=False)  # the float student is what is exported
@@ -104,31 +108,30 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
               "greedy_agreement_with_float": sum(agree) / len(agree), "first_ids": q_ids[0].token_ids[:16]}
     live(0, {"export/ratio_to_bf16": info.ratio_to_bf16, "audit/quantized": float(len(report.quantized))})
 
-    evaluate_fn = None
-    if job.eval_tasks_per_family:
-        from datagen.tokenizer import load_tokenizer
-
-        from k3model.train.ladder import evaluate_policy
-        tokenizer = load_tokenizer(tokenizer_path)
-
-        def evaluate_fn(model) -> float:
-            evals = evaluate_policy(model, tokenizer, plan)
-            return sum(e["success_rate"] for e in evals.values()) / max(len(evals), 1)
-
+    # The product's scope (K3's: MXFP4/MXFP8 routed experts) on held-out windows: the export as loaded
+    # and served against the float student.
     t1 = time.perf_counter()
-    demos, heldout = shortest_rows(demos_path, job.max_rows), shortest_rows(heldout_path, job.max_rows)
-    comparison = compare_qat_ptq(sft_cfg, demos, heldout, Path(work_dir) / "compare", base_checkpoint,
-                                 short_frac=job.short_frac, scale_roundings=job.scale_roundings,
-                                 tasks=plan if evaluate_fn else None, evaluate_fn=evaluate_fn,
-                                 log_fn=lambda arm, m: live(0, {f"compare/{arm}/{k}": v for k, v in m.items()}))
-    flat = comparison.as_metadata()
+    windows_NT = token_windows(read_parquet(heldout_path), job.window_len, job.windows)
+    float_m = window_metrics(student, student, windows_NT)
+    served = window_metrics(student, qmodel, windows_NT)
+    product = {"scope": "experts", "bf16_nll": float_m["nll"], "mxfp4_nll": served["nll"],
+               "drop": served["nll"] - float_m["nll"], "kl_to_bf16": served["kl_to_bf16"],
+               "windows": list(windows_NT.shape)}
+    live(0, {f"product/{k}": v for k, v in product.items() if isinstance(v, float)})
+
+    # Claim 5 where quantization matters: QAT against PTQ at job.scope, matched SFT steps from the base.
+    demos = shortest_rows(demos_path, job.max_rows)
+    comparison = compare_scope(sft_cfg, demos, windows_NT, Path(work_dir) / "compare", base_checkpoint,
+                               scope=job.scope, seeds=job.seeds, scale_roundings=job.scale_roundings,
+                               log_fn=lambda arm, m: live(0, {f"compare/{arm}/{k}": v for k, v in m.items()}))
     metrics = {"export/ratio_to_bf16": info.ratio_to_bf16, "export/file_bytes": float(info.file_bytes),
-               "audit/ok": float(report.ok), "perf/compare_s": time.perf_counter() - t1,
-               **{f"compare/{k}": float(v) for k, v in flat.items()}}
+               "audit/ok": float(report.ok), "product/drop": product["drop"], "product/kl_to_bf16": product["kl_to_bf16"],
+               "perf/compare_s": time.perf_counter() - t1,
+               **{f"compare/seed{seed}/{rounding}/{arm}/{k}": float(v)
+                  for seed, per in comparison["seeds"].items() for rounding, arms in per.items() if rounding != "bf16"
+                  for arm, m in arms.items() for k, v in m.items()}}
     live(1, metrics)
-    return QuantizedResult(out, [], metrics, export, audit,
-                           {"arms": comparison.arms, "reference_loss": comparison.reference_loss,
-                            "tokens": comparison.tokens}, sample)
+    return QuantizedResult(out, [], metrics, export, audit, {**comparison, "product": product}, sample)
 
 
 # ----------------------------------------------------------------------------------------------

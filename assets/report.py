@@ -368,7 +368,8 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
                          {k: q[f"quant/ptq/{k}"] for k in ("bf16", "mxfp4") if f"quant/ptq/{k}" in q},
                          metric=str(q.get("quant/metric", "its metric")),
                          higher_is_better=bool(q.get("quant/higher_is_better", True)),
-                         profile=profile, checkpoints=_pick(ck, "quantized_student")))
+                         profile=profile, checkpoints=_pick(ck, "quantized_student"),
+                         seed_drops=q.get("quant/seed_drops"), n=q.get("quant/n"), scope=q.get("quant/scope")))
 
     draft = figs.get("draft_model") or {}
     acceptance = {int(m.group(1)): v for k, v in draft.items()

@@ -14,6 +14,17 @@ LatentMoE's quantization hook, which is exactly what building the model with `Mo
 does, so a prepared model computes bit for bit what a QAT-built one does (tested). The model files
 stay free of training modes, as `k3model.parallel` wraps a model from outside.
 
+The scope (`QUANT_SCOPES`) says which weights the one quantizer touches:
+- "experts" (K3's, the product's): the routed experts as above;
+- "all_linear": the experts as above plus the weight of every other `nn.Linear` fake-quantized to
+  MXFP4 along its reduction dimension (weight [out, in], blocks along in) on each call of its
+  forward, activations unquantized. It is where PTQ measurably hurts a model of tiny's size
+  (claim 5; research/turn3-posttrain.md §3: +0.042 nats at tiny against 0.00 for the experts alone).
+  The forward is swapped per instance, so the state dict keeps its keys and a checkpoint loads as
+  any other; weights read directly rather than through the forward keep high precision: the
+  router's fp32 scores (k3model.moe) and MLA's absorbed decode (k3model.mla), so this scope is for
+  teacher-forced forwards (training, held-out NLL), not for serving.
+
 While the weights stay fixed (a rollout, an evaluation: `frozen_expert_weights(model)`), fq(W) of
 each expert stack is the same on every forward, so the stacks the forward sees are computed once
 and reused; the activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
@@ -29,19 +40,39 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+import torch.nn.functional as F
+
 from k3model.moe import MX_BLOCK, LatentMoE
 
 QAT_SCHEME = {"modules": "LatentMoE routed experts", "weights": "fp4_e2m1", "activations": "fp8_e4m3",
               "block_size": MX_BLOCK, "gradient": "straight-through", "quantizer": "kernels.mx.fake_quant_mx"}
+# Which weights prepare_qat quantizes (module docstring): K3's routed experts, or those plus every nn.Linear.
+QUANT_SCOPES = ("experts", "all_linear")
 
 
-def prepare_qat(model: nn.Module, scale_rounding: str = "ceil") -> nn.Module:
+def check_scope(scope: str) -> str:
+    """`scope` when it is one of QUANT_SCOPES, else a ValueError naming them."""
+    if scope not in QUANT_SCOPES:
+        raise ValueError(f"quantization scope {scope!r} does not exist: use one of {QUANT_SCOPES}")
+    return scope
+
+
+def qat_scheme(scope: str = "experts") -> dict:
+    """QAT_SCHEME for `scope` (what a checkpoint's manifest records)."""
+    if check_scope(scope) == "experts":
+        return dict(QAT_SCHEME)
+    return {**QAT_SCHEME, "modules": "LatentMoE routed experts + every nn.Linear (weights only)", "scope": scope}
+
+
+def prepare_qat(model: nn.Module, scale_rounding: str = "ceil", scope: str = "experts") -> nn.Module:
     """Turn on MXFP4-weight / MXFP8-activation fake quantization in every LatentMoE of `model`
-    (in place; returns it). `scale_rounding` is kernels.mx's: "ceil" (RCEIL, the default) or "floor"
-    (OCP); export with the same one (k3model.quantize checks). Raises ValueError when the model has
-    no LatentMoE or a width is not a multiple of the MX block."""
+    (in place; returns it) and, with scope "all_linear", MXFP4 weight fake quantization in every
+    nn.Linear. `scale_rounding` is kernels.mx's: "ceil" (RCEIL, the default) or "floor"
+    (OCP); export with the same one (k3model.quantize checks). Raises ValueError for a scope not in
+    QUANT_SCOPES, when the model has no LatentMoE or a width is not a multiple of the MX block."""
     from kernels.mx import SCALE_ROUNDINGS, fake_quant_mx
 
+    check_scope(scope)
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError(f"scale_rounding={scale_rounding!r}: use one of {SCALE_ROUNDINGS}")
     quantizer = fake_quant_mx if scale_rounding == "ceil" else functools.partial(fake_quant_mx, scale_rounding=scale_rounding)
@@ -56,7 +87,22 @@ def prepare_qat(model: nn.Module, scale_rounding: str = "ceil") -> nn.Module:
                 raise ValueError(f"QAT quantizes in MX blocks of {MX_BLOCK} along {name}, but the model's "
                                  f"{name} is {getattr(moe.cfg, name)}: choose a multiple of {MX_BLOCK}")
         moe.fake_quant_mx = quantizer
+    if scope == "all_linear":
+        for linear in model.modules():
+            if isinstance(linear, nn.Linear):
+                # An instance attribute shadows nn.Linear.forward; the state dict is untouched.
+                linear.forward = functools.partial(_fake_quant_linear_forward, linear, quantizer)
     return model
+
+
+def _fake_quant_linear_forward(linear: nn.Linear, quantizer, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, quantizer(linear.weight, "fp4_e2m1"), linear.bias)
+
+
+def linear_fake_quant_enabled(model: nn.Module) -> bool:
+    """True when prepare_qat's "all_linear" scope is on in `model` (every nn.Linear fake-quantizes)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return bool(linears) and all("forward" in vars(m) for m in linears)
 
 
 def qat_enabled(model: nn.Module) -> bool:

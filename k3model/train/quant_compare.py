@@ -21,6 +21,16 @@ and, when `tasks` are given, task success through `k3model.train.evaluate.evalua
 area's API; the comparison runs without it on loss and KL alone). Every arm runs under each scale
 rounding in `scale_roundings` (the FLOOR vs RCEIL ablation: QAT and export with the same one).
 
+Claim 5 is judged where quantization matters (`compare_scope`): at tiny, K3's experts-only scope
+costs ~0 nats, so a ratio of drops there is noise. `compare_scope` runs, per seed, the
+high-precision step and a QAT step at a given `k3model.train.qat` scope (QAT_SCOPES; "all_linear"
+for the judged claim) under each scale rounding, and PTQ as the same quantizer applied to that
+seed's high-precision model; each is measured on held-out windows (`token_windows`: the held-out
+demonstrations' tokens end to end, cut into n × L windows) as the mean next-token NLL over every
+window token and KL(p_bf16 ‖ p_quantized), the metric deployers use:
+
+    drop_arm = NLL(arm, quantized) − NLL(bf16 of the same seed)
+
 The quantized models run the packed MXFP4 experts on kernels.mx's torch path on the CPU (bitwise
 the QAT forward, docs/log/quantize.md); on CUDA the grouped GEMV differs by ~4e-4 relative.
 The whole RL lineage (SFT → RL → MOPD) is not repeated per arm at tiny scale: the comparison stands
@@ -43,6 +53,7 @@ from k3model.checkpoint import load_model
 from k3model.model import IGNORE_INDEX
 from k3model.quantize import convert_to_mx
 from k3model.train import sft
+from k3model.train.qat import check_scope, prepare_qat
 
 logger = logging.getLogger(__name__)
 
@@ -160,4 +171,73 @@ def compare_qat_ptq(cfg: sft.SFTConfig, demos: pa.Table | str | Path, eval_demos
         result.arms[rounding] = arms
         for arm, metrics in arms.items():
             log(f"{rounding}/{arm}", metrics)
+    return result
+
+
+def token_windows(table: pa.Table, length: int, n: int) -> torch.Tensor:
+    """[n, length] token ids: the rows' `input_ids` end to end, cut into the first n windows of
+    `length` (every token scored, prompt and answer alike). Raises ValueError when the rows hold
+    fewer than n × length tokens."""
+    stream = [t for row in table.column("input_ids").to_pylist() for t in row]
+    if len(stream) < n * length:
+        raise ValueError(f"the held-out rows hold {len(stream)} tokens, fewer than {n} windows × {length}: "
+                         "lower the window count or length, or add held-out rows")
+    return torch.tensor(stream[: n * length]).view(n, length)
+
+
+@torch.no_grad()
+def window_metrics(reference, model, windows_NT: torch.Tensor) -> dict[str, float]:
+    """Mean next-token NLL of `model` over every window position, and KL(p_reference ‖ p_model)
+    per position (0 when `model` is `reference`)."""
+    nll, kl, count = 0.0, 0.0, 0
+    device = next(model.parameters()).device
+    for m in (reference, model):
+        m.eval()
+    for ids_T in windows_NT.to(device):
+        ids_1T = ids_T.unsqueeze(0)
+        logq_TV = model(ids_1T).logits_BTV.float()[0, :-1].log_softmax(-1)
+        nll += float(-logq_TV.gather(-1, ids_1T[0, 1:].unsqueeze(-1)).sum())
+        if reference is not model:
+            logp_TV = reference(ids_1T).logits_BTV.float()[0, :-1].log_softmax(-1)
+            kl += float((logp_TV.exp() * (logp_TV - logq_TV)).sum())
+        count += ids_T.numel() - 1
+    return {"nll": nll / count, "kl_to_bf16": kl / count}
+
+
+def compare_scope(cfg: sft.SFTConfig, demos: pa.Table | str | Path, windows_NT: torch.Tensor,
+                  out_dir: str | Path, init_checkpoint: str | Path | None = None, *, scope: str = "all_linear",
+                  seeds: Sequence[int] = (0, 1), scale_roundings: Sequence[str] = ("ceil", "floor"),
+                  log_fn: Callable[[str, dict], None] | None = None) -> dict:
+    """QAT against PTQ at quantization scope `scope`, `cfg.steps` matched steps from
+    `init_checkpoint` per arm and seed (module docstring), on `windows_NT`. Returns
+    {"scope", "steps", "windows": [n, L], "tokens": {arm: own tokens}, "seeds": {seed: {"bf16": {nll},
+    rounding: {"qat"|"ptq": {nll, kl_to_bf16, drop}}}}}. Checkpoints go under
+    `out_dir/seed<s>/<bf16 | rounding/qat>`."""
+    check_scope(scope)
+    if not seeds:
+        raise ValueError("compare_scope needs at least one seed (claim 5 reads the spread of two)")
+    out_dir = Path(out_dir)
+    log = log_fn or (lambda arm, metrics: None)
+    result: dict = {"scope": scope, "steps": cfg.steps, "windows": list(windows_NT.shape), "tokens": {}, "seeds": {}}
+    for seed in seeds:
+        base = replace(cfg, seed=seed)
+        ref_run = sft.train(replace(base, qat=False), demos, out_dir / f"seed{seed}" / "bf16", init_checkpoint)
+        reference = _load(ref_run.checkpoint_dir)
+        ref = window_metrics(reference, reference, windows_NT)
+        per_seed: dict = {"bf16": {"nll": ref["nll"]}}
+        result["tokens"][f"seed{seed}/bf16"] = ref_run.tokens_seen
+        log(f"seed{seed}/bf16", {"nll": ref["nll"]})
+        for rounding in scale_roundings:
+            qat_run = sft.train(replace(base, qat=True, qat_scale_rounding=rounding, qat_scope=scope), demos,
+                                out_dir / f"seed{seed}" / rounding / "qat", init_checkpoint)
+            result["tokens"][f"seed{seed}/{rounding}/qat"] = qat_run.tokens_seen
+            models = {"qat": prepare_qat(_load(qat_run.checkpoint_dir), rounding, scope),
+                      "ptq": prepare_qat(copy.deepcopy(reference), rounding, scope)}
+            arms = {}
+            for arm, model in models.items():
+                m = window_metrics(reference, model, windows_NT)
+                arms[arm] = {**m, "drop": m["nll"] - ref["nll"]}
+                log(f"seed{seed}/{rounding}/{arm}", arms[arm])
+            per_seed[rounding] = arms
+        result["seeds"][str(seed)] = per_seed
     return result

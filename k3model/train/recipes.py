@@ -216,9 +216,8 @@ class DeploySizes:
     """How much each deployment asset does on a profile."""
     compare_steps: int
     compare_batch_size: int
-    compare_eval_tasks_per_family: int  # 0: claim 5 on held-out loss and KL only
     compare_max_rows: int | None  # the comparison on the shortest demonstrations only (None: all)
-    compare_roundings: tuple[str, ...]  # the scale roundings of the ablation (each repeats arms a and c)
+    compare_roundings: tuple[str, ...]  # the scale roundings of the ablation (each repeats the QAT arm)
     draft_steps: int
     draft_batch_size: int
     draft_ttt_steps: int
@@ -228,20 +227,25 @@ class DeploySizes:
     draft_measure_prompts: int
     draft_measure_tokens: int
     max_prompt_tokens: int
+    # Claim 5's judged scope (k3model.train.qat.QUANT_SCOPES), seeds, and held-out windows (n × length).
+    compare_scope: str = "all_linear"
+    compare_seeds: tuple[int, ...] = (0, 1)
+    compare_windows: int = 8
+    compare_window_len: int = 512
 
 
 DEPLOY_SIZES: dict[str, DeploySizes] = {
-    "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_eval_tasks_per_family=0, compare_max_rows=3,
-                         compare_roundings=("ceil",), draft_steps=2,
+    "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_max_rows=3,
+                         compare_roundings=("ceil",), compare_windows=2, compare_window_len=64, draft_steps=2,
                          draft_batch_size=2, draft_ttt_steps=3, draft_gen_tokens=6, draft_train_prompts=4,
                          draft_eval_prompts=2, draft_measure_prompts=1, draft_measure_tokens=6,
                          max_prompt_tokens=4096),
-    "tiny": DeploySizes(compare_steps=10, compare_batch_size=4, compare_eval_tasks_per_family=0, compare_max_rows=48,
+    "tiny": DeploySizes(compare_steps=120, compare_batch_size=4, compare_max_rows=48,
                         compare_roundings=("ceil", "floor"), draft_steps=60,
                         draft_batch_size=8, draft_ttt_steps=6, draft_gen_tokens=48, draft_train_prompts=96,
                         draft_eval_prompts=16, draft_measure_prompts=4, draft_measure_tokens=48,
                         max_prompt_tokens=400),
-    "small": DeploySizes(compare_steps=500, compare_batch_size=16, compare_eval_tasks_per_family=8, compare_max_rows=None,
+    "small": DeploySizes(compare_steps=500, compare_batch_size=16, compare_max_rows=None,
                          compare_roundings=("ceil", "floor"), draft_steps=2000,
                          draft_batch_size=32, draft_ttt_steps=6, draft_gen_tokens=256, draft_train_prompts=4096,
                          draft_eval_prompts=128, draft_measure_prompts=32, draft_measure_tokens=256,

@@ -44,7 +44,7 @@ from k3model.config import ModelConfig, get_profile
 from k3model.model import IGNORE_INDEX, K3Model
 from k3model.train.common import (Loop, LoopConfig, autocast_for, balance_experts, build_optimizer, optimizer_step,
                                   restore_train_state, save_state, set_lr, tail_mean)
-from k3model.train.qat import QAT_SCHEME, frozen_expert_weights, prepare_qat
+from k3model.train.qat import check_scope, frozen_expert_weights, prepare_qat, qat_scheme
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class SFTConfig(LoopConfig):
     batch_size: int = 8
     qat: bool = True  # MXFP4 weights / MXFP8 activations on the routed experts from the first step
     qat_scale_rounding: str = "ceil"  # kernels.mx's E8M0 scale rounding: "ceil" (RCEIL) or "floor" (OCP)
+    qat_scope: str = "experts"  # k3model.train.qat.QUANT_SCOPES: K3's routed experts, or "all_linear" too
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,6 +68,7 @@ class SFTConfig(LoopConfig):
         if self.profile == "k3":
             raise ValueError("profile 'k3' is never instantiated: choose smoke, tiny or small")
         self.require_positive("steps", "batch_size")
+        check_scope(self.qat_scope)
 
 
 @dataclass
@@ -212,7 +214,7 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
     # ---- model (QAT before the optimizer: the first step already trains through the quantizer)
     model, data_versions = _initial_model(cfg, init_checkpoint)
     if cfg.qat:
-        prepare_qat(model, cfg.qat_scale_rounding)
+        prepare_qat(model, cfg.qat_scale_rounding, cfg.qat_scope)
     run = loop.resume(model)
     model.to(device)
 
@@ -226,7 +228,7 @@ def train(cfg: SFTConfig, demos: pa.Table | str | Path, out_dir: str | Path,
     data = Demonstrations(table, model.cfg.vocab_size)
     model_cfg: ModelConfig = model.cfg
     manifest_extra = {"config": {"sft": asdict(cfg), "model": asdict(model_cfg),
-                                 "qat": QAT_SCHEME if cfg.qat else None, "data": table_metadata(table)},
+                                 "qat": qat_scheme(cfg.qat_scope) if cfg.qat else None, "data": table_metadata(table)},
                       "data_versions": {**data_versions, **demo_versions}}
 
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:

@@ -51,7 +51,6 @@ def test_every_asset_config_takes_the_one_validation():
     (PretrainStageConfig, "qk_clip_tau", math.inf, "qk_clip_tau must be a finite number, got inf"),
     (SFTPolicyConfig, "lr", 3.0, rf"lr must lie in \(0, {LR_MAX}\] .* got 3.0"),
     (SFTPolicyConfig, "lr", math.nan, "greater than 0"),
-    (QuantizedStudentConfig, "short_frac", math.nan, "short_frac"),
 ])
 def test_a_non_finite_or_absurd_value_is_refused_naming_field_and_value(cls, field, value, message):
     with pytest.raises(ValidationError, match=message):

@@ -125,7 +125,9 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     put("mopd_student", {"retention_matrix": dg.MetadataValue.json(
         {f"{d}/{e}": {"student": 0.5, "teacher": 0.6, "n": 400} for d, e in cells})})
     put("quantized_student", {"quant/metric": "ppl", "quant/higher_is_better": False, "quant/qat/bf16": 50.0,
-                              "quant/qat/mxfp4": 50.5, "quant/ptq/bf16": 50.0, "quant/ptq/mxfp4": 53.0})
+                              "quant/qat/mxfp4": 50.5, "quant/ptq/bf16": 50.0, "quant/ptq/mxfp4": 53.0,
+                              "quant/seed_drops": dg.MetadataValue.json({"qat": [0.4, 0.6], "ptq": [2.9, 3.1]}),
+                              "quant/n": 8, "quant/scope": "all_linear"})
     put("draft_model", {"spec/acceptance_length/k1": 1.6, "spec/acceptance_length/k4": 2.2,
                         "spec/speedup/k4": 1.3, "spec/lossless": True})
     put("cross_harness", {"folds": "xml,json", "xml/general/in_harness/success_rate": 0.5,
@@ -139,7 +141,8 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     assert len([n for n in by[3].checkpoints if n.startswith("rl_specialist[")]) == 9
     assert by[3].n == 900 and by[3].power >= 0.8 and by[3].figures["hard"]["general_tasks"] == "pass"
     assert by[4].status == FAIL and "retained 75%" in by[4].reason  # (0.5 − 0.2) of (0.6 − 0.2)
-    assert by[5].status == PASS and by[5].figures["drop_ptq"] == pytest.approx(3.0)
+    assert by[5].status == PASS and by[5].figures["drop_ptq"] == pytest.approx(3.0) and by[5].n == 8
+    assert by[5].figures["ptq_seed_spread"] == pytest.approx(0.2) and by[5].figures["scope"] == "all_linear"
     assert by[6].status == FAIL and "2.20 < 2.5" in by[6].reason
     # Gains in the held-out harness: xml +25 of +30 points, json +14 of +20: 70 %.
     assert by[7].status == FAIL and by[7].reason == "the worst fold (json held out) keeps 70% of its RL gain"
