@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-EFFORTS = ("low", "high", "max")
+from k3model.train.effort import EFFORTS  # the one vocabulary (datagen.sft defines it)
 
 
 def _request(url: str, body: dict | None = None, timeout: float = 600) -> urllib.request.Request:

@@ -68,9 +68,9 @@ from k3model.cache import ModelCache
 from k3model.engine import MIN_ROWS, SamplingConfig, context_length, prefill, sample
 from k3model.checkpoint import load_model as load_float_checkpoint
 # The efforts and their budgets as RL trained them.
-from k3model.train.effort import EFFORT_SPECS
+from k3model.train.effort import EFFORT_SPECS, EFFORTS
 
-EFFORTS = tuple(EFFORT_SPECS)
+
 DEFAULT_EFFORT = "high"
 MAX_TOP_LOGPROBS = 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
