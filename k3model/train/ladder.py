@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -184,21 +185,24 @@ def select_families(rates: dict[str, tuple[int, int]], rates_at_k: dict[str, flo
     return [nearest], False
 
 
-def baseline_success(tasks: Sequence[Task], harnesses: Sequence[str], policy: str, seed: int = 0) -> list[int]:
+def baseline_success(tasks: Sequence[Task], harnesses: Sequence[str], policy: str, seed: int = 0,
+                     workers: int = 4) -> list[int]:
     """1 or 0 per task: one episode of `policy` ("random": envs' random policy, "expert": the
-    scripted expert) on tasks[i] in harnesses[i], scored by the task's verifier (reward 1)."""
+    scripted expert) on tasks[i] in harnesses[i], scored by the task's verifier (reward 1).
+    `workers` episodes at once: a coding episode mostly waits on its jailed commands and tests."""
     if policy not in BASELINES:
         raise ValueError(f"unknown baseline policy {policy!r}: choose from {BASELINES}")
     if len(harnesses) != len(tasks):
         raise ValueError(f"give one harness per task: {len(tasks)} tasks, {len(harnesses)} harnesses")
-    players: dict[str, object] = {}
-    out = []
-    for task, h in zip(tasks, harnesses):
-        if h not in players:
-            players[h] = expert_policy(None, h) if policy == "expert" else random_policy(h, seed)
-        with envs.make_env(task.family, harness=h) as env:
-            out.append(int(envs.rollout(env, players[h], task=task)["reward"] >= 1.0))
-    return out
+
+    def play(i: int) -> int:
+        # A scripted policy keeps its episode's state: one per episode, as episodes run side by side.
+        player = expert_policy(None, harnesses[i]) if policy == "expert" else random_policy(harnesses[i], seed)
+        with envs.make_env(tasks[i].family, harness=harnesses[i]) as env:
+            return int(envs.rollout(env, player, task=tasks[i])["reward"] >= 1.0)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return list(pool.map(play, range(len(tasks))))
 
 
 @dataclass(frozen=True)
