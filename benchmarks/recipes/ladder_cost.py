@@ -57,7 +57,8 @@ def main() -> None:
     report = ladder.measure_ladder(model, tok, cfg, specs=effort_specs(sizes.eval_budgets))
     out["model_seconds"] = time.perf_counter() - t0
     if hasattr(report, "measure_baselines"):
-        report.config = dataclasses.replace(cfg, baseline_tasks_per_family=ladder.LadderConfig().baseline_tasks_per_family)
+        default = ladder.LadderConfig().baseline_tasks_per_family
+        report.config = dataclasses.replace(cfg, baseline_tasks_per_family=default)
         t0 = time.perf_counter()
         report.measure_baselines()
         out["baseline_seconds"] = time.perf_counter() - t0

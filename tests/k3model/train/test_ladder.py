@@ -135,7 +135,8 @@ def test_measure_ladder_plays_every_family_at_every_effort(smoke_tok):
         assert c.selected == ["echo_word"] and c.tokens <= 4
         # The first 2 tasks of each split: the random policy fails them all, the expert solves them all.
         assert c.baselines == {s: {"random": (0, 2), "expert": (2, 2)} for s in ("rl", "heldout", "hard")}
-    assert report.random_passes() == [] and "| general_tasks | max | hard | 2 | 0.00 | 1.00 |" in report.baseline_table()
+    assert report.random_passes() == []
+    assert "| general_tasks | max | hard | 2 | 0.00 | 1.00 |" in report.baseline_table()
 
 
 # Every family a ladder can select (tiny's starter families and every SFT family) and the hard splits.
