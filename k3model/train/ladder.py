@@ -314,7 +314,7 @@ class LadderReport:
         cfg = self.config
         rl = self.rl_tasks(domain, effort, cfg.rl_tasks_per_family)
         held = heldout_tasks(self.cell(domain, effort).selected, cfg.heldout_tasks_per_family, exclude=rl)
-        return {"rl": rl, "heldout": held, "hard": hard_tasks(domain, cfg.hard_tasks)}
+        return dict(zip(SPLITS, (rl, held, hard_tasks(domain, cfg.hard_tasks))))
 
     def measure_baselines(self) -> None:
         """Each cell's `baselines`: the random and expert policies on the first
