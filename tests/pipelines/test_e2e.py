@@ -204,7 +204,8 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
     assert set(md["evals"]["base_model"]) == set(md["evals"]["sft_policy"])
     assert "| harness | n | success | unparseable | base_model success |" in md["success_by_harness"]
     assert isinstance(md["eval/loss"], float) and isinstance(md["base_model/success_rate"], float)
-    assert "| domain | effort | selected | pass |" in ladder.metadata["chosen"].value
+    assert "| domain | effort | selected | pass@1 | pass@2 | greedy |" in ladder.metadata["chosen"].value
+    assert ladder.metadata["random_passes"].value == 0
 
     # Nine specialists: each its own checkpoint, model version and metadata.
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
