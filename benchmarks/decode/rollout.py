@@ -107,7 +107,9 @@ def run_raw(model, batch: int, prompt_len: int, new: int, seed: int) -> dict:
         cache, logits_BV = prefill(model, prompts, new)
         sync(model)
         t1, c1 = time.perf_counter(), core_seconds()
-        done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g)
+        # Sampling draws on the model's device (a CUDA multinomial takes a CUDA generator).
+        g_dev = torch.Generator(device=logits_BV.device).manual_seed(seed)
+        done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g_dev)
     wall, cores = time.perf_counter() - t0, core_seconds() - c0
     decode_s, decode_core_s = time.perf_counter() - t1, core_seconds() - c1
     tokens = sum(len(c.token_ids) for c in done)
