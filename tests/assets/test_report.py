@@ -17,7 +17,7 @@ from pipelines.cli import main
 from pipelines.instance import dagster_home
 
 STAGE_ASSETS = pretrain.build("smoke")[0][:2]
-REPORT, CHECKS = report.build("smoke")
+REPORT = report.build("smoke")
 # Every step logged (the report draws the curves from MLflow), one clue pair per cell (smoke's own).
 STAGE_CONFIG = {"ops": {f"smoke__pretrain_stage_{s}": {"config": {"log_every": 1}} for s in (1, 2)}}
 
@@ -30,7 +30,7 @@ def reported(home, smoke_resources):
     lineage = dg.materialize([*data.build("smoke"), *STAGE_ASSETS], instance=instance,
                              resources=smoke_resources, run_config=STAGE_CONFIG)
     assert lineage.success
-    result = dg.materialize([*REPORT, *CHECKS], instance=instance, resources=smoke_resources)
+    result = dg.materialize(REPORT, instance=instance, resources=smoke_resources)
     assert result.success
     yield instance, result
     instance.dispose()
@@ -59,11 +59,25 @@ def test_the_report_reports_what_exists_and_marks_the_rest(reported, home):
     assert all(c["profile"] == "smoke" for c in by.values())
 
     text = Path(md["path"]).read_text()
+    out = Path(md["path"]).parent
     assert text.startswith("# K3 recipe claims report — profile `smoke`")
-    assert "_not measured: no specialist and SFT evaluations_" in text and "![Loss curves per stage](loss_curves.png)" in text
+    # report.md's images load beside it on disk and in MLflow's artifacts: both keep the PNGs under plots/.
+    assert "_not measured: no specialist and SFT evaluations_" in text
+    assert "![Loss curves per stage](plots/loss_curves.png)" in text
     for name in ("loss_curves", "clue_accuracy", "expert_load"):
-        assert (Path(md["path"]).parent / f"{name}.png").is_file()
+        assert (out / "plots" / f"{name}.png").is_file()
         assert md[f"plot/{name}"].startswith(f"![{report.PLOT_TITLES[name]}](data:image/png;base64,")
+    # Dagster's Markdown cannot load local files: its copy links each plot to the page, no broken images.
+    page = f"/k3/report/smoke/{result.run_id}"
+    assert next(iter(md)) == "report_page" and md["report_page"] == page
+    assert "![" not in md["report"] and f"]({page}#plot-loss_curves)" in md["report"]
+    # The page: self-contained, the claims table, each claim, every drawn plot inline.
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == sum(isinstance(v, str) and v.startswith("![")
+                                                            for k, v in md.items() if k.startswith("plot/"))
+    assert 'src="http' not in html and "plots/" not in html
+    assert all(f'id="claim-{n}"' in html for n in range(1, 9)) and 'id="plot-loss_curves"' in html
+    assert "not measured: the draft model reports no acceptance lengths" in html
     assert md["plot/acceptance"] == "not measured: the draft model reports no acceptance lengths"
     assert md["claims/pass"] + md["claims/fail"] + md["claims/not_measured"] == 8
 
@@ -75,7 +89,8 @@ def test_the_report_reports_what_exists_and_marks_the_rest(reported, home):
 
     client = MlflowClient(f"sqlite:///{home.resolve() / 'mlflow' / 'mlflow.db'}")
     run_id = md["mlflow_run"].rsplit("/", 1)[1]
-    assert {a.path for a in client.list_artifacts(run_id)} >= {"report.md", "plots", "claims.json"}
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"report.md", "report.html", "plots", "claims.json"}
+    assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/loss_curves.png"}
     assert client.get_run(run_id).data.metrics["claims/not_measured"] == md["claims/not_measured"]
 
 
@@ -85,20 +100,22 @@ def test_report_depends_on_what_it_reads():
     assert {"pretrain_stage_4", "base_model"} <= set(report.upstream_names())
 
 
-def test_a_failing_claim_warns(tmp_path):
-    instance = dg.DagsterInstance.ephemeral()
-    verdicts = [{"number": n, "title": "", "status": FAIL if n == 3 else PASS, "figure": f"figure {n}",
-                 "target": "t", "reason": "r", "profile": "smoke", "checkpoints": {"sft_policy": "ab"}}
-                for n in range(1, 9)]
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key=key("smoke", "report"), tags={PROFILE_TAG: "smoke"},
-        metadata={"path": dg.MetadataValue.path(str(tmp_path)), "claims": dg.MetadataValue.json(verdicts)}))
-    check = {c.check_key.name: c for c in CHECKS}
-    ctx = dg.build_asset_check_context(instance=instance)
-    failing = check["claim_3"](ctx)
-    assert failing.passed is False and failing.severity == dg.AssetCheckSeverity.WARN
-    assert failing.description.startswith("fail: figure 3")
-    assert check["claim_4"](ctx).passed is True
+def test_a_failing_claim_warns():
+    verdicts = {n: {"number": n, "title": "", "status": status, "figure": f"figure {n}", "target": "t",
+                    "reason": "r", "profile": "smoke", "checkpoints": {"sft_policy": "ab"}}
+                for n, status in ((3, FAIL), (4, PASS), (5, NOT_MEASURED))}
+    failing = report.claim_check(verdicts[3])
+    assert failing.check_name == "claim_3" and failing.passed is False
+    assert failing.severity == dg.AssetCheckSeverity.WARN and failing.description.startswith("fail: figure 3")
+    assert report.claim_check(verdicts[4]).passed is True
+    assert report.claim_check(verdicts[5]).passed is True and "not measured" in report.claim_check(verdicts[5]).description
+
+
+def test_the_claims_are_checks_of_the_report_step():
+    """The eight checks belong to the report's own op: no separate check step a re-execution can drop."""
+    [asset] = REPORT
+    assert sorted(k.name for k in asset.check_keys) == [f"claim_{n}" for n in range(1, 9)]
+    assert asset.node_def.name == "smoke__report"
 
 
 def test_the_contract_of_the_assets_it_reads(tmp_path):
@@ -151,6 +168,21 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     drawn = report_plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
     assert all(isinstance(drawn[n], Path) for n in ("specialists_vs_sft", "tokens_by_effort", "teacher_retention",
                                                     "quantization", "acceptance"))
+    # The page shows the nine side by side under claim 3, and every drawn plot inline.
+    html = report.render_html("smoke", list(by.values()), drawn, run="r1", links={})
+    assert html.count("SFT 0.20 → 0.60, +40 [+") == 9 and html.count("; ✓</td>") == 9
+    assert html.count('src="data:image/png;base64,') == sum(isinstance(v, Path) for v in drawn.values())
+
+    # rl_specialist's overview: the nine as this run made them (`fresh`) and as the instance holds the rest.
+    worse = {"eval/success_rate": 0.25, "eval/n": 900, "sft_policy/success_rate": 0.2, "sft_policy/n": 900,
+             "paired/b": 60, "paired/c": 15, "paired/n": 900, "eval/mean_policy_tokens": 10.0,
+             "reward_by_step": dg.MetadataValue.json([0.1, 0.2, 0.3])}
+    nine = report.specialists_overview(instance, "smoke", {"coding_agents|max": worse}, tmp_path / "nine")
+    table = nine["specialists_3x3"].value
+    assert table.count("SFT 0.20 → 0.60") == 8 and "SFT 0.20 → 0.25, +5 [" in table
+    assert table.startswith("**claim 3 fail**: 8/9 specialists") and table.count("; ✓") == 8 and "; ✗" in table
+    assert len(table) < 1000  # short enough for the UI to show it in the metadata table itself
+    assert nine["plot/specialists"].value.startswith("![The nine specialists") and (tmp_path / "nine" / "specialists.png").is_file()
 
 
 def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
@@ -187,7 +219,8 @@ def test_k3_report_prints_where_and_every_claim(reported, k3_env, capsys):
     assert main(["report", "--profile", "smoke", "--port", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"k3 report: {md['path']}"
-    assert lines[1].startswith("k3 report: Dagster http://127.0.0.1:1/assets/smoke/report   MLflow "
+    assert lines[1].startswith("k3 report: Page http://127.0.0.1:1/k3/report/smoke   Dagster "
+                               "http://127.0.0.1:1/assets/smoke/report   MLflow "
                                f"http://127.0.0.1:1{md['mlflow_run']}")
     assert "no `k3 ui` answers there now" in lines[1]
     claim_lines = [line.strip() for line in lines if line.startswith("  claim ")]
