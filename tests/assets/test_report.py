@@ -3,6 +3,10 @@ missing), its claim checks, the metadata contract of the assets it reads, and `k
 without a report."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -225,6 +229,49 @@ def test_k3_report_prints_where_and_every_claim(reported, k3_env, capsys):
     assert "no `k3 ui` answers there now" in lines[1]
     claim_lines = [line.strip() for line in lines if line.startswith("  claim ")]
     assert len(claim_lines) == 8 and claim_lines[7].startswith(f"claim 8 ✓ pass: {by[8]['figure']}")
+
+
+def smoke_all_job():
+    """The job `k3 run --profile smoke` runs a selection of (module level: `dg.reconstructable` needs it)."""
+    from pipelines.definitions import defs
+    return defs.resolve_job_def("smoke_all_job")
+
+
+@pytest.mark.slow
+def test_every_rerun_of_the_report_judges_the_claims(reported, home, k3_env):
+    """A report made by `k3 run`, then re-executed as the UI offers: its step alone, or all of the run.
+    Each re-execution evaluates the eight claims on the report it makes (the UI shows a check
+    "Not Evaluated" when its newest evaluation targets an older materialization)."""
+    instance, _ = reported
+    env = {**os.environ, "K3_HOME": str(home)}
+    env.pop("DAGSTER_HOME", None)
+    cli = subprocess.run([str(Path(sys.executable).parent / "k3"), "run", "--profile", "smoke", "--select", "report",
+                          "--force"], env=env, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    parent = instance.get_run_by_id(re.findall(r"\(run ([0-9a-f-]{36})\)", cli.stdout)[-1])
+    claims = {dg.AssetCheckKey(key("smoke", "report"), f"claim_{n}") for n in range(1, 9)}
+    # The UI re-executes a step selection with the run's check selection, a missing one sent as
+    # none (Dagster 1.13's getReexecutionParamsForSelection): `k3 run` records it.
+    assert parent.asset_selection == {key("smoke", "report")} and parent.asset_check_selection == claims
+
+    def judged_in(run_id):
+        evaluations = [e.asset_check_evaluation for e in instance.all_logs(
+            run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+        made = instance.get_latest_materialization_event(key("smoke", "report"))
+        assert made.run_id == run_id
+        return {e.check_name for e in evaluations if e.target_materialization_data.run_id == run_id}
+
+    assert judged_in(parent.run_id) == {c.name for c in claims}
+    for steps in (["smoke__report"], None):  # "Re-execute selected steps", "Re-execute all"
+        child = dg.execute_job(dg.reconstructable(smoke_all_job), instance, reexecution_options=dg.ReexecutionOptions(
+            parent_run_id=parent.run_id, step_selection=steps))
+        assert child.success
+        assert judged_in(child.run_id) == {c.name for c in claims}
+
+    # A run recorded without its checks (before `k3 run` recorded them): the UI's step re-execution
+    # (check selection none) is refused with the checks named, never run without its claims.
+    with pytest.raises(dg.DagsterInvalidSubsetError, match="claim_1"):
+        smoke_all_job().get_subset(asset_selection={key("smoke", "report")}, asset_check_selection=set())
 
 
 def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, capsys):
