@@ -125,21 +125,27 @@ def specialist_curves(cells: dict[tuple[str, str], dict[str, Any]], path: Path) 
                 ax.text(0.5, 0.5, "not trained", ha="center", va="center", transform=ax.transAxes, color="gray")
                 continue
             curve = cell.get("reward_by_step") or []
-            steps = list(range(1, len(curve) + 1))
-            ax.plot(steps, curve, lw=1, color="C0", label="rollout success")
-            end = len(curve) + max(1, len(curve) // 8)
-            for (name, color, dx) in (("sft", "C1", -0.3), ("specialist", "C2", 0.3)):
+            ax.plot(range(1, len(curve) + 1), curve, lw=1, color="C0")
+            # The held-out pair one step past the last, SFT a little left of the specialist.
+            end = len(curve) + 1
+            for name, color, dx in (("sft", "C1", -0.2), ("specialist", "C2", 0.2)):
                 if cell.get(name) is None:
                     continue
                 hits, n = cell[name]
                 lo, hi = wilson(hits, n)
                 rate = hits / n if n else float("nan")
-                ax.errorbar([end + dx], [rate], yerr=[[rate - lo], [hi - rate]], fmt="o", color=color, capsize=2,
-                            ms=4, label=f"held-out {name} (n={n})")
+                ax.errorbar([end + dx], [rate], yerr=[[rate - lo], [hi - rate]], fmt="o", color=color, capsize=2, ms=4)
+                ax.annotate(f"n={n}", (end + dx, hi), textcoords="offset points", xytext=(0, 3), ha="center",
+                            fontsize=5, color=color)
+            ax.set_xlim(0.5, end + 0.8)
             ax.tick_params(labelsize=7)
-            ax.legend(fontsize=5, loc="lower left")
+    from matplotlib.lines import Line2D
+    fig.legend(handles=[Line2D([], [], color="C0", lw=1, label="rollout success by GRPO step"),
+                        Line2D([], [], color="C1", marker="o", ls="", label="held-out: sft_policy"),
+                        Line2D([], [], color="C2", marker="o", ls="", label="held-out: specialist (95 % Wilson)")],
+               loc="upper center", ncol=3, fontsize=7, frameon=False)
     fig.supxlabel("GRPO step (held-out evaluation after the last step)", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=70)
     plt.close(fig)

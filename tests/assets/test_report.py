@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from assets import data, pretrain, report
+from assets import data, posttrain, pretrain, report
 from assets.claims import DOMAINS, EFFORTS, FAIL, NOT_MEASURED, PASS
 from assets.lineage import PROFILE_TAG, key
 from assets.plots import report_plots
@@ -122,7 +122,7 @@ def test_the_claims_are_checks_of_the_report_step():
     assert asset.node_def.name == "smoke__report"
 
 
-def test_the_contract_of_the_assets_it_reads(tmp_path):
+def test_the_contract_of_the_assets_it_reads(tmp_path, smoke_resources):
     """Hand-made materializations with the metadata keys of assets/claims.py's table: every
     post-training claim is judged from them."""
     instance = dg.DagsterInstance.ephemeral()
@@ -181,12 +181,15 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     worse = {"eval/success_rate": 0.25, "eval/n": 900, "sft_policy/success_rate": 0.2, "sft_policy/n": 900,
              "paired/b": 60, "paired/c": 15, "paired/n": 900, "eval/mean_policy_tokens": 10.0,
              "reward_by_step": dg.MetadataValue.json([0.1, 0.2, 0.3])}
-    nine = report.specialists_overview(instance, "smoke", {"coding_agents|max": worse}, tmp_path / "nine")
+    with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx:
+        led = posttrain._with_the_nine(ctx, "smoke", {"coding_agents|max": worse})
+    nine = led["coding_agents|max"]
+    assert list(nine)[:2] == ["specialists_3x3", "plot/specialists"] and nine["eval/success_rate"] == 0.25
     table = nine["specialists_3x3"].value
     assert table.count("SFT 0.20 → 0.60") == 8 and "SFT 0.20 → 0.25, +5 [" in table
     assert table.startswith("**claim 3 fail**: 8/9 specialists") and table.count("; ✓") == 8 and "; ✗" in table
     assert len(table) < 1000  # short enough for the UI to show it in the metadata table itself
-    assert nine["plot/specialists"].value.startswith("![The nine specialists") and (tmp_path / "nine" / "specialists.png").is_file()
+    assert nine["plot/specialists"].value.startswith("![The nine specialists")
 
 
 def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
@@ -287,6 +290,22 @@ def test_report_config_is_checked(smoke_resources):
     with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
             pytest.raises(dg.Failure, match="config.kernelsuite = 'some'"):
         REPORT[0](ctx, report.ReportConfig(kernelsuite="some"))
+
+
+def test_the_page_is_what_the_webserver_serves(reported):
+    """`k3 ui`'s /k3/report/<profile>[/<run id>] (pipelines/webserver.py): the newest report's page, or a
+    given run's, and a message naming the command where there is none."""
+    from pipelines.webserver import report_html
+    instance, result = reported
+    _, md = _claims(instance)
+    newest, _ = report_html(instance, "smoke", None)
+    assert newest == Path(md["path"]).parent / "report.html"
+    mine, _ = report_html(instance, "smoke", result.run_id)
+    assert mine.parent.name == result.run_id and mine.read_text().startswith("<!doctype html>")
+    missing, why = report_html(instance, "tiny", None)
+    assert missing is None and "`k3 run --profile tiny --select report` makes one" in why
+    missing, why = report_html(instance, "smoke", "no-such-run")
+    assert missing is None and "in run no-such-run" in why
 
 
 def test_claims_json_beside_the_report(reported):
