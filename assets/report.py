@@ -547,7 +547,7 @@ def render_html(profile: str, verdicts: list[Claim], drawn: dict[str, Path | str
     parts += [plot(name) for name, number in PLOT_CLAIM.items() if number is None]
     style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#1f2328}"
              "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #d0d7de;padding:4px 8px;"
-             "text-align:left;vertical-align:top}.status{color:#fff;border-radius:4px;padding:1px 6px;font-size:0.8em}"
+             "text-align:left;vertical-align:top}.status{color:#fff;border-radius:4px;padding:1px 6px;font-size:0.8em;white-space:nowrap}"
              "figure{margin:1em 0}figcaption{font-weight:600;margin-bottom:4px}img{max-width:100%}"
              ".missing,.note{color:#57606a;font-style:italic}")
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>K3 claims report — {escape(profile)}</title>"
