@@ -240,41 +240,90 @@ def smoke_all_job():
     return defs.resolve_job_def("smoke_all_job")
 
 
-@pytest.mark.slow
-def test_every_rerun_of_the_report_judges_the_claims(reported, home, k3_env):
-    """A report made by `k3 run`, then re-executed as the UI offers: its step alone, or all of the run.
-    Each re-execution evaluates the eight claims on the report it makes (the UI shows a check
-    "Not Evaluated" when its newest evaluation targets an older materialization)."""
-    instance, _ = reported
+CLAIMS = {dg.AssetCheckKey(key("smoke", "report"), f"claim_{n}") for n in range(1, 9)}
+
+
+@pytest.fixture(scope="module")
+def k3_run_report(reported, home):
+    """The id of a run of `k3 run --profile smoke --select report --force` on `reported`'s lineage."""
     env = {**os.environ, "K3_HOME": str(home)}
     env.pop("DAGSTER_HOME", None)
     cli = subprocess.run([str(Path(sys.executable).parent / "k3"), "run", "--profile", "smoke", "--select", "report",
                           "--force"], env=env, capture_output=True, text=True, timeout=600)
     assert cli.returncode == 0, cli.stdout + cli.stderr
-    parent = instance.get_run_by_id(re.findall(r"\(run ([0-9a-f-]{36})\)", cli.stdout)[-1])
-    claims = {dg.AssetCheckKey(key("smoke", "report"), f"claim_{n}") for n in range(1, 9)}
+    return re.findall(r"\(run ([0-9a-f-]{36})\)", cli.stdout)[-1]
+
+
+def _judged_in(instance, run_id: str) -> set[str]:
+    """The claims judged on the report that run `run_id` made, which must be the newest (the UI shows
+    a check "Not Evaluated" when its newest evaluation targets an older materialization)."""
+    assert instance.get_latest_materialization_event(key("smoke", "report")).run_id == run_id
+    return {e.asset_check_evaluation.check_name
+            for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+            if e.asset_check_evaluation.target_materialization_data.run_id == run_id}
+
+
+@pytest.mark.slow
+def test_every_rerun_of_the_report_judges_the_claims(reported, k3_run_report, k3_env):
+    """The report made by `k3 run`, re-executed through Dagster's Python API: its step alone, and all."""
+    instance, _ = reported
+    parent = instance.get_run_by_id(k3_run_report)
     # The UI re-executes a step selection with the run's check selection, a missing one sent as
     # none (Dagster 1.13's getReexecutionParamsForSelection): `k3 run` records it.
-    assert parent.asset_selection == {key("smoke", "report")} and parent.asset_check_selection == claims
-
-    def judged_in(run_id):
-        evaluations = [e.asset_check_evaluation for e in instance.all_logs(
-            run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
-        made = instance.get_latest_materialization_event(key("smoke", "report"))
-        assert made.run_id == run_id
-        return {e.check_name for e in evaluations if e.target_materialization_data.run_id == run_id}
-
-    assert judged_in(parent.run_id) == {c.name for c in claims}
+    assert parent.asset_selection == {key("smoke", "report")} and parent.asset_check_selection == CLAIMS
+    assert _judged_in(instance, parent.run_id) == {c.name for c in CLAIMS}
     for steps in (["smoke__report"], None):  # "Re-execute selected steps", "Re-execute all"
         child = dg.execute_job(dg.reconstructable(smoke_all_job), instance, reexecution_options=dg.ReexecutionOptions(
             parent_run_id=parent.run_id, step_selection=steps))
         assert child.success
-        assert judged_in(child.run_id) == {c.name for c in claims}
+        assert _judged_in(instance, child.run_id) == {c.name for c in CLAIMS}
 
     # A run recorded without its checks (before `k3 run` recorded them): the UI's step re-execution
     # (check selection none) is refused with the checks named, never run without its claims.
     with pytest.raises(dg.DagsterInvalidSubsetError, match="claim_1"):
         smoke_all_job().get_subset(asset_selection={key("smoke", "report")}, asset_check_selection=set())
+
+
+LAUNCH = """mutation($p: ExecutionParams!) { launchPipelineExecution(executionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on InvalidSubsetError { message } } }"""
+REEXECUTE = """mutation($p: ReexecutionParams) { launchPipelineReexecution(reexecutionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
+
+
+@pytest.mark.slow
+def test_the_uis_reruns_of_the_report_judge_the_claims(reported, k3_run_report, home, k3_env):
+    """The two re-executions the Runs page offers, as the UI sends them to Dagster's GraphQL API (the
+    workspace `k3 ui` serves, a code server and a run process each): the report's step, with the
+    parameters the UI builds from the run, and "Re-execute all"."""
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._core.test_utils import wait_for_runs_to_finish
+    from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
+    from pipelines.resources import REPO_ROOT
+
+    instance, _ = reported
+    parent = instance.get_run_by_id(k3_run_report)
+    # Runs start at once: the instance's run queue is served by `k3 ui`'s daemon, not running here.
+    ref = InstanceRef.from_dir(str(dagster_home(home)), overrides={"run_coordinator": {
+        "module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}})
+    # getReexecutionParamsForSelection (Dagster 1.13's UI): the run's selections, the chosen steps.
+    step_params = {"mode": "default", "runConfigData": parent.run_config, "stepKeys": ["smoke__report"],
+                   "selector": {"repositoryLocationName": "k3", "repositoryName": "__repository__",
+                                "pipelineName": parent.job_name,
+                                "assetSelection": [{"path": k.path} for k in parent.asset_selection],
+                                "assetCheckSelection": [{"assetKey": {"path": c.asset_key.path}, "name": c.name}
+                                                        for c in parent.asset_check_selection or ()]},
+                   "executionMetadata": {"parentRunId": parent.run_id, "rootRunId": parent.run_id,
+                                         "tags": [{"key": "dagster/step_selection", "value": "smoke__report"}]}}
+    with dg.DagsterInstance.from_ref(ref) as ui_instance, \
+            define_out_of_process_context(str(REPO_ROOT / "workspace.yaml"), None, ui_instance) as context:
+        for query, params in ((LAUNCH, step_params), (REEXECUTE, {"parentRunId": parent.run_id, "strategy": "ALL_STEPS"})):
+            [launched] = execute_dagster_graphql(context, query, {"p": params}).data.values()
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            child = launched["run"]["runId"]
+            wait_for_runs_to_finish(ui_instance, timeout=300)
+            assert ui_instance.get_run_by_id(child).status == dg.DagsterRunStatus.SUCCESS
+            assert _judged_in(ui_instance, child) == {c.name for c in CLAIMS}
 
 
 def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, capsys):
