@@ -578,6 +578,7 @@ def materialize_report(context: dg.AssetExecutionContext, config: ReportConfig, 
         context.log.info(c.line())
 
     out = store.report_dir(profile, "report", run_id(context))
+    out.mkdir(parents=True, exist_ok=True)
     # The PNGs under plots/, as in the MLflow run's artifacts, so report.md's links work in both.
     drawn = report_plots(figs, verdicts, out / "plots")
     page = page_url(profile, run_id(context))

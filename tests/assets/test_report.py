@@ -335,6 +335,20 @@ def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, cap
     assert "no report yet for profile smoke: `k3 run --profile smoke --select report` makes one" in out
 
 
+def test_a_report_of_nothing_says_so(smoke_resources):
+    """No asset of the lineage materialized (and claim 8 off): every claim not measured, no plot
+    drawn, and still the files, the page and the eight checks."""
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(REPORT, instance=instance, resources=smoke_resources,
+                            run_config={"ops": {"smoke__report": {"config": {"kernelsuite": "off"}}}})
+    assert result.success
+    md = {k: v.value for k, v in result.asset_materializations_for_node("smoke__report")[0].metadata.items()}
+    assert md["claims/not_measured"] == 8 and not any(v.startswith("![") for k, v in md.items() if k.startswith("plot/"))
+    html = (Path(md["path"]).parent / "report.html").read_text()
+    assert "data:image" not in html and html.count("not measured: ") >= 8
+    assert len(result.get_asset_check_evaluations()) == 8
+
+
 def test_report_config_is_checked(smoke_resources):
     with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
             pytest.raises(dg.Failure, match="config.kernelsuite = 'some'"):
