@@ -229,6 +229,11 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
         "eval/mean_policy_tokens": _mean(r.evals, "mean_policy_tokens"),
         "base_model/success_rate": _mean(r.start_evals, "success_rate"),
         "base_model/mean_policy_tokens": _mean(r.start_evals, "mean_policy_tokens"),
+        # Not the "sft_policy/success_rate" of an rl_specialist page: that is this policy re-scored on
+        # the specialist's own, larger held-out set.
+        "evaluation": f"sft_policy's own held-out evaluation: {plan.tasks_per_family} task(s) per family at each "
+                      "effort (n per cell below); each rl_specialist partition re-scores sft_policy on its own held-out "
+                      "tasks (its sft_policy/success_rate, n = sft_policy/n)",
         "success_by_domain_effort": dg.MetadataValue.md(markdown_table(success_rows(r.evals, r.start_evals,
                                                                                     "base_model"))),
         "success_by_harness": dg.MetadataValue.md(markdown_table([
@@ -424,6 +429,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
             "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
             "sft_policy/n": sft["n"],
+            "sft_policy/evaluation": "sft_policy re-scored by this specialist's held-out evaluation (the same tasks and "
+                                     "seeds as eval/): not the sft_policy page's own, smaller evaluation",
             # Claim 3's paired test (k3model.train.stats): tasks only the specialist / only sft_policy solved.
             **{k: mine[k] for k in ("paired/b", "paired/c", "paired/n") if k in mine},
             **{f"eval/{k}": v for k, v in mine.items() if k.startswith("pass_at_")},  # when scored with samples > 1
@@ -443,7 +450,23 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
             "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),
             **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/", "flops/")) and isinstance(v, (int, float))},
         }
+    own = _with_the_nine(context, profile, own)
     yield from partitioned_result(context, profile, outcomes, own, POSTTRAIN_CODE_VERSION)
+
+
+def _with_the_nine(context: dg.AssetExecutionContext, profile: str, own: dict[str, dict]) -> dict[str, dict]:
+    """Every partition's metadata led by the nine side by side (assets.report.specialists_overview):
+    the asset's page shows its newest partition only. A failure to draw them is logged, and the
+    specialists are recorded without them."""
+    from assets.lineage import run_id
+    from assets.report import specialists_overview
+    try:
+        nine = specialists_overview(context.instance, profile, own,
+                                    context.resources.store.report_dir(profile, "rl_specialist", run_id(context)))
+    except Exception as e:  # noqa: BLE001 - a summary must not lose nine trained specialists
+        context.log.warning(f"{profile}/rl_specialist: the 3 × 3 summary was not made ({type(e).__name__}: {e})")
+        return own
+    return {pk: {**nine, **md} for pk, md in own.items()}
 
 
 # ----------------------------------------------------------------------------------------------

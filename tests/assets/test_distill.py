@@ -107,6 +107,8 @@ def test_mopd_student_materializes_through_ray(upstreams, smoke_resources, tmp_p
         assert meta[f"tokens_per_answer/{e}"] > 0
     assert meta["flops/total"] > 0 and meta["kl/exact/first"] > 0
     assert "kl_to_each_teacher" in meta and "teacher_retention" in meta
+    # Its own figure: the retention heatmap, inline.
+    assert meta["plot/teacher_retention"].startswith("![Teacher retention: student / teacher success](data:image/png")
 
 
 def test_one_cross_harness_fold_materializes_through_ray(upstreams, smoke_resources, tmp_path):
