@@ -126,7 +126,7 @@ class EvalPlan:
     of `families` (`k3model.train.ladder.plan_tasks`), grouped by domain, each played once, greedily,
     at every effort in the training harnesses round-robin. `budgets` replaces
     `k3model.train.effort.EFFORT_SPECS`' token budgets as (effort, episode budget, turn cap) triples
-    (the smoke profile's are a few tokens)."""
+    (the smoke profile's hold one echo_word answer)."""
     domains: tuple[str, ...]
     efforts: tuple[str, ...]
     families: tuple[str, ...]
