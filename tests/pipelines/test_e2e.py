@@ -1,5 +1,6 @@
 """End to end on the smoke profile, with real Ray (the runs join this module's cluster through
-RAY_ADDRESS) and a real sqlite MLflow store, everything under one temporary home: Dagster's own
+RAY_ADDRESS) and a real `mlflow server` on loopback (MLFLOW_TRACKING_URI: runs, artifacts and the
+model registry go through HTTP, as on a team's server), the rest under one temporary home: Dagster's own
 command line (`dagster asset materialize`) for the data and pretraining groups, then `k3 run` for
 the post-training lineage on top of that base model (base_model → sft_policy → rl_tasks → the nine
 rl_specialist partitions in one run), then a corrupted checkpoint."""
@@ -19,6 +20,7 @@ from assets.display import INLINE_MARKDOWN_CHARS
 from assets.lineage import key as asset_key
 from k3model.checkpoint import WEIGHTS_FILE, sha256_file, verify_checkpoint
 from pipelines.instance import dagster_home
+from tests.pipelines.services import mlflow_server_at
 
 REPO = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
@@ -37,22 +39,34 @@ def ray_address():
     ray.shutdown()
 
 
-def _materialize(home: Path, select: list[str], ray_address: str, ops: dict | None = None):
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory):
+    with mlflow_server_at(tmp_path_factory.mktemp("mlflow") / "server") as (uri, _):
+        yield uri
+
+
+@pytest.fixture(scope="module")
+def services(ray_address, tracking_uri) -> dict:
+    """The environment that sends a run's tasks to this module's Ray cluster and its records to its
+    MLflow server."""
+    return {"RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "disabled", "MLFLOW_TRACKING_URI": tracking_uri}
+
+
+def _materialize(home: Path, select: list[str], services: dict, ops: dict | None = None):
     # Asset keys and op names carry the profile: smoke/pretrain_stage_1 is the op smoke__pretrain_stage_1.
     select = [f"smoke/{n}" for n in select]
     config = {"ops": {f"smoke__{n}": c for n, c in (ops or {}).items()}}
-    env = {**os.environ, "K3_HOME": str(home), "DAGSTER_HOME": str(dagster_home(home)),
-           "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "K3_HOME": str(home), "DAGSTER_HOME": str(dagster_home(home)), **services}
     return subprocess.run([DAGSTER, "asset", "materialize", "-m", "pipelines.definitions",
                            "--select", ",".join(select), "--config-json", json.dumps(config)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, ray_address):
+def pretrained(tmp_path_factory, services):
     """A home with the smoke data and pretraining groups materialized through the Dagster CLI."""
     home = tmp_path_factory.mktemp("e2e") / "home"
-    proc = _materialize(home, [*DATA, *STAGES, "base_model"], ray_address,
+    proc = _materialize(home, [*DATA, *STAGES, "base_model"], services,
                         ops={s: {"config": SHORT} for s in STAGES})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return home
@@ -60,7 +74,7 @@ def pretrained(tmp_path_factory, ray_address):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
+def test_smoke_graph_through_the_dagster_cli(pretrained, services):
     home = pretrained
 
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
@@ -109,7 +123,7 @@ def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
     assert {(s, "loss_fell") for s in STAGES} <= set(evaluations)
 
     # One MLflow run per asset, all tagged with the one Dagster run.
-    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(services["MLFLOW_TRACKING_URI"])
     runs = client.search_runs([client.get_experiment_by_name("k3").experiment_id])
     assert sorted(r.data.tags["asset"] for r in runs) == sorted(f"smoke/{n}" for n in [*DATA, *STAGES, "base_model"])
     assert {r.data.tags["dagster_run_id"] for r in runs} == run_ids
@@ -132,7 +146,7 @@ def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
     assert champion.tags["profile"] == "smoke" and "eval/ppl" in champion.tags
 
     # The nightly re-evaluation, cut to one stage and one clue example per cell.
-    proc = _materialize(home, ["checkpoint_evals"], ray_address,
+    proc = _materialize(home, ["checkpoint_evals"], services,
                         ops={"checkpoint_evals": {"config": {"examples_per_cell": 1, "stages": [1]}}})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     os.environ["DAGSTER_HOME"] = str(dagster_home(home))
@@ -145,8 +159,8 @@ def test_smoke_graph_through_the_dagster_cli(pretrained, ray_address):
     assert evals["evals"].value["pretrain_stage_1"]["eval/ppl"] == pytest.approx(md["eval"]["eval/ppl"], rel=1e-4)
 
 
-def _k3_run(home: Path, ray_address: str, *args: str):
-    env = {**os.environ, "K3_HOME": str(home), "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "disabled"}
+def _k3_run(home: Path, services: dict, *args: str):
+    env = {**os.environ, "K3_HOME": str(home), **services}
     env.pop("DAGSTER_HOME", None)
     return subprocess.run([str(Path(sys.executable).parent / "k3"), "run", "--profile", "smoke", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=1500)
@@ -158,11 +172,11 @@ SPECIALISTS = [f"{d}|{e}" for d in ("general_tasks", "general_agents", "coding_a
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
+def test_posttraining_lineage_through_k3_run(pretrained, services):
     """`k3 run` on the pretrained home: the fresh data and pretraining assets are skipped, and one run
     of smoke_all_job trains SFT, measures the ladder and trains all nine specialists in one step."""
     home = pretrained
-    proc = _k3_run(home, ray_address)
+    proc = _k3_run(home, services)
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:] + proc.stderr[-6000:]
     skipped = next(line for line in out.splitlines() if "up to date for profile smoke, skipped:" in line)
@@ -209,7 +223,7 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
     assert ladder.metadata["random_passes"].value == 0
 
     # Nine specialists: each its own checkpoint, model version and metadata.
-    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    client = MlflowClient(services["MLFLOW_TRACKING_URI"])
     paths = set()
     for pk, mat in specialists.items():
         domain, effort = pk.split("|")
@@ -233,9 +247,9 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
     _post_training_really_trains(home, client, md["sha256"], specialists)
 
     # Everything is fresh now, partitions included; a partition that does not exist is refused.
-    again = _k3_run(home, ray_address)
+    again = _k3_run(home, services)
     assert again.returncode == 0 and "nothing to materialize" in again.stdout, again.stdout[-3000:]
-    bad = _k3_run(home, ray_address, "--select", "rl_specialist", "--partition", "coding_agents|huge")
+    bad = _k3_run(home, services, "--select", "rl_specialist", "--partition", "coding_agents|huge")
     assert bad.returncode == 1
     assert "--partition coding_agents|huge: no such partition of rl_specialist; its partitions are " \
            "general_tasks|low, general_tasks|high" in bad.stdout + bad.stderr
@@ -280,7 +294,7 @@ def _post_training_really_trains(home: Path, client: MlflowClient, sft_sha: str,
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_corrupted_stage_refuses_base_model(pretrained, ray_address):
+def test_a_corrupted_stage_refuses_base_model(pretrained, services):
     home = pretrained
     with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
         stage4 = instance.get_latest_materialization_event(
@@ -290,7 +304,7 @@ def test_a_corrupted_stage_refuses_base_model(pretrained, ray_address):
     raw = bytearray(weights.read_bytes())
     raw[-1] ^= 0xFF
     weights.write_bytes(bytes(raw))
-    proc = _materialize(home, ["base_model"], ray_address)
+    proc = _materialize(home, ["base_model"], services)
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert "cannot start from pretrain_stage_4" in out and f"{weights} is corrupted" in out
