@@ -306,9 +306,9 @@ def partition_materialization(context: dg.AssetExecutionContext, profile: str, p
     return dg.AssetMaterialization(asset_key=context.asset_key, partition=partition, metadata=dict(metadata), tags=tags)
 
 
-def partitioned_result(context: dg.AssetExecutionContext, profile: str, done: Mapping[str, tuple[Mapping[str, Any], str]],
-                       failed: Mapping[str, BaseException], recorded: frozenset[str] | set[str],
-                       code_version: str | None) -> Iterator[Any]:
+def partitioned_result(context: dg.AssetExecutionContext, profile: str,
+                       done: Mapping[str, tuple[Mapping[str, Any], str]], failed: Mapping[str, BaseException],
+                       recorded: frozenset[str] | set[str], code_version: str | None) -> Iterator[Any]:
     """Yield the end of a step that trained several partitions: `done` maps each partition that has
     a checkpoint to (its metadata, its sha256), `failed` each other one to its error, and `recorded`
     names those already logged (`partition_materialization`). When none failed, the step's

@@ -171,8 +171,11 @@ def test_kill_9_mid_specialist_then_the_rerun_resumes_it_bitwise(tmp_path, upstr
     assert resume_step == 1
 
     # ---- the rerun of the same partitions
+    t0 = time.monotonic()
     rerun = subprocess.run([sys.executable, "-c", DRIVER, str(home)], env=env, capture_output=True, text=True,
                            timeout=900)
+    print(f"killed with {finished} recorded and {mid} at its step-{resume_step} resume point; "
+          f"the rerun took {time.monotonic() - t0:.1f} s")
     out = rerun.stdout + rerun.stderr
     assert "DRIVER True" in out, out[-6000:]
     assert f"smoke/rl_specialist[{finished}]: already trained from the same inputs" in out
