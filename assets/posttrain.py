@@ -353,6 +353,10 @@ class RLSpecialistConfig(AssetConfig):
     lr: float | None = Field(default=None, gt=0)
     seed: int = Field(default=0, ge=0)
     retries: int = Field(default=1, ge=0, description="how often a failed specialist's Ray task is run again")
+    ckpt_every: int = Field(default=0, ge=0, description="GRPO steps between a specialist's resume points (its "
+                            "work dir's last/, which a rerun after a kill continues from); 0: four per run")
+    retrain: bool = Field(default=False, description="train again a partition whose newest materialization was "
+                          "trained from the same inputs by this code version (default: record that one again)")
 
     def check_fits(self, profile: str) -> None:
         from k3model.limits import check_episodes_fit
@@ -365,13 +369,76 @@ class RLSpecialistConfig(AssetConfig):
             check_episodes_fit("groups_per_step", p, g * p, what)
 
 
+def trained_before(context: dg.AssetExecutionContext, profile: str, partition: str, inputs_key: str,
+                   code_version: str) -> tuple[dict[str, Any], str, str] | None:
+    """(metadata, sha256, run id) of `partition`'s newest materialization when it was trained from
+    the same inputs (`inputs_key`: config, upstreams' data versions, partition) by `code_version`
+    and its checkpoint still verifies; else None."""
+    from assets.lineage import Upstream, upstream_problem
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key(profile, "rl_specialist"), asset_partitions=[partition]), limit=1).records
+    if not records:
+        return None
+    mat = records[0].event_log_entry.asset_materialization
+    md = mat.metadata
+    if ("inputs_key" not in md or md["inputs_key"].value != inputs_key or "path" not in md or "sha256" not in md
+            or (mat.tags or {}).get("dagster/code_version") != code_version):
+        return None
+    up = Upstream(name=f"rl_specialist[{partition}]", path=Path(md["path"].value), data_version=md["sha256"].value,
+                  run_id=records[0].run_id, metadata={"sha256": md["sha256"].value})
+    if not up.path.exists() or upstream_problem(up) is not None:
+        return None
+    return dict(md), md["sha256"].value, records[0].run_id
+
+
+def specialist_metadata(cfg, domain: str, effort: str, r) -> dict[str, Any]:
+    """A trained specialist's own metadata (its task's PolicyResult `r`): its held-out scores beside
+    sft_policy's on the same tasks, claim 3's paired figures, the reward curve, perf/rl/flops."""
+    cell = f"{domain}/{effort}"
+    mine, sft, hard = r.evals[cell], r.start_evals[cell], r.evals[f"{cell}/hard"]
+    curve = [h.get("rl/success", float("nan")) for h in r.history]
+    zero_var = [h["rl/frac_zero_variance"] for h in r.history if "rl/frac_zero_variance" in h]
+    return {
+        "domain": domain, "effort": effort, "steps": cfg.steps,
+        "eval/success_rate": mine["success_rate"], "eval/ci95": f"[{mine['ci95_low']:.2f}, {mine['ci95_high']:.2f}]",
+        "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
+        "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
+        "sft_policy/n": sft["n"],
+        "sft_policy/evaluation": "sft_policy re-scored by this specialist's held-out evaluation (the same tasks and "
+                                 "seeds as eval/): not the sft_policy page's own, smaller evaluation",
+        # Claim 3's paired test (k3model.train.stats): tasks only the specialist / only sft_policy solved.
+        **{k: mine[k] for k in ("paired/b", "paired/c", "paired/n") if k in mine},
+        **{f"eval/{k}": v for k, v in mine.items() if k.startswith("pass_at_")},  # when scored with samples > 1
+        **({"sft_policy/hard/success_rate": r.start_evals[f"{cell}/hard"]["success_rate"],
+            "sft_policy/hard/n": r.start_evals[f"{cell}/hard"]["n"]} if f"{cell}/hard" in r.start_evals else {}),
+        "gain": mine["success_rate"] - sft["success_rate"],
+        # Claim 3's figure: the paired (Agresti–Min) 95 % interval of specialist − sft_policy on the
+        # same tasks, Newcombe's (independent samples) when the pairs are not there.
+        "gain/ci95": "[{1:+.2f}, {2:+.2f}]".format(
+            *(paired_difference(mine["paired/b"], mine["paired/c"], mine["paired/n"]) if "paired/b" in mine
+              else rate_difference(mine["successes"], mine["n"], sft["successes"], sft["n"]))),
+        "eval/n_tasks": mine["n_tasks"], "eval/samples": mine["samples"], "eval/temperature": mine["temperature"],
+        "eval/hard/success_rate": hard["success_rate"], "eval/hard/n": hard["n"],
+        "eval/hard/mean_policy_tokens": hard["mean_policy_tokens"],
+        "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),
+        "reward_curve": sparkline(curve, "rl/success", f"rollout success over {len(curve)} steps"),
+        "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),
+        **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/", "flops/")) and isinstance(v, (int, float))},
+    }
+
+
 def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpecialistConfig, profile: str):
+    """The specialists of the run's partitions as concurrent Ray tasks. Each checkpoints every
+    `ckpt_every` steps into a work dir keyed by its inputs, and is recorded as materialized as soon
+    as it finishes (`assets.training.partition_materialization`): a rerun after a kill resumes each
+    unfinished one from its last resume point, and one already trained from the same inputs by this
+    code version is recorded again, not retrained (unless `retrain`)."""
     import json
 
     from k3model.train.grpo import GRPOConfig
 
     from assets.posttrain_tasks import train_specialist_task
-    from assets.training import partitioned_result, run_trainings
+    from assets.training import partition_materialization, partitioned_result, run_trainings
 
     tag_run(context, profile)
     refuse_unfit(context, config, profile, "rl_specialist")
@@ -387,71 +454,67 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     try:
         cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,
                          groups_per_step=config.groups_per_step or sizes.rl_groups_per_step,
-                         lr=config.lr or sizes.rl_lr, seed=config.seed,
+                         lr=config.lr or sizes.rl_lr, seed=config.seed, ckpt_every=config.ckpt_every,
                          max_draw_factor=sizes.rl_max_draw_factor, **({"efforts": specs} if specs else {}))
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/rl_specialist (ops.{op}.config): {e}",
                          allow_retries=False) from e
     ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
-    ray = context.resources.ray
-    share = ray.placement(len(keys), log=context.log.info)  # assets.ray_task.placement
-    num_cpus, num_gpus = share["num_cpus"], share["num_gpus"]
-    context.log.info(f"{profile}/rl_specialist: {len(keys)} specialist(s) ({', '.join(keys)}), {cfg.steps} GRPO "
-                     f"steps each, as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")
 
-    jobs = []
+    jobs = {}
     for pk, (domain, effort) in cells.items():
         tasks = ladder["tasks"][f"{domain}/{effort}"]
-        jobs.append(TrainingJob(
+        jobs[pk] = TrainingJob(
             profile=profile, name="rl_specialist", partition=pk, task=train_specialist_task,
             args=(cfg, str(ups["sft_policy"].path), str(ups["tokenizer"].path), domain, effort,
                   [tuple(t) for t in tasks["rl"]], [tuple(t) for t in tasks["eval"]],
                   specialist_scoring(profile, cfg.seed)),
-            config=cfg, inputs=ups, log_every=cfg.log_every, num_cpus=num_cpus, num_gpus=num_gpus,
-            retries=config.retries, params={"domain": domain, "effort": effort, "rl_tasks": len(tasks["rl"])},
+            config=cfg, inputs=ups, log_every=cfg.log_every, retries=config.retries,
+            params={"domain": domain, "effort": effort, "rl_tasks": len(tasks["rl"])},
             description=f"{profile} RL specialist {domain} at effort {effort}: GRPO from sft_policy, {cfg.steps} "
                         "steps on its rl_tasks cell",
-            headline=lambda r: {"eval/success_rate": r.metrics.get("eval/success_rate", float("nan"))}))
-    outcomes = dict(zip(keys, run_trainings(context, jobs)))
+            headline=lambda r: {"eval/success_rate": r.metrics.get("eval/success_rate", float("nan"))})
+    # A partition the run's range holds but a killed run already finished (a range is a rectangle of
+    # the domain × effort grid: k3 run's narrowed range can cover finished partitions too).
+    done: dict[str, tuple[dict[str, Any], str]] = {}
+    if not config.retrain:
+        for pk, job in jobs.items():
+            found = trained_before(context, profile, pk, job.inputs_key(), POSTTRAIN_CODE_VERSION)
+            if found is not None:
+                done[pk] = found[:2]
+                context.log.info(f"{profile}/rl_specialist[{pk}]: already trained from the same inputs by this code "
+                                 f"version (run {found[2][:8]}, {found[0]['path'].value}); recorded again, not "
+                                 "retrained (rl_specialist.retrain=true trains it again)")
+    todo = [pk for pk in keys if pk not in done]
+    ray = context.resources.ray
+    share = ray.placement(max(len(todo), 1), log=context.log.info)  # assets.ray_task.placement
+    num_cpus, num_gpus = share["num_cpus"], share["num_gpus"]
+    context.log.info(f"{profile}/rl_specialist: {len(todo)} specialist(s) to train ({', '.join(todo) or 'none'}), "
+                     f"{cfg.steps} GRPO steps each (a resume point every {cfg.ckpt_every or max(cfg.steps // 4, 1)}), "
+                     f"as concurrent Ray tasks of {num_cpus:g} CPU / {num_gpus:g} GPU")
 
-    own = {}
-    for pk, trained in outcomes.items():
-        if isinstance(trained, BaseException):
-            continue
-        domain, effort = cells[pk]
-        r, cell = trained.result, f"{domain}/{effort}"
-        mine, sft, hard = r.evals[cell], r.start_evals[cell], r.evals[f"{cell}/hard"]
-        curve = [h.get("rl/success", float("nan")) for h in r.history]
-        zero_var = [h["rl/frac_zero_variance"] for h in r.history if "rl/frac_zero_variance" in h]
-        own[pk] = {
-            "domain": domain, "effort": effort, "steps": cfg.steps,
-            "eval/success_rate": mine["success_rate"], "eval/ci95": f"[{mine['ci95_low']:.2f}, {mine['ci95_high']:.2f}]",
-            "eval/n": mine["n"], "eval/mean_policy_tokens": mine["mean_policy_tokens"],
-            "sft_policy/success_rate": sft["success_rate"], "sft_policy/mean_policy_tokens": sft["mean_policy_tokens"],
-            "sft_policy/n": sft["n"],
-            "sft_policy/evaluation": "sft_policy re-scored by this specialist's held-out evaluation (the same tasks and "
-                                     "seeds as eval/): not the sft_policy page's own, smaller evaluation",
-            # Claim 3's paired test (k3model.train.stats): tasks only the specialist / only sft_policy solved.
-            **{k: mine[k] for k in ("paired/b", "paired/c", "paired/n") if k in mine},
-            **{f"eval/{k}": v for k, v in mine.items() if k.startswith("pass_at_")},  # when scored with samples > 1
-            **({"sft_policy/hard/success_rate": r.start_evals[f"{cell}/hard"]["success_rate"],
-                "sft_policy/hard/n": r.start_evals[f"{cell}/hard"]["n"]} if f"{cell}/hard" in r.start_evals else {}),
-            "gain": mine["success_rate"] - sft["success_rate"],
-            # Claim 3's figure: the paired (Agresti–Min) 95 % interval of specialist − sft_policy on the
-            # same tasks, Newcombe's (independent samples) when the pairs are not there.
-            "gain/ci95": "[{1:+.2f}, {2:+.2f}]".format(
-                *(paired_difference(mine["paired/b"], mine["paired/c"], mine["paired/n"]) if "paired/b" in mine
-                  else rate_difference(mine["successes"], mine["n"], sft["successes"], sft["n"]))),
-            "eval/n_tasks": mine["n_tasks"], "eval/samples": mine["samples"], "eval/temperature": mine["temperature"],
-            "eval/hard/success_rate": hard["success_rate"], "eval/hard/n": hard["n"],
-            "eval/hard/mean_policy_tokens": hard["mean_policy_tokens"],
-            "rl/frac_zero_variance": sum(zero_var) / len(zero_var) if zero_var else float("nan"),
-            "reward_curve": sparkline(curve, "rl/success", f"rollout success over {len(curve)} steps"),
-            "reward_by_step": dg.MetadataValue.json([round(v, 4) for v in curve]),
-            **{k: float(v) for k, v in r.metrics.items() if k.startswith(("perf/", "rl/", "flops/")) and isinstance(v, (int, float))},
-        }
-    own = _with_the_nine(context, profile, own)
-    yield from partitioned_result(context, profile, outcomes, own, POSTTRAIN_CODE_VERSION)
+    recorded: set[str] = set()
+
+    def record(trained) -> None:
+        # As each specialist finishes, while the others still train: a kill later loses none of it.
+        pk = trained.job.partition
+        metadata = trained.metadata(specialist_metadata(cfg, *cells[pk], trained.result))
+        done[pk] = (metadata, trained.info.sha256)
+        context.log_event(partition_materialization(context, profile, pk, metadata, trained.info.sha256,
+                                                    POSTTRAIN_CODE_VERSION))
+        recorded.add(pk)
+
+    todo_jobs = [dataclasses.replace(jobs[pk], num_cpus=num_cpus, num_gpus=num_gpus) for pk in todo]
+    outcomes = dict(zip(todo, run_trainings(context, todo_jobs, on_trained=record))) if todo else {}
+    failed = {pk: o for pk, o in outcomes.items() if isinstance(o, BaseException)}
+    # The 3 × 3 summary leads the metadata the step's end records (a partition recorded as it finished
+    # carries its own only: the nine were not all there yet); a reused one's old summary is replaced.
+    finished = {pk: done[pk] for pk in keys if pk in done}
+    nine = _with_the_nine(context, profile, {pk: {k: v for k, v in md.items()
+                                                  if k not in ("specialists_3x3", "plot/specialists")}
+                                             for pk, (md, _) in finished.items()})
+    yield from partitioned_result(context, profile, {pk: (nine[pk], sha) for pk, (_, sha) in finished.items()},
+                                  failed, frozenset(recorded), POSTTRAIN_CODE_VERSION)
 
 
 def _with_the_nine(context: dg.AssetExecutionContext, profile: str, own: dict[str, dict]) -> dict[str, dict]:

@@ -88,12 +88,10 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     from k3model.train.ladder import hard_tasks
     from k3model.train.stats import paired_counts
     tokenizer = load_tokenizer(tokenizer_path)
-    from k3model.train.flops import counting
-    # Counted FLOPs of the RL (rollouts and updates), for mopd_student's equal-compute control.
-    with counting() as flops:
-        result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
-                       tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
-    result.metrics.update({f"flops/{k}": v for k, v in flops.as_dict().items()})
+    # Resumes from `work_dir/last` when a killed run left one there (assets.training keys the work
+    # dir by the inputs); the metrics' `flops/*` count the whole run's rollouts and updates either way.
+    result = train(cfg, policy_checkpoint, tokenizer, work_dir, domain=domain, effort=effort,
+                   tasks=[envs.generate(f, s) for f, s in rl_tasks], log_fn=live)
     held = [envs.generate(f, s) for f, s in eval_tasks]
     hard = hard_tasks(domain, scoring.hard_tasks)
     cell = f"{domain}/{effort}"

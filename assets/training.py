@@ -36,20 +36,29 @@ What `run_trainings` does for each job, in this order:
    (and optionally `.resumed_from_step`). Every job is submitted at once; Ray packs them onto the
    cluster's CPUs or GPUs and queues the rest. A task that fails is submitted again up to
    `retries` times, each failure logged as a warning in the Dagster run.
-4. The checkpoint is moved (`os.replace`) to `checkpoints/<profile>/<asset>/[<partition>/]<run id>/`,
+4. As soon as a job's task returns (while the others still run), its checkpoint is moved
+   (`os.replace`) to `checkpoints/<profile>/<asset>/[<partition>/]<run id>/`,
    the work dir removed, every file re-hashed (`verify_checkpoint`), the rest of the history
    logged (the task logged every `log_every`-th step live), then `report(result, mlflow_run_id,
    report_dir)` adds the asset's own MLflow artifacts and metadata, and the checkpoint is
    registered as a version of `k3-<profile>-<name>[-<domain>-<effort>]` (one version per distinct
    sha256, tagged with the `headline` figures).
-5. The MLflow run ends FINISHED, or FAILED when its task or step 4 failed. A failed job does not
-   stop the others: its place in the returned list holds the exception.
+5. The MLflow run ends FINISHED, or FAILED when its task or step 4 failed, and `on_trained(trained)`
+   lets the asset record the finished job at once (`partition_materialization`), so a run killed
+   later loses none of it. A failed job does not stop the others: its place in the returned list
+   holds the exception.
 
 `Trained.metadata(own)` is the standard metadata around an asset's own keys: `path`, `sha256`,
-`profile` (and `partition`) first, then `data_versions`, `checkpoint_bytes`, `code_version`,
-`mlflow_run`, `mlflow_model`, `model_version` (and `resumed_from_step`). For a partitioned asset
-that trains several partitions in one step, `partitioned_result` puts each partition's metadata
-on its own materialization and records the partitions that succeeded even when others failed.
+`profile` (and `partition`) first, then `data_versions`, `inputs_key`, `checkpoint_bytes`,
+`code_version`, `mlflow_run`, `mlflow_model`, `model_version` (and `resumed_from_step`).
+
+A partitioned asset that trains several partitions in one step (rl_specialist) records each
+partition as materialized when it finishes (`partition_materialization`, logged from `on_trained`)
+and ends with `partitioned_result`: the step's result when every partition succeeded, else a
+failure naming the failed ones, the others staying recorded. Dagster (1.13) has no way for one step
+to record its partitions one by one and still hand its output to the steps below it
+(dagster-io/dagster#21072), so when every partition succeeds the step's output records them once
+more, with the same metadata: a partition finished early shows two materializations of the run.
 """
 
 from __future__ import annotations
@@ -134,6 +143,9 @@ class Trained:
             head["partition"] = self.job.partition
         tail: dict[str, Any] = {
             "data_versions": dg.MetadataValue.json(self.job.data_versions()),
+            # What it was trained from (config, upstreams' versions, partition): a rerun with the
+            # same key may reuse it rather than train again.
+            "inputs_key": self.job.inputs_key(),
             "checkpoint_bytes": self.info.size_bytes,
             "code_version": dg.MetadataValue.json(self.info.manifest["code_version"]),
             "mlflow_run": dg.MetadataValue.url(self.mlflow_run_url),
@@ -159,18 +171,45 @@ def run_training(context: dg.AssetExecutionContext, job: TrainingJob) -> Trained
     return outcome
 
 
-def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob]) -> list[Trained | BaseException]:
-    """Train every job as concurrent Ray tasks (module docstring); a Trained or the exception per job."""
+def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
+                  on_trained: Callable[[Trained], None] | None = None) -> list[Trained | BaseException]:
+    """Train every job as concurrent Ray tasks (module docstring); a Trained or the exception per job.
+    Each job is promoted as soon as its task returns, then `on_trained(trained)` is called (in the
+    driver, while the other tasks run)."""
     # Each work directory is this run's until its stage is promoted (another run waits).
     with contextlib.ExitStack() as held:
-        return _run_trainings(context, jobs, held)
+        return _run_trainings(context, jobs, held, on_trained)
 
 
-def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
-                   held: contextlib.ExitStack) -> list[Trained | BaseException]:
+def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob], held: contextlib.ExitStack,
+                   on_trained: Callable[[Trained], None] | None) -> list[Trained | BaseException]:
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
     dagster_run = run_id(context)
     staged, calls, feeds = [], [], []
+    outcomes: list[Trained | BaseException | None] = [None] * len(jobs)
+    ended: set[int] = set()
+
+    def finish(i: int, result: Any) -> None:
+        """Promote job i as soon as its task returned, end its MLflow run, let the asset record it."""
+        job, work_dir, run = staged[i]
+        ended.add(i)
+        if isinstance(result, BaseException):
+            mlflow.end_run(run, "FAILED")
+            outcomes[i] = result
+            return
+        try:
+            trained = _promote(context, job, work_dir, run, result)
+        except BaseException as e:
+            mlflow.end_run(run, "FAILED")
+            if not isinstance(e, Exception) or len(jobs) == 1:
+                raise
+            outcomes[i] = e
+            return
+        mlflow.end_run(run, "FINISHED")
+        outcomes[i] = trained
+        if on_trained is not None:
+            on_trained(trained)
+
     try:
         for job in jobs:
             work_dir = store.work_dir(job.profile, job.name, job.inputs_key(), job.partition)
@@ -185,29 +224,15 @@ def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
             calls.append(RayCall(with_system_metrics, (job.task, *job.args, str(work_dir), live), num_cpus=job.num_cpus,
                                  num_gpus=job.num_gpus, retries=job.retries, label=job.label))
             feeds.append(ProgressFeed(progress, context.log.info))
-        results = ray.run_all(calls, log=context.log.info, warn=context.log.warning,
-                              tick=lambda: [feed() for feed in feeds])
+        ray.run_all(calls, log=context.log.info, warn=context.log.warning,
+                    tick=lambda: [feed() for feed in feeds], done=finish)
     except BaseException:
-        for _, _, run in staged:
-            mlflow.end_run(run, "FAILED")
+        for i, (_, _, run) in enumerate(staged):
+            if i not in ended:
+                mlflow.end_run(run, "FAILED")
         raise
-
-    outcomes: list[Trained | BaseException] = []
-    for (job, work_dir, run), result in zip(staged, results):
-        if isinstance(result, BaseException):
-            mlflow.end_run(run, "FAILED")
-            outcomes.append(result)
-            continue
-        try:
-            outcomes.append(_promote(context, job, work_dir, run, result))
-        except BaseException as e:
-            mlflow.end_run(run, "FAILED")
-            if not isinstance(e, Exception) or len(jobs) == 1:
-                raise
-            outcomes.append(e)
-            continue
-        mlflow.end_run(run, "FINISHED")
-    return outcomes
+    assert all(o is not None for o in outcomes), "run_all returned before every job finished"
+    return outcomes  # type: ignore[return-value]
 
 
 def _promote(context: dg.AssetExecutionContext, job: TrainingJob, work_dir: Path, run, result) -> Trained:
@@ -265,31 +290,44 @@ def partitions_data_version(shas: Mapping[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def partition_materialization(context: dg.AssetExecutionContext, profile: str, partition: str,
+                              metadata: Mapping[str, Any], sha256: str,
+                              code_version: str | None) -> dg.AssetMaterialization:
+    """The materialization of one partition of the step's asset, as the step's own output would
+    record it (its checkpoint's sha256 as data version, the code version, a multi-partition key's
+    dimensions), for the step to log as soon as the partition is done."""
+    tags = {**profile_tags(profile), "dagster/data_version": sha256}
+    if code_version is not None:
+        tags["dagster/code_version"] = code_version
+    partitions_def = context.assets_def.partitions_def
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        for dim, value in partitions_def.get_partition_key_from_str(partition).keys_by_dimension.items():
+            tags[f"dagster/partition/{dim}"] = value
+    return dg.AssetMaterialization(asset_key=context.asset_key, partition=partition, metadata=dict(metadata), tags=tags)
+
+
 def partitioned_result(context: dg.AssetExecutionContext, profile: str,
-                       outcomes: Mapping[str, Trained | BaseException],
-                       own: Mapping[str, Mapping[str, Any]], code_version: str | None) -> Iterator[Any]:
-    """Yield the events of a step that trained `outcomes` (partition key → Trained or its error):
-    each partition's standard metadata and `own[partition]` on its own materialization. When every
-    partition succeeded, the step's MaterializeResult; otherwise the partitions that succeeded are
-    recorded one by one (their checkpoints are promoted and registered, so a rerun does not redo them)
-    and the step fails naming each failed partition and its error."""
-    done = {p: o for p, o in outcomes.items() if isinstance(o, Trained)}
-    failed = {p: o for p, o in outcomes.items() if not isinstance(o, Trained)}
+                       done: Mapping[str, tuple[Mapping[str, Any], str]], failed: Mapping[str, BaseException],
+                       recorded: frozenset[str] | set[str], code_version: str | None) -> Iterator[Any]:
+    """Yield the end of a step that trained several partitions: `done` maps each partition that has
+    a checkpoint to (its metadata, its sha256), `failed` each other one to its error, and `recorded`
+    names those already logged (`partition_materialization`). When none failed, the step's
+    MaterializeResult, each partition's metadata on its own materialization; otherwise the partitions
+    of `done` not yet recorded are recorded one by one (their checkpoints are promoted and
+    registered, so a rerun does not redo them) and the step fails naming each failed partition and
+    its error."""
     if not failed:
-        for p, trained in done.items():
-            context.add_asset_metadata(trained.metadata(own.get(p)), partition_key=p)
+        for p, (metadata, _) in done.items():
+            context.add_asset_metadata(dict(metadata), partition_key=p)
         yield dg.MaterializeResult(
-            data_version=dg.DataVersion(partitions_data_version({p: t.info.sha256 for p, t in done.items()})),
+            data_version=dg.DataVersion(partitions_data_version({p: sha for p, (_, sha) in done.items()})),
             tags=profile_tags(profile))
         return
-    for p, trained in done.items():
-        tags = {**profile_tags(profile), "dagster/data_version": trained.info.sha256}
-        if code_version is not None:
-            tags["dagster/code_version"] = code_version
-        yield dg.AssetMaterialization(asset_key=context.asset_key, partition=p,
-                                      metadata=trained.metadata(own.get(p)), tags=tags)
+    for p, (metadata, sha) in done.items():
+        if p not in recorded:
+            yield partition_materialization(context, profile, p, metadata, sha, code_version)
     raise dg.Failure(
-        description=f"{context.asset_key.to_user_string()}: {len(failed)} of {len(outcomes)} partition(s) "
+        description=f"{context.asset_key.to_user_string()}: {len(failed)} of {len(done) + len(failed)} partition(s) "
                     "failed (" + "; ".join(f"{p}: {error_line(e)}" for p, e in failed.items()) + ")"
                     + (f"; {', '.join(done)} succeeded and are recorded" if done else ""),
         allow_retries=False)

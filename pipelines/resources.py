@@ -283,9 +283,11 @@ class RayResource(dg.ConfigurableResource):
 
     def run_all(self, calls: list[RayCall], *, log: Callable[[str], None] | None = None,
                 warn: Callable[[str], None] | None = None, tick: Callable[[], None] | None = None,
-                fail_fast: bool = False) -> list[Any]:
+                fail_fast: bool = False, done: Callable[[int, Any], None] | None = None) -> list[Any]:
         """Submit every call as a Ray task at once (Ray packs them onto the cluster's CPUs and GPUs
-        and queues the rest), then wait for all; results in the same order.
+        and queues the rest), then wait for all; results in the same order. `done(i, outcome)` is
+        called in the driver as soon as call i's outcome (its result, or its last exception) is
+        known, so a caller can record a finished task while the others still run.
 
         A task that raises is submitted again up to its `retries` times, each failure said through
         `warn` (the asset's `context.log.warning`, so it reaches the Dagster run log). A call whose
@@ -352,6 +354,8 @@ class RayResource(dg.ConfigurableResource):
                         if warn is not None and call.retries:
                             warn(f"{label}: failed after {attempts[i]} attempt(s): {error_line(e)}")
                         results[i] = e
+                    if done is not None:
+                        done(i, results[i])
             return results
         except BaseException as e:
             for ref in refs:

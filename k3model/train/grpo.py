@@ -81,6 +81,7 @@ from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimize
                                   save_state, set_lr, tail_mean)
 from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, training_harnesses
 from k3model.train.evaluate import evaluate
+from k3model.train.flops import FlopCounter, counting
 from k3model.train.ladder import check_domain, default_rl_tasks
 from k3model.train.rollout import play_tasks, sft_format
 from k3model.train.sft import PAD_ID
@@ -371,9 +372,15 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
                                  "tasks": [t.id for t in pool]},
                       "data_versions": {"policy_checkpoint": manifest.get("sha256", "")}}
 
+    # Counted FLOPs of every step's rollouts and updates (mopd_student's equal-compute control), kept
+    # in the resume point so a resumed run reports the whole run's, not only what it ran itself.
+    flops = FlopCounter.for_model(model.cfg)
+    if run.state is not None:
+        flops.restore(run.state.extra.get("flops", {}))
+
     def save(step: int, path: Path, with_state: bool, metrics: dict | None = None) -> None:
         save_state(path, model, dict(manifest_extra, metrics=metrics or {}), optimizer if with_state else None,
-                   step, {"history": run.history, "tokens_seen": run.tokens_seen})
+                   step, {"history": run.history, "tokens_seen": run.tokens_seen, "flops": flops.as_dict()})
 
     # ---- loop
     # Groups drawn so far in the run (the position in the epoch-by-epoch prompt order): a resumed
@@ -406,7 +413,8 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
             return shaped_rewards(torch.tensor([correct_of(group)]), lengths, spec.length_coef)[0].tolist()
 
         # Informative = both a success and a failure in the group (module docstring, item 2).
-        kept, stats = refill_groups(draw, correct_of, n_groups=P, max_draws=P * cfg.max_draw_factor)
+        with counting() as step_flops:
+            kept, stats = refill_groups(draw, correct_of, n_groups=P, max_draws=P * cfg.max_draw_factor)
         cursor += len(drawn)
         t_roll = time.perf_counter() - t_roll
         episodes = [ep for g in drawn for ep in g]
@@ -420,10 +428,15 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
                          "train/lr": optimizer.param_groups[0]["lr"]}
         t_upd = time.perf_counter()
         if kept:
-            metrics.update(_update(model, ref, optimizer, kept, rewards_of, cfg, device))
+            with counting() as update_flops:
+                metrics.update(_update(model, ref, optimizer, kept, rewards_of, cfg, device))
+            for kind, value in update_flops.totals.items():
+                step_flops.add(kind, value)
             t_upd = time.perf_counter() - t_upd
             metrics["perf/update_s"] = t_upd
             metrics["perf/update_tokens_per_s"] = metrics.pop("_padded_tokens") / max(t_upd, 1e-9)
+        for kind, value in step_flops.totals.items():
+            flops.add(kind, value)
         run.tokens_seen += gen_tokens
         loop.end_step(step, metrics, save)
     if loop.stopped:
@@ -431,7 +444,8 @@ def train(cfg: GRPOConfig, policy_checkpoint, tokenizer, out_dir, *, domain: str
 
     # ---- final metrics and checkpoint
     hist = run.history
-    metrics = {"rl/steps": float(cfg.steps), "rl/episodes_tokens": float(run.tokens_seen)}
+    metrics = {"rl/steps": float(cfg.steps), "rl/episodes_tokens": float(run.tokens_seen),
+               **{f"flops/{k}": v for k, v in flops.as_dict().items()}}
     for key in ("rl/success", "rl/frac_zero_variance", "rl/tokens_per_episode", "perf/rollout_tokens_per_s",
                 "perf/update_tokens_per_s", "rl/logp_diff_abs_mean"):
         values = [h[key] for h in hist if key in h]

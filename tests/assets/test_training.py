@@ -14,7 +14,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from assets.lineage import Upstream
-from assets.training import TrainingJob, partitioned_result, run_trainings
+from assets.training import TrainingJob, partition_materialization, partitioned_result, run_trainings
 from k3model.checkpoint import save_checkpoint, verify_checkpoint
 from pipelines.resources import partition_path, resources_for
 
@@ -66,8 +66,20 @@ def toy(context: dg.AssetExecutionContext):
                         log_every=2, num_cpus=1, retries=1,
                         headline=lambda r: {"train/final": r.history[-1]["train/main"]})
             for p in context.partition_keys]
-    outcomes = dict(zip(context.partition_keys, run_trainings(context, jobs)))
-    yield from partitioned_result(context, "smoke", outcomes, {p: {"seed": SEEDS[p]} for p in outcomes}, "toy-1")
+    recorded = set()
+
+    def record(trained):
+        # As each partition finishes, while the others still run.
+        p = trained.job.partition
+        context.log_event(partition_materialization(context, "smoke", p, trained.metadata({"seed": SEEDS[p]}),
+                                                    trained.info.sha256, "toy-1"))
+        recorded.add(p)
+
+    outcomes = dict(zip(context.partition_keys, run_trainings(context, jobs, on_trained=record)))
+    yield from partitioned_result(
+        context, "smoke", {p: (o.metadata({"seed": SEEDS[p]}), o.info.sha256) for p, o in outcomes.items()
+                           if not isinstance(o, BaseException)},
+        {p: o for p, o in outcomes.items() if isinstance(o, BaseException)}, frozenset(recorded), "toy-1")
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +117,12 @@ def test_partitions_train_concurrently_a_failure_is_retried_and_isolated(tmp_pat
     assert any("[smoke/toy[ok]] step 2" in e.user_message for e in instance.all_logs(result.run_id))
 
     # The two good partitions: promoted, verified, registered, their own metadata on their own event.
-    mats = {m.partition: m for m in result.asset_materializations_for_node("smoke__toy")}
-    assert set(mats) == {"ok", "flaky"}
+    # Each recorded once, when its task finished (before the step failed on the broken one).
+    events = [e for e in instance.all_logs(result.run_id) if e.dagster_event and e.dagster_event.is_step_materialization]
+    mats = {e.dagster_event.event_specific_data.materialization.partition: e.dagster_event.event_specific_data.materialization
+            for e in events}
+    assert sorted(mats) == ["flaky", "ok"] and len(events) == 2
+    assert all(m.tags["dagster/code_version"] == "toy-1" for m in mats.values())
     client = MlflowClient(f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}")
     for p in ("ok", "flaky"):
         md = mats[p].metadata

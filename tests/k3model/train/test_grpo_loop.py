@@ -76,6 +76,10 @@ def test_the_loop_refills_uninformative_groups_and_resumes_exactly(policy, smoke
     assert again.resumed_from_step == 1
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]  # noqa: E731
     assert strip(again.history) == strip(h)
+    # The counted FLOPs are the whole run's, the steps before the resume point included: within the
+    # padding of the decode batches (counted as run), which the envs' answer times shape.
+    assert result.metrics["flops/total"] > 0
+    assert again.metrics["flops/total"] == pytest.approx(result.metrics["flops/total"], rel=0.01)
     wa, _ = load_checkpoint(result.checkpoint_dir)
     wb, _ = load_checkpoint(again.checkpoint_dir)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
