@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--measure-prompts", type=int, default=8)
     ap.add_argument("--measure-tokens", type=int, default=16)
     ap.add_argument("--draft-lens", default="1,2,4")
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
                         args.eval_prompts + args.measure_prompts)[args.eval_prompts:]
 
     cfg = DraftTrainConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, ttt_steps=args.ttt_steps,
-                           gen_tokens=args.gen_tokens, lr=1e-3, log_every=max(args.steps // 4, 1))
+                           gen_tokens=args.gen_tokens, lr=args.lr, log_every=max(args.steps // 4, 1))
     drafts, tau_sim, seconds = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, target, manifest in (("float", student, f_manifest), ("served", served, q_manifest)):
