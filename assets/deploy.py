@@ -207,7 +207,8 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     trained = run_training(context, TrainingJob(
         profile=profile, name="draft_model", task=train_draft_task,
         args=(job, str(ups["quantized_student"].path), str(demos), str(ups["tokenizer"].path)),
-        model_target=ups["quantized_student"], config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
+        model_target=ups["quantized_student"], config=job, inputs=ups, log_every=cfg.log_every,
+        **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} EAGLE-3-style draft for quantized_student (packed MXFP4, the served forward), "
                     f"initialised from its MTP module, trained {cfg.steps} steps with a {cfg.ttt_steps}-pass "
                     "training-time test on its own generations",

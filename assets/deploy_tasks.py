@@ -173,8 +173,8 @@ def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_toke
                         draft_lens: tuple[int, ...]) -> dict:
     """Greedy speculative decoding of every prompt at every draft length, per draft: τ = 1 + accepted
     / rounds (pooled over every prompt's drafting rounds), conditional acceptance by depth, parity with
-    the target's own plain greedy output (lossless), tokens/s against plain decoding. Every path runs once untimed first (first calls allocate and
-    load kernels), then each prompt is timed plain and right after at every (draft, length), so
+    the target's own plain greedy output (lossless), tokens/s against plain decoding. Every path runs
+    once untimed first (first calls allocate and load kernels), then each prompt is timed plain and right after at every (draft, length), so
     load that comes and goes on a shared machine falls on both sides alike."""
     from k3model.engine import SamplingConfig, generate
     from k3model.speculative import speculative_generate

@@ -19,7 +19,8 @@ on the same target and prompts: `mtp_untrained` (draft_from_mtp(target), the MTP
 without training) and `trained` (the --draft checkpoint, k3model.draft.load_draft); --draft2 adds a
 second trained draft (`trained2`: e.g. one fitted to another target, measured against this one).
 τ = 1 + accepted / rounds, pooled over every call's drafting rounds (`acceptance_length`; the mean
-of the per-call figures is `acceptance_length_mean_of_calls`). Tokens/s is end to end (prefill included, the same prompt for both); the per-round
+of the per-call figures is `acceptance_length_mean_of_calls`).
+Tokens/s is end to end (prefill included, the same prompt for both); the per-round
 figures (`decode_tokens_per_s`, prefill excluded) come from timing the prefill alone.
 
 Without --target, two targets of the profile's shape, both random weights:

@@ -403,10 +403,11 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
     data = own_generations(target, draft, prompts, cfg, stop_ids, gen)
     held_out = own_generations(target, draft, eval_prompts, cfg, stop_ids, gen)
     quantization = (target_manifest or {}).get("quantization")
+    quant_format = quantization.get("format") if isinstance(quantization, dict) else None
     manifest_extra = {"config": {"draft_train": asdict(cfg), "draft": asdict(draft.cfg)},
                       **draft_manifest(draft, target_manifest),
                       "target": {"sha256": (target_manifest or {}).get("sha256"),
-                                 "quantization": quantization.get("format") if isinstance(quantization, dict) else None},
+                                 "quantization": quant_format},
                       "data": {"prompts": len(prompts), "rows": len(data), "completion_tokens": data.completion_tokens,
                                "eval_prompts": len(eval_prompts), "eval_completion_tokens": held_out.completion_tokens}}
     evals: list[dict] = list(run.state.extra.get("evals", [])) if run.state is not None else []
