@@ -35,9 +35,10 @@ from pydantic import Field
 
 from assets.config_bounds import AssetConfig, refuse_unfit
 from assets.claims import rate_difference
-from assets.display import markdown_table, sparkline
+from assets.display import inline_png, markdown_table, sparkline
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.lineage import Upstream, group, key, profile_tags, require_upstreams, tag_run, verify_upstreams
+from assets.plots import retention_heatmap
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
@@ -165,9 +166,12 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                      f"tasks ({len(figures)} teacher evaluation(s) reused from rl_specialist)")
 
     def report(result, mlflow_run_id: str, report_dir) -> dict[str, Any]:
-        context.resources.mlflow.log_rows(mlflow_run_id, retention_rows(result.retention),
-                                          "eval/teacher_retention.json")
-        return {}
+        mlflow = context.resources.mlflow
+        mlflow.log_rows(mlflow_run_id, retention_rows(result.retention), "eval/teacher_retention.json")
+        heatmap = retention_heatmap({c: k["retention"] for c, k in result.retention.items()},
+                                    Path(report_dir) / "teacher_retention.png")
+        mlflow.client().log_artifact(mlflow_run_id, str(heatmap), "plots")
+        return {"plot/teacher_retention": inline_png(heatmap, "Teacher retention: student / teacher success")}
 
     ray = context.resources.ray
     inputs = {**ups, **{t.name: t for t in teachers.values()}}

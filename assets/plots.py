@@ -3,6 +3,10 @@ MLflow and inline into their Dagster metadata (`assets.display.inline_png`).
 
 - `stage_losses`: one pretraining stage's loss and expert-load curves (assets/pretrain.py).
 - `clue_accuracy_by_stage`: checkpoint_evals' clue accuracy by distance, per stage (assets/evaluation.py).
+- `specialist_curves`: the nine RL specialists side by side, each cell's rollout success by step and
+  its held-out success against sft_policy's on the same tasks (rl_specialist's overview).
+- `retention_heatmap`: the MOPD student's success over each teacher's, domain × effort (mopd_student
+  and the report).
 - `report_plots`: the claims report's plots, each drawn only when its figures exist (assets/report.py).
 """
 
@@ -74,6 +78,76 @@ def _figure(path: Path, draw, size=(6, 3.5)) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def retention_heatmap(retention: dict[str, float | None], path: Path) -> Path:
+    """`retention["<domain>/<effort>"]` (student ÷ teacher success, None where the teacher scored 0)
+    as a domain × effort heatmap with the percentages written in."""
+    def matrix(ax):
+        grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
+        values = [[float("nan") if v is None else v for v in row] for row in grid]
+        im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
+        ax.set_xticks(range(3), EFFORTS)
+        ax.set_yticks(range(3), DOMAINS, fontsize=7)
+        ax.set_title("student / teacher success")
+        ax.figure.colorbar(im, ax=ax)
+    return _figure(path, matrix, size=(5, 3.5))
+
+
+def specialist_curves(cells: dict[tuple[str, str], dict[str, Any]], path: Path) -> Path:
+    """The nine specialists side by side, domain (rows) × effort (columns).
+
+    `cells[(domain, effort)]`: {"reward_by_step": [rollout success per GRPO step], "specialist":
+    (successes, n), "sft": (successes, n)} — the held-out success of the specialist and of sft_policy
+    on the same tasks, drawn after the last step with Wilson 95 % intervals. A missing cell reads
+    "not trained"."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from k3model.train.stats import wilson
+
+    fig, axes = plt.subplots(len(DOMAINS), len(EFFORTS), figsize=(9, 6.5), sharey=True)
+    for i, d in enumerate(DOMAINS):
+        for j, e in enumerate(EFFORTS):
+            ax = axes[i][j]
+            cell = cells.get((d, e))
+            if i == 0:
+                ax.set_title(e, fontsize=9)
+            if j == 0:
+                ax.set_ylabel(d, fontsize=8)
+            ax.set_ylim(-0.05, 1.05)
+            if cell is None:
+                ax.text(0.5, 0.5, "not trained", ha="center", va="center", transform=ax.transAxes, color="gray")
+                continue
+            curve = cell.get("reward_by_step") or []
+            ax.plot(range(1, len(curve) + 1), curve, lw=1, color="C0")
+            # The held-out pair one step past the last, SFT a little left of the specialist.
+            end = len(curve) + 1
+            for name, color, dx in (("sft", "C1", -0.2), ("specialist", "C2", 0.2)):
+                if cell.get(name) is None:
+                    continue
+                hits, n = cell[name]
+                lo, hi = wilson(hits, n)
+                rate = hits / n if n else float("nan")
+                ax.errorbar([end + dx], [rate], yerr=[[rate - lo], [hi - rate]], fmt="o", color=color, capsize=2, ms=4)
+                ax.annotate(f"n={n}", (end + dx, hi), textcoords="offset points", xytext=(0, 3), ha="center",
+                            fontsize=5, color=color)
+            ax.set_xlim(0.5, end + 0.8)
+            ax.tick_params(labelsize=7)
+    from matplotlib.lines import Line2D
+    fig.legend(handles=[Line2D([], [], color="C0", lw=1, label="rollout success by GRPO step"),
+                        Line2D([], [], color="C1", marker="o", ls="", label="held-out: sft_policy"),
+                        Line2D([], [], color="C2", marker="o", ls="", label="held-out: specialist (95 % Wilson)")],
+               loc="upper center", ncol=3, fontsize=7, frameon=False)
+    fig.supxlabel("GRPO step (held-out evaluation after the last step)", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=70)
     plt.close(fig)
     return path
 
@@ -161,20 +235,10 @@ def report_plots(figs: dict[str, Any], verdicts: list[Claim], out: Path) -> dict
     put("tokens_by_effort", spent if tokens else None, "no specialist reports its token use")
 
     retention = by[4].figures.get("retention", {})
-
-    def matrix(ax):
-        grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
-        values = [[float("nan") if v is None else v for v in row] for row in grid]
-        im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
-        ax.set_xticks(range(3), EFFORTS)
-        ax.set_yticks(range(3), DOMAINS, fontsize=7)
-        ax.set_title("student / teacher success")
-        ax.figure.colorbar(im, ax=ax)
-    put("teacher_retention", matrix if any(v is not None for v in retention.values()) else None,
-        "no student and teacher evaluations", size=(5, 3.5))
+    if any(v is not None for v in retention.values()):
+        got["teacher_retention"] = retention_heatmap(retention, out / "teacher_retention.png")
+    else:
+        got["teacher_retention"] = "not measured: no student and teacher evaluations"
 
     q = by[5].figures
 

@@ -63,13 +63,14 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
 
 def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs: dict | None) -> dict:
     """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
-    flat figures and its Markdown table."""
+    flat figures and its Markdown tables (the ladder, the random and expert baselines)."""
     from datagen.tokenizer import load_tokenizer
     from k3model.checkpoint import load_model
     from k3model.train.ladder import measure_ladder
     model = load_model(policy_checkpoint)[0].eval()
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
-    return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table()}
+    return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table(),
+            "baseline_table": report.baseline_table()}
 
 
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,

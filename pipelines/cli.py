@@ -252,13 +252,18 @@ class _Progress(threading.Thread):
 CODE_LOCATION = "k3"
 
 
-def _record_origin_for_the_ui(instance, job_name: str) -> None:
+def _record_origin_for_the_ui(instance, job_name: str, checks: set | None = None) -> None:
     """Make the runs this instance object creates re-executable from the UI.
 
     `execute_in_process` records no remote origin, and the UI's "Re-execute" looks the job up by the
     origin's code location and repository (a run without one cannot be re-executed, whatever its
     job). The origin named here is the one `k3 ui` serves: workspace.yaml's location `k3`, the
     Definitions' single repository.
+
+    Nor does it record which checks the run executes (None: those of the selected assets). The UI
+    re-executes a selection of steps with the run's asset selection and its check selection, a
+    missing one taken as none (Dagster 1.13's getReexecutionParamsForSelection): the report's
+    claims would be dropped, so `checks` (the checks of the selected assets) is recorded instead.
     """
     from dagster._core.definitions.repository_definition import SINGLETON_REPOSITORY_NAME
     from dagster._core.remote_origin import (ManagedGrpcPythonEnvCodeLocationOrigin, RemoteJobOrigin,
@@ -279,6 +284,17 @@ def _record_origin_for_the_ui(instance, job_name: str) -> None:
         kwargs.setdefault("remote_job_origin", origin)
         return create(*args, **kwargs)
     instance.create_run_for_job = create_run_for_job
+    if checks is None:
+        return
+    # create_run_for_job passes asset_check_selection=None to the run domain's create_run.
+    domain = instance.run_domain
+    create_run = domain.create_run
+
+    def create_run_with_checks(**kwargs):
+        if kwargs.get("asset_selection") and kwargs.get("asset_check_selection") is None:
+            kwargs["asset_check_selection"] = {c for c in checks if c.asset_key in kwargs["asset_selection"]}
+        return create_run(**kwargs)
+    domain.create_run = create_run_with_checks
 
 
 def _is_interruption(err) -> bool:
@@ -372,7 +388,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     watch_interrupts()
     instance = dg.DagsterInstance.get()
-    _record_origin_for_the_ui(instance, job.name)
+    _record_origin_for_the_ui(instance, job.name, {c for c in graph.asset_check_keys if c.asset_key in set(keys)})
     run_id = str(uuid.uuid4())
     progress = _Progress(instance, run_id)
     progress.start()
@@ -438,6 +454,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from assets.claims import Claim
     from assets.lineage import key
+    from assets.report import page_url
     asset = key(args.profile, "report")
     make = f"`k3 run --profile {args.profile} --select report`"
     event = dg.DagsterInstance.get().get_latest_materialization_event(asset)
@@ -453,7 +470,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     say(f"k3 report: {path}")
     dagster_url = f"http://127.0.0.1:{args.port}"
-    links = [f"Dagster {dagster_url}/assets/{args.profile}/report"]
+    # The page (report.html, every figure inline) is served by `k3 ui`'s webserver.
+    links = [f"Page {dagster_url}{page_url(args.profile)}", f"Dagster {dagster_url}/assets/{args.profile}/report"]
     if isinstance(md.get("mlflow_run"), str):
         # The metadata link goes through the Dagster webserver's redirect to wherever MLflow is served.
         links.append(f"MLflow {dagster_url}{md['mlflow_run']}")

@@ -91,6 +91,12 @@ def run_episodes(model, fmt, tasks, harnesses, args, temperature: float, samples
                              sorted({ep.stop_reason for ep in episodes})}}
 
 
+def sync(model) -> None:
+    """Wait for the GPU's queued work, so a wall time covers it."""
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+
+
 def run_raw(model, batch: int, prompt_len: int, new: int, seed: int) -> dict:
     from k3model.engine import SamplingConfig, decode, prefill
     g = torch.Generator().manual_seed(seed)
@@ -99,8 +105,11 @@ def run_raw(model, batch: int, prompt_len: int, new: int, seed: int) -> dict:
     c0, t0 = core_seconds(), time.perf_counter()
     with torch.no_grad():
         cache, logits_BV = prefill(model, prompts, new)
+        sync(model)
         t1, c1 = time.perf_counter(), core_seconds()
-        done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g)
+        # Sampling draws on the model's device (a CUDA multinomial takes a CUDA generator).
+        g_dev = torch.Generator(device=logits_BV.device).manual_seed(seed)
+        done, _ = decode(model, cache, logits_BV, [cfg] * batch, [new] * batch, generator=g_dev)
     wall, cores = time.perf_counter() - t0, core_seconds() - c0
     decode_s, decode_core_s = time.perf_counter() - t1, core_seconds() - c1
     tokens = sum(len(c.token_ids) for c in done)
@@ -124,6 +133,8 @@ def main() -> int:
     ap.add_argument("--stop-frac", type=float, default=0.02,
                     help="this fraction of the vocabulary (its top ids) also ends a turn: variable lengths")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: bf16 weights, rollouts through the "
+                    "captured decode step (engine.SlotBatch)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     report = {"header": run_header(), "args": vars(args),
@@ -140,6 +151,9 @@ def main() -> int:
         from k3model.model import K3Model
         torch.manual_seed(0)
         model = K3Model(get_profile(args.profile).model).eval()
+        if args.device == "cuda":
+            model = model.cuda().to(torch.bfloat16)
+            report["model"] = report["model"].replace("fp32", "bf16 on CUDA")
         fmt = token_format(args.profile, args.effort)
         domains, harness_list = args.domains.split(","), args.harnesses.split(",")
         per = -(-args.tasks // len(domains))

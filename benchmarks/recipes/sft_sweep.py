@@ -1,4 +1,4 @@
-"""How much SFT the tiny policy needs before the task ladder has cells in the 10–90 % band (issue 18 item 4).
+"""How much SFT the tiny policy needs before the task ladder has cells in its band (issue 18 item 4).
 
     python benchmarks/recipes/sft_sweep.py --base BASE_CHECKPOINT_DIR --tokenizer TOKENIZER_JSON \
         --runs "8:60:4,64:300:8" --out benchmarks/results/posttrain/DATE_sft_sweep.json
@@ -75,7 +75,7 @@ def main() -> None:
         model, _ = load_model(result.checkpoint_dir, device=device)
         t0 = time.perf_counter()
         ladder = measure_ladder(model, tok, LadderConfig(tasks_per_family=args.ladder_tasks, samples=args.samples,
-                                                         families=r["families"]), specs=specs)
+                                                         k=min(8, args.samples), families=r["families"]), specs=specs)
         t_ladder = time.perf_counter() - t0
         entry = {**r, "rows": table.num_rows, "data_s": t_data, "train_s": t_train, "ladder_s": t_ladder,
                  "metrics": result.metrics, "history": result.history[-3:], "ladder": ladder.to_json(),

@@ -65,16 +65,28 @@ class PosttrainSizes:
     sft_family_weights: tuple[tuple[str, int], ...] = ()
 
 
+# smoke's (effort, episode budget, turn cap): an echo_word answer in codex (82, 92, 133 policy tokens at
+# low, high, max) within the 512-token context.
+SMOKE_BUDGETS = (("low", 96, 96), ("high", 112, 112), ("max", 128, 128))
+
 POSTTRAIN_SIZES: dict[str, PosttrainSizes] = {
-    # The shortest family of each domain, one task each, and a few generated tokens per episode:
-    # every asset in seconds, so the lineage runs inside the test suite.
+    # The shortest family of each domain, one task each (echo_word 32), and budgets that hold an
+    # echo_word answer: every asset in seconds, so the lineage runs inside the test suite, and the
+    # general_tasks specialists really update (issue 45 item 5; docs/log/hardening.md, 2026-12-05).
+    # The smoke model's context is 512 tokens (its longest pretraining sequence): only echo_word in
+    # codex fits with room for an answer (prompt 404 + answer 82/92 tokens), the other harnesses'
+    # prompts leave < 70 tokens and the other domains' prompts do not fit. 200 SFT steps on 32
+    # echo_word tasks teach the codex call and the words of its codex demonstrations (not copying:
+    # an unseen word is never answered), so 40 RL prompts cover every word and 4 groups a draw (one
+    # per training harness, round-robin) × 4 draws give each specialist four codex groups, of which
+    # those whose word the policy knows mix successes and failures.
     "smoke": PosttrainSizes(sft_families=("echo_word", "slack_ping", "write_constant"), sft_tasks_per_family=1,
-                            sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=2, sft_batch_size=2,
-                            sft_lr=1e-3, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
-                            rl_steps=1, rl_group_size=2, rl_groups_per_step=1, rl_tasks_per_family=1,
-                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=2, rl_hard_tasks=1,
+                            sft_heldout_tasks_per_family=1, sft_max_tokens=4096, sft_steps=200, sft_batch_size=4,
+                            sft_lr=1e-2, eval_tasks_per_family=1, ladder_tasks_per_family=1, ladder_samples=2,
+                            rl_steps=1, rl_group_size=8, rl_groups_per_step=4, rl_tasks_per_family=40,
+                            rl_eval_tasks_per_family=1, rl_lr=3e-4, rl_max_draw_factor=4, rl_hard_tasks=1,
                             rl_eval_temperature=1.0,  # sampled, as tiny scores, so the tests run that path
-                            eval_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
+                            eval_budgets=SMOKE_BUDGETS, sft_family_weights=(("echo_word", 32),)),
     # Sized for `make run` on 2 cores (measurements: docs/log/posttrain.md): the 2.75M policy
     # writes its harnesses' calls only after ~2,000 demonstration rows, so SFT trains on four
     # starter rungs alone (one per domain, two for general_tasks), 900 steps × 4 rows; coding's is
@@ -114,7 +126,7 @@ class EvalPlan:
     of `families` (`k3model.train.ladder.plan_tasks`), grouped by domain, each played once, greedily,
     at every effort in the training harnesses round-robin. `budgets` replaces
     `k3model.train.effort.EFFORT_SPECS`' token budgets as (effort, episode budget, turn cap) triples
-    (the smoke profile's are a few tokens)."""
+    (the smoke profile's hold one echo_word answer)."""
     domains: tuple[str, ...]
     efforts: tuple[str, ...]
     families: tuple[str, ...]
@@ -183,11 +195,13 @@ class DistillSizes:
 
 
 DISTILL_SIZES: dict[str, DistillSizes] = {
+    # The transfer folds on general_tasks (echo_word: the one family a smoke policy answers, above),
+    # with the specialists' group shape, so the general arm's codex groups can mix.
     "smoke": DistillSizes(mopd_steps=1, mopd_episodes_per_step=3, mopd_lr=1e-4,
                           mopd_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4)), folds=("openclaw",),
-                          transfer_domain="general_agents", transfer_effort="low", transfer_steps=1,
-                          transfer_group_size=2, transfer_groups_per_step=1, transfer_rl_tasks=2,
-                          transfer_eval_tasks=2, transfer_budgets=(("low", 8, 4), ("high", 8, 4), ("max", 8, 4))),
+                          transfer_domain="general_tasks", transfer_effort="low", transfer_steps=1,
+                          transfer_group_size=8, transfer_groups_per_step=4, transfer_rl_tasks=40,
+                          transfer_eval_tasks=2, transfer_budgets=SMOKE_BUDGETS),
     # MOPD's rollouts on tiny run at the teachers' own budgets (the specialists trained and are
     # scored at POSTTRAIN_SIZES["tiny"].eval_budgets): a student cut shorter than its teacher at
     # high/max would be judged against a teacher it cannot imitate.

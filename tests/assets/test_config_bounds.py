@@ -65,9 +65,9 @@ def test_sound_values_pass():
 
 @pytest.mark.parametrize("config, message", [
     (RLSpecialistConfig(group_size=1_000_000),
-     r"group_size=1000000 holds 1000000 episodes at once \(group_size 1000000 × groups_per_step 1, .*\), at least "
-     r"32 KiB each = 30.5 GiB, more than this machine's 16.0 GiB of RAM: lower group_size \(at most 524288 would"),
-    (RLSpecialistConfig(groups_per_step=1_000_000), r"groups_per_step=1000000 holds 2000000 episodes"),
+     r"group_size=1000000 holds 4000000 episodes at once \(group_size 1000000 × groups_per_step 4, .*\), at least "
+     r"32 KiB each = 122.1 GiB, more than this machine's 16.0 GiB of RAM: lower group_size \(at most 131072 would"),
+    (RLSpecialistConfig(groups_per_step=1_000_000), r"groups_per_step=1000000 holds 8000000 episodes"),
     (MOPDStudentConfig(samples_per_task=1_000_000), r"samples_per_task=1000000 holds 3000000 episodes"),
     (RLTasksConfig(samples=1_000_000), r"samples=1000000 holds 1000000 episodes"),
     (SFTPolicyConfig(batch_size=100_000), r"batch_size=100000 rows of at least 256 tokens need at least 122.1 GiB per step .*at most 13107 would pass"),
@@ -82,7 +82,7 @@ def test_a_size_that_cannot_fit_the_machine_is_refused_with_the_numbers(ram_16gi
     ("draft_model.lr=Infinity", "draft_model.lr must be a finite number, got inf"),
     ("rl_specialist.lr=Infinity", "rl_specialist.lr must be a finite number, got inf"),
     ("mopd_student.lr=1e999", "mopd_student.lr must be a finite number, got inf"),
-    ("rl_specialist.group_size=1000000", "rl_specialist: group_size=1000000 holds 1000000 episodes .* 16.0 GiB"),
+    ("rl_specialist.group_size=1000000", "rl_specialist: group_size=1000000 holds 4000000 episodes .* 16.0 GiB"),
 ])
 def test_k3_run_refuses_before_the_run_starts(home, ram_16gib, item, message):
     with pytest.raises(SystemExit, match=f"--set refused before the run: {message}"):

@@ -2,6 +2,7 @@
 smoke SFT checkpoints (the student's and the nine teachers'), its metadata and manifest; a missing
 teacher partition named."""
 
+import math
 from dataclasses import asdict, replace
 
 import dagster as dg
@@ -106,7 +107,15 @@ def test_mopd_student_materializes_through_ray(upstreams, smoke_resources, tmp_p
     for e in distill.EFFORTS:
         assert meta[f"tokens_per_answer/{e}"] > 0
     assert meta["flops/total"] > 0 and meta["kl/exact/first"] > 0
+    # A real update (issue 45 item 5): the teachers differ from the student, so the advantage
+    # log π_T − log π_S is not 0, the loss is finite and not 0, and the weights moved.
+    assert meta["sha256"] != verify_checkpoint(upstreams[1][0]).sha256
+    losses = [m.value for m in smoke_resources["mlflow"].client().get_metric_history(
+        meta["mlflow_run"].rsplit("/", 1)[1], "train/loss")]
+    assert losses and all(math.isfinite(v) and v != 0 for v in losses)
     assert "kl_to_each_teacher" in meta and "teacher_retention" in meta
+    # Its own figure: the retention heatmap, inline.
+    assert meta["plot/teacher_retention"].startswith("![Teacher retention: student / teacher success](data:image/png")
 
 
 def test_one_cross_harness_fold_materializes_through_ray(upstreams, smoke_resources, tmp_path):

@@ -3,13 +3,17 @@ missing), its claim checks, the metadata contract of the assets it reads, and `k
 without a report."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
 import pytest
 from mlflow.tracking import MlflowClient
 
-from assets import data, pretrain, report
+from assets import data, posttrain, pretrain, report
 from assets.claims import DOMAINS, EFFORTS, FAIL, NOT_MEASURED, PASS
 from assets.lineage import PROFILE_TAG, key
 from assets.plots import report_plots
@@ -17,7 +21,7 @@ from pipelines.cli import main
 from pipelines.instance import dagster_home
 
 STAGE_ASSETS = pretrain.build("smoke")[0][:2]
-REPORT, CHECKS = report.build("smoke")
+REPORT = report.build("smoke")
 # Every step logged (the report draws the curves from MLflow), one clue pair per cell (smoke's own).
 STAGE_CONFIG = {"ops": {f"smoke__pretrain_stage_{s}": {"config": {"log_every": 1}} for s in (1, 2)}}
 
@@ -30,7 +34,7 @@ def reported(home, smoke_resources):
     lineage = dg.materialize([*data.build("smoke"), *STAGE_ASSETS], instance=instance,
                              resources=smoke_resources, run_config=STAGE_CONFIG)
     assert lineage.success
-    result = dg.materialize([*REPORT, *CHECKS], instance=instance, resources=smoke_resources)
+    result = dg.materialize(REPORT, instance=instance, resources=smoke_resources)
     assert result.success
     yield instance, result
     instance.dispose()
@@ -59,11 +63,25 @@ def test_the_report_reports_what_exists_and_marks_the_rest(reported, home):
     assert all(c["profile"] == "smoke" for c in by.values())
 
     text = Path(md["path"]).read_text()
+    out = Path(md["path"]).parent
     assert text.startswith("# K3 recipe claims report — profile `smoke`")
-    assert "_not measured: no specialist and SFT evaluations_" in text and "![Loss curves per stage](loss_curves.png)" in text
+    # report.md's images load beside it on disk and in MLflow's artifacts: both keep the PNGs under plots/.
+    assert "_not measured: no specialist and SFT evaluations_" in text
+    assert "![Loss curves per stage](plots/loss_curves.png)" in text
     for name in ("loss_curves", "clue_accuracy", "expert_load"):
-        assert (Path(md["path"]).parent / f"{name}.png").is_file()
+        assert (out / "plots" / f"{name}.png").is_file()
         assert md[f"plot/{name}"].startswith(f"![{report.PLOT_TITLES[name]}](data:image/png;base64,")
+    # Dagster's Markdown cannot load local files: its copy links each plot to the page, no broken images.
+    page = f"/k3/report/smoke/{result.run_id}"
+    assert next(iter(md)) == "report_page" and md["report_page"] == page
+    assert "![" not in md["report"] and f"]({page}#plot-loss_curves)" in md["report"]
+    # The page: self-contained, the claims table, each claim, every drawn plot inline.
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == sum(isinstance(v, str) and v.startswith("![")
+                                                            for k, v in md.items() if k.startswith("plot/"))
+    assert 'src="http' not in html and "plots/" not in html
+    assert all(f'id="claim-{n}"' in html for n in range(1, 9)) and 'id="plot-loss_curves"' in html
+    assert "not measured: the draft model reports no acceptance lengths" in html
     assert md["plot/acceptance"] == "not measured: the draft model reports no acceptance lengths"
     assert md["claims/pass"] + md["claims/fail"] + md["claims/not_measured"] == 8
 
@@ -75,7 +93,8 @@ def test_the_report_reports_what_exists_and_marks_the_rest(reported, home):
 
     client = MlflowClient(f"sqlite:///{home.resolve() / 'mlflow' / 'mlflow.db'}")
     run_id = md["mlflow_run"].rsplit("/", 1)[1]
-    assert {a.path for a in client.list_artifacts(run_id)} >= {"report.md", "plots", "claims.json"}
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"report.md", "report.html", "plots", "claims.json"}
+    assert {a.path for a in client.list_artifacts(run_id, "plots")} >= {"plots/loss_curves.png"}
     assert client.get_run(run_id).data.metrics["claims/not_measured"] == md["claims/not_measured"]
 
 
@@ -85,23 +104,25 @@ def test_report_depends_on_what_it_reads():
     assert {"pretrain_stage_4", "base_model"} <= set(report.upstream_names())
 
 
-def test_a_failing_claim_warns(tmp_path):
-    instance = dg.DagsterInstance.ephemeral()
-    verdicts = [{"number": n, "title": "", "status": FAIL if n == 3 else PASS, "figure": f"figure {n}",
-                 "target": "t", "reason": "r", "profile": "smoke", "checkpoints": {"sft_policy": "ab"}}
-                for n in range(1, 9)]
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key=key("smoke", "report"), tags={PROFILE_TAG: "smoke"},
-        metadata={"path": dg.MetadataValue.path(str(tmp_path)), "claims": dg.MetadataValue.json(verdicts)}))
-    check = {c.check_key.name: c for c in CHECKS}
-    ctx = dg.build_asset_check_context(instance=instance)
-    failing = check["claim_3"](ctx)
-    assert failing.passed is False and failing.severity == dg.AssetCheckSeverity.WARN
-    assert failing.description.startswith("fail: figure 3")
-    assert check["claim_4"](ctx).passed is True
+def test_a_failing_claim_warns():
+    verdicts = {n: {"number": n, "title": "", "status": status, "figure": f"figure {n}", "target": "t",
+                    "reason": "r", "profile": "smoke", "checkpoints": {"sft_policy": "ab"}}
+                for n, status in ((3, FAIL), (4, PASS), (5, NOT_MEASURED))}
+    failing = report.claim_check(verdicts[3])
+    assert failing.check_name == "claim_3" and failing.passed is False
+    assert failing.severity == dg.AssetCheckSeverity.WARN and failing.description.startswith("fail: figure 3")
+    assert report.claim_check(verdicts[4]).passed is True
+    assert report.claim_check(verdicts[5]).passed is True and "not measured" in report.claim_check(verdicts[5]).description
 
 
-def test_the_contract_of_the_assets_it_reads(tmp_path):
+def test_the_claims_are_checks_of_the_report_step():
+    """The eight checks belong to the report's own op: no separate check step a re-execution can drop."""
+    [asset] = REPORT
+    assert sorted(k.name for k in asset.check_keys) == [f"claim_{n}" for n in range(1, 9)]
+    assert asset.node_def.name == "smoke__report"
+
+
+def test_the_contract_of_the_assets_it_reads(tmp_path, smoke_resources):
     """Hand-made materializations with the metadata keys of assets/claims.py's table: every
     post-training claim is judged from them."""
     instance = dg.DagsterInstance.ephemeral()
@@ -151,6 +172,24 @@ def test_the_contract_of_the_assets_it_reads(tmp_path):
     drawn = report_plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
     assert all(isinstance(drawn[n], Path) for n in ("specialists_vs_sft", "tokens_by_effort", "teacher_retention",
                                                     "quantization", "acceptance"))
+    # The page shows the nine side by side under claim 3, and every drawn plot inline.
+    html = report.render_html("smoke", list(by.values()), drawn, run="r1", links={})
+    assert html.count("SFT 0.20 → 0.60, +40 [+") == 9 and html.count("; ✓</td>") == 9
+    assert html.count('src="data:image/png;base64,') == sum(isinstance(v, Path) for v in drawn.values())
+
+    # rl_specialist's overview: the nine as this run made them (`fresh`) and as the instance holds the rest.
+    worse = {"eval/success_rate": 0.25, "eval/n": 900, "sft_policy/success_rate": 0.2, "sft_policy/n": 900,
+             "paired/b": 60, "paired/c": 15, "paired/n": 900, "eval/mean_policy_tokens": 10.0,
+             "reward_by_step": dg.MetadataValue.json([0.1, 0.2, 0.3])}
+    with dg.build_asset_context(resources=smoke_resources, instance=instance) as ctx:
+        led = posttrain._with_the_nine(ctx, "smoke", {"coding_agents|max": worse})
+    nine = led["coding_agents|max"]
+    assert list(nine)[:2] == ["specialists_3x3", "plot/specialists"] and nine["eval/success_rate"] == 0.25
+    table = nine["specialists_3x3"].value
+    assert table.count("SFT 0.20 → 0.60") == 8 and "SFT 0.20 → 0.25, +5 [" in table
+    assert table.startswith("**claim 3 fail**: 8/9 specialists") and table.count("; ✓") == 8 and "; ✗" in table
+    assert len(table) < 1000  # short enough for the UI to show it in the metadata table itself
+    assert nine["plot/specialists"].value.startswith("![The nine specialists")
 
 
 def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
@@ -187,11 +226,104 @@ def test_k3_report_prints_where_and_every_claim(reported, k3_env, capsys):
     assert main(["report", "--profile", "smoke", "--port", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"k3 report: {md['path']}"
-    assert lines[1].startswith("k3 report: Dagster http://127.0.0.1:1/assets/smoke/report   MLflow "
+    assert lines[1].startswith("k3 report: Page http://127.0.0.1:1/k3/report/smoke   Dagster "
+                               "http://127.0.0.1:1/assets/smoke/report   MLflow "
                                f"http://127.0.0.1:1{md['mlflow_run']}")
     assert "no `k3 ui` answers there now" in lines[1]
     claim_lines = [line.strip() for line in lines if line.startswith("  claim ")]
     assert len(claim_lines) == 8 and claim_lines[7].startswith(f"claim 8 ✓ pass: {by[8]['figure']}")
+
+
+def smoke_all_job():
+    """The job `k3 run --profile smoke` runs a selection of (module level: `dg.reconstructable` needs it)."""
+    from pipelines.definitions import defs
+    return defs.resolve_job_def("smoke_all_job")
+
+
+CLAIMS = {dg.AssetCheckKey(key("smoke", "report"), f"claim_{n}") for n in range(1, 9)}
+
+
+@pytest.fixture(scope="module")
+def k3_run_report(reported, home):
+    """The id of a run of `k3 run --profile smoke --select report --force` on `reported`'s lineage."""
+    env = {**os.environ, "K3_HOME": str(home)}
+    env.pop("DAGSTER_HOME", None)
+    cli = subprocess.run([str(Path(sys.executable).parent / "k3"), "run", "--profile", "smoke", "--select", "report",
+                          "--force"], env=env, capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    return re.findall(r"\(run ([0-9a-f-]{36})\)", cli.stdout)[-1]
+
+
+def _judged_in(instance, run_id: str) -> set[str]:
+    """The claims judged on the report that run `run_id` made, which must be the newest (the UI shows
+    a check "Not Evaluated" when its newest evaluation targets an older materialization)."""
+    assert instance.get_latest_materialization_event(key("smoke", "report")).run_id == run_id
+    return {e.asset_check_evaluation.check_name
+            for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+            if e.asset_check_evaluation.target_materialization_data.run_id == run_id}
+
+
+@pytest.mark.slow
+def test_every_rerun_of_the_report_judges_the_claims(reported, k3_run_report, k3_env):
+    """The report made by `k3 run`, re-executed through Dagster's Python API: its step alone, and all."""
+    instance, _ = reported
+    parent = instance.get_run_by_id(k3_run_report)
+    # The UI re-executes a step selection with the run's check selection, a missing one sent as
+    # none (Dagster 1.13's getReexecutionParamsForSelection): `k3 run` records it.
+    assert parent.asset_selection == {key("smoke", "report")} and parent.asset_check_selection == CLAIMS
+    assert _judged_in(instance, parent.run_id) == {c.name for c in CLAIMS}
+    for steps in (["smoke__report"], None):  # "Re-execute selected steps", "Re-execute all"
+        child = dg.execute_job(dg.reconstructable(smoke_all_job), instance, reexecution_options=dg.ReexecutionOptions(
+            parent_run_id=parent.run_id, step_selection=steps))
+        assert child.success
+        assert _judged_in(instance, child.run_id) == {c.name for c in CLAIMS}
+
+    # A run recorded without its checks (before `k3 run` recorded them): the UI's step re-execution
+    # (check selection none) is refused with the checks named, never run without its claims.
+    with pytest.raises(dg.DagsterInvalidSubsetError, match="claim_1"):
+        smoke_all_job().get_subset(asset_selection={key("smoke", "report")}, asset_check_selection=set())
+
+
+LAUNCH = """mutation($p: ExecutionParams!) { launchPipelineExecution(executionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on InvalidSubsetError { message } } }"""
+REEXECUTE = """mutation($p: ReexecutionParams) { launchPipelineReexecution(reexecutionParams: $p) {
+  __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
+
+
+@pytest.mark.slow
+def test_the_uis_reruns_of_the_report_judge_the_claims(reported, k3_run_report, home, k3_env):
+    """The two re-executions the Runs page offers, as the UI sends them to Dagster's GraphQL API (the
+    workspace `k3 ui` serves, a code server and a run process each): the report's step, with the
+    parameters the UI builds from the run, and "Re-execute all"."""
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._core.test_utils import wait_for_runs_to_finish
+    from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
+    from pipelines.resources import REPO_ROOT
+
+    instance, _ = reported
+    parent = instance.get_run_by_id(k3_run_report)
+    # Runs start at once: the instance's run queue is served by `k3 ui`'s daemon, not running here.
+    ref = InstanceRef.from_dir(str(dagster_home(home)), overrides={"run_coordinator": {
+        "module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"}})
+    # getReexecutionParamsForSelection (Dagster 1.13's UI): the run's selections, the chosen steps.
+    step_params = {"mode": "default", "runConfigData": parent.run_config, "stepKeys": ["smoke__report"],
+                   "selector": {"repositoryLocationName": "k3", "repositoryName": "__repository__",
+                                "pipelineName": parent.job_name,
+                                "assetSelection": [{"path": k.path} for k in parent.asset_selection],
+                                "assetCheckSelection": [{"assetKey": {"path": c.asset_key.path}, "name": c.name}
+                                                        for c in parent.asset_check_selection or ()]},
+                   "executionMetadata": {"parentRunId": parent.run_id, "rootRunId": parent.run_id,
+                                         "tags": [{"key": "dagster/step_selection", "value": "smoke__report"}]}}
+    with dg.DagsterInstance.from_ref(ref) as ui_instance, \
+            define_out_of_process_context(str(REPO_ROOT / "workspace.yaml"), None, ui_instance) as context:
+        for query, params in ((LAUNCH, step_params), (REEXECUTE, {"parentRunId": parent.run_id, "strategy": "ALL_STEPS"})):
+            [launched] = execute_dagster_graphql(context, query, {"p": params}).data.values()
+            assert launched["__typename"] == "LaunchRunSuccess", launched
+            child = launched["run"]["runId"]
+            wait_for_runs_to_finish(ui_instance, timeout=300)
+            assert ui_instance.get_run_by_id(child).status == dg.DagsterRunStatus.SUCCESS
+            assert _judged_in(ui_instance, child) == {c.name for c in CLAIMS}
 
 
 def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, capsys):
@@ -203,10 +335,40 @@ def test_k3_report_without_a_report_names_the_command(tmp_path, monkeypatch, cap
     assert "no report yet for profile smoke: `k3 run --profile smoke --select report` makes one" in out
 
 
+def test_a_report_of_nothing_says_so(smoke_resources):
+    """No asset of the lineage materialized (and claim 8 off): every claim not measured, no plot
+    drawn, and still the files, the page and the eight checks."""
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(REPORT, instance=instance, resources=smoke_resources,
+                            run_config={"ops": {"smoke__report": {"config": {"kernelsuite": "off"}}}})
+    assert result.success
+    md = {k: v.value for k, v in result.asset_materializations_for_node("smoke__report")[0].metadata.items()}
+    assert md["claims/not_measured"] == 8 and not any(v.startswith("![") for k, v in md.items() if k.startswith("plot/"))
+    html = (Path(md["path"]).parent / "report.html").read_text()
+    assert "data:image" not in html and html.count("not measured: ") >= 8
+    assert len(result.get_asset_check_evaluations()) == 8
+
+
 def test_report_config_is_checked(smoke_resources):
     with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
             pytest.raises(dg.Failure, match="config.kernelsuite = 'some'"):
         REPORT[0](ctx, report.ReportConfig(kernelsuite="some"))
+
+
+def test_the_page_is_what_the_webserver_serves(reported):
+    """`k3 ui`'s /k3/report/<profile>[/<run id>] (pipelines/webserver.py): the newest report's page, or a
+    given run's, and a message naming the command where there is none."""
+    from pipelines.webserver import report_html
+    instance, result = reported
+    _, md = _claims(instance)
+    newest, _ = report_html(instance, "smoke", None)
+    assert newest == Path(md["path"]).parent / "report.html"
+    mine, _ = report_html(instance, "smoke", result.run_id)
+    assert mine.parent.name == result.run_id and mine.read_text().startswith("<!doctype html>")
+    missing, why = report_html(instance, "tiny", None)
+    assert missing is None and "`k3 run --profile tiny --select report` makes one" in why
+    missing, why = report_html(instance, "smoke", "no-such-run")
+    assert missing is None and "in run no-such-run" in why
 
 
 def test_claims_json_beside_the_report(reported):

@@ -7,8 +7,6 @@ would end every Ray cluster on the machine."""
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,25 +17,12 @@ import pytest
 
 from pipelines.instance import dagster_home
 from pipelines.resources import end_leftover_ray_processes
+from tests.pipelines.services import BIN, clean_env, free_port, mlflow_server_at
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 DATA = ["corpus", "tokenizer", "clue_data", "image_data"]
 STAGES = [f"pretrain_stage_{s}" for s in range(1, 5)]
 SHORT = {"eval_examples_per_cell": 1, "log_every": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(home: Path) -> dict:
-    """The environment of the cluster's processes: no PYTHONPATH (the code must come through the
-    runtime_env, not the test's checkout), one OpenMP thread, the home as the processes' marker."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    return {**env, "K3_HOME": str(home), "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def ray_node(env: dict, temp_dir: str, cpus: int, head_port: int, head: bool) -> None:
@@ -146,36 +131,8 @@ def test_an_unreachable_ray_address_fails_fast_and_names_it(monkeypatch):
 
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = free_port()
-    store = tmp_path / "server"
-    store.mkdir()
-    env = clean_env(store)
-    # The server's log goes to a file: an unread pipe fills up and then blocks the server.
-    log = open(store / "server.log", "wb")
-    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-                             "--artifacts-destination", str(store / "artifacts"), "--workers", "1"],
-                            cwd=store, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    t0 = time.perf_counter()
-    try:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (store / "server.log").read_text()[-3000:]
-                assert time.perf_counter() - t0 < 90, "mlflow server did not listen within 90 s"
-                time.sleep(0.5)
-        yield uri, time.perf_counter() - t0
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    with mlflow_server_at(tmp_path / "server") as served:
+        yield served
 
 
 @pytest.mark.e2e

@@ -5,6 +5,7 @@ the post-training lineage on top of that base model (base_model → sft_policy �
 rl_specialist partitions in one run), then a corrupted checkpoint."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -204,7 +205,8 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
     assert set(md["evals"]["base_model"]) == set(md["evals"]["sft_policy"])
     assert "| harness | n | success | unparseable | base_model success |" in md["success_by_harness"]
     assert isinstance(md["eval/loss"], float) and isinstance(md["base_model/success_rate"], float)
-    assert "| domain | effort | selected | pass |" in ladder.metadata["chosen"].value
+    assert "| domain | effort | selected | pass@1 | pass@2 | greedy |" in ladder.metadata["chosen"].value
+    assert ladder.metadata["random_passes"].value == 0
 
     # Nine specialists: each its own checkpoint, model version and metadata.
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
@@ -228,6 +230,7 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
                               filter_string="tags.asset = 'smoke/rl_specialist'")
     assert sorted(r.data.tags["partition"] for r in runs) == sorted(SPECIALISTS)
     assert all(r.info.status == "FINISHED" and r.data.tags["dagster_run_id"] == run_id for r in runs)
+    _post_training_really_trains(home, client, md["sha256"], specialists)
 
     # Everything is fresh now, partitions included; a partition that does not exist is refused.
     again = _k3_run(home, ray_address)
@@ -236,6 +239,43 @@ def test_posttraining_lineage_through_k3_run(pretrained, ray_address):
     assert bad.returncode == 1
     assert "--partition coding_agents|huge: no such partition of rl_specialist; its partitions are " \
            "general_tasks|low, general_tasks|high" in bad.stdout + bad.stderr
+
+
+def _post_training_really_trains(home: Path, client: MlflowClient, sft_sha: str, specialists: dict) -> None:
+    """The smoke lineage updates weights (issue 45 item 5): a checkpoint differs from sft_policy's
+    exactly when its run logged an update (`train/loss`), every logged loss is finite, and the
+    specialists, the MOPD student and the cross-harness general arm each moved. Only echo_word in the
+    codex harness fits the smoke model's 512-token context with room for an answer (the other
+    harnesses' prompts leave < 70 tokens, the other domains' prompts do not fit at all), so the
+    general_tasks specialists are the ones with informative groups; the single-harness arm (kimi_code
+    only) can never succeed at smoke and stays sft_policy."""
+    experiment = client.get_experiment_by_name("k3").experiment_id
+
+    def losses(asset: str, partition: str | None = None) -> list[float]:
+        [run] = [r for r in client.search_runs([experiment], filter_string=f"tags.asset = 'smoke/{asset}'")
+                 if partition is None or r.data.tags.get("partition") == partition]
+        values = [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")]
+        assert all(math.isfinite(v) for v in values), (asset, partition, values)
+        return values
+
+    updated = set()
+    for pk, mat in specialists.items():
+        sha, logged = mat.metadata["sha256"].value, losses("rl_specialist", pk)
+        assert (sha != sft_sha) == bool(logged), (pk, sha, logged)  # no update, no change; an update, a change
+        if logged:
+            updated.add(pk)
+    assert updated and all(pk.startswith("general_tasks|") for pk in updated), updated
+
+    with dg.DagsterInstance.from_config(str(dagster_home(home))) as instance:
+        mopd = instance.get_latest_materialization_event(asset_key("smoke", "mopd_student")).asset_materialization
+        cross = instance.get_latest_materialization_event(asset_key("smoke", "cross_harness")).asset_materialization
+    # MOPD's advantage is log π_teacher − log π_student: non-zero once a routed teacher moved.
+    assert mopd.metadata["sha256"].value != sft_sha
+    assert any(v != 0 for v in losses("mopd_student"))
+    arms = cross.metadata["arms"].value
+    assert arms["openclaw|general"]["sha256"] != sft_sha and losses("cross_harness", "openclaw|general")
+    for arm, a in arms.items():
+        assert (a["sha256"] != sft_sha) == bool(losses("cross_harness", arm)), arm
 
 
 @pytest.mark.e2e

@@ -1,12 +1,14 @@
-"""The web UI in a real browser: `k3 run` materializes smoke image data headless, then `k3 ui`
-starts Dagster and MLflow on the same home and Playwright (Debian's chromium) checks what a user
-sees: the per-profile lineage, a picture shown inline on the asset's page, the `k3 run` run
+"""The web UI in a real browser: `k3 run` materializes smoke image data and the claims report
+headless, then `k3 ui` starts Dagster and MLflow on the same home and Playwright (Debian's chromium)
+checks what a user sees: the per-profile lineage, a picture shown inline on the asset's page, the
+report's page with its figures reached from the asset's first metadata row, the `k3 run` run
 re-executed from the UI, an asset materialized from its page carrying its profile as a run tag, and
 an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
 Screenshots go to test-artifacts/."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,14 +32,15 @@ def _free_port() -> int:
 
 @pytest.fixture
 def ui(tmp_path):
-    """`k3 run --profile smoke --select image_data`, then `k3 ui` on free ports with that temporary
-    home; stopped (and checked) after."""
+    """`k3 run --profile smoke --select image_data,report`, then `k3 ui` on free ports with that
+    temporary home; stopped (and checked) after."""
     env = {**os.environ, "K3_HOME": str(tmp_path / "home")}
     env.pop("DAGSTER_HOME", None)
-    cli = subprocess.run([K3, "run", "--profile", "smoke", "--select", "image_data"], env=env,
+    cli = subprocess.run([K3, "run", "--profile", "smoke", "--select", "image_data,report"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stdout + cli.stderr
-    cli_run_id = cli.stdout.strip().splitlines()[-1].rsplit("(run ", 1)[1].rstrip(")")
+    # The summary line; failing claims add warning lines after it.
+    cli_run_id = re.findall(r"\(run ([0-9a-f-]{36})\)", cli.stdout)[-1]
 
     dagster_port, mlflow_port = _free_port(), _free_port()
     log = open(tmp_path / "k3-ui.log", "w")
@@ -129,6 +132,19 @@ def test_what_a_user_sees_in_the_ui(ui):
             row.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "ui_asset_inline_picture.png"))
 
+            # The report is a page: the asset's first metadata row links it, every figure inline.
+            page.goto(f"{dagster}/assets/smoke/report", wait_until="load")
+            link = page.locator("tr", has_text="report_page").first.locator("a[href^='/k3/report/smoke/']").first
+            link.wait_for(timeout=60_000)
+            page.goto(f"{dagster}{link.get_attribute('href')}", wait_until="load")
+            page.get_by_text("K3 recipe claims report").first.wait_for(timeout=30_000)
+            # Every plot has its place (this lineage has no stage yet: each says "not measured"), and
+            # every picture the page holds loads.
+            assert page.locator("[id^='claim-']").count() == 8 and page.locator("figure[id^='plot-']").count() == 8
+            widths = page.locator("img").evaluate_all("imgs => imgs.map(i => i.naturalWidth)")
+            assert all(w > 0 for w in widths), widths
+            page.screenshot(path=str(ARTIFACTS / "ui_report_page.png"), full_page=True)
+
             # The `k3 run` run belongs to a job of the definitions: Re-execute works.
             page.goto(f"{dagster}/runs/{ui['cli_run_id']}", wait_until="load")
             page.get_by_text("smoke_all_job").first.wait_for(timeout=60_000)
@@ -179,5 +195,7 @@ def test_what_a_user_sees_in_the_ui(ui):
     with urllib.request.urlopen(request, timeout=30) as r:
         runs = json.loads(r.read())["runs"]
     tags = [{t["key"]: t["value"] for t in run["data"]["tags"]} for run in runs]
-    assert sorted(t["asset"] for t in tags) == ["smoke/corpus", "smoke/image_data", "smoke/image_data"]
+    # image_data and the report by `k3 run` and again by the re-execution, corpus from its page.
+    assert sorted(t["asset"] for t in tags) == ["smoke/corpus", "smoke/image_data", "smoke/image_data",
+                                                "smoke/report", "smoke/report"]
     assert all(t["k3/profile"] == "smoke" for t in tags)
