@@ -20,7 +20,7 @@ from k3model.quantize import load_quantized
 
 QUANTIZED, DRAFT = deploy.build("smoke")
 SFT_DATA = posttrain.build("smoke")[0]
-REPORT = report.build("smoke")[0]
+REPORT = report.build("smoke")
 
 
 def _student(path):
