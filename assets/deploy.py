@@ -1,8 +1,9 @@
 """Deployment assets: the quantized student and its speculative-decoding draft (DESIGN.md §1, §5
 claim 5; issue 20).
 
-    mopd_student ─┬─> quantized_student   (+ base_model, sft_data: claim 5's SFT-step comparison)
-                  └─> draft_model         (+ sft_data: prompts for the student's own generations)
+    mopd_student ──> quantized_student ──> draft_model
+                     (+ base_model, sft_data:   (+ sft_data: training prompts; tokenizer: the
+                      claim 5's comparison)      held-out tasks' chat prompts)
 
 `build(profile)` makes them (keys `<profile>/quantized_student`, `<profile>/draft_model`, group
 `<profile>_deployment`), each through the training adapter (`assets.training`: a Ray task, its
@@ -19,12 +20,14 @@ MLflow run, the checkpoint moved into the store, verified and registered):
   steps and batches (k3model.train.quant_compare.compare_scope), each rounding (FLOOR, RCEIL):
   held-out window NLL and KL to that seed's bf16 arm. The whole RL lineage is not repeated per
   arm: the comparison stands on SFT.
-- `draft_model`: the EAGLE-3-style draft initialised from mopd_student's MTP module and trained on
-  the student's own greedy generations (k3model.train.draft): τ_sim before training (the MTP
-  module as a draft) and over training, then measured greedy speculative decoding at draft lengths
-  1–6 on held-out prompts (τ, acceptance by depth, parity with plain decoding, speedup in that loop)
-  for the trained and the untrained draft. The draft targets the float student (as stored); the
-  quantized one computes the same on the CPU (docs/log/quantize.md).
+- `draft_model`: the EAGLE-3-style draft for what is served — quantized_student's packed MXFP4
+  export loaded as `k3 serve` loads it (k3model.quantize.load_quantized) — initialised from its
+  MTP module and trained on its own greedy generations against its own logits (k3model.train.draft):
+  τ_sim before training (the MTP module as a draft) and over training, then measured greedy
+  speculative decoding at draft lengths 1–6 on the chat-formatted first turns of held-out envs
+  tasks (eval_plan's families and seeds, every effort, the training harnesses): τ = 1 + accepted /
+  rounds, acceptance by depth, parity with the quantized target's plain greedy output (lossless),
+  speedup in that loop, for the trained and the untrained draft.
 """
 
 
@@ -40,8 +43,9 @@ from assets.display import markdown_table, sparkline
 from assets.lineage import group, key, profile_tags, require_upstreams, tag_run
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training
+from k3model.train.effort import training_harnesses
 from k3model.train.qat import QUANT_SCOPES
-from k3model.train.recipes import DEPLOY_SIZES, POSTTRAIN_SIZES
+from k3model.train.recipes import DEPLOY_SIZES, POSTTRAIN_SIZES, eval_plan
 
 GROUP = "deployment"
 RESOURCES = {"store", "mlflow", "ray"}
@@ -190,31 +194,46 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/draft_model (ops.{profile}__draft_model.config): "
                                      f"{e}", allow_retries=False) from e
+    plan = eval_plan(profile)
     job = DraftJob(train=cfg, max_prompt_tokens=sizes.max_prompt_tokens, train_prompts=sizes.draft_train_prompts,
                    eval_prompts=sizes.draft_eval_prompts, measure_prompts=sizes.draft_measure_prompts,
-                   measure_tokens=sizes.draft_measure_tokens)
-    ups = require_upstreams(context, ["mopd_student", "sft_data"], profile)
+                   measure_tokens=sizes.draft_measure_tokens, families=plan.families, efforts=plan.efforts,
+                   harnesses=training_harnesses(), task_seed=plan.seed)
+    ups = require_upstreams(context, ["quantized_student", "sft_data", "tokenizer"], profile)
     demos = ups["sft_data"].path
     context.log.info(f"{profile}/draft_model: {cfg.steps} steps, {cfg.ttt_steps}-pass training-time test, on "
-                     f"mopd_student's greedy generations of {job.train_prompts} sft_data prompts")
+                     f"the quantized student's (packed MXFP4, as served) greedy generations of {job.train_prompts} "
+                     f"sft_data prompts; measured on {job.measure_prompts} chat-formatted held-out task prompts")
     trained = run_training(context, TrainingJob(
         profile=profile, name="draft_model", task=train_draft_task,
-        args=(job, str(ups["mopd_student"].path), str(demos), str(demos.parent / "heldout.parquet")),
-        model_target=ups["mopd_student"], config=job, inputs=ups, log_every=cfg.log_every, **context.resources.ray.placement(log=context.log.info),
-        description=f"{profile} EAGLE-3-style draft for mopd_student, initialised from its MTP module, trained "
-                    f"{cfg.steps} steps with a {cfg.ttt_steps}-pass training-time test on its own generations",
+        args=(job, str(ups["quantized_student"].path), str(demos), str(ups["tokenizer"].path)),
+        model_target=ups["quantized_student"], config=job, inputs=ups, log_every=cfg.log_every,
+        **context.resources.ray.placement(log=context.log.info),
+        description=f"{profile} EAGLE-3-style draft for quantized_student (packed MXFP4, the served forward), "
+                    f"initialised from its MTP module, trained {cfg.steps} steps with a {cfg.ttt_steps}-pass "
+                    "training-time test on its own generations",
         headline=lambda r: {k: r.metrics[k] for k in ("draft/tau_sim", "draft/tau_sim_untrained") if k in r.metrics}))
     r = trained.result
     m = r.metrics
     rows = []
     for k in job.draft_lens:
         t, u = r.measured["trained"][k], r.measured["mtp_untrained"][k]
+        depth = ", ".join("–" if a is None else f"{a:.2f}" for a in t["acceptance_by_depth"])
         rows.append({"draft len": k, "τ trained": t["acceptance_length"], "τ MTP untrained": u["acceptance_length"],
+                     "rounds": t["rounds"], "accepted": t["accepted"], "acceptance by depth (trained)": depth,
                      "τ_sim trained": m.get(f"draft/tau_sim_k{k}"), "τ_sim untrained": m.get(f"draft/tau_sim_untrained_k{k}"),
                      "speedup trained": t["speedup"], "parity": t["greedy_parity"]})
     four = r.measured["trained"].get(4, {})
     own: dict[str, Any] = {
         "steps": cfg.steps, "ttt_steps": cfg.ttt_steps,
+        "spec/target": f"quantized_student {r.target['sha256'][:12]} ({r.target['quantization']}, "
+                       f"{r.target['scale_rounding']}): the packed forward `k3 serve` runs",
+        "spec/target_sha256": r.target["sha256"],
+        "spec/tau_definition": "τ = 1 + accepted / rounds, pooled over the measured prompts' drafting rounds "
+                               "(greedy, batch 1)",
+        "spec/prompts": (f"chat-formatted first turns of {r.prompts['measure']} held-out envs tasks (seeds from "
+                         f"{r.prompts['seeds_from']}; τ_sim on {r.prompts['eval']} others)"),
+        "spec/prompts_by": dg.MetadataValue.json({k: v for k, v in r.prompts.items() if k.startswith("measure_")}),
         "tau_sim": m.get("draft/tau_sim"), "tau_sim_untrained": m.get("draft/tau_sim_untrained"),
         "tau_sim_curve": sparkline([e["eval/tau_sim"] for e in r.evals], "tau_sim",
                                    f"held-out τ_sim at steps {[e['step'] for e in r.evals]}"),
@@ -227,6 +246,7 @@ def materialize_draft_model(context: dg.AssetExecutionContext, config: DraftMode
     }
     if four:
         own["tau_k4"] = four["acceptance_length"]
+        own["acceptance_by_depth_k4"] = dg.MetadataValue.json(four["acceptance_by_depth"])
         own["tau_k4_target"] = f"≥ {TAU_TARGET}: {'met' if four['acceptance_length'] >= TAU_TARGET else 'missed'}"
         own["speedup_k4_in_asset"] = four["speedup"]
     own["greedy_parity_all"] = all(row["greedy_parity"] == 1.0 for rows_ in r.measured.values() for row in rows_.values())
@@ -256,11 +276,12 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
     def quantized_student(context: dg.AssetExecutionContext, config: QuantizedStudentConfig) -> dg.MaterializeResult:
         return materialize_quantized_student(context, config, profile)
 
-    @dg.asset(pool="gpu", name="draft_model", kinds={"pytorch", "ray"}, deps=[key(profile, n) for n in ("mopd_student", "sft_data")],
-              **common,
-              description="The EAGLE-3-style speculative-decoding draft for mopd_student, from its MTP module, trained "
-                          "with a training-time test on the student's own generations: τ_sim over training, measured "
-                          "acceptance by draft length against the untrained MTP draft.")
+    @dg.asset(pool="gpu", name="draft_model", kinds={"pytorch", "ray"},
+              deps=[key(profile, n) for n in ("quantized_student", "sft_data", "tokenizer")], **common,
+              description="The EAGLE-3-style speculative-decoding draft for quantized_student as served (packed "
+                          "MXFP4), from its MTP module, trained with a training-time test on that forward's own "
+                          "generations: τ_sim over training; τ = 1 + accepted/rounds by draft length on chat-formatted "
+                          "held-out task prompts against the untrained MTP draft; lossless against its greedy output.")
     def draft_model(context: dg.AssetExecutionContext, config: DraftModelConfig) -> dg.MaterializeResult:
         return materialize_draft_model(context, config, profile)
 

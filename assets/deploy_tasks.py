@@ -7,10 +7,13 @@ only the library. Each is `task(*args, work_dir, live) -> result` for `assets.tr
   through the engine beside the float student's; the export's drop on held-out windows (K3's
   experts-only scope, the product); then claim 5's comparison at the judged scope
   (`k3model.train.quant_compare.compare_scope`) on the SFT step at matched steps, per seed.
-- `train_draft_task`: `k3model.train.draft.train` on the student's own generations from sft_data's
-  prompts (held-out prompts from its held-out table), then measured speculative decoding
-  (`k3model.speculative.speculative_generate`, greedy) at draft lengths 1–6 on held-out prompts,
-  with the untrained MTP draft beside it, and greedy parity with plain decoding checked.
+- `train_draft_task`: `k3model.train.draft.train` against the quantized student as served (the
+  packed MXFP4 export through `k3model.quantize.load_quantized`, what `k3 serve` loads) on its own
+  generations from sft_data's prompts; τ_sim evaluated and speculative decoding
+  (`k3model.speculative.speculative_generate`, greedy) measured at draft lengths 1–6 on the
+  chat-formatted first turns of held-out envs tasks (`k3model.train.draft.chat_prompts`), with the
+  untrained MTP draft beside it: τ = 1 + accepted / rounds, acceptance by depth, and greedy parity
+  with the quantized target's own plain greedy output.
 """
 
 from __future__ import annotations
@@ -141,11 +144,16 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
 class DraftJob:
     """What draft_model does (hashed into the adapter's inputs key, logged as params)."""
     train: object  # k3model.train.draft.DraftTrainConfig
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # of the training prompts (sft_data's assistant turns)
     train_prompts: int
-    eval_prompts: int
-    measure_prompts: int  # held-out prompts speculative decoding is measured on
+    eval_prompts: int  # held-out task prompts τ_sim is evaluated on
+    measure_prompts: int  # held-out task prompts speculative decoding is measured on (after the eval ones)
     measure_tokens: int
+    # The held-out tasks (k3model.train.recipes.eval_plan's): families, efforts, harnesses, first seed.
+    families: tuple[str, ...] = ()
+    efforts: tuple[str, ...] = ()
+    harnesses: tuple[str, ...] = ()
+    task_seed: int = 0
     draft_lens: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 
 
@@ -157,14 +165,16 @@ class DraftResult:
     evals: list[dict]
     measured: dict = field(default_factory=dict)  # {"trained"|"mtp_untrained": {draft_len: {...}}}
     resumed_from_step: int | None = None
+    prompts: dict = field(default_factory=dict)  # what the held-out prompts are: counts by family, effort, harness
+    target: dict = field(default_factory=dict)  # the target's sha256 and quantization format
 
 
 def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_tokens: int,
                         draft_lens: tuple[int, ...]) -> dict:
-    """Greedy speculative decoding of every prompt at every draft length, per draft: τ (acceptance
-    length, pooled over rounds), conditional acceptance by depth, parity with plain greedy output,
-    tokens/s against plain decoding. Every path runs once untimed first (first calls allocate and
-    load kernels), then each prompt is timed plain and right after at every (draft, length), so
+    """Greedy speculative decoding of every prompt at every draft length, per draft: τ = 1 + accepted
+    / rounds (pooled over every prompt's drafting rounds), conditional acceptance by depth, parity with
+    the target's own plain greedy output (lossless), tokens/s against plain decoding. Every path runs
+    once untimed first (first calls allocate and load kernels), then each prompt is timed plain and right after at every (draft, length), so
     load that comes and goes on a shared machine falls on both sides alike."""
     from k3model.engine import SamplingConfig, generate
     from k3model.speculative import speculative_generate
@@ -201,34 +211,48 @@ def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_toke
         for k, row in by_k.items():
             seconds, rounds = row["seconds"], row["rounds"]
             out[name][k] = {
-                "acceptance_length": (row["accepted"] + rounds) / rounds if rounds else 0.0,
+                "acceptance_length": 1.0 + row["accepted"] / rounds if rounds else 0.0,
+                "rounds": rounds, "accepted": row["accepted"],
                 "acceptance_by_depth": [a / r if r else None for a, r in zip(row["acc"], row["reached"])],
                 "greedy_parity": row["parity"] / len(prompts),
                 "speedup": (row["tokens"] / seconds) / (plain_tokens / plain_s) if seconds and plain_s else None}
     return out
 
 
-def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, heldout_path: str, work_dir: str,
-                     live: LiveLog) -> DraftResult:
-    from k3model.checkpoint import load_model
+def train_draft_task(job: DraftJob, quantized_checkpoint: str, demos_path: str, tokenizer_path: str,
+                     work_dir: str, live: LiveLog) -> DraftResult:
+    from collections import Counter
+
+    from datagen.tokenizer import load_tokenizer
     from k3model.draft import draft_from_mtp, load_draft
-    from k3model.train.draft import train
-
     from k3model.engine import context_length
+    from k3model.quantize import load_quantized
+    from k3model.train.draft import chat_prompts, train
 
-    # The draft trains and is measured on the target's device (k3model.train.draft follows it); it
-    # targets the float student.
-    target, manifest = load_model(student_checkpoint, task_device(), qat=False)
+    # The target is the quantized student as `k3 serve` runs it (packed MXFP4 experts, MXFP8 expert
+    # activations, the rest as exported): the draft trains against and is measured on that forward,
+    # on the target's device (k3model.train.draft follows it).
+    target, manifest = load_quantized(quantized_checkpoint, task_device())
     target.eval()
     # A prompt and its generation must fit the student's context.
     limit = context_length(target)
-    cap = job.max_prompt_tokens if limit is None else min(job.max_prompt_tokens, limit - job.train.gen_tokens - 1)
+    new_tokens = max(job.train.gen_tokens, job.measure_tokens)
+    cap = job.max_prompt_tokens if limit is None else min(job.max_prompt_tokens, limit - new_tokens - 1)
     prompts = table_prompts(demos_path, cap, job.train_prompts)
-    held_out = table_prompts(heldout_path, cap, job.eval_prompts + job.measure_prompts)
-    if not prompts or not held_out:
-        raise ValueError(f"sft_data holds no assistant-turn prompt of at most {cap} tokens "
-                         f"({len(prompts)} for training, {len(held_out)} held out): raise max_prompt_tokens")
-    eval_prompts, measure = held_out[: job.eval_prompts] or held_out, held_out[job.eval_prompts:] or held_out
+    if not prompts:
+        raise ValueError(f"sft_data holds no assistant-turn prompt of at most {cap} tokens: raise max_prompt_tokens")
+    held_out = chat_prompts(load_tokenizer(tokenizer_path), job.families, job.efforts, job.harnesses,
+                            job.eval_prompts + job.measure_prompts, job.task_seed,
+                            (limit - new_tokens - 1) if limit is not None else 1 << 20)
+    eval_prompts = [p.ids for p in held_out[: job.eval_prompts]]
+    measure_set = held_out[job.eval_prompts:]
+    measure = [p.ids for p in measure_set]
+    described = {"eval": len(eval_prompts), "measure": len(measure),
+                 "measure_tokens": [len(p) for p in measure],
+                 "measure_by_family": dict(Counter(p.family for p in measure_set)),
+                 "measure_by_effort": dict(Counter(p.effort for p in measure_set)),
+                 "measure_by_harness": dict(Counter(p.harness for p in measure_set)),
+                 "seeds_from": job.task_seed}
     result = train(job.train, target, prompts, work_dir, eval_prompts=eval_prompts, target_manifest=manifest,
                    log_fn=live)
     draft, _ = load_draft(result.checkpoint_dir, target)
@@ -243,5 +267,7 @@ def train_draft_task(job: DraftJob, student_checkpoint: str, demos_path: str, he
                 metrics[f"spec/{name}/speedup_k{k}"] = row["speedup"]
             metrics[f"spec/{name}/parity_k{k}"] = row["greedy_parity"]
     live(job.train.steps, {k: v for k, v in metrics.items() if k.startswith("spec/")})
+    target_info = {"sha256": manifest["sha256"], "quantization": manifest["quantization"]["format"],
+                   "scale_rounding": manifest["quantization"]["scale_rounding"]}
     return DraftResult(Path(result.checkpoint_dir), result.history, metrics, result.evals, measured,
-                       result.resumed_from_step)
+                       result.resumed_from_step, described, target_info)

@@ -6,12 +6,21 @@ the same run: acceptance length τ and tokens/s at draft lengths 1–6, greedy, 
     OMP_NUM_THREADS=1 python benchmarks/decode/speculative.py --target CKPT --draft DRAFT_CKPT \
         --prompts-table heldout.parquet --prompt-offset 16 --cases trained --min-draft-probs none,0.7 \
         --out benchmarks/results/decode/<date>_speculative_tiny_trained_cpu.json
+    # the served target (quantized_student's MXFP4 export) and its draft, on the chat-formatted first turns
+    # of held-out envs tasks (the draft_model asset's measurement prompts on a profile: --prompt-offset = its
+    # draft_eval_prompts):
+    OMP_NUM_THREADS=1 python benchmarks/decode/speculative.py --target QUANTIZED_CKPT --draft DRAFT_CKPT \
+        --chat-prompts TOKENIZER_JSON --profile tiny --prompt-offset 16 --cases trained,mtp_untrained --out …
     # random weights (no checkpoints given):
     OMP_NUM_THREADS=1 python benchmarks/decode/speculative.py --profile tiny --out benchmarks/results/decode/<date>_speculative_tiny_cpu.json
 
-With --target, two cases on the same target and prompts: `mtp_untrained` (draft_from_mtp(target),
-the MTP module as a draft without training) and `trained` (the --draft checkpoint, k3model.draft.
-load_draft). Tokens/s is end to end (prefill included, the same prompt for both); the per-round
+With --target (a float checkpoint, or an MXFP4 export, loaded as `k3 serve` loads it), two cases
+on the same target and prompts: `mtp_untrained` (draft_from_mtp(target), the MTP module as a draft
+without training) and `trained` (the --draft checkpoint, k3model.draft.load_draft); --draft2 adds a
+second trained draft (`trained2`: e.g. one fitted to another target, measured against this one).
+τ = 1 + accepted / rounds, pooled over every call's drafting rounds (`acceptance_length`; the mean
+of the per-call figures is `acceptance_length_mean_of_calls`).
+Tokens/s is end to end (prefill included, the same prompt for both); the per-round
 figures (`decode_tokens_per_s`, prefill excluded) come from timing the prefill alone.
 
 Without --target, two targets of the profile's shape, both random weights:
@@ -70,14 +79,31 @@ def targets(profile: str, seed: int, scale: float = 3.0):
     return {"mtp": (random_target, draft_from_mtp(random_target)), "predictable": (predictable, aligned)}
 
 
-def trained_cases(target_dir: str, draft_dir: str | None):
-    from k3model.checkpoint import load_model
-    target, _ = load_model(target_dir, qat=False)
+def trained_cases(target_dir: str, draft_dir: str | None, draft2_dir: str | None = None):
+    from k3model.checkpoint import load_model, read_manifest
+    from k3model.quantize import is_quantized_manifest, load_quantized
+    if is_quantized_manifest(read_manifest(target_dir)):
+        target, _ = load_quantized(target_dir)
+    else:
+        target, _ = load_model(target_dir, qat=False)
     target.eval()
     cases = {"mtp_untrained": (target, draft_from_mtp(target).eval())}
     if draft_dir:
         cases["trained"] = (target, load_draft(draft_dir, target)[0].eval())
+    if draft2_dir:
+        cases["trained2"] = (target, load_draft(draft2_dir, target)[0].eval())
     return cases
+
+
+def heldout_chat_prompts(tokenizer_path: str, profile: str, n: int, max_tokens: int) -> list[list[int]]:
+    """The first `n` chat-formatted held-out task prompts the draft_model asset draws on `profile`."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.draft import chat_prompts
+    from k3model.train.effort import training_harnesses
+    from k3model.train.recipes import eval_plan
+    plan = eval_plan(profile)
+    return [p.ids for p in chat_prompts(load_tokenizer(tokenizer_path), plan.families, plan.efforts,
+                                        training_harnesses(), n, plan.seed, max_tokens)]
 
 
 def table_prompts(path: str, n: int, max_prompt_tokens: int) -> list[list[int]]:
@@ -105,7 +131,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", help="a target checkpoint (k3model.checkpoint.load_model reads it)")
     ap.add_argument("--draft", help="a trained draft checkpoint for --target (k3model.train.draft)")
+    ap.add_argument("--draft2", help="another draft checkpoint for --target (case trained2)")
     ap.add_argument("--prompts-table", help="held-out prompts: a datagen.sft Parquet table")
+    ap.add_argument("--chat-prompts", help="a tokenizer.json: the chat-formatted first turns of --profile's held-out "
+                    "envs tasks (k3model.train.draft.chat_prompts), at most --max-prompt-tokens long")
     ap.add_argument("--max-prompt-tokens", type=int, default=400)
     ap.add_argument("--prompt-offset", type=int, default=0, help="skip this many table prompts (the draft_model "
                     "asset measures on the held-out prompts after its 16 tiny eval prompts: 16)")
@@ -138,7 +167,8 @@ def main() -> None:
                           "random; see the module docstring"), "cases": {}}
     g = torch.Generator().manual_seed(args.seed)
     cfg = SamplingConfig(max_new_tokens=args.new)
-    cases = trained_cases(args.target, args.draft) if args.target else targets(args.profile, args.seed, args.predictable_scale)
+    cases = (trained_cases(args.target, args.draft, args.draft2) if args.target
+             else targets(args.profile, args.seed, args.predictable_scale))
     if args.cases:
         cases = {name: cases[name] for name in args.cases.split(",")}
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype or ("bf16" if args.device == "cuda" else "fp32")]
@@ -159,7 +189,10 @@ def run_case(name, target, draft, args, variants, cfg, g, dtype) -> dict:
         from k3model.compiled import compile_regions
         compile_regions(target), compile_regions(draft)
     V = target.cfg.vocab_size
-    if args.prompts_table:
+    if args.chat_prompts:
+        prompts = heldout_chat_prompts(args.chat_prompts, args.profile, args.prompt_offset + args.prompts,
+                                       args.max_prompt_tokens)[args.prompt_offset:]
+    elif args.prompts_table:
         prompts = table_prompts(args.prompts_table, args.prompt_offset + args.prompts,
                                 args.max_prompt_tokens)[args.prompt_offset:]
     else:
@@ -171,7 +204,7 @@ def run_case(name, target, draft, args, variants, cfg, g, dtype) -> dict:
         speculative_generate(target, draft, prompts[0], cfg, k, **early(p))
     plain_s, plain_cpu, tokens, prefill_s = 0.0, 0.0, 0, 0.0
     per_k = {key: {"seconds": 0.0, "cpu_seconds": 0.0, "tokens": 0, "tau": [], "parity": 0, "forwards": 0, "ratios": [],
-                   "reached": [0] * k, "accepted": [0] * k} for key, k, _ in variants}
+                   "rounds": 0, "drafts_accepted": 0, "reached": [0] * k, "accepted": [0] * k} for key, k, _ in variants}
     for prompt in [p for _ in range(args.reps) for p in prompts]:
         t = time.perf_counter()
         generate(target, [prompt], SamplingConfig(max_new_tokens=1))
@@ -192,6 +225,8 @@ def run_case(name, target, draft, args, variants, cfg, g, dtype) -> dict:
             row["ratios"].append(plain_one / seconds * len(out) / max(len(expected), 1))
             row["tokens"] += len(out)
             row["tau"].append(stats.acceptance_length)
+            row["rounds"] += stats.rounds
+            row["drafts_accepted"] += stats.accepted
             row["parity"] += out == expected
             row["forwards"] += stats.target_forwards
             row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
@@ -204,7 +239,9 @@ def run_case(name, target, draft, args, variants, cfg, g, dtype) -> dict:
         tps = row["tokens"] / row["seconds"]
         decode_tps = row["tokens"] / max(row["seconds"] - prefill_s, 1e-9)
         case["by_draft_len"][key] = {
-            "acceptance_length": sum(row["tau"]) / len(row["tau"]), "tokens_per_s": tps,
+            "acceptance_length": 1.0 + row["drafts_accepted"] / max(row["rounds"], 1),
+            "acceptance_length_mean_of_calls": sum(row["tau"]) / len(row["tau"]),
+            "rounds": row["rounds"], "tokens_per_s": tps,
             "speedup": tps / plain_tps, "speedup_median": statistics.median(row["ratios"]),
             "speedup_cpu_time": (row["tokens"] / row["cpu_seconds"]) / (tokens / plain_cpu),
             "decode_tokens_per_s": decode_tps,

@@ -4,11 +4,21 @@ research/recipe.md §4(b, d), research/posttrain-anchors.md §5).
 
     setup → target and draft (draft_from_mtp) → optimizer → data → loop (eval/checkpoint, step, log)
 
+- The target is the model as served: whatever forward `target` runs is the one the draft learns
+  and is measured against. Deployment passes the packed MXFP4 export (k3model.quantize.load_quantized,
+  what `k3 serve` loads), so the generations, the features and the soft targets below are the
+  quantized forward's, not the float student's (its greedy tokens differ from the float model's
+  where quantization flips an argmax; a draft fitted to the float model would propose those).
+
 - Data: the target decodes the prompts with `k3model.engine.generate` (exact sampled ids, greedy by
   default: speculative decoding is measured greedy), and one no-grad forward of each prompt +
   completion keeps the target's low, middle and high features (k3model.draft.target_features) at
   every position. The target's distribution at a position is its head on the high features
-  (p_i = softmax(LMHead(RMSNorm(h_high,i)))), computed per batch, so nothing of size V is stored.
+  (p_i = softmax(LMHead(RMSNorm(h_high,i)))), computed per batch, so nothing of size V is stored;
+  it runs in the target's own precision (autocast off), so p_i is the served forward's softmax.
+- Prompts: `prompts_from_demonstrations` (every assistant turn of a datagen.sft table) to train on,
+  `chat_prompts` (the first turn of held-out envs tasks exactly as an episode reads it: the env's
+  observation in rollout.sft_format's conversation format) to evaluate and measure on.
 - Loss, the training-time test over `ttt_steps` passes (DraftModel.unroll: pass s is the s-th
   chained draft, reading its own g of pass s−1, with the attention the inference cache gives it):
 
@@ -171,6 +181,51 @@ def prompts_from_demonstrations(input_ids: Sequence[Sequence[int]], loss_masks: 
     return out
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """An envs task's first turn as the policy reads it: `ids` end where the model's turn starts."""
+    ids: list[int]
+    family: str
+    seed: int
+    effort: str
+    harness: str
+
+
+def chat_prompts(tokenizer, families: Sequence[str], efforts: Sequence[str], harnesses: Sequence[str], n: int,
+                 seed_base: int, max_tokens: int) -> list[ChatPrompt]:
+    """`n` chat-formatted prompts of held-out tasks, each what an episode's first turn reads:
+    `env.reset(task)`'s observation (the harness's system prompt and the task) wrapped by
+    `rollout.sft_format(tokenizer, effort).first_observation` (<|bos|><|system|><|effort_E|> … the
+    turn tokens that hand over to the assistant). Candidate j is task `seed_base + j // F` of
+    family j mod F (F families; the tasks `recipes.eval_plan` scores policies on, seeds from
+    EVAL_SEED_BASE), at effort (j // F) mod E and harness (j // F + j mod F) mod H, so the first F·E·H
+    cover every family at every effort and harness. Candidates longer than `max_tokens` are
+    skipped (a profile's context can be shorter than some harnesses' system prompts); ValueError
+    when fewer than `n` fit among the first 50·n + F·E·H."""
+    import envs
+    from k3model.train.rollout import sft_format
+
+    if n < 1 or max_tokens < 1:
+        raise ValueError(f"n and max_tokens must be ≥ 1, got {n}, {max_tokens}")
+    if not (families and efforts and harnesses):
+        raise ValueError(f"give at least one family, effort and harness, got {families}, {efforts}, {harnesses}")
+    F, E, H = len(families), len(efforts), len(harnesses)
+    formats = {e: sft_format(tokenizer, e) for e in efforts}
+    out: list[ChatPrompt] = []
+    tries = 50 * n + F * E * H
+    for j in range(tries):
+        family, seed = families[j % F], seed_base + j // F
+        effort, harness = efforts[(j // F) % E], harnesses[(j // F + j % F) % H]
+        with envs.make_env(family, harness=harness) as env:
+            ids = formats[effort].first_observation(env.reset(task=envs.generate(family, seed)))
+        if len(ids) <= max_tokens:
+            out.append(ChatPrompt(ids, family, seed, effort, harness))
+            if len(out) == n:
+                return out
+    raise ValueError(f"only {len(out)} of the first {tries} held-out task prompts fit in {max_tokens} tokens, "
+                     f"{n} wanted: raise the limit (the profile's context) or ask for fewer prompts")
+
+
 # ----------------------------------------------------------------------------------------------
 # The loss and the simulated acceptance (pure given the tensors)
 
@@ -183,8 +238,11 @@ def valid_positions(lens_B2: torch.Tensor, T: int, s: int) -> torch.Tensor:
 
 def target_next(target, features_BT3D: torch.Tensor) -> torch.Tensor:
     """The target's log-distribution of the token after each position, from its high features:
-    log softmax(LMHead(RMSNorm(h_high))) [B, T, V] (fp32)."""
-    return target.lm_head(target.final_norm(features_BT3D[:, :, 2])).float().log_softmax(-1)
+    log softmax(LMHead(RMSNorm(h_high))) [B, T, V] (fp32), the served forward's own logits."""
+    # The training step's bf16 autocast (CUDA) would round the head's inputs and weights: the
+    # teacher is the head as the target runs it when serving, not a bf16 copy of it.
+    with torch.autocast(features_BT3D.device.type, enabled=False):
+        return target.lm_head(target.final_norm(features_BT3D[:, :, 2])).float().log_softmax(-1)
 
 
 def ttt_losses(draft: DraftModel, target, ids_BT: torch.Tensor, features_BT3D: torch.Tensor,
@@ -316,8 +374,9 @@ def _rows(n: int, seed: int, step: int, batch_size: int) -> list[int]:
 def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_dir: str | Path, *,
           eval_prompts: Sequence[Sequence[int]], stop_ids: Sequence[int] = (), target_manifest: dict | None = None,
           log_fn: LogFn | None = None, stop_after: int | None = None) -> DraftTrainResult:
-    """Train a draft for `target` (a K3Model with an MTP module; frozen here) on its own
-    generations from `prompts`, evaluating τ_sim on `eval_prompts`' generations (held out). Writes
+    """Train a draft for `target` (a K3Model with an MTP module, as it is served: the packed MXFP4
+    export for a quantized deployment; frozen here) on its own generations from `prompts`,
+    evaluating τ_sim on `eval_prompts`' generations (held out). Writes
     the draft to `out_dir/final` (k3model.draft.load_draft reads it back) and resume points to
     `out_dir/last`. `target_manifest` (the target checkpoint's) is recorded as the draft's lineage."""
     # ---- setup
@@ -343,8 +402,12 @@ def train(cfg: DraftTrainConfig, target, prompts: Sequence[Sequence[int]], out_d
     gen = torch.Generator().manual_seed(cfg.seed)
     data = own_generations(target, draft, prompts, cfg, stop_ids, gen)
     held_out = own_generations(target, draft, eval_prompts, cfg, stop_ids, gen)
+    quantization = (target_manifest or {}).get("quantization")
+    quant_format = quantization.get("format") if isinstance(quantization, dict) else None
     manifest_extra = {"config": {"draft_train": asdict(cfg), "draft": asdict(draft.cfg)},
                       **draft_manifest(draft, target_manifest),
+                      "target": {"sha256": (target_manifest or {}).get("sha256"),
+                                 "quantization": quant_format},
                       "data": {"prompts": len(prompts), "rows": len(data), "completion_tokens": data.completion_tokens,
                                "eval_prompts": len(eval_prompts), "eval_completion_tokens": held_out.completion_tokens}}
     evals: list[dict] = list(run.state.extra.get("evals", [])) if run.state is not None else []

@@ -20,7 +20,7 @@ from k3model.quantize import load_quantized
 
 QUANTIZED, DRAFT = deploy.build("smoke")
 SFT_DATA = posttrain.build("smoke")[0]
-REPORT, _ = report.build("smoke")
+REPORT = report.build("smoke")
 
 
 def _student(path):
@@ -58,13 +58,19 @@ def test_quantized_student_and_draft_model_materialize(data_run, smoke_resources
     model, manifest = load_quantized(latest(instance, "smoke", "quantized_student").path)
     assert manifest["quantization"]["scale_rounding"] == "ceil"
 
+    # The draft targets what is served: quantized_student's packed export, loaded as `k3 serve` loads it,
+    # measured on chat-formatted held-out task prompts; lossless against that model's greedy output.
     d = latest(instance, "smoke", "draft_model")
-    assert d.metadata["greedy_parity_all"] is True
+    assert d.metadata["greedy_parity_all"] is True and d.metadata["spec/lossless"] is True
     assert 1.0 <= d.metadata["tau_sim"] <= 4.0 and d.metadata["tau_sim_untrained"] >= 1.0
     assert d.metadata["model_version"].startswith("k3-smoke-draft_model/")
-    target = K3Model(get_profile("smoke").model)
-    draft, _ = load_draft(d.path, target)
-    assert draft.cfg.vocab_size == 512
+    assert d.metadata["spec/target_sha256"] == q["sha256"]
+    assert d.metadata["spec/prompts"].startswith("chat-formatted first turns of 1 held-out envs tasks")
+    by_depth = d.metadata["acceptance_by_depth_k4"]
+    assert len(by_depth) == 4 and d.metadata["spec/acceptance_length/k4"] >= 1.0
+    draft, manifest = load_draft(d.path, model)
+    assert draft.cfg.vocab_size == 512 and manifest["draft"]["target_sha256"] == q["sha256"]
+    assert manifest["target"]["quantization"] == "k3-mxfp4-experts-v1"
 
     # The report judges claims 5 and 6 from what these two assets wrote, by their numbers: claim 5 is
     # judged when PTQ's mean drop is ≥ 0.01 nats and ≥ 5× its seed spread, and passes exactly when QAT's
@@ -86,7 +92,7 @@ def test_deployment_assets_name_their_missing_upstream(smoke_resources):
                             raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "mopd_student" in failure.event_specific_data.error.message
+    assert "quantized_student" in failure.event_specific_data.error.message
 
 
 def test_quantized_student_refuses_an_unknown_rounding(smoke_resources):

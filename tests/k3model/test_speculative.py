@@ -326,6 +326,30 @@ def test_greedy_parity_with_a_stop_id_and_a_one_token_budget():
     assert out == plain[:1] and stats.rounds == 0 and stats.target_forwards == 1
 
 
+@torch.no_grad()
+def test_greedy_speculative_output_on_the_quantized_target_is_its_own_greedy_output(tmp_path):
+    # The served target: the predictable model's MXFP4 export (packed experts, the rest bf16) loaded as
+    # `k3 serve` loads it; the aligned draft built on it, so drafts are accepted and rolled back through
+    # the packed experts' verify forward. Its greedy output differs from the float model's.
+    from k3model.quantize import export_quantized, load_quantized
+    float_target = predictable_model(2)
+    export_quantized(float_target, tmp_path / "q", other_dtype=torch.bfloat16)
+    served, _ = load_quantized(tmp_path / "q")
+    draft = aligned_draft(served).eval()
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (3, 9, 14)]
+    cfg = SamplingConfig(max_new_tokens=12)
+    plain = [c.token_ids for c in generate(served, prompts, cfg)]
+    assert plain != [c.token_ids for c in generate(float_target, prompts, cfg)]
+    accepted = rejected = 0
+    for draft_len in (1, 3, 6):
+        for prompt, expected in zip(prompts, plain):
+            out, stats = speculative_generate(served, draft, prompt, cfg, draft_len)
+            assert out == expected, (draft_len, prompt)
+            accepted, rejected = accepted + stats.accepted, rejected + stats.drafted - stats.accepted
+    assert accepted > 0 and rejected > 0
+
+
 # --- the draft ----------------------------------------------------------------------------------
 
 @torch.no_grad()
