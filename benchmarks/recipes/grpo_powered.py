@@ -215,7 +215,7 @@ def main() -> None:
             rollout_s = sum(h.get("perf/rollout_s", 0.0) for h in hist)
             update_s = sum(h.get("perf/update_s", 0.0) for h in hist)
             out = {"checkpoint": str(result.checkpoint_dir), "history": hist,
-                   "metrics": {k: float(v) for k, v in result.metrics.items()},
+                   "metrics": {k: float(v) for k, v in result.metrics.items() if not isinstance(v, str)},
                    "flops": flops.as_dict(), "episodes": episodes, "episodes_kept": kept,
                    "trained_policy_tokens": trained_tokens,
                    "generated_policy_tokens": int(result.metrics.get("rl/episodes_tokens", 0)),
