@@ -193,6 +193,10 @@ def main() -> None:
                 "greedy_mcnemar": stats.paired_power(p_greedy, 0.15, len(held), min_gain=0.10)
                 if p_greedy <= 0.85 else None}
             print(f"power at +15 (rule: gain ≥ +10, lower bound > 0): {out['power']}", flush=True)
+            if out["power"]["pass1_bootstrap"] < stats.POWER_TARGET:  # refused with the numbers, after the write
+                write(phase, out)
+                stats.require_power(out["power"]["pass1_bootstrap"], what=f"{args.cell} pass@1 bootstrap at +15",
+                                    n=len(held))
         elif phase == "grpo":
             from datagen.tokenizer import load_tokenizer
             from k3model.train.flops import counting
@@ -287,9 +291,11 @@ def report(args, read, held) -> dict:
         gb, gc, gn = stats.paired_counts({t: v for t, v in enumerate(a["greedy"]["per_task"])},
                                          {t: v for t, v in enumerate(b["greedy"]["per_task"])})
         gd, glo, ghi = stats.paired_difference(gb, gc, gn)
+        rule = bool(gain >= 0.10 - 1e-12 and lo > 0)
+        powered = sft["power"]["pass1_bootstrap"] >= stats.POWER_TARGET
         comparisons[f"{new}_vs_{base}"] = {
-            "pass1": {"gain": gain, "lo": lo, "hi": hi, "p": p,
-                      "claim3_rule": bool(gain >= 0.10 - 1e-12 and lo > 0), "gate_15": bool(gain >= 0.15 - 1e-12)},
+            "pass1": {"gain": gain, "lo": lo, "hi": hi, "p": p, "claim3_rule": rule, "gate_15": bool(gain >= 0.15 - 1e-12),
+                      "verdict": ("pass" if rule else "fail") if powered else "underpowered"},
             f"pass{k}": {"gain": gk, "lo": lok, "hi": hik, "p": pk},
             "greedy": {"gain": gd, "lo": glo, "hi": ghi, "b": gb, "c": gc, "n": gn, "p": stats.mcnemar_exact(gb, gc)}}
     header = run_header()
@@ -312,7 +318,7 @@ def report(args, read, held) -> dict:
     for name, c in comparisons.items():
         g = c["pass1"]
         print(f"{name}: pass@1 {g['gain'] * 100:+.1f} [{g['lo'] * 100:+.1f}, {g['hi'] * 100:+.1f}] p {g['p']:.4f} "
-              f"(rule {'pass' if g['claim3_rule'] else 'no'}, gate +15 {'yes' if g['gate_15'] else 'no'}); greedy "
+              f"({g['verdict']}, gate +15 {'yes' if g['gate_15'] else 'no'}); greedy "
               f"{c['greedy']['gain'] * 100:+.1f} [{c['greedy']['lo'] * 100:+.1f}, {c['greedy']['hi'] * 100:+.1f}]; "
               f"pass@{k} {c[f'pass{k}']['gain'] * 100:+.1f}")
     print(f"power at +15: {sft['power']} → {path}", flush=True)
