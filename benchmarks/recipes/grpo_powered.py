@@ -86,6 +86,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--home", required=True, help="a K3_HOME holding tiny's sft_policy, rl_tasks, tokenizer")
     ap.add_argument("--cell", required=True, help="domain/effort, e.g. general_tasks/low")
+    ap.add_argument("--families", default=None,
+                    help="comma-separated families instead of the ladder's selection (when rl_tasks is not "
+                         "materialized yet; the plan records which, and the ladder's figures when present)")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--group-size", type=int, default=4)
@@ -115,9 +118,11 @@ def main() -> None:
     domain, effort = args.cell.split("/")
     policy = latest(home / "checkpoints/tiny/sft_policy", "*/manifest.json").parent
     tokenizer_path = latest(home / "data/tiny/tokenizer", "*/tokenizer.json")
-    ladder = LadderReport.from_json(json.loads(latest(home / "data/tiny/rl_tasks", "*/ladder.json").read_text()))
-    cell = ladder.cell(domain, effort)
-    families = cell.selected
+    ladders = sorted((home / "data/tiny/rl_tasks").glob("*/ladder.json"), key=lambda p: p.stat().st_mtime)
+    cell = LadderReport.from_json(json.loads(ladders[-1].read_text())).cell(domain, effort) if ladders else None
+    if args.families is None and cell is None:
+        raise SystemExit(f"no rl_tasks ladder under {home}: materialize it or pass --families")
+    families = args.families.split(",") if args.families else cell.selected
     rl = distinct(tasks_of(families, args.rl_tasks, RL_SEED_BASE))
     per_family = -(-args.heldout // len(families))
     held = distinct(heldout_tasks(families, 3 * per_family, exclude=rl), per_family)
@@ -175,11 +180,12 @@ def main() -> None:
         print(f"{time.strftime('%H:%M:%S')} {phase} …", flush=True)
         if phase == "plan":
             out = {"header": run_header(), "args": vars(args), "policy": str(policy), "tokenizer": str(tokenizer_path),
-                   "cell": args.cell, "families": families, "ladder_pass_rate": cell.pass_rate,
-                   "ladder_in_band": cell.in_band, "ladder_families": cell.families,
+                   "cell": args.cell, "families": families, "families_from": "ladder" if args.families is None else "--families",
+                   "ladder_pass_rate": cell.pass_rate if cell else None, "ladder_in_band": cell.in_band if cell else None,
+                   "ladder_families": cell.families if cell else None, "ladder_selected": cell.selected if cell else None,
                    "rl_tasks": [[t.family, t.seed] for t in rl], "heldout_tasks": [[t.family, t.seed] for t in held],
                    "grpo": asdict(grpo_cfg)}
-            print(f"{args.cell}: {families} (ladder pass {cell.pass_rate:.2f}), {len(rl)} distinct RL prompts, "
+            print(f"{args.cell}: {families} (ladder pass {cell.pass_rate if cell else float('nan'):.2f}), {len(rl)} distinct RL prompts, "
                   f"{len(held)} distinct held-out tasks, policy {policy}", flush=True)
         elif phase == "eval_sft":
             from k3model.train import stats
