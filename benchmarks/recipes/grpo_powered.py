@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--control-budget", type=int, default=None,
                     help="labelled tokens for the control instead of the RL run's (plumbing dry runs only: "
                          "the JSON records which)")
+    ap.add_argument("--skip-control", action="store_true",
+                    help="report specialist vs sft_policy only (a second lr: no control of its own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     ap.add_argument("--wait", action="store_true", help="wait for another process's prerequisite phases")
@@ -175,7 +177,8 @@ def main() -> None:
             print(f"{phase}: done before ({path_of(phase)})", flush=True)
             continue
         for need in NEEDS.get(phase, ()):
-            read(need)
+            if not (args.skip_control and need in ("control", "eval_control")):
+                read(need)
         t0 = time.perf_counter()
         print(f"{time.strftime('%H:%M:%S')} {phase} …", flush=True)
         if phase == "plan":
@@ -274,8 +277,11 @@ def main() -> None:
 def report(args, read, held) -> dict:
     """The three arms side by side, the paired comparisons and the verdicts; the result JSON."""
     from k3model.train import stats
-    plan, sft, grpo, control = read("plan"), read("eval_sft"), read("grpo"), read("control")
-    arms = {"sft_policy": sft, "specialist": read("eval_specialist"), "control": read("eval_control")}
+    plan, sft, grpo = read("plan"), read("eval_sft"), read("grpo")
+    control = None if args.skip_control else read("control")
+    arms = {"sft_policy": sft, "specialist": read("eval_specialist")}
+    if control is not None:
+        arms["control"] = read("eval_control")
     k = args.k
     rows = {}
     for name, a in arms.items():
@@ -286,7 +292,8 @@ def report(args, read, held) -> dict:
                       "tokens_greedy": a["greedy"]["metadata"]["mean_policy_tokens"],
                       "eval_wall_s": a["sampled"]["wall_s"] + a["greedy"]["wall_s"]}
     comparisons = {}
-    for new, base in (("specialist", "sft_policy"), ("control", "sft_policy"), ("specialist", "control")):
+    pairs = (("specialist", "sft_policy"), ("control", "sft_policy"), ("specialist", "control"))
+    for new, base in [(a, b) for a, b in pairs if a in arms and b in arms]:
         a, b = arms[new], arms[base]
         s_new = [x / k for x in a["sampled"]["per_task"]]
         s_base = [x / k for x in b["sampled"]["per_task"]]
@@ -311,9 +318,10 @@ def report(args, read, held) -> dict:
            "arms": rows, "comparisons": comparisons, "power": sft["power"],
            "grpo": {k_: v for k_, v in grpo.items() if k_ != "history"}, "grpo_history": grpo["history"],
            "control": control,
-           "wall_s": {"eval_sft": sft["phase_wall_s"], "grpo": grpo["phase_wall_s"], "control": control["phase_wall_s"],
-                      "eval_specialist": arms["specialist"]["phase_wall_s"],
-                      "eval_control": arms["control"]["phase_wall_s"]}}
+           "wall_s": {"eval_sft": sft["phase_wall_s"], "grpo": grpo["phase_wall_s"],
+                      "eval_specialist": arms["specialist"]["phase_wall_s"]}}
+    if control is not None:
+        out["wall_s"].update(control=control["phase_wall_s"], eval_control=arms["control"]["phase_wall_s"])
     date = datetime.date.today().isoformat()
     path = Path(ROOT) / "benchmarks/results/posttrain" / f"{date}_grpo_powered_{args.label}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
