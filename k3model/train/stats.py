@@ -43,6 +43,22 @@ Power of the paired test (before judging: from the baseline's measured rate p₀
   `min_paired_n` scans upward from Connor's closed-form n and returns the first n at which the
   exact power reaches the target.
 
+Paired comparison of per-task means (k samples per task; the same tasks and sampling seeds on both sides)
+- Per task i the new policy solves sᵢ of k episodes, the baseline rᵢ of k; dᵢ = (sᵢ − rᵢ)/k, the gain
+  d̄ = Σ dᵢ / n (pass@1 at the sampling temperature, estimated from k samples, minus the baseline's).
+- Paired percentile bootstrap over tasks (Efron & Tibshirani 1993, §13): B resamples of n task
+  indices with replacement, d̄* per resample; the 95 % interval is the 2.5 / 97.5 % quantiles of d̄*,
+  and the two-sided p-value 2·min(P*(d̄* ≤ 0), P*(d̄* ≥ 0)) (the interval's inversion; floor 1/B).
+  Tasks are resampled whole, so the k correlated samples of a task stay together.
+- pass@k of a task from n ≥ k samples with c successes (Chen et al. 2021, the unbiased estimator):
+      pass@k = 1 − C(n − c, k) / C(n, k)
+- Power of the bootstrap rule (gain ≥ min_gain and lower bound > 0) at a true gain δ, by
+  simulation from the baseline's measured per-task rates pᵢ = rᵢ/k (a plug-in): the new policy's
+  rate on task i is qᵢ = pᵢ + δ·(1 − pᵢ)/(1 − p̄) (the gain spread in proportion to each task's
+  headroom, so mean q = p̄ + δ with no qᵢ above 1; needs δ ≤ 1 − p̄); each draw samples
+  sᵢ ~ Bin(k, qᵢ) and rᵢ' ~ Bin(k, pᵢ) independently (independent given the task: conservative, as
+  in Connor's default) and applies the rule with the bootstrap interval.
+
 Ratio of gains (claim 4's retention, claim 7's transfer of the RL gain)
 - Retention pooled over the judged cells c with nᶜ tasks each:
       R = Σ_c nᶜ(p_studentᶜ − p_sftᶜ) / Σ_c nᶜ(p_teacherᶜ − p_sftᶜ) = U / V
@@ -303,6 +319,74 @@ def min_paired_n(p0: float, effect: float, *, target: float = POWER_TARGET, min_
         if paired_power(p0, effect, k, min_gain=min_gain, alpha=alpha, psi=psi) >= target:
             return k
     return n
+
+
+# ----------------------------------------------------------------------------------------------
+# Paired comparison of per-task means (k samples per task)
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chen et al.'s unbiased pass@k of one task from n samples with c successes (docstring)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"need 0 ≤ c ≤ n and 1 ≤ k ≤ n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _bootstrap_means(d_N: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means of `resamples` resamples (with replacement) of d_N, in chunks (memory ~ 8 MB a chunk)."""
+    n = d_N.size
+    out = np.empty(resamples)
+    chunk = max(1, 1_000_000 // n)
+    for at in range(0, resamples, chunk):
+        m = min(chunk, resamples - at)
+        out[at:at + m] = d_N[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    return out
+
+
+def paired_bootstrap(new_N: Sequence[float], base_N: Sequence[float], *, resamples: int = 10_000,
+                     alpha: float = 0.05, seed: int = 0) -> tuple[float, float, float, float]:
+    """(d̄, low, high, p): the mean per-task difference new − base, its paired percentile-bootstrap
+    (1 − α) interval and two-sided p-value (module docstring). `new_N`, `base_N`: per-task values
+    (e.g. successes / k) on the same tasks, in the same order."""
+    new, base = np.asarray(new_N, dtype=float), np.asarray(base_N, dtype=float)
+    if new.shape != base.shape or new.ndim != 1 or new.size < 2:
+        raise ValueError(f"need two equal-length 1-D per-task vectors of ≥ 2 tasks (the same tasks on both "
+                         f"sides), got shapes {new.shape} and {base.shape}")
+    if resamples < 100:
+        raise ValueError(f"resamples must be ≥ 100 for a 95 % interval, got {resamples}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    d = new - base
+    means = _bootstrap_means(d, resamples, np.random.default_rng(seed))
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    p = min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean()))
+    return float(d.mean()), float(lo), float(hi), float(max(p, 1.0 / resamples))
+
+
+def paired_mean_power(base_successes_N: Sequence[int], k: int, effect: float, *, min_gain: float = 0.0,
+                      alpha: float = 0.05, sims: int = 400, resamples: int = 1000, seed: int = 0) -> float:
+    """Simulated power of the paired-bootstrap rule on per-task means of k samples (module
+    docstring): P(d̄ ≥ min_gain and the bootstrap lower bound > 0) when the new policy truly gains
+    `effect` over the baseline whose per-task successes (of k) were measured as `base_successes_N`."""
+    r = np.asarray(base_successes_N, dtype=np.int64)
+    if r.ndim != 1 or r.size < 2 or k < 1 or (r < 0).any() or (r > k).any():
+        raise ValueError(f"need ≥ 2 per-task success counts in [0, k] with k ≥ 1, got {r.size} counts, k={k}")
+    p = r / k
+    headroom = 1.0 - p.mean()
+    if not 0 < effect <= headroom:
+        raise ValueError(f"effect must lie in (0, 1 − baseline rate] = (0, {headroom:.3f}], got {effect}")
+    q = p + effect * (1.0 - p) / headroom
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        d = (rng.binomial(k, q) - rng.binomial(k, p)) / k
+        mean = d.mean()
+        if mean < min_gain - 1e-12:
+            continue
+        lo = np.quantile(_bootstrap_means(d, resamples, rng), alpha / 2)
+        hits += lo > 0
+    return float(hits / sims)
 
 
 # ----------------------------------------------------------------------------------------------

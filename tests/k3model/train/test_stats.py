@@ -155,3 +155,44 @@ def test_require_paired_n_refuses_with_the_numbers():
     with pytest.raises(ValueError, match=r"n = 64 per cell gives power 0\.\d\d < 0\.80; n ≥ \d+ per cell reaches it"):
         S.require_paired_n(64, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9, what="claim 3")
     assert S.require_paired_n(400, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9) >= 0.8
+
+
+def test_pass_at_k_is_chens_estimator_by_hand():
+    # n = 8, c = 3: pass@1 = 3/8; pass@2 = 1 − C(5,2)/C(8,2) = 1 − 10/28; pass@8 = 1 when c > 0.
+    assert S.pass_at_k(8, 3, 1) == pytest.approx(3 / 8)
+    assert S.pass_at_k(8, 3, 2) == pytest.approx(1 - 10 / 28)
+    assert S.pass_at_k(8, 1, 8) == 1.0 and S.pass_at_k(8, 0, 8) == 0.0
+    with pytest.raises(ValueError, match="1 ≤ k ≤ n"):
+        S.pass_at_k(4, 1, 8)
+
+
+def test_paired_bootstrap_brackets_the_mean_and_matches_the_normal_interval():
+    import numpy as np
+    rng = np.random.default_rng(3)
+    base = rng.binomial(8, 0.4, 400) / 8
+    new = np.clip(base + rng.normal(0.05, 0.2, 400), 0, 1)
+    d, lo, hi, p = S.paired_bootstrap(new, base, resamples=20_000)
+    diff = new - base
+    assert d == pytest.approx(diff.mean())
+    # For n = 400 the percentile interval is the normal one d̄ ± z·sd/√n to within a few 1e-3.
+    half = S.Z95 * diff.std(ddof=1) / math.sqrt(diff.size)
+    assert (lo, hi) == pytest.approx((d - half, d + half), abs=3e-3)
+    assert p < 0.05 and lo > 0
+    # Identical policies: the gain is 0 and the interval straddles it (no task differs: p = 1).
+    d0, lo0, hi0, p0 = S.paired_bootstrap(base, base)
+    assert (d0, lo0, hi0, p0) == (0.0, 0.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="same tasks"):
+        S.paired_bootstrap(new[:10], base[:9])
+
+
+def test_paired_mean_power_grows_with_n_and_respects_the_minimum_gain():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    small, large = rng.binomial(8, 0.45, 32), rng.binomial(8, 0.45, 256)
+    p_small = S.paired_mean_power(small, 8, 0.10, sims=200, resamples=500)
+    p_large = S.paired_mean_power(large, 8, 0.10, sims=200, resamples=500)
+    assert p_small < p_large and p_large > 0.95
+    # A rule that needs a gain ≥ the true gain + 10 points almost never passes.
+    assert S.paired_mean_power(large, 8, 0.05, min_gain=0.15, sims=100, resamples=200) < 0.05
+    with pytest.raises(ValueError, match="effect must lie"):
+        S.paired_mean_power(large, 8, 0.9)
