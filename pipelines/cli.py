@@ -521,6 +521,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     say(f"k3 serve: {served.model_id} ({served.quantization}, draft "
         f"{served.draft_path if served.draft is not None else 'off'}) from {served.path}")
     say(f"k3 serve: http://{args.host}:{server.server_address[1]}/v1 (Ctrl-C stops)")
+    # `kill -USR1 <pid>` prints every thread's stack to stderr: where a server that will not stop hangs.
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

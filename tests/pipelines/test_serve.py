@@ -384,7 +384,15 @@ def test_k3_serve_and_k3_chat_end_to_end(files):
         assert text.count("completion tokens)") == 2 and "6 completion tokens" in text
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # A server that does not stop: its threads' stacks (faulthandler on SIGUSR1), then kill it.
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            raise AssertionError("k3 serve did not stop within 30 s of SIGINT; its output and threads:\n"
+                                 + proc.communicate()[0][-6000:]) from None
     assert proc.returncode in (0, 130)
 
 
