@@ -36,7 +36,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from pipelines.console import raise_keyboard_interrupt, say, under_home_lock, watch_interrupts
+from pipelines.console import say, stop_on_signals, under_home_lock, watch_interrupts
 from pipelines.resources import REPO_ROOT, RUNNABLE_PROFILES, check_profile_name, default_profile
 from pipelines.ui import cmd_ui
 
@@ -385,7 +385,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
 
     # SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: the Ray task is cancelled, the local
     # cluster stopped and the run recorded as failed, instead of dying mid-write.
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    stop_on_signals()
     watch_interrupts()
     instance = dg.DagsterInstance.get()
     _record_origin_for_the_ui(instance, job.name, {c for c in graph.asset_check_keys if c.asset_key in set(keys)})
@@ -524,6 +524,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # `kill -USR1 <pid>` prints every thread's stack to stderr: where a server that will not stop hangs.
     import faulthandler
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stop_on_signals()
     try:
         server.serve_forever(poll_interval=0.2)
     finally:

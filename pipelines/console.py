@@ -3,8 +3,8 @@ home's lock around its set-up, and the handling of SIGINT/SIGTERM.
 
 A `k3` command reports in plain lines (`say`), flushed at once so a log that tails it sees them. It
 sets the home up and cleans up after crashed runs under the home's lock (`under_home_lock`,
-pipelines/home_lock.py, pipelines/recovery.py). SIGTERM takes the Ctrl-C path
-(`raise_keyboard_interrupt`), and every SIGINT/SIGTERM is also noted by a thread
+pipelines/home_lock.py, pipelines/recovery.py). SIGINT and SIGTERM take the Ctrl-C path
+(`stop_on_signals`), and every SIGINT/SIGTERM is also noted by a thread
 (`watch_interrupts`), because the handler's own exception can be lost.
 """
 
@@ -27,6 +27,14 @@ def say(msg: str) -> None:
 def raise_keyboard_interrupt(signum, frame) -> None:
     """A SIGTERM handler: the Ctrl-C path (Ray tasks cancelled, the run recorded as failed)."""
     raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt in the main thread. SIGINT is set explicitly:
+    a command started in the background of a non-interactive shell (`make test &`, CI) inherits it
+    ignored, and Python then installs no handler of its own, so `kill -INT` would do nothing."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
 
 
 def watch_interrupts() -> None:

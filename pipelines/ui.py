@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pipelines.console import raise_keyboard_interrupt, say, under_home_lock
+from pipelines.console import say, stop_on_signals, under_home_lock
 from pipelines.resources import REPO_ROOT
 
 
@@ -122,7 +122,7 @@ def _ui(args: argparse.Namespace, profile: None, k3env: dict[str, str]) -> int:
     dagster_cmd, mlflow_cmd = ui_commands(home, args.port, args.mlflow_port)
     procs: list[subprocess.Popen] = []
 
-    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
+    stop_on_signals()
     try:
         procs.append(_spawn(mlflow_cmd, env, logs / "mlflow.log"))
         procs.append(_spawn(dagster_cmd, env, logs / "dagster.log"))
