@@ -42,10 +42,10 @@ run: setup
 	$(BIN)/k3 run --profile $(PROFILE)
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not e2e"
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not e2e"
 
 bench: setup
 	$(BIN)/k3 bench kernels/kda_cpu

@@ -1,5 +1,6 @@
-"""Schedules, per profile: re-evaluate the newest checkpoints nightly (on by default; a profile with
-no checkpoints skips, saying why) and a weekly full rerun (off).
+"""Schedules, per profile: re-evaluate the newest checkpoints nightly (on by default for the profile
+this machine runs — K3_PROFILE, else tiny — and off for the others, which a CPU machine never
+materializes; a profile with no checkpoints skips, saying why) and a weekly full rerun (off).
 
 The weekly rerun retrains every stage — about half an hour of both cores on the tiny profile — so
 it starts stopped: turn it on in the UI (Automation) or with `dagster schedule start`.
@@ -11,13 +12,15 @@ from assets.lineage import PROFILE_TAG, key
 from assets.pretrain import DATA_INPUTS, NUM_STAGES, stage_name
 from assets.profiles import PROFILES
 from pipelines.jobs import ALL_JOBS, EVAL_JOBS
+from pipelines.resources import default_profile
 
 EVAL_INPUTS = (*DATA_INPUTS, *(stage_name(s) for s in range(1, NUM_STAGES + 1)))
 
 
 def _nightly_eval(profile: str) -> dg.ScheduleDefinition:
     @dg.schedule(name=f"{profile}_nightly_checkpoint_eval", job=EVAL_JOBS[profile], cron_schedule="0 2 * * *",
-                 default_status=dg.DefaultScheduleStatus.RUNNING,
+                 default_status=(dg.DefaultScheduleStatus.RUNNING if profile == default_profile()
+                                 else dg.DefaultScheduleStatus.STOPPED),
                  description=f"02:00 every night: {profile}/checkpoint_evals re-scores the newest checkpoint "
                              "of each stage (skipped while the profile has none).")
     def _schedule(context: dg.ScheduleEvaluationContext):
