@@ -243,6 +243,10 @@ class DeploySizes:
     max_prompt_tokens: int
     # Claim 5's judged scope (k3model.train.qat.QUANT_SCOPES), seeds, and held-out windows (n × length).
     compare_scope: str = "all_linear"
+    # Peak lr of each comparison arm (SFT from base_model, warmup + cosine). Not the profile's sft_lr:
+    # at tiny, 120 steps of batch 4 at sft_lr 2e-3 left every arm at the uniform distribution
+    # (held-out window NLL 8.30 ≈ ln 4096) in the session-24 make run; 3e-4 fell to 6.03 (docs/log/deploy.md).
+    compare_lr: float = 3e-4
     compare_seeds: tuple[int, ...] = (0, 1)
     compare_windows: int = 8
     compare_window_len: int = 512
@@ -250,7 +254,7 @@ class DeploySizes:
 
 DEPLOY_SIZES: dict[str, DeploySizes] = {
     "smoke": DeploySizes(compare_steps=2, compare_batch_size=2, compare_max_rows=3,
-                         compare_roundings=("ceil",), compare_windows=2, compare_window_len=64, draft_steps=2,
+                         compare_roundings=("ceil",), compare_windows=2, compare_window_len=64, compare_lr=1e-2, draft_steps=2,
                          draft_batch_size=2, draft_ttt_steps=3, draft_gen_tokens=6, draft_train_prompts=4,
                          draft_eval_prompts=2, draft_measure_prompts=1, draft_measure_tokens=6,
                          max_prompt_tokens=4096),
