@@ -111,7 +111,9 @@ class LiveLog:
             MlflowClient(self.tracking_uri).log_batch(
                 self.run_id, metrics=[Metric(k, v, ts, step) for k, v in numeric.items()
                                       if not is_grid_metric(k)])
-        shown = {k: v for k, v in numeric.items() if k in _SHOWN}
+        # The headline metrics when the step has any; otherwise its first few (a phase's own
+        # figures, e.g. one arm of claim 5's comparison), never an empty line.
+        shown = {k: v for k, v in numeric.items() if k in _SHOWN} or dict(list(numeric.items())[:4])
         line = f"[{self.label}] step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items())
         print(line, flush=True)
         if self.progress_path:
