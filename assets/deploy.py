@@ -2,8 +2,9 @@
 claim 5; issue 20).
 
     mopd_student ──> quantized_student ──> draft_model
-                     (+ base_model, sft_data:   (+ sft_data: training prompts; tokenizer: the
-                      claim 5's comparison)      held-out tasks' chat prompts)
+                     (+ base_model, sft_data,   (+ sft_data: training prompts; tokenizer: the
+                      corpus, tokenizer:         held-out tasks' chat prompts)
+                      claim 5's comparison)
 
 `build(profile)` makes them (keys `<profile>/quantized_student`, `<profile>/draft_model`, group
 `<profile>_deployment`), each through the training adapter (`assets.training`: a Ray task, its
@@ -18,7 +19,8 @@ MLflow run, the checkpoint moved into the store, verified and registered):
   `compare_scope`, "all_linear": every nn.Linear plus the routed experts; issue 41 item 3): per seed,
   SFT from base_model without quantization then PTQ, against QAT from the first step, the same
   steps and batches (k3model.train.quant_compare.compare_scope), each rounding (FLOOR, RCEIL):
-  held-out window NLL and KL to that seed's bf16 arm. The whole RL lineage is not repeated per
+  NLL and KL to that seed's bf16 arm on windows of the corpus' held-out split (text the model is
+  competent at: on the held-out demonstrations no arm's quantization shows). The whole RL lineage is not repeated per
   arm: the comparison stands on SFT.
 - `draft_model`: the EAGLE-3-style draft for what is served — quantized_student's packed MXFP4
   export loaded as `k3 serve` loads it (k3model.quantize.load_quantized) — initialised from its
@@ -107,7 +109,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
                       windows=sizes.compare_windows, window_len=sizes.compare_window_len)
     sft_cfg = SFTConfig(profile=profile, steps=steps, batch_size=sizes.compare_batch_size, lr=lr,
                         log_every=max(steps // 2, 1))
-    ups = require_upstreams(context, ["mopd_student", "base_model", "sft_data", "tokenizer"], profile)
+    ups = require_upstreams(context, ["mopd_student", "base_model", "sft_data", "corpus", "tokenizer"], profile)
     demos = ups["sft_data"].path
     context.log.info(f"{profile}/quantized_student: export mopd_student as packed MXFP4 ({config.scale_rounding}); "
                      f"claim 5 at scope {scope} on SFT from base_model, {steps} steps per arm, seeds {sizes.compare_seeds}, "
@@ -116,7 +118,7 @@ def materialize_quantized_student(context: dg.AssetExecutionContext, config: Qua
     trained = run_training(context, TrainingJob(
         profile=profile, name="quantized_student", task=quantize_student_task,
         args=(job, str(ups["mopd_student"].path), str(ups["base_model"].path), str(demos),
-              str(demos.parent / "heldout.parquet"), sft_cfg),
+              str(demos.parent / "heldout.parquet"), str(ups["corpus"].path), str(ups["tokenizer"].path), sft_cfg),
         config=job, inputs=ups, log_every=1, **context.resources.ray.placement(log=context.log.info),
         description=f"{profile} MOPD student with packed MXFP4 routed experts (E2M1 + E8M0, "
                     f"{config.scale_rounding}), MXFP8 expert activations at inference, the rest bf16",
@@ -271,8 +273,8 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
                   code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES)
 
     @dg.asset(pool="gpu", name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
-              deps=[key(profile, n) for n in ("mopd_student", "base_model", "sft_data", "tokenizer")], **common,
-              description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
+              deps=[key(profile, n) for n in ("mopd_student", "base_model", "sft_data", "corpus", "tokenizer")],
+              **common, description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
                           "the engine, the quantized-path audit, its held-out drop) and claim 5: QAT vs PTQ at "
                           "matched steps on the SFT step, every Linear plus the experts at MXFP4, two seeds, "
                           "FLOOR vs RCEIL.")

@@ -78,7 +78,7 @@ class QuantizedResult:
 
 
 def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkpoint: str, demos_path: str,
-                          heldout_path: str, sft_cfg, work_dir: str,
+                          heldout_path: str, corpus_path: str, tokenizer_path: str, sft_cfg, work_dir: str,
                           live: LiveLog) -> QuantizedResult:
     import torch
 
@@ -86,7 +86,8 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     from k3model.engine import SamplingConfig, generate
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
     from datagen.io import read_parquet
-    from k3model.train.quant_compare import compare_scope, token_windows, window_metrics
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.quant_compare import compare_scope, corpus_windows, window_metrics
 
     t0 = time.perf_counter()
     student, manifest = load_model(student_checkpoint, qat=False)  # the float student is what is exported
@@ -114,7 +115,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     # The product's scope (K3's: MXFP4/MXFP8 routed experts) on held-out windows: the export as loaded
     # and served against the float student.
     t1 = time.perf_counter()
-    windows_NT = token_windows(read_parquet(heldout_path), job.window_len, job.windows)
+    windows_NT = corpus_windows(read_parquet(corpus_path), load_tokenizer(tokenizer_path), job.window_len, job.windows)
     float_m = window_metrics(student, student, windows_NT)
     served = window_metrics(student, qmodel, windows_NT)
     product = {"scope": "experts", "bf16_nll": float_m["nll"], "mxfp4_nll": served["nll"],

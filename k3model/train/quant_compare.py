@@ -25,9 +25,11 @@ Claim 5 is judged where quantization matters (`compare_scope`): at tiny, K3's ex
 costs ~0 nats, so a ratio of drops there is noise. `compare_scope` runs, per seed, the
 high-precision step and a QAT step at a given `k3model.train.qat` scope (QAT_SCOPES; "all_linear"
 for the judged claim) under each scale rounding, and PTQ as the same quantizer applied to that
-seed's high-precision model; each is measured on held-out windows (`token_windows`: the held-out
-demonstrations' tokens end to end, cut into n × L windows) as the mean next-token NLL over every
-window token and KL(p_bf16 ‖ p_quantized), the metric deployers use:
+seed's high-precision model; each is measured on held-out windows (`corpus_windows`: the
+pretraining corpus' held-out split end to end, cut into n × L windows — text the model is competent
+at, where a quantization error shows in the NLL; `token_windows` cuts any token rows the same way)
+as the mean next-token NLL over every window token and KL(p_bf16 ‖ p_quantized), the metric
+deployers use:
 
     drop_arm = NLL(arm, quantized) − NLL(bf16 of the same seed)
 
@@ -178,7 +180,29 @@ def token_windows(table: pa.Table, length: int, n: int) -> torch.Tensor:
     """[n, length] token ids: the rows' `input_ids` end to end, cut into the first n windows of
     `length` (every token scored, prompt and answer alike). Raises ValueError when the rows hold
     fewer than n × length tokens."""
-    stream = [t for row in table.column("input_ids").to_pylist() for t in row]
+    return _windows(table.column("input_ids").to_pylist(), length, n)
+
+
+def corpus_windows(corpus: pa.Table, tokenizer, length: int, n: int) -> torch.Tensor:
+    """[n, length] token ids of the pretraining corpus' held-out split (documents in corpus order,
+    EOS after each, as the pretraining evaluation reads them), cut into the first n windows.
+
+    Claim 5 is measured here: text the model is competent at (tiny's base model: 4.87 nats a token)
+    shows what quantization costs (every-Linear PTQ +0.06 nats), where the held-out demonstrations
+    (6.0 nats, every prompt token scored) show none (−0.007; docs/log/quantize.md, 2026-12-06)."""
+    from datagen.corpus import split_texts
+    from datagen.tokenizer import EOS, encode_batch
+    eos, docs, total = tokenizer.token_to_id(EOS), [], 0
+    for ids in encode_batch(tokenizer, split_texts(corpus, "heldout")):
+        docs.append([*ids, eos])
+        total += len(ids) + 1
+        if total >= n * length:
+            break
+    return _windows(docs, length, n)
+
+
+def _windows(rows: list[list[int]], length: int, n: int) -> torch.Tensor:
+    stream = [t for row in rows for t in row]
     if len(stream) < n * length:
         raise ValueError(f"the held-out rows hold {len(stream)} tokens, fewer than {n} windows × {length}: "
                          "lower the window count or length, or add held-out rows")

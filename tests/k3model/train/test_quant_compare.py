@@ -97,6 +97,22 @@ def test_window_metrics_and_windows():
     assert quantized["kl_to_bf16"] > 1e-6 and quantized["nll"] != same["nll"]
 
 
+def test_corpus_windows_read_the_held_out_split_end_to_end(smoke_tok):
+    from datagen.corpus import split_texts
+    from datagen.tokenizer import EOS, encode
+    from k3model.train.quant_compare import corpus_windows
+
+    texts = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota", "kappa lambda"]
+    corpus = pa.table({"split": ["heldout", "train", "heldout", "heldout"], "source": ["prose"] * 4,
+                       "text": texts})
+    eos = smoke_tok.token_to_id(EOS)
+    stream = [t for text in split_texts(corpus, "heldout") for t in (*encode(smoke_tok, text), eos)]
+    windows = corpus_windows(corpus, smoke_tok, 3, 2)
+    assert windows.tolist() == [stream[:3], stream[3:6]]  # training text never enters
+    with pytest.raises(ValueError, match=f"fewer than 9 windows × {len(stream)}"):
+        corpus_windows(corpus, smoke_tok, len(stream), 9)
+
+
 def test_compare_scope_runs_matched_arms_per_seed_and_rounding(tmp_path):
     from k3model.train.quant_compare import compare_scope, token_windows
 
