@@ -6,7 +6,7 @@
     m.predict({"token_ids": [[1, 2, 3, 4]]}, params={"task": "score"})       # score
     m.unwrap_python_model().score([[1, 2, 3, 4]])                             # the same, as a method
 
-`pipelines.registry.log_checkpoint_model` writes it for every registered checkpoint with the library
+`pipelines.resources.log_checkpoint_model` writes it for every registered checkpoint with the library
 packages (k3model, kernels, datagen, envs) as `code_paths`, so a fresh process needs only torch,
 numpy, safetensors, pyarrow, tokenizers and mlflow. The checkpoint travels as one of two artifacts:
   checkpoint  the checkpoint directory itself, copied into the artifact store (any MLflow server);

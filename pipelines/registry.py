@@ -12,7 +12,8 @@ Every trained asset registers its checkpoint as a version of the MLflow model
 student); one version per distinct checkpoint, tagged with its sha256, profile, asset, its path in
 the home (`checkpoint`) and headline figures. The version's source is `runs:/<run>/model`, a pyfunc
 model (`pipelines/pyfunc_model.py`) logged to the asset's MLflow run, which an MLflow server accepts
-(a local path outside the run's artifacts it rejects) and `mlflow.pyfunc.load_model` reads. The
+(a local path outside the run's artifacts it rejects) and `mlflow.pyfunc.load_model` reads; versions
+are written by `pipelines.resources.MlflowResource.register_checkpoint`, read here. The
 model carries the checkpoint as a copy or as a sha256-verified pointer into the home
 (`MlflowResource.checkpoint_artifacts`). `load_model` reads the checkpoint straight from the home
 (`checkpoint` tag, relative to K3_HOME: a moved home still loads) and verifies its hashes.
@@ -26,65 +27,16 @@ variable `K3_SHARED_STORE` (one directory; paths inside it may then be absolute)
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 
+from pipelines.resources import MlflowResource, k3_home, resources_for
+
 SHARED_STORE_ENV = "K3_SHARED_STORE"
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# The library the pyfunc model imports, shipped with it (MLflow code_paths).
-CODE_PACKAGES = ("k3model", "kernels", "datagen", "envs")
-MODEL_ARTIFACT = "model"
-
-
-def log_checkpoint_model(client, run_id: str, checkpoint: Path, sha256: str, home: Path, copy: bool,
-                         target: tuple[Path, str] | None = None) -> str:
-    """Log `checkpoint` as a pyfunc model under the run's `model/` artifacts; returns its
-    `runs:/` URI. `copy`: the checkpoint directory goes into the artifacts; else a pointer (its
-    path relative to `home` and its sha256). `target` (path, sha256): a draft's target model."""
-    import mlflow.pyfunc
-    import torch
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import ParamSchema, ParamSpec
-
-    from pipelines.pyfunc_model import SAMPLING_PARAMS
-
-    with tempfile.TemporaryDirectory(prefix="k3-pyfunc-") as tmp:
-        artifacts: dict[str, str] = {}
-        for name, (path, sha) in {"checkpoint": (checkpoint, sha256), **({"target": target} if target else {})}.items():
-            # A pointer is a path in the home: a checkpoint kept elsewhere travels as a copy.
-            if copy or not Path(path).resolve().is_relative_to(home.resolve()):
-                artifacts[name] = str(path)
-            else:
-                pointer = Path(tmp) / f"{name}_pointer.json"
-                pointer.write_text(json.dumps({"path": Path(path).resolve().relative_to(home.resolve()).as_posix(),
-                                               "home": str(home.resolve()), "sha256": sha}))
-                artifacts[f"{name}_pointer"] = str(pointer)
-        params = ParamSchema([ParamSpec(k, _param_type(v), v) for k, v in SAMPLING_PARAMS.items()])
-        out = Path(tmp) / MODEL_ARTIFACT
-        mlflow.pyfunc.save_model(
-            out, python_model=str(Path(__file__).with_name("pyfunc_model.py")), artifacts=artifacts,
-            code_paths=[str(REPO_ROOT / p) for p in CODE_PACKAGES],
-            # Given, not inferred: inference would load the model in a subprocess at every registration.
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "safetensors", "pyarrow",
-                              "tokenizers"],
-            signature=ModelSignature(inputs=None, params=params))
-        for junk in out.rglob("__pycache__"):
-            import shutil
-            shutil.rmtree(junk, ignore_errors=True)
-        client.log_artifacts(run_id, str(out), MODEL_ARTIFACT)
-    return f"runs:/{run_id}/{MODEL_ARTIFACT}"
-
-
-def _param_type(value) -> str:
-    return {bool: "boolean", int: "long", float: "double", str: "string"}[type(value)]
 
 
 def resolve(model: str, home: Path | None = None):
     """The MLflow model version `model` names: `name@alias` or `name/version`."""
-    from pipelines.resources import MlflowResource, resources_for
     mlflow: MlflowResource = resources_for(home)["mlflow"]
     client = mlflow.client()
     if "@" in model:
@@ -101,7 +53,6 @@ def checkpoint_path(model: str, home: Path | None = None, shared_store: Path | N
     """The checkpoint directory of a registered model version, under `home` (default K3_HOME) or
     under the explicitly named `shared_store` (default $K3_SHARED_STORE, unset: none); ValueError
     naming the version and its source when the source resolves anywhere else."""
-    from pipelines.resources import k3_home
     version = resolve(model, home)
     root = Path(home or k3_home()).resolve()
     shared = shared_store or os.environ.get(SHARED_STORE_ENV) or None

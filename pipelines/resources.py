@@ -20,15 +20,17 @@ running too. Every model task asks for the GPU share and CPUs of `assets.ray_tas
 
 MLflow: sqlite under the home by default, or any `MLFLOW_TRACKING_URI` (an `http://` server; the
 registry goes through the same server). Registered checkpoints are pyfunc models
-(`pipelines.registry`). An unreachable Ray address or MLflow server fails in seconds, naming it.
+(`log_checkpoint_model` writes them; `pipelines.registry` reads them). An unreachable Ray address or MLflow server fails in seconds, naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -397,6 +399,54 @@ def mlflow_key(name: str) -> str:
     return re.sub(r"[^\w\-. :/]+", "/", name).strip("/")
 
 
+# The library the pyfunc model imports, shipped with it (MLflow code_paths).
+CODE_PACKAGES = ("k3model", "kernels", "datagen", "envs")
+MODEL_ARTIFACT = "model"
+
+
+def log_checkpoint_model(client, run_id: str, checkpoint: Path, sha256: str, home: Path, copy: bool,
+                         target: tuple[Path, str] | None = None) -> str:
+    """Log `checkpoint` as a pyfunc model under the run's `model/` artifacts; returns its
+    `runs:/` URI. `copy`: the checkpoint directory goes into the artifacts; else a pointer (its
+    path relative to `home` and its sha256). `target` (path, sha256): a draft's target model."""
+    import mlflow.pyfunc
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec
+
+    from pipelines.pyfunc_model import SAMPLING_PARAMS
+
+    with tempfile.TemporaryDirectory(prefix="k3-pyfunc-") as tmp:
+        artifacts: dict[str, str] = {}
+        for name, (path, sha) in {"checkpoint": (checkpoint, sha256), **({"target": target} if target else {})}.items():
+            # A pointer is a path in the home: a checkpoint kept elsewhere travels as a copy.
+            if copy or not Path(path).resolve().is_relative_to(home.resolve()):
+                artifacts[name] = str(path)
+            else:
+                pointer = Path(tmp) / f"{name}_pointer.json"
+                pointer.write_text(json.dumps({"path": Path(path).resolve().relative_to(home.resolve()).as_posix(),
+                                               "home": str(home.resolve()), "sha256": sha}))
+                artifacts[f"{name}_pointer"] = str(pointer)
+        params = ParamSchema([ParamSpec(k, _param_type(v), v) for k, v in SAMPLING_PARAMS.items()])
+        out = Path(tmp) / MODEL_ARTIFACT
+        mlflow.pyfunc.save_model(
+            out, python_model=str(Path(__file__).with_name("pyfunc_model.py")), artifacts=artifacts,
+            code_paths=[str(REPO_ROOT / p) for p in CODE_PACKAGES],
+            # Given, not inferred: inference would load the model in a subprocess at every registration.
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "numpy", "safetensors", "pyarrow",
+                              "tokenizers"],
+            signature=ModelSignature(inputs=None, params=params))
+        for junk in out.rglob("__pycache__"):
+            import shutil
+            shutil.rmtree(junk, ignore_errors=True)
+        client.log_artifacts(run_id, str(out), MODEL_ARTIFACT)
+    return f"runs:/{run_id}/{MODEL_ARTIFACT}"
+
+
+def _param_type(value) -> str:
+    return {bool: "boolean", int: "long", float: "double", str: "string"}[type(value)]
+
+
 class MlflowResource(dg.ConfigurableResource):
     """MLflow tracking, on a sqlite store in the home or an MLflow server (`MLFLOW_TRACKING_URI`):
     one MLflow run per asset materialization.
@@ -522,14 +572,13 @@ class MlflowResource(dg.ConfigurableResource):
         """The model version of a checkpoint: a new version for new bytes, the existing one for bytes
         already registered (matched by the `sha256` tag). Returns (version, created).
 
-        A new version is a pyfunc model logged to run `run_id` (`pipelines.registry`), carrying the
+        A new version is a pyfunc model logged to run `run_id` (`log_checkpoint_model`), carrying the
         checkpoint as a copy or a pointer (`checkpoint_artifacts`); its `checkpoint` tag is the path
         relative to `home` (default K3_HOME), which `pipelines.registry.load_model` resolves.
         `target` (path, sha256): the model a draft proposes for.
         """
         from mlflow.exceptions import MlflowException
 
-        from pipelines.registry import log_checkpoint_model
         if self.checkpoint_artifacts not in ("auto", "copy", "pointer"):
             raise ValueError(f"checkpoint_artifacts = {self.checkpoint_artifacts!r}: use 'auto', 'copy' or 'pointer'")
         home = Path(home or k3_home()).resolve()

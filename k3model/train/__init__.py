@@ -9,6 +9,8 @@ Shared pieces and vocabulary
 - `recipes`: every profile's post-training sizes and the held-out evaluation plan (no Dagster).
 - `qat`: quantization-aware training applied to a built model from outside it (`prepare_qat`).
 - `flops`: counted FLOPs of a step (the equal-compute control's budget).
+- `muon`: Per-Head Muon, the alternative to AdamW (`common.build_optimizer`'s `optimizer`).
+- `stats`: the statistics claims are judged with (intervals, the paired test, Holm, power).
 Loading a checkpoint is `k3model.checkpoint.load_model`.
 
 Trainers, in lineage order
@@ -20,10 +22,13 @@ Trainers, in lineage order
 
 Evaluation and rollouts
 - `rollout`: episodes played in envs, many at once (`play_tasks`).
-- `evaluate`: a policy scored on tasks (`evaluate`, batched `evaluate_together`, `per_harness`).
+- `evaluate`: the one evaluator, a policy scored on tasks (`evaluate`, batched `evaluate_together`,
+  `per_harness`); the modules below name the tasks and call it.
+- `expert_load`: expert load of a checkpoint on a held-out set (claim 2).
 - `ladder`: the RL task ladder and the held-out plans (`measure_ladder`, `evaluate_policy`).
 
 Experiments composed from the above
 - `transfer` (claim 7's cross-harness folds), `control` (the equal-compute generalist),
-  `quant_compare` (claim 5's QAT/PTQ comparison).
+  `sft_control` (the equal-token SFT arm of an RL specialist), `quant_compare` (claim 5's QAT/PTQ
+  comparison).
 """

@@ -27,6 +27,14 @@ successes per task, per family and per harness; the unparseable-action rate (the
 policy turns in which the env found no readable call); mean policy (generated) tokens per episode;
 how episodes ended; wall time and generated tokens per second.
 
+This module is the one evaluator: `evaluate` (one call), `evaluate_together` (many calls, each
+effort's in one batched decode), `summarize` and `per_harness`. The modules that choose tasks name
+them and call it: `ladder.evaluate_policy` (a held-out `recipes.EvalPlan`: sft_policy, the base model,
+the specialists), `ladder.measure_ladder` (pass@k at temperature 1), `mopd.evaluate_routes` (the
+student on every route), `transfer.train_arm` (in and out of the held-out harness), `grpo.train`
+(its periodic held-out score). They sit with their task choice because the imports point that way
+(ladder, mopd, transfer, grpo → evaluate): this module names no task set.
+
 No Dagster, Ray or MLflow here. Legend: n episodes, s successes.
 """
 
@@ -41,7 +49,8 @@ import torch
 
 import envs
 from k3model.engine import SamplingConfig
-from k3model.train.effort import EFFORT_SPECS, EFFORTS, training_harnesses
+from k3model.model import K3Model
+from k3model.train.effort import EFFORT_SPECS, EFFORTS, EffortSpec, training_harnesses
 from k3model.train.rollout import Episode, play_tasks, sft_format
 from k3model.train.stats import wilson as wilson_interval  # noqa: F401  (re-exported: the interval of `ci95`)
 

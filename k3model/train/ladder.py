@@ -45,7 +45,6 @@ rl_tasks asset shows.
 
 from __future__ import annotations
 
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -58,6 +57,7 @@ from envs.tasks import Task, get_family
 from k3model.train.effort import DOMAINS, EFFORTS, check_route
 from k3model.train.evaluate import evaluate, evaluate_together, resolve_harnesses
 from k3model.train.recipes import EVAL_SEED_BASE, RL_SEED_BASE, EvalPlan
+from k3model.train.stats import pass_at_k
 
 # Pre-registered selection (research/turn3-posttrain.md §5), fixed before any specialist trains.
 # pass@1 in [0.2, 0.6]: at G = 8 a group is informative (0 < c < 8) with probability
@@ -141,18 +141,6 @@ def default_rl_tasks(domain: str, n_per_family: int = 16) -> list[Task]:
 def hard_tasks(domain: str, n_per_family: int = 16) -> list[Task]:
     check_domain(domain)
     return tasks_of(HARD_FAMILIES[domain], n_per_family, EVAL_SEED_BASE)
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k of one task from n samples with c successes: 1 − C(n − c, k) / C(n, k)
-    (Chen et al. 2021), the chance that k of the n samples drawn without replacement hold a success."""
-    if not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 1 ≤ k ≤ n samples, got k = {k}, n = {n}: draw more samples or lower k")
-    if not 0 <= c <= n:
-        raise ValueError(f"successes must lie in 0 … n = {n}, got {c}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def mean_pass_at_k(successes: Sequence[int], n: int, k: int) -> float:

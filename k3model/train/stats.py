@@ -325,9 +325,12 @@ def min_paired_n(p0: float, effect: float, *, target: float = POWER_TARGET, min_
 # Paired comparison of per-task means (k samples per task)
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Chen et al.'s unbiased pass@k of one task from n samples with c successes (docstring)."""
-    if not (0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"need 0 ≤ c ≤ n and 1 ≤ k ≤ n, got n={n}, c={c}, k={k}")
+    """Chen et al.'s unbiased pass@k of one task from n samples with c successes (docstring): the
+    chance that k of the n samples drawn without replacement hold a success."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 ≤ k ≤ n samples, got k = {k}, n = {n}: draw more samples or lower k")
+    if not 0 <= c <= n:
+        raise ValueError(f"successes must lie in 0 … n = {n}, got {c}")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)

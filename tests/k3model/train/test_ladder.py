@@ -10,8 +10,9 @@ from k3model.train.effort import training_harnesses
 from k3model.train.evaluate import resolve_harnesses
 from k3model.train.ladder import (EVAL_SEED_BASE, HARD_FAMILIES, RL_SEED_BASE, LadderCell, LadderConfig, LadderReport,
                                    baseline_success, domain_families, hard_tasks, heldout_tasks, mean_pass_at_k,
-                                   pass_at_k, select_families, tasks_of)
+                                   select_families, tasks_of)
 from k3model.train.recipes import STARTER_FAMILIES
+from k3model.train.stats import pass_at_k
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
