@@ -85,10 +85,13 @@ def test_specialists_are_one_asset_with_nine_browsable_partitions():
 
 def test_checks_attached():
     checks = {(k.asset_key.to_user_string(), k.name) for k in _graph().asset_check_keys}
+    from assets.checkpoint_checks import CHECKPOINT_ASSETS
     for p in PROFILES:
         for s in range(1, 5):
-            assert {(f"{p}/pretrain_stage_{s}", "checkpoint_intact"), (f"{p}/pretrain_stage_{s}", "loss_fell")} <= checks
-        assert (f"{p}/base_model", "checkpoint_intact") in checks
+            assert (f"{p}/pretrain_stage_{s}", "loss_fell") in checks
+        # Every checkpoint asset: re-hashed and finite, each check once.
+        for name in CHECKPOINT_ASSETS:
+            assert {(f"{p}/{name}", "checkpoint_intact"), (f"{p}/{name}", "checkpoint_sound")} <= checks
         assert {(f"{p}/report", f"claim_{n}") for n in range(1, 9)} <= checks
 
 
