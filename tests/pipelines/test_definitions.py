@@ -121,6 +121,9 @@ def test_schedules_and_sensors():
         assert weekly.default_status == dg.DefaultScheduleStatus.STOPPED and weekly.job_name == f"{p}_all_job"
         sensor = defs.resolve_sensor_def(f"{p}_automation")
         assert sensor.default_status == dg.DefaultSensorStatus.RUNNING and sensor.run_tags == {"k3/profile": p}
+        # The UI shows the target as its selection string, not a Python repr.
+        assert str(sensor.asset_selection) == f'key:"{p}/*"'
+        assert sensor.asset_selection.resolve(_graph()) == dg.AssetSelection.key_prefixes([p]).resolve(_graph())
         assert _graph().get(key(p, "base_model")).automation_condition is not None
 
 
