@@ -41,6 +41,8 @@ import dagster as dg
 from k3model.checkpoint import CheckpointCorrupted, sha256_file, verify_checkpoint
 
 PROFILE_TAG = "k3/profile"
+# Who launched a run: "k3 run" (pipelines/cli.py), or "re-execution of <parent>" (`tag_run`).
+LAUNCHED_BY_TAG = "k3/launched_by"
 # The profiles a run can use (k3model.config also has `k3`, the published shape, for accounting only).
 PROFILES = ("smoke", "tiny", "small")
 
@@ -174,14 +176,24 @@ def tag_run(context: dg.AssetExecutionContext, profile: str) -> None:
     Jobs, schedules and `k3 run` set the tag when they launch; a run the UI launches from an asset
     page (Dagster's implicit asset job) gets it here, when its first step starts. A run that
     materializes several profiles is tagged with all of them, comma-separated.
+
+    A re-execution (from the UI's Runs page, or `dagster.execute_job`) copies every tag of its
+    parent, `k3/launched_by: k3 run` included; here it becomes `re-execution of <parent>`, so the
+    Runs page does not say it came from the CLI (`k3 run` never launches a run with a parent).
     """
     instance = context.instance
     run = instance.get_run_by_id(run_id(context))
     if run is None:  # called directly, without a run
         return
+    tags = {}
     have = [p for p in run.tags.get(PROFILE_TAG, "").split(",") if p]
     if profile not in have:
-        instance.add_run_tags(run.run_id, {PROFILE_TAG: ",".join(sorted([*have, profile]))})
+        tags[PROFILE_TAG] = ",".join(sorted([*have, profile]))
+    parent = run.tags.get("dagster/parent_run_id")
+    if parent and run.tags.get(LAUNCHED_BY_TAG) == "k3 run":
+        tags[LAUNCHED_BY_TAG] = f"re-execution of {parent[:8]}"
+    if tags:
+        instance.add_run_tags(run.run_id, tags)
 
 
 def profile_tags(profile: str) -> dict[str, str]:

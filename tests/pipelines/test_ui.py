@@ -177,6 +177,8 @@ def test_what_a_user_sees_in_the_ui(ui):
             child = _wait_for_run(dagster, lambda r: r["parentRunId"] == ui["cli_run_id"], timeout_s=300)
             assert child["status"] == "SUCCESS" and child["jobName"] == "smoke_all_job", child
             assert _tags(child)["k3/profile"] == "smoke"
+            # The parent came from `k3 run`; the re-execution says what it is, not "k3 run".
+            assert _tags(child)["k3/launched_by"] == f"re-execution of {ui['cli_run_id'][:8]}"
 
             # Materialize from the asset's page (Dagster's implicit asset job): the run gets its profile.
             page.goto(f"{dagster}/assets/smoke/corpus", wait_until="load")
