@@ -76,6 +76,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.display import rounded
 from assets.lineage import Upstream, profile_tags, run_id
 from assets.ray_task import LiveLog, ProgressFeed, RayCall, charted, error_line, with_system_metrics
 from k3model.checkpoint import CheckpointInfo, verify_checkpoint
@@ -155,7 +156,7 @@ class Trained:
         resumed = getattr(self.result, "resumed_from_step", None)
         if resumed is not None:
             tail["resumed_from_step"] = resumed
-        return {**head, **(own or {}), **self.extra, **tail}
+        return {**head, **rounded(dict(own or {})), **rounded(self.extra), **tail}
 
     def materialize_result(self, own: Mapping[str, Any] | None = None) -> dg.MaterializeResult:
         """The asset's result: the standard metadata and `own`, the checkpoint's sha256 as data version."""
