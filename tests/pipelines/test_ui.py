@@ -3,7 +3,7 @@ headless, then `k3 ui` starts Dagster and MLflow on the same home and Playwright
 checks what a user sees: the lineage link `k3 ui` prints first (the default profile's, tiny's, every
 group expanded, its main chain left to right by the nodes' on-page positions), a picture shown inline on the asset's page, the
 report's page with its figures reached from the asset's first metadata row, the `k3 run` run
-re-executed from the UI, an asset materialized from its page carrying its profile as a run tag, and
+re-executed from the UI (tagged as a re-execution, its 8 claims judged), an asset materialized from its page carrying its profile as a run tag, and
 an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
 Screenshots go to test-artifacts/."""
 
@@ -179,6 +179,13 @@ def test_what_a_user_sees_in_the_ui(ui):
             assert _tags(child)["k3/profile"] == "smoke"
             # The parent came from `k3 run`; the re-execution says what it is, not "k3 run".
             assert _tags(child)["k3/launched_by"] == f"re-execution of {ui['cli_run_id'][:8]}"
+            # Claims survive the rerun: the report's Checks tab shows all 8 judged on its new
+            # materialization, none "Not evaluated".
+            page.goto(f"{dagster}/assets/smoke/report?view=checks", wait_until="load")
+            page.get_by_text("claim_8", exact=True).first.wait_for(timeout=60_000)
+            assert all(page.get_by_text(f"claim_{n}", exact=True).count() for n in range(1, 9))
+            assert page.get_by_text("Not evaluated").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "ui_claims_after_rerun.png"))
 
             # Materialize from the asset's page (Dagster's implicit asset job): the run gets its profile.
             page.goto(f"{dagster}/assets/smoke/corpus", wait_until="load")
