@@ -41,12 +41,13 @@ def rounded(metadata: dict[str, Any], digits: int = 6) -> dict[str, Any]:
     return {k: float(f"{v:.{digits}g}") if isinstance(v, float) else v for k, v in metadata.items()}
 
 
-def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80, width_chars: int = TABLE_WIDTH_CHARS) -> str:
+def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80, width_chars: int | None = TABLE_WIDTH_CHARS) -> str:
     """A small Markdown table for metadata previews; long cells are cut to `max_chars`.
 
     A table wider than `width_chars` (its columns' narrowest widths, plus padding) is split by
-    columns into several tables, each repeating the first column (the row's label), so that none is
-    clipped in the UI.
+    columns into several tables, each repeating the row's label — the fewest leading columns that
+    tell the rows apart (`stage`; `domain, effort`) — so that none is clipped in the UI. None: one
+    table however wide (a file read elsewhere, report.md).
     """
     if not rows:
         return "(no rows)"
@@ -57,14 +58,16 @@ def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80, width_chars:
         return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
     cells = [[cell(r.get(c)) for c in cols] for r in rows]
     widths = [max(_min_width(t) for t in [c, *(row[i] for row in cells)]) + 3 for i, c in enumerate(cols)]
+    n_label = next((k for k in range(1, len(cols)) if len({tuple(row[:k]) for row in cells}) == len(cells)), 1)
+    label_width = sum(widths[:n_label])
     parts: list[list[int]] = [[]]
-    for i in range(1, len(cols)):
-        if parts[-1] and widths[0] + sum(widths[j] for j in parts[-1]) + widths[i] > width_chars:
+    for i in range(n_label, len(cols)):
+        if parts[-1] and width_chars is not None and label_width + sum(widths[j] for j in parts[-1]) + widths[i] > width_chars:
             parts.append([])
         parts[-1].append(i)
     tables = []
-    for part in (parts if len(cols) > 2 else [list(range(1, len(cols)))]):
-        shown = [0, *part]
+    for part in parts:
+        shown = [*range(n_label), *part]
         lines = ["| " + " | ".join(cols[i] for i in shown) + " |", "|" + "---|" * len(shown)]
         lines += ["| " + " | ".join(row[i] for i in shown) + " |" for row in cells]
         tables.append("\n".join(lines))

@@ -39,3 +39,14 @@ def test_text_that_wraps_and_narrow_tables_stay_one_table():
     assert len(_tables(markdown_table([words]))) == 1
     assert markdown_table([{"ppl": 440.45461830106336, "load": 1.1692708333333333}]).splitlines()[2] == "| 440.5 | 1.169 |"
     assert markdown_table([{"a": 1}]) == "| a |\n|---|\n| 1 |"
+
+
+def test_the_row_label_is_the_fewest_leading_columns_that_tell_the_rows_apart():
+    rows = [{"domain": d, "effort": e, "n": 64, "success": 0.2857, "ci95": "[0.12, 0.40]", "tokens/answer": 123.4,
+             "base_model success": 0.25, "base_model tokens/answer": 140.2}
+            for d in ("general_tasks", "coding_agents") for e in ("low", "max")]
+    tables = _tables(markdown_table(rows))
+    assert len(tables) > 1
+    assert all(t[0][:2] == ["domain", "effort"] and [r[:2] for r in t[1:]] == [r[:2] for r in tables[0][1:]]
+               for t in tables)
+    assert [c for t in tables for c in t[0][2:]] == list(rows[0])[2:]
