@@ -88,3 +88,24 @@ def test_every_checkpoint_asset_of_a_profile_has_the_blocking_check():
         checked = [spec for c in defs.checks for spec in c.check_specs if spec.name == name]
         assert sorted(s.asset_key.path[-1] for s in checked) == sorted(checkpoint_checks.CHECKPOINT_ASSETS)
         assert all(spec.blocking for spec in checked)
+
+
+def test_checkpoint_intact_refuses_a_valid_checkpoint_that_is_not_the_one_recorded(tmp_path):
+    """Re-hashed against the manifest *and* the version the materialization recorded, for each
+    materialized partition of a partitioned asset (rl_specialist)."""
+    from assets.lineage import PROFILE_TAG
+    torch.manual_seed(0)
+    good = save_checkpoint(tmp_path / "a", _weights())
+    other = save_checkpoint(tmp_path / "b", {"w": torch.ones(2)})
+    specialist = next(a for a in build_profile("smoke").assets if a.key == key("smoke", "rl_specialist"))
+    [intact] = [c for c in checkpoint_checks.build("smoke", [specialist])
+                if next(iter(c.check_keys)).name == checkpoint_checks.INTACT_NAME]
+    instance = dg.DagsterInstance.ephemeral()
+    for partition, path in (("general_tasks|low", good.path), ("coding_agents|max", other.path)):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", "rl_specialist"), partition=partition,
+            metadata={"path": dg.MetadataValue.path(str(path)), "sha256": good.sha256}, tags={PROFILE_TAG: "smoke"}))
+    result = intact(dg.build_asset_check_context(instance=instance))
+    assert not result.passed and result.metadata["checkpoints"].value == 2
+    assert result.description.startswith(f"rl_specialist[coding_agents|max]: checkpoint {other.path} is damaged")
+    assert "general_tasks|low" not in result.description
