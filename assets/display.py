@@ -1,5 +1,6 @@
-"""Display helpers for asset metadata in the Dagster UI: small Markdown tables, PNG files and PIL
-images inlined as data URIs, sparklines of a metric's curve. The plots themselves are drawn in
+"""Display helpers for asset metadata in the Dagster UI: floats rounded, small Markdown tables (split
+by columns where the UI would clip them), PNG files and PIL images inlined as data URIs, sparklines
+of a metric's curve. The plots themselves are drawn in
 `assets.plots`.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,32 @@ def fmt(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, default=str)
 
 
-def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80) -> str:
-    """A small Markdown table for metadata previews; long cells are cut to `max_chars`."""
+# About how many characters of a table row the Dagster UI's metadata value column shows at a
+# 1440-px-wide window before it clips the table (research/turn3-ux.md, ux3-05: base_model's
+# `stages` was cut after its seventh column); each column costs its widest word plus ~3 of padding.
+TABLE_WIDTH_CHARS = 60
+
+
+def _min_width(text: str) -> int:
+    """The narrowest a cell can be: its longest word (the UI wraps a cell at spaces and hyphens)."""
+    return max((len(w) for w in re.split(r"[\s-]+", text)), default=0)
+
+
+def rounded(metadata: dict[str, Any], digits: int = 6) -> dict[str, Any]:
+    """`metadata` with every plain float entry kept to `digits` significant digits (the UI shows a
+    float as stored: `0.6896551724137931`); NaN and inf stay. Six digits change no figure a claim
+    reads (a rate of n ≤ 10⁴ keeps its whole number of hits)."""
+    return {k: float(f"{v:.{digits}g}") if isinstance(v, float) else v for k, v in metadata.items()}
+
+
+def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80, width_chars: int | None = TABLE_WIDTH_CHARS) -> str:
+    """A small Markdown table for metadata previews; long cells are cut to `max_chars`.
+
+    A table wider than `width_chars` (its columns' narrowest widths, plus padding) is split by
+    columns into several tables, each repeating the row's label — the fewest leading columns that
+    tell the rows apart (`stage`; `domain, effort`) — so that none is clipped in the UI. None: one
+    table however wide (a file read elsewhere, report.md).
+    """
     if not rows:
         return "(no rows)"
     cols = list(rows[0])
@@ -30,9 +56,22 @@ def markdown_table(rows: list[dict[str, Any]], max_chars: int = 80) -> str:
     def cell(v: Any) -> str:
         text = fmt(v).replace("\n", "⏎").replace("|", "\\|")
         return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    cells = [[cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(_min_width(t) for t in [c, *(row[i] for row in cells)]) + 3 for i, c in enumerate(cols)]
+    n_label = next((k for k in range(1, len(cols)) if len({tuple(row[:k]) for row in cells}) == len(cells)), 1)
+    label_width = sum(widths[:n_label])
+    parts: list[list[int]] = [[]]
+    for i in range(n_label, len(cols)):
+        if parts[-1] and width_chars is not None and label_width + sum(widths[j] for j in parts[-1]) + widths[i] > width_chars:
+            parts.append([])
+        parts[-1].append(i)
+    tables = []
+    for part in parts:
+        shown = [*range(n_label), *part]
+        lines = ["| " + " | ".join(cols[i] for i in shown) + " |", "|" + "---|" * len(shown)]
+        lines += ["| " + " | ".join(row[i] for i in shown) + " |" for row in cells]
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 # The Dagster UI renders Markdown metadata shorter than this in the metadata table itself; longer

@@ -20,6 +20,14 @@ another valid tokenizer is used silently. So every read through `require_upstrea
 first (`verify_upstreams`), and any damage or read error names the file and what to
 re-materialize. Re-materializing replaces the damaged file (`assets/storage.py`). Display helpers
 for metadata (tables, pictures) are in `assets.display`.
+
+The edges the UI draws (`without_implied_deps`): an asset declares every upstream it reads, but an
+edge u → a that a longer path u → … → a already implies is left out of the Definitions (the
+transitive reduction of the read graph), so the lineage reads left to right, data → stages → base →
+SFT → specialists → student → quantized → draft → report / served model, instead of the data and the
+tokenizer fanning into every node. Reachability — and so run order, and `k3 run`'s staleness, which
+follows every ancestor (pipelines/freshness.py) — is unchanged. An edge whose recorded input version
+an asset reads back (`KEPT_EDGES`) stays.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import dagster as dg
 from k3model.checkpoint import CheckpointCorrupted, sha256_file, verify_checkpoint
 
 PROFILE_TAG = "k3/profile"
+# Who launched a run: "k3 run" (pipelines/cli.py), or "re-execution of <parent>" (`tag_run`).
+LAUNCHED_BY_TAG = "k3/launched_by"
 # The profiles a run can use (k3model.config also has `k3`, the published shape, for accounting only).
 PROFILES = ("smoke", "tiny", "small")
 
@@ -40,6 +50,13 @@ PROFILES = ("smoke", "tiny", "small")
 def key(profile: str, name: str) -> dg.AssetKey:
     """The asset key of `name` in `profile`'s lineage: `<profile>/<name>`."""
     return dg.AssetKey([profile, name])
+
+
+# (downstream, upstream) edges kept although a longer path implies them: the report matches each
+# stage that checkpoint_evals scored to the stage version it recorded as its input
+# (`dagster/input_data_version/<profile>/pretrain_stage_<s>`, assets/report.py `_rescored`), and
+# Dagster records that only for a direct dependency.
+KEPT_EDGES = frozenset(("checkpoint_evals", f"pretrain_stage_{s}") for s in range(1, 5))
 
 
 def group(profile: str, name: str) -> str:
@@ -159,15 +176,63 @@ def tag_run(context: dg.AssetExecutionContext, profile: str) -> None:
     Jobs, schedules and `k3 run` set the tag when they launch; a run the UI launches from an asset
     page (Dagster's implicit asset job) gets it here, when its first step starts. A run that
     materializes several profiles is tagged with all of them, comma-separated.
+
+    A re-execution (from the UI's Runs page, or `dagster.execute_job`) copies every tag of its
+    parent, `k3/launched_by: k3 run` included; here it becomes `re-execution of <parent>`, so the
+    Runs page does not say it came from the CLI (`k3 run` never launches a run with a parent).
     """
     instance = context.instance
     run = instance.get_run_by_id(run_id(context))
     if run is None:  # called directly, without a run
         return
+    tags = {}
     have = [p for p in run.tags.get(PROFILE_TAG, "").split(",") if p]
     if profile not in have:
-        instance.add_run_tags(run.run_id, {PROFILE_TAG: ",".join(sorted([*have, profile]))})
+        tags[PROFILE_TAG] = ",".join(sorted([*have, profile]))
+    parent = run.tags.get("dagster/parent_run_id")
+    if parent and run.tags.get(LAUNCHED_BY_TAG) == "k3 run":
+        tags[LAUNCHED_BY_TAG] = f"re-execution of {parent[:8]}"
+    if tags:
+        instance.add_run_tags(run.run_id, tags)
 
 
 def profile_tags(profile: str) -> dict[str, str]:
     return {PROFILE_TAG: profile}
+
+
+def implied_deps(parents: dict[dg.AssetKey, set[dg.AssetKey]]) -> dict[dg.AssetKey, set[dg.AssetKey]]:
+    """{asset: the parents that another parent already descends from} of a DAG given as
+    {asset: parents}: the edges a transitive reduction leaves out, less `KEPT_EDGES`.
+
+    An upstream p of a is implied when p is an ancestor of some other parent q of a (p → … → q → a).
+    """
+    ancestors: dict[dg.AssetKey, set[dg.AssetKey]] = {}
+
+    def above(k: dg.AssetKey) -> set[dg.AssetKey]:
+        if k not in ancestors:
+            ancestors[k] = set()
+            for p in parents.get(k, ()):
+                ancestors[k] |= {p} | above(p)
+        return ancestors[k]
+    implied = {}
+    for k, ps in parents.items():
+        drop = {p for p in ps if any(p in above(q) for q in ps if q != p)
+                and (k.path[-1], p.path[-1]) not in KEPT_EDGES}
+        if drop:
+            implied[k] = drop
+    return implied
+
+
+def without_implied_deps(assets: list[dg.AssetsDefinition]) -> list[dg.AssetsDefinition]:
+    """`assets` with the dependencies `implied_deps` finds left out (the edges the UI draws).
+
+    Each asset's body still reads what it reads (`require_upstreams` finds upstreams by name, not by
+    edge); only the declared edge goes, and with it Dagster's record of that input's version.
+    """
+    parents = {spec.key: {d.asset_key for d in spec.deps} for a in assets for spec in a.specs}
+    implied = implied_deps(parents)
+
+    def reduce(spec: dg.AssetSpec) -> dg.AssetSpec:
+        drop = implied.get(spec.key)
+        return spec.replace_attributes(deps=[d for d in spec.deps if d.asset_key not in drop]) if drop else spec
+    return [a.map_asset_specs(reduce) if any(k in implied for k in a.keys) else a for a in assets]

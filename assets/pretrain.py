@@ -14,9 +14,9 @@ and by length, VQA accuracy, expert load max/mean (in training, and claim 2's me
 checkpoint over a fixed held-out mixed set, with its routing bias and with it zeroed), tokens/s and wall time. The data version is the
 sha256 of the weights.
 
-Checks: `checkpoint_intact` re-hashes the newest checkpoint (blocking: a corrupted stage stops the
-stages after it) and `loss_fell` compares the stage's last and first training losses (not judged
-below `LOSS_CHECK_MIN_STEPS` steps, where one noisy step decides it).
+Checks: `loss_fell` compares the stage's last and first training losses (not judged below
+`LOSS_CHECK_MIN_STEPS` steps, where one noisy step decides it); `checkpoint_intact` and
+`checkpoint_sound`, as on every checkpoint asset, come from assets/checkpoint_checks.py.
 """
 
 from pathlib import Path
@@ -303,26 +303,6 @@ def _base_model_asset(profile: str) -> dg.AssetsDefinition:
 # ----------------------------------------------------------------------------------------------
 # Checks
 
-def _intact_check(asset: dg.AssetsDefinition, profile: str) -> dg.AssetChecksDefinition:
-    name = asset.key.path[-1]
-
-    @dg.asset_check(asset=asset, name="checkpoint_intact", blocking=True,
-                    description="Re-hashes the newest checkpoint's files against its manifest.")
-    def _check(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        up = latest(context.instance, profile, name)
-        if up is None:
-            return dg.AssetCheckResult(passed=False, description=f"{profile}/{name} has no checkpoint: "
-                                       "materialize it first")
-        try:
-            info = verify_checkpoint(up.path)
-        except (CheckpointCorrupted, FileNotFoundError) as e:
-            return dg.AssetCheckResult(passed=False, description=str(e),
-                                       metadata={"path": dg.MetadataValue.path(str(up.path))})
-        return dg.AssetCheckResult(passed=True, metadata={"path": dg.MetadataValue.path(str(up.path)),
-                                                          "sha256": info.sha256, "files": len(info.manifest["files"])})
-    return _check
-
-
 def _loss_fell_check(asset: dg.AssetsDefinition, profile: str) -> dg.AssetChecksDefinition:
     name = asset.key.path[-1]
 
@@ -354,5 +334,4 @@ def build(profile: str) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksD
     """The pretraining assets of `profile` (four stages and base_model) and their checks."""
     stages = [_stage_asset(profile, s) for s in range(1, NUM_STAGES + 1)]
     base = _base_model_asset(profile)
-    checks = [c for a in stages for c in (_intact_check(a, profile), _loss_fell_check(a, profile))]
-    return [*stages, base], [*checks, _intact_check(base, profile)]
+    return [*stages, base], [_loss_fell_check(a, profile) for a in stages]

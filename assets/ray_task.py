@@ -109,8 +109,7 @@ class LiveLog:
             from mlflow.tracking import MlflowClient
             ts = int(time.time() * 1000)
             MlflowClient(self.tracking_uri).log_batch(
-                self.run_id, metrics=[Metric(k, v, ts, step) for k, v in numeric.items()
-                                      if not is_grid_metric(k)])
+                self.run_id, metrics=[Metric(k, v, ts, step) for k, v in numeric.items() if charted(k)])
         # The headline metrics when the step has any; otherwise its first few (a phase's own
         # figures, e.g. one arm of claim 5's comparison), never an empty line.
         shown = {k: v for k, v in numeric.items() if k in _SHOWN} or dict(list(numeric.items())[:4])
@@ -157,6 +156,12 @@ def is_grid_metric(name: str) -> bool:
     (`eval/clue_acc/<variant>/all`)."""
     return name.startswith("eval/clue_acc/") and not name.endswith("/all")
 
+
+def charted(name: str) -> bool:
+    """Whether a training metric is logged to MLflow as a metric (a chart): not a cell of the
+    clue-accuracy grid (a table artifact), nor a count (`eval/clue_n/...`, the n behind a rate, kept
+    in the checkpoint manifest and the asset's metadata), so MLflow's charts open on the curves."""
+    return not is_grid_metric(name) and not name.startswith("eval/clue_n/")
 
 
 _SHOWN = ("train/main", "train/lr", "fit/loss", "eval/loss", "eval/success_rate", "reward/mean", "moe/load_max_over_mean", "perf/tokens_per_s", "eval/ppl",

@@ -36,7 +36,7 @@ from pydantic import Field
 from assets.config_bounds import AssetConfig
 from assets import claims as C
 from assets.claims import DOMAINS, EFFORTS, Claim
-from assets.display import inline_png, markdown_table
+from assets.display import TABLE_WIDTH_CHARS, inline_png, markdown_table
 from assets.lineage import group, key, latest, profile_tags, run_id, tag_run
 from assets.plots import report_plots
 
@@ -434,10 +434,12 @@ def _power(c: Claim) -> str:
     return "—" if c.power is None else f"{c.power:.2f}"
 
 
-def claims_table(verdicts: list[Claim]) -> str:
+def claims_table(verdicts: list[Claim], width_chars: int | None = TABLE_WIDTH_CHARS) -> str:
+    """The claims as a Markdown table: split by columns to fit the UI's metadata column by default,
+    one table (`width_chars=None`) in report.md."""
     return markdown_table([{"claim": c.number, "status": c.status, "n": "—" if c.n is None else c.n,
                             "power": _power(c), "figure": c.figure, "target": c.target}
-                           for c in verdicts], max_chars=160)
+                           for c in verdicts], max_chars=160, width_chars=width_chars)
 
 
 def nine_cells(claim3: Claim) -> dict[tuple[str, str], str]:
@@ -476,7 +478,7 @@ def render(profile: str, verdicts: list[Claim], drawn: dict[str, Path | str], im
              "`report.html` beside this file is the same page).", "",
              f"{counts[C.PASS]} pass, {counts[C.FAIL]} fail, {counts[C.UNDERPOWERED]} underpowered (power < "
              f"0.8 at the pre-registered effect: shown, not judged), {counts[C.NOT_MEASURED]} not measured "
-             "(docs/design.md §5; how each is measured: docs/report.md).", "", claims_table(verdicts), ""]
+             "(docs/design.md §5; how each is measured: docs/report.md).", "", claims_table(verdicts, None), ""]
     for c in verdicts:
         hashes = ", ".join(f"{n} `{h[:12]}`" for n, h in c.checkpoints.items()) or "—"
         lines += [f"## Claim {c.number}: {c.title}", "",

@@ -76,8 +76,9 @@ from typing import Any
 
 import dagster as dg
 
+from assets.display import rounded
 from assets.lineage import Upstream, profile_tags, run_id
-from assets.ray_task import LiveLog, ProgressFeed, RayCall, error_line, with_system_metrics
+from assets.ray_task import LiveLog, ProgressFeed, RayCall, charted, error_line, with_system_metrics
 from k3model.checkpoint import CheckpointInfo, verify_checkpoint
 
 
@@ -155,7 +156,7 @@ class Trained:
         resumed = getattr(self.result, "resumed_from_step", None)
         if resumed is not None:
             tail["resumed_from_step"] = resumed
-        return {**head, **(own or {}), **self.extra, **tail}
+        return {**head, **rounded(dict(own or {})), **rounded(self.extra), **tail}
 
     def materialize_result(self, own: Mapping[str, Any] | None = None) -> dg.MaterializeResult:
         """The asset's result: the standard metadata and `own`, the checkpoint's sha256 as data version."""
@@ -245,7 +246,7 @@ def _promote(context: dg.AssetExecutionContext, job: TrainingJob, work_dir: Path
     info = verify_checkpoint(final)
 
     # The task logged every `log_every`-th step live (and the last); the rest of the curve goes in now.
-    history = list(result.history)
+    history = [{k: v for k, v in h.items() if k == "step" or charted(k)} for h in result.history]
     last = history[-1]["step"] if history else None
     live_steps = frozenset(h["step"] for h in history if h["step"] % job.log_every == 0 or h["step"] == last)
     mlflow.log_history(run.info.run_id, history, skip_steps=live_steps)

@@ -335,6 +335,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     import dagster as dg
+    from assets.lineage import LAUNCHED_BY_TAG
     from pipelines.definitions import defs
     from pipelines.jobs import all_job_name
 
@@ -370,7 +371,7 @@ def _run(args: argparse.Namespace, profile: str, env: dict[str, str]) -> int:
     names = [k.path[-1] for k in keys]
     ops = _config_overrides(args.set, defs, mine, keys)
     _check_config_values(ops, defs, mine, keys, profile)
-    tags = {"k3/profile": profile, "k3/cli": "run"}
+    tags = {"k3/profile": profile, LAUNCHED_BY_TAG: "k3 run"}
     if partitions:
         from pipelines.jobs import partition_range_tags
         [(pkey, chosen)] = partitions.items()  # one partitions definition per profile (pipelines/jobs.py)

@@ -8,7 +8,9 @@ an asset when, for the run's profile, all of these hold:
 - that materialization was made by the asset's current `code_version`;
 - each upstream's newest materialization is the one it consumed (Dagster records the consumed
   versions as `dagster/input_data_version/<upstream>` tags);
-- no upstream is itself re-materialized by this run.
+- no ancestor is itself re-materialized by this run (an ancestor, not only a parent: the
+  Definitions leave out an edge that a longer path implies, assets/lineage.py, and stage 2 still
+  reads the corpus that stage 1 descends from).
 
 `k3 run --force` materializes the whole selection regardless. Every asset exists once per profile
 (`<profile>/<name>`, assets/profiles.py), so "for the run's profile" is simply the profile's own
@@ -80,10 +82,13 @@ def _why_stale(instance: dg.DagsterInstance, asset_graph, node, profile: str, to
     recorded_code = tags.get("dagster/code_version")
     if node.code_version is not None and recorded_code != node.code_version:
         return f"its code changed ({recorded_code} → {node.code_version})"
+    # A parent first, when one is redone: the nearest reason reads best.
+    redone = sorted((k for k in asset_graph.get_ancestor_asset_keys(node.key) if k in todo),
+                    key=lambda k: (k not in node.parent_keys, k.to_user_string()))
+    if redone:
+        return f"its upstream {redone[0].path[-1]} is re-materialized in this run"
     for parent in sorted(node.parent_keys, key=lambda k: k.to_user_string()):
         parent_name = parent.path[-1]
-        if parent in todo:
-            return f"its upstream {parent_name} is re-materialized in this run"
         if asset_graph.get(parent).partitions_def is not None and node.partitions_def is None:
             # Dagster records a hash over the parent's partitions as the consumed version; the
             # consumed event (a storage id) says the same more simply: was there a newer one since?

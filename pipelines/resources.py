@@ -519,7 +519,9 @@ class MlflowResource(dg.ConfigurableResource):
     def create_run(self, context: dg.AssetExecutionContext, params: dict[str, Any],
                    tags: dict[str, str] | None = None, partition: str | None = None):
         """A new MLflow run for this asset (or one partition of it: `partition`, else the context's
-        own partition key), named `<asset>[<partition>]-<dagster run>`; end it with `end_run`."""
+        own partition key), named `<asset>-<dagster run>`, or `<partition> <asset>-<dagster run>`
+        (the partition first: MLflow cuts long names, and the nine specialists differ only there);
+        end it with `end_run`."""
         from mlflow.entities import Param
         client = self.client()
         asset = context.asset_key.to_user_string()
@@ -530,7 +532,7 @@ class MlflowResource(dg.ConfigurableResource):
             partition = context.partition_key
         if partition is not None:
             all_tags["partition"] = partition
-        name = f"{asset}[{partition}]" if partition is not None else asset
+        name = f"{partition} {asset}" if partition is not None else asset
         run = client.create_run(self.experiment_id(), tags=all_tags, run_name=f"{name}-{dagster_run_id[:8]}")
         client.log_batch(run.info.run_id, params=[Param(mlflow_key(k), str(v)[:6000]) for k, v in params.items()])
         return run

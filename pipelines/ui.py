@@ -1,6 +1,12 @@
 """`k3 ui`: the Dagster web UI (webserver and daemon, pipelines/webserver.py) and the MLflow server on
 127.0.0.1, both on the instance under K3_HOME, as child processes of this command.
 
+What it prints first is where a user lands: the default profile's lineage (K3_PROFILE, else tiny),
+its groups expanded (`lineage_url`), rather than Dagster's Catalog and Lineage, which open on the
+alphabetically first profile (`small`, which a CPU machine never materializes); and, for MLflow, the
+k3 experiment's training runs (`/k3/mlflow/experiment`, MLflow's classic view), not MLflow's root,
+which opens on its GenAI view.
+
 Each child gets its own process group and default signal handlers, and dies with its parent even
 when the parent is killed (`_die_with_parent`), so no server outlives the home lock the command held
 while it set the home up. Ctrl-C or SIGTERM stops both (`stop_process_group`); either one exiting
@@ -10,16 +16,18 @@ stops the other. Their output goes to `K3_HOME/logs/`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from pipelines.console import say, stop_on_signals, under_home_lock
-from pipelines.resources import REPO_ROOT
+from pipelines.resources import REPO_ROOT, default_profile
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -84,6 +92,26 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout_s: float) -> bool:
     return False
 
 
+def lineage_url(dagster_url: str, profile: str, groups: list[str]) -> str:
+    """The Dagster UI's global lineage showing only `profile`'s assets (`key:"<profile>/*"`), with
+    its `groups` expanded: the path and `expanded` query Dagster 1.13's UI reads
+    (ui-core `explorerPathToString`, `AssetGraphExplorer`: group ids `global@global:<group>`)."""
+    query = urllib.parse.quote(f'key:"{profile}/*"', safe="")
+    expanded = urllib.parse.quote(",".join(f"global@global:{g}" for g in groups), safe="@:,")
+    return f"{dagster_url}/asset-groups~{query}/?expanded={expanded}"
+
+
+def profile_groups(dagster_url: str, profile: str) -> list[str]:
+    """The asset groups of `profile`, from the webserver's GraphQL API
+    (the definitions are loaded there, not in this process)."""
+    query = "{ assetNodes { groupName assetKey { path } } }"
+    request = urllib.request.Request(f"{dagster_url}/graphql", data=json.dumps({"query": query}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        nodes = json.loads(r.read())["data"]["assetNodes"]
+    return list(dict.fromkeys(n["groupName"] for n in nodes if n["assetKey"]["path"][0] == profile))
+
+
 def ui_commands(home: Path, dagster_port: int, mlflow_port: int) -> tuple[list[str], list[str]]:
     bin_dir = Path(sys.executable).parent
     # `dagster dev`'s pair (webserver and daemon), with a redirect to MLflow for the metadata links.
@@ -134,8 +162,16 @@ def _ui(args: argparse.Namespace, profile: None, k3env: dict[str, str]) -> int:
             which = [n for n, ok in (("MLflow", ok_mlflow), ("Dagster", ok_dagster)) if not ok]
             say(f"k3 ui: {' and '.join(which)} did not start; see {logs}/")
             return 1
-        say(f"k3 ui: Dagster  {dagster_url}   (Catalog: {dagster_url}/assets, Lineage: {dagster_url}/asset-groups)")
-        say(f"k3 ui: MLflow   {mlflow_url}   (the k3 training runs: {dagster_url}/k3/mlflow/experiment)")
+        profile = default_profile()
+        try:
+            groups = profile_groups(dagster_url, profile)
+        except (OSError, KeyError, ValueError) as e:
+            say(f"k3 ui: could not list the {profile} groups ({e}); the lineage link opens them collapsed")
+            groups = []
+        say(f"k3 ui: Dagster  {lineage_url(dagster_url, profile, groups)}")
+        say(f"k3 ui:          (the {profile} lineage; Catalog {dagster_url}/assets/{profile}, "
+            f"all profiles {dagster_url}/asset-groups)")
+        say(f"k3 ui: MLflow   {dagster_url}/k3/mlflow/experiment   (the k3 training runs; the server: {mlflow_url})")
         say(f"k3 ui: every profile's assets under its prefix (smoke/, tiny/, small/); instance "
             f"{k3env['DAGSTER_HOME']}; logs {logs}/; Ctrl-C stops both")
         while all(p.poll() is None for p in procs):

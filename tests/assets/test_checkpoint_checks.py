@@ -1,5 +1,7 @@
 """checkpoint_sound: a blocking check that stops a checkpoint with a NaN weight or a diverged logged loss
-from becoming an upstream; a sound checkpoint passes and its downstream runs."""
+from becoming an upstream; a sound checkpoint passes and its downstream runs. Both checkpoint checks
+(with checkpoint_intact, tested on a stage in tests/assets/test_pretrain.py) are on every checkpoint
+asset, once."""
 
 import dagster as dg
 import pytest
@@ -26,8 +28,10 @@ def _defs(tmp_path, weights, logged_losses, metrics):
         for step, loss in enumerate(logged_losses, 1):
             client.log_metric(run.info.run_id, "train/main", loss, step=step)
         info = save_checkpoint(home / "ckpt" / context.run_id, weights, {"metrics": metrics})
+        # As every checkpoint asset does: the data version is the weights' sha256.
         return dg.MaterializeResult(metadata={"path": dg.MetadataValue.path(str(info.path)),
-                                              "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run))})
+                                              "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run))},
+                                    data_version=dg.DataVersion(info.sha256))
 
     @dg.asset(key=key("smoke", "rl_specialist"), deps=[sft_policy])
     def downstream() -> None:
@@ -40,8 +44,9 @@ def _run(tmp_path, weights, losses=(3.0, 2.5, 2.0), metrics=None):
     defs, mlflow, ran = _defs(tmp_path, weights, list(losses), metrics or {"train/final_loss": 2.0})
     result = dg.materialize(defs, instance=dg.DagsterInstance.ephemeral(), resources={"mlflow": mlflow},
                             raise_on_error=False)
-    [evaluation] = result.get_asset_check_evaluations()
-    return evaluation, ran
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert evaluations[checkpoint_checks.INTACT_NAME].passed, evaluations[checkpoint_checks.INTACT_NAME].description
+    return evaluations[checkpoint_checks.CHECK_NAME], ran
 
 
 def _weights():
@@ -79,7 +84,28 @@ def test_a_loss_that_diverged_anywhere_blocks_the_downstream(tmp_path, losses, m
 
 def test_every_checkpoint_asset_of_a_profile_has_the_blocking_check():
     defs = build_profile("smoke")
-    checked = {spec.asset_key.path[-1]: spec for c in defs.checks for spec in c.check_specs
-               if spec.name == checkpoint_checks.CHECK_NAME}
-    assert set(checked) == set(checkpoint_checks.CHECKPOINT_ASSETS)
-    assert all(spec.blocking for spec in checked.values())
+    for name in (checkpoint_checks.CHECK_NAME, checkpoint_checks.INTACT_NAME):
+        checked = [spec for c in defs.checks for spec in c.check_specs if spec.name == name]
+        assert sorted(s.asset_key.path[-1] for s in checked) == sorted(checkpoint_checks.CHECKPOINT_ASSETS)
+        assert all(spec.blocking for spec in checked)
+
+
+def test_checkpoint_intact_refuses_a_valid_checkpoint_that_is_not_the_one_recorded(tmp_path):
+    """Re-hashed against the manifest *and* the version the materialization recorded, for each
+    materialized partition of a partitioned asset (rl_specialist)."""
+    from assets.lineage import PROFILE_TAG
+    torch.manual_seed(0)
+    good = save_checkpoint(tmp_path / "a", _weights())
+    other = save_checkpoint(tmp_path / "b", {"w": torch.ones(2)})
+    specialist = next(a for a in build_profile("smoke").assets if a.key == key("smoke", "rl_specialist"))
+    [intact] = [c for c in checkpoint_checks.build("smoke", [specialist])
+                if next(iter(c.check_keys)).name == checkpoint_checks.INTACT_NAME]
+    instance = dg.DagsterInstance.ephemeral()
+    for partition, path in (("general_tasks|low", good.path), ("coding_agents|max", other.path)):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", "rl_specialist"), partition=partition,
+            metadata={"path": dg.MetadataValue.path(str(path)), "sha256": good.sha256}, tags={PROFILE_TAG: "smoke"}))
+    result = intact(dg.build_asset_check_context(instance=instance))
+    assert not result.passed and result.metadata["checkpoints"].value == 2
+    assert result.description.startswith(f"rl_specialist[coding_agents|max]: checkpoint {other.path} is damaged")
+    assert "general_tasks|low" not in result.description

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import error_text
 
-from assets import evaluation, pretrain
+from assets import checkpoint_checks, evaluation, pretrain
 from assets.display import markdown_table
 from assets.evaluation import EvalConfig
 from assets.lineage import PROFILE_TAG, key
@@ -14,6 +14,8 @@ from assets.pretrain import PretrainStageConfig, clue_tables
 from k3model.checkpoint import WEIGHTS_FILE, save_checkpoint, sha256_file
 
 ASSETS, CHECKS = pretrain.build("smoke")
+# checkpoint_intact, as on every checkpoint asset, is built in assets/checkpoint_checks.py.
+CHECKS = [*CHECKS, *checkpoint_checks.build("smoke", ASSETS)]
 STAGE_ASSETS, base_model = ASSETS[:4], ASSETS[4]
 [checkpoint_evals] = evaluation.build("smoke")
 

@@ -150,3 +150,11 @@ def test_partitions_train_concurrently_a_failure_is_retried_and_isolated(tmp_pat
                  if not p.name.startswith(".")]
     assert (staging / "last").is_dir()
     assert instance.get_latest_materialization_event(dg.AssetKey(["smoke", "toy"])) is not None
+
+
+def test_counts_and_grid_cells_are_not_charted():
+    from assets.ray_task import charted
+    # MLflow's chart view opens on the curves: the n behind a rate and the grid's cells stay out.
+    assert charted("train/main") and charted("eval/clue_acc/scattered/all") and charted("eval/ppl")
+    assert not charted("eval/clue_n/scattered/d0-32") and not charted("eval/clue_n/control/all")
+    assert not charted("eval/clue_acc/scattered/len64/d0-32")

@@ -87,6 +87,7 @@ def test_headless_run_prints_progress_and_fails_clearly(tmp_path):
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         run = instance.get_run_by_id(run_id)
     assert run.job_name == "smoke_all_job" and run.tags["k3/profile"] == "smoke"
+    assert run.tags["k3/launched_by"] == "k3 run"
     assert {k.to_user_string() for k in run.asset_selection} == {"smoke/corpus", "smoke/tokenizer"}
 
 

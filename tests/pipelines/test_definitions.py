@@ -33,24 +33,40 @@ def test_every_asset_once_per_profile_in_its_groups():
         assert all(a.tags.get("k3/profile") == p for a in mine.values())
 
 
-def test_lineage_stays_within_a_profile():
+def test_lineage_stays_within_a_profile_and_draws_no_implied_edge():
     graph = _graph()
 
     def parents(p, name):
         parent_keys = graph.get(key(p, name)).parent_keys
         assert {k.path[0] for k in parent_keys} <= {p}
         return {k.path[-1] for k in parent_keys}
+    # One chain, left to right: an edge a longer path implies (corpus → pretrain_stage_2, through
+    # stage 1) is left out (assets/lineage.py, without_implied_deps).
+    chain = ["corpus", "tokenizer", "clue_data", "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3",
+             "pretrain_stage_4", "base_model", "sft_policy", "rl_tasks", "rl_specialist", "mopd_student",
+             "quantized_student", "draft_model"]
+    side = {"image_data": set(), "sft_data": {"tokenizer"}, "cross_harness": {"sft_policy"},
+            "served_model": {"draft_model"}}
     for p in PROFILES:
-        assert parents(p, "tokenizer") == {"corpus"}
-        assert parents(p, "clue_data") == {"corpus", "tokenizer"}
-        assert parents(p, "pretrain_stage_1") == DATA
-        for s in (2, 3, 4):
-            assert parents(p, f"pretrain_stage_{s}") == DATA | {f"pretrain_stage_{s - 1}"}
-        assert parents(p, "base_model") == {"pretrain_stage_4"}
-        assert parents(p, "sft_data") == {"tokenizer"}
-        assert parents(p, "sft_policy") == {"base_model", "sft_data", "tokenizer"}
-        assert parents(p, "rl_tasks") == {"sft_policy", "tokenizer"}
-        assert parents(p, "rl_specialist") == {"sft_policy", "rl_tasks", "tokenizer"}
+        for up, down in zip(chain, chain[1:]):
+            assert up in parents(p, down), (up, down)
+        assert parents(p, "pretrain_stage_1") == {"clue_data", "image_data"}
+        assert parents(p, "sft_policy") == {"base_model", "sft_data"}
+        assert all(len(parents(p, down)) == 1 for down in chain[1:] if down not in ("pretrain_stage_1", "sft_policy"))
+        assert all(parents(p, n) == want for n, want in side.items())
+        assert parents(p, "report") == {"draft_model", "cross_harness"}
+        # checkpoint_evals keeps every stage: the report reads the stage versions it recorded.
+        assert parents(p, "checkpoint_evals") == {f"pretrain_stage_{s}" for s in range(1, 5)}
+
+
+def test_implied_deps_is_the_transitive_reduction():
+    from assets.lineage import implied_deps
+    a, b, c, d = (key("x", n) for n in "abcd")
+    # a → b → c, a → c, a → d, d → c: a → c is implied twice over, d → c is not.
+    assert implied_deps({a: set(), b: {a}, c: {a, b, d}, d: {a}}) == {c: {a}}
+    assert implied_deps({a: set(), b: {a}}) == {}
+    evals, s1, s2 = key("x", "checkpoint_evals"), key("x", "pretrain_stage_1"), key("x", "pretrain_stage_2")
+    assert implied_deps({s1: set(), s2: {s1}, evals: {s1, s2}}) == {}
 
 
 def test_specialists_are_one_asset_with_nine_browsable_partitions():
@@ -69,10 +85,13 @@ def test_specialists_are_one_asset_with_nine_browsable_partitions():
 
 def test_checks_attached():
     checks = {(k.asset_key.to_user_string(), k.name) for k in _graph().asset_check_keys}
+    from assets.checkpoint_checks import CHECKPOINT_ASSETS
     for p in PROFILES:
         for s in range(1, 5):
-            assert {(f"{p}/pretrain_stage_{s}", "checkpoint_intact"), (f"{p}/pretrain_stage_{s}", "loss_fell")} <= checks
-        assert (f"{p}/base_model", "checkpoint_intact") in checks
+            assert (f"{p}/pretrain_stage_{s}", "loss_fell") in checks
+        # Every checkpoint asset: re-hashed and finite, each check once.
+        for name in CHECKPOINT_ASSETS:
+            assert {(f"{p}/{name}", "checkpoint_intact"), (f"{p}/{name}", "checkpoint_sound")} <= checks
         assert {(f"{p}/report", f"claim_{n}") for n in range(1, 9)} <= checks
 
 
@@ -102,6 +121,9 @@ def test_schedules_and_sensors():
         assert weekly.default_status == dg.DefaultScheduleStatus.STOPPED and weekly.job_name == f"{p}_all_job"
         sensor = defs.resolve_sensor_def(f"{p}_automation")
         assert sensor.default_status == dg.DefaultSensorStatus.RUNNING and sensor.run_tags == {"k3/profile": p}
+        # The UI shows the target as its selection string, not a Python repr.
+        assert str(sensor.asset_selection) == f'key:"{p}/*"'
+        assert sensor.asset_selection.resolve(_graph()) == dg.AssetSelection.key_prefixes([p]).resolve(_graph())
         assert _graph().get(key(p, "base_model")).automation_condition is not None
 
 

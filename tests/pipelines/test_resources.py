@@ -66,7 +66,11 @@ def test_mlflow_run_metrics_and_model_version(tmp_path):
             mlflow.log_rows(run.info.run_id, [{"variant": "scattered", "accuracy": 0.5}], "eval/grid.json")
             version, _ = mlflow.register_checkpoint(run.info.run_id, "probe-model", ckpt.path, ckpt.sha256,
                                                     {"profile": "smoke"}, "a probe", home=tmp_path)
-        return dg.MaterializeResult(metadata={"n": n, "run": mlflow.run_url(run), "version": version.version})
+        # A partition's run leads with the partition (MLflow's run table cuts long names).
+        part = mlflow.create_run(context, {}, partition="coding_agents|max")
+        mlflow.end_run(part, "FINISHED")
+        return dg.MaterializeResult(metadata={"n": n, "run": mlflow.run_url(run), "version": version.version,
+                                              "partition_run": part.info.run_name})
 
     result = dg.materialize([probe], instance=dg.DagsterInstance.ephemeral())
     md = result.asset_materializations_for_node("probe")[0].metadata
@@ -75,6 +79,8 @@ def test_mlflow_run_metrics_and_model_version(tmp_path):
     run = client.get_run(md["run"].value.rsplit("/", 1)[1])
     assert run.data.tags["dagster_run_id"] == result.run_id and run.data.tags["asset"] == "probe"
     assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
+    assert run.info.run_name == f"probe-{result.run_id[:8]}"
+    assert md["partition_run"].value == f"coding_agents|max probe-{result.run_id[:8]}"
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")) == \
         [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "eval")] == ["eval/grid.json"]

@@ -1,8 +1,9 @@
 """The web UI in a real browser: `k3 run` materializes smoke image data and the claims report
 headless, then `k3 ui` starts Dagster and MLflow on the same home and Playwright (Debian's chromium)
-checks what a user sees: the per-profile lineage, a picture shown inline on the asset's page, the
+checks what a user sees: the lineage link `k3 ui` prints first (the default profile's, tiny's, every
+group expanded, its main chain left to right by the nodes' on-page positions), a picture shown inline on the asset's page, the
 report's page with its figures reached from the asset's first metadata row, the `k3 run` run
-re-executed from the UI, an asset materialized from its page carrying its profile as a run tag, and
+re-executed from the UI (tagged as a re-execution, its 8 claims judged), an asset materialized from its page carrying its profile as a run tag, and
 an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
 Screenshots go to test-artifacts/."""
 
@@ -34,7 +35,9 @@ def _free_port() -> int:
 def ui(tmp_path):
     """`k3 run --profile smoke --select image_data,report`, then `k3 ui` on free ports with that
     temporary home; stopped (and checked) after."""
-    env = {**os.environ, "K3_HOME": str(tmp_path / "home")}
+    # The default profile, whose lineage `k3 ui` opens, is tiny (never materialized here: its graph
+    # is drawn all the same).
+    env = {**os.environ, "K3_HOME": str(tmp_path / "home"), "K3_PROFILE": "tiny"}
     env.pop("DAGSTER_HOME", None)
     cli = subprocess.run([K3, "run", "--profile", "smoke", "--select", "image_data,report"], env=env,
                          capture_output=True, text=True, timeout=300)
@@ -52,8 +55,11 @@ def ui(tmp_path):
             proc.kill()
             pytest.fail(f"k3 ui did not start:\n{(tmp_path / 'k3-ui.log').read_text()}")
         time.sleep(1)
+    printed = (tmp_path / "k3-ui.log").read_text()
     yield {"dagster": f"http://127.0.0.1:{dagster_port}", "mlflow": f"http://127.0.0.1:{mlflow_port}",
-           "mlflow_port": mlflow_port, "home": tmp_path / "home", "cli_run_id": cli_run_id}
+           "mlflow_port": mlflow_port, "home": tmp_path / "home", "cli_run_id": cli_run_id,
+           "lineage": re.search(r"k3 ui: Dagster +(\S+)", printed).group(1),
+           "mlflow_printed": re.search(r"k3 ui: MLflow +(\S+)", printed).group(1)}
     # k3 ui turns SIGTERM into its Ctrl-C path, which stops both servers.
     proc.send_signal(signal.SIGTERM)
     try:
@@ -111,16 +117,29 @@ def test_what_a_user_sees_in_the_ui(ui):
         context.add_init_script("localStorage.setItem('communityNux', '1')")
         page = context.new_page()
         try:
-            # One lineage per profile: the smoke groups hold the smoke assets.
-            page.goto(f"{dagster}/asset-groups", wait_until="load")
-            group = page.get_by_text("smoke_pretraining", exact=True).last
-            group.wait_for(timeout=60_000)
-            page.get_by_text("tiny_pretraining", exact=True).last.wait_for(timeout=30_000)
-            # Groups start collapsed; a double click on the group node expands it.
-            group.dblclick()
-            for s in range(1, 5):
-                page.get_by_text(f"pretrain_stage_{s}", exact=True).first.wait_for(timeout=30_000)
-            page.screenshot(path=str(ARTIFACTS / "ui_lineage.png"))
+            # `k3 ui` opens on the default profile's lineage, its groups expanded, and the main chain
+            # reads left to right. 1920 px wide: at 1400 with the asset sidebar open, Dagster's fit
+            # zoom (about 0.14) is below the scale at which it draws nodes (0.15), leaving outlines.
+            assert ui["lineage"].startswith(f"{dagster}/asset-groups~") and "expanded=" in ui["lineage"]
+            page.set_viewport_size({"width": 1920, "height": 1000})
+            page.goto(ui["lineage"], wait_until="load")
+            page.get_by_text("tiny_report", exact=True).last.wait_for(timeout=60_000)
+
+            def node_x(name: str) -> float:
+                node = page.locator("foreignObject", has=page.get_by_text(name, exact=True))
+                node.first.wait_for(timeout=30_000)
+                assert node.count() == 1, f"{node.count()} nodes named {name}"
+                return node.first.bounding_box()["x"]
+            chain = ["corpus", "tokenizer", "clue_data", "pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3",
+                     "pretrain_stage_4", "base_model", "sft_policy", "rl_tasks", "rl_specialist", "mopd_student",
+                     "quantized_student", "draft_model", "report"]
+            xs = [node_x(n) for n in chain]
+            assert xs == sorted(xs) and len(set(xs)) == len(xs), dict(zip(chain, xs))
+            assert node_x("served_model") > node_x("draft_model")
+            # Only the default profile's assets are drawn.
+            assert page.get_by_text("smoke_pretraining", exact=True).count() == 0
+            page.screenshot(path=str(ARTIFACTS / "ui_lineage_tiny.png"))
+            page.set_viewport_size({"width": 1400, "height": 900})
 
             # A picture in the asset's metadata table itself, not a file path.
             page.goto(f"{dagster}/assets/smoke/image_data", wait_until="load")
@@ -158,6 +177,15 @@ def test_what_a_user_sees_in_the_ui(ui):
             child = _wait_for_run(dagster, lambda r: r["parentRunId"] == ui["cli_run_id"], timeout_s=300)
             assert child["status"] == "SUCCESS" and child["jobName"] == "smoke_all_job", child
             assert _tags(child)["k3/profile"] == "smoke"
+            # The parent came from `k3 run`; the re-execution says what it is, not "k3 run".
+            assert _tags(child)["k3/launched_by"] == f"re-execution of {ui['cli_run_id'][:8]}"
+            # Claims survive the rerun: the report's Checks tab shows all 8 judged on its new
+            # materialization, none "Not evaluated".
+            page.goto(f"{dagster}/assets/smoke/report?view=checks", wait_until="load")
+            page.get_by_text("claim_8", exact=True).first.wait_for(timeout=60_000)
+            assert all(page.get_by_text(f"claim_{n}", exact=True).count() for n in range(1, 9))
+            assert page.get_by_text("Not evaluated").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "ui_claims_after_rerun.png"))
 
             # Materialize from the asset's page (Dagster's implicit asset job): the run gets its profile.
             page.goto(f"{dagster}/assets/smoke/corpus", wait_until="load")
@@ -177,9 +205,10 @@ def test_what_a_user_sees_in_the_ui(ui):
             link.wait_for(timeout=60_000)
             href = link.get_attribute("href")
 
-            # The experiment link `k3 ui` prints opens MLflow on the training runs (MLflow 3.17 would
+            # The MLflow link `k3 ui` prints opens MLflow on the training runs (MLflow 3.17 would
             # otherwise show its GenAI traces view).
-            page.goto(f"{dagster}/k3/mlflow/experiment", wait_until="load")
+            assert ui["mlflow_printed"] == f"{dagster}/k3/mlflow/experiment"
+            page.goto(ui["mlflow_printed"], wait_until="load")
             page.get_by_text("smoke/corpus-", exact=False).first.wait_for(timeout=90_000)
             assert page.url.startswith(f"{ui['mlflow']}/#/experiments/1/runs?workflowType=machine_learning")
             page.screenshot(path=str(ARTIFACTS / "ui_mlflow_experiment.png"))
