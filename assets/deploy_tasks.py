@@ -87,7 +87,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
     from datagen.io import read_parquet
     from datagen.tokenizer import load_tokenizer
-    from k3model.train.quant_compare import compare_scope, corpus_windows, window_metrics
+    from k3model.train.quant_compare import compare_scope, corpus_windows, token_windows, window_metrics
 
     t0 = time.perf_counter()
     student, manifest = load_model(student_checkpoint, qat=False)  # the float student is what is exported
@@ -112,18 +112,20 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
               "greedy_agreement_with_float": sum(agree) / len(agree), "first_ids": q_ids[0].token_ids[:16]}
     live(0, {"export/ratio_to_bf16": info.ratio_to_bf16, "audit/quantized": float(len(report.quantized))})
 
-    # The product's scope (K3's: MXFP4/MXFP8 routed experts) on held-out windows: the export as loaded
-    # and served against the float student.
+    # The product's scope (K3's: MXFP4/MXFP8 routed experts) on the held-out demonstrations, the
+    # student's own distribution: the export as loaded and served against the float student.
     t1 = time.perf_counter()
-    windows_NT = corpus_windows(read_parquet(corpus_path), load_tokenizer(tokenizer_path), job.window_len, job.windows)
-    float_m = window_metrics(student, student, windows_NT)
-    served = window_metrics(student, qmodel, windows_NT)
+    demo_windows_NT = token_windows(read_parquet(heldout_path), job.window_len, job.windows)
+    float_m = window_metrics(student, student, demo_windows_NT)
+    served = window_metrics(student, qmodel, demo_windows_NT)
     product = {"scope": "experts", "bf16_nll": float_m["nll"], "mxfp4_nll": served["nll"],
                "drop": served["nll"] - float_m["nll"], "kl_to_bf16": served["kl_to_bf16"],
-               "windows": list(windows_NT.shape)}
+               "windows": list(demo_windows_NT.shape)}
     live(0, {f"product/{k}": v for k, v in product.items() if isinstance(v, float)})
 
-    # Claim 5 where quantization matters: QAT against PTQ at job.scope, matched SFT steps from the base.
+    # Claim 5 where quantization matters: QAT against PTQ at job.scope, matched SFT steps from the
+    # base, on the corpus' held-out text (quant_compare.corpus_windows says why).
+    windows_NT = corpus_windows(read_parquet(corpus_path), load_tokenizer(tokenizer_path), job.window_len, job.windows)
     demos = shortest_rows(demos_path, job.max_rows)
     comparison = compare_scope(sft_cfg, demos, windows_NT, Path(work_dir) / "compare", base_checkpoint,
                                scope=job.scope, seeds=job.seeds, scale_roundings=job.scale_roundings,
