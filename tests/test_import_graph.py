@@ -166,12 +166,7 @@ def test_the_library_imports_no_asset_pipeline_or_framework():
 ASSETS_DEBT = [
     "assets.serve → pipelines.serve",  # served_model loads and measures through load_served and card
 ]
-BENCHMARKS_DEBT = [
-    "benchmarks.decode.draft_target → assets.deploy_tasks",  # measure_speculative, table_prompts
-    "benchmarks.recipes.claim1_tiny → assets.claims",  # claim_1 (the claims asset's verdict), wilson
-    "benchmarks.recipes.grpo_sweep → assets.claims",  # rate_difference (= k3model.train.stats.newcombe)
-    "benchmarks.recipes.grpo_sweep → assets.posttrain_tasks",  # train_specialist_task, rl_specialist's body
-]
+BENCHMARKS_DEBT: list[str] = []
 
 
 def test_assets_import_no_pipelines():
