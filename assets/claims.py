@@ -45,6 +45,7 @@ from typing import Any
 
 from k3model.train import stats
 from k3model.train.effort import DOMAINS, EFFORTS
+from k3model.train.pretrain_eval import clue_distance_cases
 from k3model.train.stats import Z95, newcombe as rate_difference, wilson  # noqa: F401  (re-exported)
 
 PASS, FAIL, NOT_MEASURED, UNDERPOWERED = "pass", "fail", "not measured", "underpowered"
@@ -145,46 +146,21 @@ def _rate(fig: dict[str, Any] | None) -> tuple[float, int] | None:
     return float(fig["success_rate"]) * n, n
 
 
-def _bucket_lo(bucket: str) -> int:
-    return int(bucket.lstrip("d").split("-")[0])
-
-
 # ----------------------------------------------------------------------------------------------
 # The claims
 
 def claim_1(stages: dict[int, dict[str, dict[str, tuple[float, int]]]], *, profile: str,
             checkpoints: dict[str, str] | None = None) -> Claim:
-    """`stages[s][variant][bucket] = (hits, n)`, variant "scattered" or "control", bucket `lo-hi`.
-
-    Stage j answers at distance bucket b where an earlier stage i fails when the whole interval of j's
-    scattered accuracy at b lies above i's, and stage i's failure there is the distance's: i's control
-    twins (the same questions with the clues next to them) score above its scattered ones at b, again
-    with the intervals apart. Without that second condition a later stage that merely learned the task
-    would pass for one that learned long context.
-    """
+    """`stages[s][variant][bucket] = (hits, n)`, variant "scattered" or "control", bucket `lo-hi`;
+    the test is `k3model.train.pretrain_eval.clue_distance_cases` (its docstring): pass when a case
+    exists."""
     target = ("a later stage's scattered-clue accuracy above an earlier stage's at some distance, 95 % "
               "intervals apart, where the earlier stage's control twins show it fails for distance")
     measured = {s: v for s, v in stages.items() if any(n for cells in v.values() for _, n in cells.values())}
     if len(measured) < 2:
         return not_measured(1, target, f"{len(measured)} pretraining stage(s) with clue counts; two are needed",
                             profile, checkpoints)
-    buckets = sorted({b for v in measured.values() for b in v.get("scattered", {})}, key=_bucket_lo)
-    table: dict[str, dict[int, dict[str, float]]] = {}
-    evidence = []
-    for b in buckets:
-        for s in sorted(measured):
-            hits, n = measured[s].get("scattered", {}).get(b, (0, 0))
-            c_hits, c_n = measured[s].get("control", {}).get(b, (0, 0))
-            if n:
-                lo, hi = wilson(hits, n)
-                c_lo, c_hi = wilson(c_hits, c_n)
-                table.setdefault(b, {})[s] = {"acc": hits / n, "lo": lo, "hi": hi, "n": n,
-                                              "control": c_hits / c_n if c_n else None, "control_lo": c_lo}
-        row = table.get(b, {})
-        for i in sorted(row):
-            for j in sorted(row):
-                if j > i and row[j]["lo"] > row[i]["hi"] and row[i]["control_lo"] > row[i]["hi"]:
-                    evidence.append((b, i, j, row[j]["acc"] - row[i]["acc"]))
+    table, evidence = clue_distance_cases(measured)
     best = {b: max(row.values(), key=lambda r: r["acc"]) for b, row in table.items()}
     top = max(best, key=lambda b: best[b]["acc"]) if best else None
     figures = {"by_distance": {b: {str(s): r for s, r in row.items()} for b, row in table.items()}}

@@ -10,7 +10,7 @@ only the library. Each is `task(*args, work_dir, live) -> result` for `assets.tr
 - `train_draft_task`: `k3model.train.draft.train` against the quantized student as served (the
   packed MXFP4 export through `k3model.quantize.load_quantized`, what `k3 serve` loads) on its own
   generations from sft_data's prompts; τ_sim evaluated and speculative decoding
-  (`k3model.speculative.speculative_generate`, greedy) measured at draft lengths 1–6 on the
+  (`k3model.train.draft.measure_speculative`, greedy) measured at draft lengths 1–6 on the
   chat-formatted first turns of held-out envs tasks (`k3model.train.draft.chat_prompts`), with the
   untrained MTP draft beside it: τ = 1 + accepted / rounds, acceptance by depth, and greedy parity
   with the quantized target's own plain greedy output.
@@ -23,16 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from assets.ray_task import LiveLog, task_device
-
-
-def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:
-    """The first `limit` assistant-turn prompts of a datagen.sft table (k3model.train.draft)."""
-    from datagen.io import read_parquet
-    from k3model.train.draft import prompts_from_demonstrations
-    table = read_parquet(path)
-    prompts = prompts_from_demonstrations(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(),
-                                          max_prompt_tokens)
-    return prompts[:limit]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,6 +77,7 @@ def quantize_student_task(job: QuantizeJob, student_checkpoint: str, base_checkp
     from k3model.quantize import audit_quantized, export_quantized, load_quantized
     from datagen.io import read_parquet
     from datagen.tokenizer import load_tokenizer
+    from k3model.train.draft import table_prompts
     from k3model.train.quant_compare import compare_scope, corpus_windows, token_windows, window_metrics
 
     t0 = time.perf_counter()
@@ -172,56 +163,6 @@ class DraftResult:
     target: dict = field(default_factory=dict)  # the target's sha256 and quantization format
 
 
-def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_tokens: int,
-                        draft_lens: tuple[int, ...]) -> dict:
-    """Greedy speculative decoding of every prompt at every draft length, per draft: τ = 1 + accepted
-    / rounds (pooled over every prompt's drafting rounds), conditional acceptance by depth, parity with
-    the target's own plain greedy output (lossless), tokens/s against plain decoding. Every path runs
-    once untimed first (first calls allocate and load kernels), then each prompt is timed plain and right after at every (draft, length), so
-    load that comes and goes on a shared machine falls on both sides alike."""
-    from k3model.engine import SamplingConfig, generate
-    from k3model.speculative import speculative_generate
-
-    cfg = SamplingConfig(max_new_tokens=new_tokens)
-    warm = SamplingConfig(max_new_tokens=min(new_tokens, max(draft_lens) + 2))
-    generate(target, [prompts[0]], warm)
-    for draft in drafts.values():
-        for k in draft_lens:
-            speculative_generate(target, draft, prompts[0], warm, k)
-    plain_s, plain_tokens = 0.0, 0
-    rows = {name: {k: {"seconds": 0.0, "tokens": 0, "rounds": 0, "accepted": 0, "parity": 0,
-                       "reached": [0] * k, "acc": [0] * k} for k in draft_lens} for name in drafts}
-    for p in prompts:
-        t = time.perf_counter()
-        expected = generate(target, [p], cfg)[0].token_ids
-        plain_s += time.perf_counter() - t
-        plain_tokens += len(expected)
-        for name, draft in drafts.items():
-            for k in draft_lens:
-                row = rows[name][k]
-                t = time.perf_counter()
-                ids, stats = speculative_generate(target, draft, p, cfg, k)
-                row["seconds"] += time.perf_counter() - t
-                row["tokens"] += len(ids)
-                row["rounds"] += stats.rounds
-                row["accepted"] += stats.accepted
-                row["parity"] += ids == expected
-                row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
-                row["acc"] = [a + b for a, b in zip(row["acc"], stats.accepted_at_depth)]
-    out = {}
-    for name, by_k in rows.items():
-        out[name] = {}
-        for k, row in by_k.items():
-            seconds, rounds = row["seconds"], row["rounds"]
-            out[name][k] = {
-                "acceptance_length": 1.0 + row["accepted"] / rounds if rounds else 0.0,
-                "rounds": rounds, "accepted": row["accepted"],
-                "acceptance_by_depth": [a / r if r else None for a, r in zip(row["acc"], row["reached"])],
-                "greedy_parity": row["parity"] / len(prompts),
-                "speedup": (row["tokens"] / seconds) / (plain_tokens / plain_s) if seconds and plain_s else None}
-    return out
-
-
 def train_draft_task(job: DraftJob, quantized_checkpoint: str, demos_path: str, tokenizer_path: str,
                      work_dir: str, live: LiveLog) -> DraftResult:
     from collections import Counter
@@ -230,7 +171,7 @@ def train_draft_task(job: DraftJob, quantized_checkpoint: str, demos_path: str, 
     from k3model.draft import draft_from_mtp, load_draft
     from k3model.engine import context_length
     from k3model.quantize import load_quantized
-    from k3model.train.draft import chat_prompts, train
+    from k3model.train.draft import chat_prompts, measure_speculative, table_prompts, train
 
     # The target is the quantized student as `k3 serve` runs it (packed MXFP4 experts, MXFP8 expert
     # activations, the rest as exported): the draft trains against and is measured on that forward,

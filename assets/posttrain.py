@@ -16,7 +16,7 @@
 - `rl_tasks`, `rl_specialist`: see their builders below.
 
 Sizes per profile are in `k3model.train.recipes.POSTTRAIN_SIZES` (smoke: seconds per asset; tiny: minutes). The held-out evaluation
-tasks come from `k3model.train.ladder.EVAL_SEED_BASE`, far from the RL prompts' seeds and from the
+tasks come from `k3model.train.recipes.EVAL_SEED_BASE`, far from the RL prompts' seeds and from the
 SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`), so no evaluated task was trained on.
 """
 

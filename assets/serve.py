@@ -5,11 +5,11 @@
     tokenizer ─────────┘
 
 `served_model` (group `<profile>_deployment`) loads the newest quantized_student (the packed MXFP4
-export) with the newest draft_model and tokenizer through `pipelines.serve.load_served` — the loader
+export) with the newest draft_model and tokenizer through `k3model.server.load_served` — the loader
 `k3 serve` runs at start, so a lineage whose student cannot be served fails here, naming the path —
 and records the endpoint: the model id clients name, the files and their hashes, the quantization,
 the context, the reasoning efforts and their budgets, the command that serves it. Its card figures
-come from `pipelines.serve.card`: the model behind a real server on 127.0.0.1 (a free port, torn
+come from `k3model.server.card`: the model behind a real server on 127.0.0.1 (a free port, torn
 down after), one greedy request alone (decoded by the draft) and four at once (one batched decode),
 tokens/s and latency. A few seconds at smoke and tiny; no Ray task, no checkpoint of its own (its
 data version is the hash of what it serves).
@@ -29,7 +29,7 @@ CARD_PROMPT, CARD_NEW, CARD_BATCHES = 16, 16, (1, 4)
 
 
 def materialize_served_model(context: dg.AssetExecutionContext, profile: str) -> dg.MaterializeResult:
-    from pipelines.serve import EFFORT_SPECS, card, load_served
+    from k3model.server import EFFORT_SPECS, card, load_served
 
     tag_run(context, profile)
     ups = require_upstreams(context, list(UPSTREAMS), profile)

@@ -11,7 +11,7 @@
     k3 bench [GROUP/]NAME                    run benchmarks/GROUP/NAME.py
     k3 serve [--profile P | --model PATH] [--port 8000] [--draft auto|off]
                                              the served student behind an OpenAI-compatible API
-                                             (pipelines/serve.py)
+                                             (k3model/server.py)
     k3 chat [--url URL] [--effort E]         a terminal client for `k3 serve` (pipelines/chat.py)
 
 `run` and `ui` use the instance under `.k3/` (`K3_HOME` moves it), so runs started either way share
@@ -514,7 +514,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pipelines.serve import K3Server, load_served, resolve_paths
+    from k3model.server import K3Server, load_served
+    from pipelines.serve import resolve_paths
     paths = resolve_paths(args.profile, args.model, args.tokenizer, args.draft_model)
     served = load_served(paths["model"], paths["tokenizer"], None if args.draft == "off" else paths["draft"],
                          model_id=args.served_name)
@@ -596,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the student behind an OpenAI-compatible API",
                            description="Serve a profile's newest quantized_student (with its draft_model) or any "
-                                       "checkpoint on /v1/completions and /v1/chat/completions (pipelines/serve.py).")
+                                       "checkpoint on /v1/completions and /v1/chat/completions (k3model/server.py).")
     serve.add_argument("--profile", default=default_profile(), help="whose newest served student (default: %(default)s)")
     serve.add_argument("--model", help="a checkpoint directory instead (float or MXFP4 export), or a registered "
                        "model version (k3-tiny-base@champion)")

@@ -6,9 +6,7 @@ Two rules of docs/design.md §2, checked on every module of assets/, pipelines/,
   function-local ones too: a function-local import may defer a heavy dependency, never hide a circle;
 - dependencies point one way: the library never imports assets/, pipelines/, dagster, ray or mlflow;
   assets/ never imports pipelines/; a benchmark imports `benchmarks.common`, never another
-  benchmark, and takes sizes and evaluators from the library, never from assets/ (benchmarks/README.md;
-  one that measures `k3 serve`'s server imports pipelines.serve). The imports that still break the
-  last two are listed (`ASSETS_DEBT`, `BENCHMARKS_DEBT`): the lists may shrink, never grow.
+  benchmark, and takes sizes and evaluators from the library, never from assets/ (benchmarks/README.md).
 
 An edge A → B is an import statement in A naming module B (`from B import name`, `import B`, or
 `from P import B` when P.B is a module). Circles are the strongly connected components of more than one
@@ -162,27 +160,15 @@ def test_the_library_imports_no_asset_pipeline_or_framework():
     assert upward_imports(LIBRARY, ("assets", "pipelines", *FRAMEWORKS)) == []
 
 
-# Upward imports that wait for a library home (issue 39): remove a line when its import goes.
-ASSETS_DEBT = [
-    "assets.serve → pipelines.serve",  # served_model loads and measures through load_served and card
-]
-BENCHMARKS_DEBT = [
-    "benchmarks.decode.draft_target → assets.deploy_tasks",  # measure_speculative, table_prompts
-    "benchmarks.recipes.claim1_tiny → assets.claims",  # claim_1 (the claims asset's verdict), wilson
-    "benchmarks.recipes.grpo_sweep → assets.claims",  # rate_difference (= k3model.train.stats.newcombe)
-    "benchmarks.recipes.grpo_sweep → assets.posttrain_tasks",  # train_specialist_task, rl_specialist's body
-]
-
-
 def test_assets_import_no_pipelines():
-    assert upward_imports(("assets",), ("pipelines",)) == ASSETS_DEBT
+    assert upward_imports(("assets",), ("pipelines",)) == []
 
 
 def test_benchmarks_import_no_other_benchmark_and_no_asset():
     others = sorted({f"{name} → {target}" for name, targets in project_imports().items() if name.startswith("benchmarks")
                      for target, _ in targets if target.startswith("benchmarks") and target != "benchmarks.common"})
     assert others == []
-    assert upward_imports(("benchmarks",), ("assets",)) == BENCHMARKS_DEBT
+    assert upward_imports(("benchmarks",), ("assets",)) == []
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Which target the draft should learn: a draft trained against the float student (what draft_model
 did before issue 41 item 4) against one trained against the student's MXFP4 export (what `k3 serve`
 runs), the same config, prompts and seed, measured where each claim applies. τ = 1 + accepted /
-rounds, greedy, batch 1 (assets.deploy_tasks.measure_speculative).
+rounds, greedy, batch 1 (k3model.train.draft.measure_speculative).
 
     OMP_NUM_THREADS=1 python benchmarks/decode/draft_target.py --student MOPD_CKPT --quantized QUANT_CKPT \
         --sft-dir SFT_DATA_DIR --tokenizer TOKENIZER_JSON --profile smoke --steps 40 \
@@ -31,13 +31,12 @@ import torch
 
 from benchmarks.common import run_header
 
-from assets.deploy_tasks import measure_speculative, table_prompts
 from datagen.tokenizer import load_tokenizer
 from k3model.checkpoint import load_model
 from k3model.draft import draft_from_mtp, load_draft
 from k3model.engine import SamplingConfig, context_length, generate
 from k3model.quantize import load_quantized
-from k3model.train.draft import DraftTrainConfig, chat_prompts, train
+from k3model.train.draft import DraftTrainConfig, chat_prompts, measure_speculative, table_prompts, train
 from k3model.train.effort import training_harnesses
 from k3model.train.recipes import eval_plan
 

@@ -8,7 +8,7 @@ A random-init model of the profile (its figures are speed, not quality) is saved
 the server loads: fp32; MXFP4 routed experts with the rest fp32; and an untrained draft from the
 model's MTP module (k3model.draft.draft_from_mtp). The MXFP4 export with the rest bf16 (the form
 quantized_student writes) is saved for its file size only: the CPU loaders build an fp32 model and
-load its bf16 tensors into it, so on the CPU it serves exactly as the fp32-rest export does. Each is served by pipelines.serve on 127.0.0.1 from this
+load its bf16 tensors into it, so on the CPU it serves exactly as the fp32-rest export does. Each is served by k3model.server on 127.0.0.1 from this
 process, and for each batch size B, B clients send one greedy request each at once (distinct
 random prompts of --prompt tokens, --new tokens each): per-request latency (median, max) and the
 aggregate tokens/s = B · new / wall, each B run --reps times and the median-wall run kept. The draft runs batch 1 only (speculative decoding is one
@@ -120,7 +120,7 @@ def main() -> int:
         from k3model.model import K3Model
         from k3model.quantize import export_quantized
         from k3model.speculative import speculative_generate
-        from pipelines.serve import card, load_served
+        from k3model.server import card, load_served
 
         batches = [int(b) for b in args.batches.split(",")]
         report["copy_bandwidth_GBps"] = round(copy_bandwidth() / 1e9, 2)

@@ -3,17 +3,18 @@
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/recipes/grpo_sweep.py --home /work/rl-home \
         --cell general_agents/low --steps 16 --lr 1e-3 --label ga_low_s16
 
-Each run trains one specialist exactly as the `rl_specialist` asset does — it calls the asset's Ray
-task body, `assets.posttrain_tasks.train_specialist_task`: `grpo.train` from the home's sft_policy on the
-cell's RL prompts (the families the home's `rl_tasks` ladder selected, seeds from
-`ladder.RL_SEED_BASE`), then the specialist and sft_policy scored the same way on the same held-out
-tasks (`ladder.heldout_tasks`: seeds from `ladder.EVAL_SEED_BASE`, any task whose prompt equals an
-RL prompt's skipped) and the specialist on the domain's hard split. Budgets per effort are the
+Each run trains one specialist as the `rl_specialist` asset does, through the same library calls:
+`k3model.train.grpo.train` from the home's sft_policy on the cell's RL prompts (the families the
+home's `rl_tasks` ladder selected, seeds from `recipes.RL_SEED_BASE`), then the specialist and
+sft_policy scored the same way (`k3model.train.evaluate.evaluate`, tiny's `SpecialistEval`) on the
+same held-out tasks (`ladder.heldout_tasks`: seeds from `recipes.EVAL_SEED_BASE`, any task whose
+prompt equals an RL prompt's skipped) and the specialist on the domain's hard split
+(`ladder.hard_tasks`). Budgets per effort are the
 tiny profile's (`k3model.train.recipes.POSTTRAIN_SIZES["tiny"].eval_budgets`). Unset options take the tiny row's
 values, so a run with no options measures what `make run` does.
 
 The gain is claim 3's: Newcombe's 95 % interval of the difference of the two success rates
-(`assets.claims.rate_difference`), which treats the n episodes as independent — so score one episode
+(`k3model.train.stats.newcombe`), which treats the n episodes as independent — so score one episode
 per task (`--eval-samples 1`) with many tasks, not k samples of few tasks.
 
 Writes benchmarks/results/posttrain/<date>_grpo_sweep_<label>.json (header, config, the reward
@@ -41,17 +42,14 @@ def latest(path: Path, pattern: str) -> Path:
 
 
 def main() -> None:
-    # TODO(tidy): SIZES from k3model/train/recipes.py, effort_specs from k3model/train/effort.py,
-    # rate_difference from k3model/train/stats.py (rl), and the rl_specialist task body
-    # (train_specialist_task: grpo.train, then the specialist scored by k3model/train/evaluate.py) from
-    # the library, once the tidy step lands (no benchmark imports assets/).
-    from assets.claims import rate_difference
-    from k3model.train.recipes import POSTTRAIN_SIZES as SIZES
-    from assets.posttrain_tasks import train_specialist_task
-    from k3model.train.recipes import SpecialistEval
+    from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
     from k3model.train.effort import effort_specs
-    from k3model.train.grpo import GRPOConfig
-    from k3model.train.ladder import LadderReport, RL_SEED_BASE, heldout_tasks, tasks_of
+    from k3model.train.evaluate import evaluate
+    from k3model.train.grpo import GRPOConfig, train
+    from k3model.train.ladder import LadderReport, hard_tasks, heldout_tasks, tasks_of
+    from k3model.train.recipes import POSTTRAIN_SIZES as SIZES, RL_SEED_BASE, SpecialistEval
+    from k3model.train.stats import newcombe
 
     tiny = SIZES["tiny"]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -97,21 +95,28 @@ def main() -> None:
             ("rl/success", "rl/frac_zero", "rl/groups_kept", "rl/tokens", "perf/", "eval/success"))}, flush=True)
 
     t0 = time.perf_counter()
-    r = train_specialist_task(cfg, str(policy), str(tokenizer), domain, effort,
-                              [(t.family, t.seed) for t in rl], [(t.family, t.seed) for t in held],
-                              SpecialistEval(args.eval_temperature, args.eval_samples, args.hard_tasks), str(work), live)
+    tok = load_tokenizer(tokenizer)
+    r = train(cfg, policy, tok, work, domain=domain, effort=effort, tasks=rl, log_fn=live)
+    scoring = SpecialistEval(args.eval_temperature, args.eval_samples, args.hard_tasks)
+    t_eval = time.perf_counter()
+    scored = {}
+    for name, ckpt, tasks in (("specialist", r.checkpoint_dir, held), ("sft_policy", policy, held),
+                              ("specialist_hard", r.checkpoint_dir, hard_tasks(domain, scoring.hard_tasks))):
+        scored[name] = evaluate(load_model(ckpt)[0].eval(), tok, tasks, effort, samples=scoring.samples,
+                                temperature=scoring.temperature, seed=scoring.seed, specs=cfg.efforts,
+                                max_episodes_per_batch=cfg.max_episodes_per_batch).as_metadata()
     seconds = time.perf_counter() - t0
-    mine, sft = r.evals[args.cell], r.start_evals[args.cell]
-    gain, lo, hi = rate_difference(mine["successes"], mine["n"], sft["successes"], sft["n"])
+    mine, sft = scored["specialist"], scored["sft_policy"]
+    gain, lo, hi = newcombe(mine["successes"], mine["n"], sft["successes"], sft["n"])
     out = {"header": header, "args": vars(args), "policy": str(policy), "families": families,
            "rl_tasks": len(rl), "heldout_tasks": len(held), "grpo": asdict(cfg), "seconds": seconds,
-           "train_seconds": seconds - r.metrics.get("perf/eval_wall_s", 0.0),
+           "train_seconds": t_eval - t0,
            "gain": {"gain": gain, "lo": lo, "hi": hi, "specialist": mine["success_rate"], "sft": sft["success_rate"],
                     "n": mine["n"]},
            "reward_curve": [h.get("rl/success") for h in r.history],
            "frac_zero_variance": [h.get("rl/frac_zero_variance") for h in r.history],
            "history": r.history,
-           "specialist": mine, "sft_policy": sft, "specialist_hard": r.evals[f"{args.cell}/hard"],
+           "specialist": mine, "sft_policy": sft, "specialist_hard": scored["specialist_hard"],
            "metrics": r.metrics}
     date = datetime.date.today().isoformat()
     path = Path(ROOT) / "benchmarks/results/posttrain" / f"{date}_grpo_sweep_{args.label}.json"

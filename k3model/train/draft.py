@@ -16,7 +16,8 @@ research/recipe.md §4(b, d), research/posttrain-anchors.md §5).
   every position. The target's distribution at a position is its head on the high features
   (p_i = softmax(LMHead(RMSNorm(h_high,i)))), computed per batch, so nothing of size V is stored;
   it runs in the target's own precision (autocast off), so p_i is the served forward's softmax.
-- Prompts: `prompts_from_demonstrations` (every assistant turn of a datagen.sft table) to train on,
+- Prompts: `prompts_from_demonstrations` (every assistant turn of a datagen.sft table; `table_prompts`
+  reads them from the table's file) to train on,
   `chat_prompts` (the first turn of held-out envs tasks exactly as an episode reads it: the env's
   observation in rollout.sft_format's conversation format) to evaluate and measure on.
 - Loss, the training-time test over `ttt_steps` passes (DraftModel.unroll: pass s is the s-th
@@ -36,6 +37,9 @@ research/recipe.md §4(b, d), research/posttrain-anchors.md §5).
 
   at draft length K = ttt_steps, measured on held-out prompts' generations before the first step
   (the MTP module as a draft, untrained) and at every eval, and on each training batch.
+- Measured decoding (`measure_speculative`): the trained draft in `k3model.speculative`'s greedy
+  loop, τ = 1 + accepted / rounds, acceptance by depth, parity with plain greedy decoding and the
+  speedup; the draft_model asset and benchmarks/decode/draft_target.py report it.
 - The draft's embedding is the target's (frozen); fuse, merge, norms, the decoder block, the output
   mixer, final norm and head train (EAGLE-3 trains its own head). AdamW, warmup + cosine, clipping,
   resume: k3model.train.common's.
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -57,6 +62,7 @@ import torch.nn.functional as F
 
 from k3model.draft import DraftModel, draft_from_mtp, draft_manifest, target_features
 from k3model.engine import SamplingConfig, generate
+from k3model.speculative import speculative_generate
 from k3model.train.common import (Loop, LoopConfig, autocast_for, build_optimizer, optimizer_step, restore_train_state,
                                   save_state, set_lr, tail_mean)
 
@@ -179,6 +185,16 @@ def prompts_from_demonstrations(input_ids: Sequence[Sequence[int]], loss_masks: 
                     seen.add(prompt)
                     out.append(list(prompt))
     return out
+
+
+def table_prompts(path: str, max_prompt_tokens: int, limit: int) -> list[list[int]]:
+    """The first `limit` prompts of `prompts_from_demonstrations` of the datagen.sft table at `path`."""
+    # Parquet (pyarrow) only here: the rest of the module runs with torch alone.
+    from datagen.io import read_parquet
+    table = read_parquet(path)
+    prompts = prompts_from_demonstrations(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(),
+                                          max_prompt_tokens)
+    return prompts[:limit]
 
 
 @dataclass(frozen=True)
@@ -355,6 +371,57 @@ def tau_by_draft_len(evaluation: dict[str, float], steps: int) -> dict[int, floa
     """τ_sim at each draft length K ≤ steps from one evaluation's conditional acceptances."""
     acc = [evaluation[f"eval/acc_{s + 1}"] for s in range(steps)]
     return {K: 1.0 + sum(math.prod(acc[: k + 1]) for k in range(K)) for K in range(1, steps + 1)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Speculative decoding with a trained draft, measured
+
+def measure_speculative(target, drafts: dict, prompts: list[list[int]], new_tokens: int,
+                        draft_lens: tuple[int, ...]) -> dict:
+    """Greedy speculative decoding of every prompt at every draft length, per draft: τ = 1 + accepted
+    / rounds (pooled over every prompt's drafting rounds), conditional acceptance by depth, parity with
+    the target's own plain greedy output (lossless), tokens/s against plain decoding. Every path runs
+    once untimed first (first calls allocate and load kernels), then each prompt is timed plain and
+    right after at every (draft, length), so load that comes and goes on a shared machine falls on
+    both sides alike. `drafts`: {name: DraftModel}; returns {name: {draft_len: figures}}."""
+    cfg = SamplingConfig(max_new_tokens=new_tokens)
+    warm = SamplingConfig(max_new_tokens=min(new_tokens, max(draft_lens) + 2))
+    generate(target, [prompts[0]], warm)
+    for draft in drafts.values():
+        for k in draft_lens:
+            speculative_generate(target, draft, prompts[0], warm, k)
+    plain_s, plain_tokens = 0.0, 0
+    rows = {name: {k: {"seconds": 0.0, "tokens": 0, "rounds": 0, "accepted": 0, "parity": 0,
+                       "reached": [0] * k, "acc": [0] * k} for k in draft_lens} for name in drafts}
+    for p in prompts:
+        t = time.perf_counter()
+        expected = generate(target, [p], cfg)[0].token_ids
+        plain_s += time.perf_counter() - t
+        plain_tokens += len(expected)
+        for name, draft in drafts.items():
+            for k in draft_lens:
+                row = rows[name][k]
+                t = time.perf_counter()
+                ids, stats = speculative_generate(target, draft, p, cfg, k)
+                row["seconds"] += time.perf_counter() - t
+                row["tokens"] += len(ids)
+                row["rounds"] += stats.rounds
+                row["accepted"] += stats.accepted
+                row["parity"] += ids == expected
+                row["reached"] = [a + b for a, b in zip(row["reached"], stats.reached_at_depth)]
+                row["acc"] = [a + b for a, b in zip(row["acc"], stats.accepted_at_depth)]
+    out = {}
+    for name, by_k in rows.items():
+        out[name] = {}
+        for k, row in by_k.items():
+            seconds, rounds = row["seconds"], row["rounds"]
+            out[name][k] = {
+                "acceptance_length": 1.0 + row["accepted"] / rounds if rounds else 0.0,
+                "rounds": rounds, "accepted": row["accepted"],
+                "acceptance_by_depth": [a / r if r else None for a, r in zip(row["acc"], row["reached"])],
+                "greedy_parity": row["parity"] / len(prompts),
+                "speedup": (row["tokens"] / seconds) / (plain_tokens / plain_s) if seconds and plain_s else None}
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

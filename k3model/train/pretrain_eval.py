@@ -12,7 +12,8 @@ Clue rows of one cell all have the cell's length, so they run as batches of up t
 (`answers_are_argmax`): 2.2× faster per row than one row at a time with every position's logits at
 64 tokens, 1.0–1.1× from 512 on (docs/log/claim1.md). Every accuracy
 `eval/clue_acc/<variant>/<key>` comes with its count `eval/clue_n/<variant>/<key>`, the n its
-interval needs (assets/claims.py, claim 1).
+interval needs: `clue_distance_cases` is claim 1's test on those counts (assets/claims.py judges
+with it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from datagen.tokenizer import EOS, IMAGE, encode_batch
 from k3model.config import ModelConfig
 from k3model.model import K3Model
 from k3model.train.pretrain_data import PretrainData, pixels_to_tensor
+from k3model.train.stats import wilson
 
 PPL_WINDOWS = 8
 PPL_LENGTH = 512
@@ -125,6 +127,39 @@ def clue_accuracy(model: K3Model, data: PretrainData, device: str, examples_per_
         out[f"eval/clue_acc/{key}"] = sum(v) / len(v)
         out[f"eval/clue_n/{key}"] = float(len(v))
     return out
+
+
+def clue_distance_cases(stages: dict[int, dict[str, dict[str, tuple[float, int]]]]
+                        ) -> tuple[dict[str, dict[int, dict[str, float]]], list[tuple[str, int, int, float]]]:
+    """Claim 1's test on clue counts: `stages[s][variant][bucket] = (hits, n)`, variant "scattered" or
+    "control", bucket `lo-hi` (from `clue_accuracy`'s `d<lo>-<hi>` keys).
+
+    Stage j answers at distance bucket b where an earlier stage i fails when the whole 95 % Wilson
+    interval of j's scattered accuracy at b lies above i's, and stage i's failure there is the
+    distance's: i's control twins (the same questions with the clues next to them) score above its
+    scattered ones at b, again with the intervals apart. Without that second condition a later stage
+    that merely learned the task would pass for one that learned long context.
+
+    Returns the table {bucket: {stage: {acc, lo, hi, n, control, control_lo}}} (buckets by distance,
+    stages with n > 0) and the cases (bucket, i, j, acc_j − acc_i) that meet both conditions."""
+    buckets = sorted({b for v in stages.values() for b in v.get("scattered", {})}, key=lambda b: int(b.lstrip("d").split("-")[0]))
+    table: dict[str, dict[int, dict[str, float]]] = {}
+    cases = []
+    for b in buckets:
+        for s in sorted(stages):
+            hits, n = stages[s].get("scattered", {}).get(b, (0, 0))
+            c_hits, c_n = stages[s].get("control", {}).get(b, (0, 0))
+            if n:
+                lo, hi = wilson(hits, n)
+                c_lo, _ = wilson(c_hits, c_n)
+                table.setdefault(b, {})[s] = {"acc": hits / n, "lo": lo, "hi": hi, "n": n,
+                                              "control": c_hits / c_n if c_n else None, "control_lo": c_lo}
+        row = table.get(b, {})
+        for i in sorted(row):
+            for j in sorted(row):
+                if j > i and row[j]["lo"] > row[i]["hi"] and row[i]["control_lo"] > row[i]["hi"]:
+                    cases.append((b, i, j, row[j]["acc"] - row[i]["acc"]))
+    return table, cases
 
 
 def vqa_accuracy(model: K3Model, data: PretrainData, cfg: ModelConfig, device: str,

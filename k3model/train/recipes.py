@@ -8,9 +8,9 @@ profile's recipe read it, and a benchmark on the GPU machine (torch only, no Dag
 
 smoke runs every asset in seconds (the lineage runs inside the test suite); tiny is sized for
 `make run` on 2 cores (measurements: docs/log/posttrain.md, rl.md, mopd.md, deploy-time.md);
-small is the GPU-sized run. Seeds: the held-out evaluation draws tasks from
-`k3model.train.ladder.EVAL_SEED_BASE`, the transfer folds from `TRANSFER_EVAL_SEED`, far from the
-RL prompts' (`ladder.RL_SEED_BASE`) and the SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`).
+small is the GPU-sized run. Seeds (here, below): the held-out evaluation draws tasks from
+`EVAL_SEED_BASE`, the transfer folds from `TRANSFER_EVAL_SEED`, far from the RL prompts'
+(`RL_SEED_BASE`) and the SFT demonstrations' (`datagen.sft.SFT_TASK_SEED_BASE`).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class EvalPlan:
 
 def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
     """The held-out evaluation of `profile`: tasks of the families SFT trained on, seeds from
-    `k3model.train.ladder.EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
+    this module's `EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
     the same tasks for every policy compared."""
     sizes = POSTTRAIN_SIZES[profile]
     return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
@@ -170,8 +170,8 @@ def specialist_scoring(profile: str, seed: int) -> SpecialistEval:
 # ----------------------------------------------------------------------------------------------
 # Distillation: MOPD and the cross-harness transfer folds
 
-# Held-out tasks of the cross-harness folds: far from the RL prompts (ladder.RL_SEED_BASE = 0) and
-# from the other held-out evaluations' seeds (ladder.EVAL_SEED_BASE = 500 000).
+# Held-out tasks of the cross-harness folds: far from the RL prompts (RL_SEED_BASE = 0) and from the
+# other held-out evaluations' seeds (EVAL_SEED_BASE = 500 000).
 TRANSFER_EVAL_SEED = 600_000
 
 
