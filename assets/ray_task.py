@@ -88,6 +88,24 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+WHERE_TAGS = ("k3/device", "k3/gpu", "k3/ray_resources", "k3/node")
+
+
+def where_it_runs() -> dict[str, str]:
+    """Where this Ray task runs its model, as MLflow tags (`WHERE_TAGS`): the device, the GPU's name,
+    the resources Ray assigned it (e.g. {"CPU": 1.0, "GPU": 0.1111}) and the node."""
+    import json
+    import socket
+
+    import ray
+    import torch
+    device = task_device()
+    assigned = ray.get_runtime_context().get_assigned_resources() if ray.is_initialized() else {}
+    return {"k3/device": device, "k3/gpu": torch.cuda.get_device_name() if device == "cuda" else "none",
+            "k3/ray_resources": json.dumps({k: round(v, 4) for k, v in sorted(assigned.items())}),
+            "k3/node": socket.gethostname()}
+
+
 def error_line(e: BaseException) -> str:
     """A task error's own message: the last line of the worker's traceback Ray puts in it."""
     lines = [line for line in str(e).strip().splitlines() if line.strip()]
@@ -129,6 +147,10 @@ def with_system_metrics(fn: Callable[..., Any], *args: Any) -> Any:
     monitor = None
     if isinstance(live, LiveLog) and live.tracking_uri and live.run_id:
         import socket
+
+        from mlflow.tracking import MlflowClient
+        for k, v in where_it_runs().items():
+            MlflowClient(live.tracking_uri).set_tag(live.run_id, k, v)
 
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         try:

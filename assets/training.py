@@ -78,7 +78,7 @@ import dagster as dg
 
 from assets.display import rounded
 from assets.lineage import Upstream, profile_tags, run_id
-from assets.ray_task import LiveLog, ProgressFeed, RayCall, charted, error_line, with_system_metrics
+from assets.ray_task import WHERE_TAGS, LiveLog, ProgressFeed, RayCall, charted, error_line, with_system_metrics
 from k3model.checkpoint import CheckpointInfo, verify_checkpoint
 
 
@@ -135,6 +135,7 @@ class Trained:
     mlflow_run_url: str
     mlflow_model_url: str
     extra: dict[str, Any] = field(default_factory=dict)  # what the job's `report` returned
+    where: dict[str, str] = field(default_factory=dict)  # where the task ran (ray_task.where_it_runs)
 
     def metadata(self, own: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The standard metadata around the asset's own keys (`own`, then what `report` returned)."""
@@ -153,6 +154,8 @@ class Trained:
             "mlflow_model": dg.MetadataValue.url(self.mlflow_model_url),
             "model_version": f"{self.version.name}/{self.version.version}",
         }
+        for k, v in self.where.items():  # device, GPU, Ray's resources for the task, node
+            tail[k.removeprefix("k3/")] = dg.MetadataValue.json(json.loads(v)) if k == "k3/ray_resources" else v
         resumed = getattr(self.result, "resumed_from_step", None)
         if resumed is not None:
             tail["resumed_from_step"] = resumed
@@ -258,9 +261,10 @@ def _promote(context: dg.AssetExecutionContext, job: TrainingJob, work_dir: Path
     version = register(context, job.profile, job.resolved_model_name(), final, info.sha256, run.info.run_id,
                        headline, job.description, partition=job.partition,
                        target=(job.model_target.path, job.model_target.data_version) if job.model_target else None)
+    tags = mlflow.client().get_run(run.info.run_id).data.tags
     return Trained(job=job, result=result, checkpoint=final, info=info, mlflow_run=run, version=version,
                    mlflow_run_url=mlflow.run_url(run), mlflow_model_url=mlflow.model_url(version.name, version.version),
-                   extra=extra)
+                   extra=extra, where={k: tags[k] for k in WHERE_TAGS if k in tags})
 
 
 def register(context: dg.AssetExecutionContext, profile: str, model_name: str, checkpoint: Path, sha256: str,

@@ -131,6 +131,9 @@ def test_partitions_train_concurrently_a_failure_is_retried_and_isolated(tmp_pat
         assert verify_checkpoint(path).sha256 == md["sha256"].value == mats[p].tags["dagster/data_version"]
         assert md["seed"].value == SEEDS[p] and md["partition"].value == p
         assert md["model_version"].value == f"k3-smoke-toy-{p}/1"
+        # Where it ran (issue 42 item 5): Ray's CPU share, no GPU on this machine.
+        assert md["device"].value == "cpu" and md["gpu"].value == "none"
+        assert set(md["ray_resources"].data) == {"CPU"} and md["node"].value
         [version] = client.search_model_versions(f"name = 'k3-smoke-toy-{p}'")
         assert version.tags["partition"] == p and version.tags["train/final"] == "0.6667"
         # History: steps 2 were logged live, 1 and 3 afterwards; every step is there once.
