@@ -53,6 +53,8 @@ def service_group(path: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The mark shows the group on the test (`-m xdist_group` selects them); the scheduler below
     # groups by path, as the mark no longer does (module docstring).
+    if not config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist`: no such mark registered
+        return
     for item in items:
         if group := service_group(str(item.path)):
             item.add_marker(pytest.mark.xdist_group(group))
