@@ -5,23 +5,96 @@ server, a browser — share one xdist group, so one worker runs them one after a
 clusters started at once can join each other (`ray.init` finds a running one), and their timeouts
 assume a machine not shared with another service test. The other worker takes the library's tests
 (models, kernels, environments, data), which need nothing outside their process.
+
+The group is made here, by the scheduler (`pytest_xdist_make_scheduler`), from each test's path:
+xdist 3.8 groups `xdist_group`-marked tests by appending "@group" to their node ids, which pytest
+9.2's node ids (`Node._id`) no longer take, so under pytest 9.2 the mark alone groups nothing and
+the service tests were spread over both workers (their module fixtures built on each).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 SERVICES = ("assets", "pipelines", "k3model/parallel")  # folders under tests/ whose tests start services
+# Modules of those folders that start none: no Ray cluster (in this process or a child), no server or
+# port, no subprocess, no timing. Their Dagster runs are in-process, on assets that use no Ray (data,
+# sft_data, served_model, hand-made ones) or refused before any asset body runs; they run beside the
+# service group on the other worker, like the library's tests. `_no_ray_outside_the_group` fails
+# such a test if it starts a local Ray cluster after all: move its module back into the group then.
+OUTSIDE = ("assets/test_checkpoint_checks.py", "assets/test_claims.py", "assets/test_config_bounds.py",
+           "assets/test_data.py", "assets/test_placement.py", "assets/test_posttrain.py",
+           "assets/test_pretrain.py", "assets/test_serve_asset.py", "pipelines/test_automation.py",
+           "pipelines/test_definitions.py", "pipelines/test_integrity.py", "pipelines/test_lineage_diagram.py")
+
+
+def _relative(path: str) -> str | None:
+    """`path` (absolute, or relative to the working directory) relative to tests/, None outside it."""
+    try:
+        return Path(path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return None
+
+
+def service_group(path: str) -> str | None:
+    """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE),
+    None for the rest."""
+    rel = _relative(path)
+    if rel is None or rel in OUTSIDE:
+        return None
+    return "services" if rel.startswith(tuple(f"{s}/" for s in SERVICES)) else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The mark shows the group on the test (`-m xdist_group` selects them); the scheduler below
+    # groups by path, as the mark no longer does (module docstring).
+    if not config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist`: no such mark registered
+        return
     for item in items:
-        try:
-            rel = Path(item.path).resolve().relative_to(TESTS).as_posix()
-        except ValueError:
-            continue
-        if rel.startswith(tuple(f"{s}/" for s in SERVICES)):
-            item.add_marker(pytest.mark.xdist_group("services"))
+        if group := service_group(str(item.path)):
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` with the service group taken from the path (module docstring)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ServiceGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            # Node ids are relative to the rootdir (the repository, where pyproject.toml is).
+            group = service_group(str(config.rootpath / nodeid.split("::", 1)[0]))
+            return group or super()._split_scope(nodeid)
+
+    return ServiceGroups(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_outside_the_group(request):
+    """A test of a module in OUTSIDE must not start a local Ray cluster: it runs beside the service
+    group, whose clusters it could join or be joined by. `RayResource` marks the process that
+    started one (K3_RAY_DRIVER); the mark outlives the run's `ray.shutdown`."""
+    rel = _relative(str(request.path))
+    if rel not in OUTSIDE:
+        yield
+        return
+    def initialized() -> bool:
+        ray = sys.modules.get("ray")
+        return ray is not None and ray.is_initialized()
+
+    before, was_initialized = os.environ.pop("K3_RAY_DRIVER", None), initialized()
+    try:
+        yield
+        started = "K3_RAY_DRIVER" in os.environ or (initialized() and not was_initialized)
+        assert not started, (f"{request.node.nodeid} started a Ray cluster, but {rel} runs outside the "
+                             "xdist service group: remove it from OUTSIDE in tests/conftest.py")
+    finally:
+        if before is not None:
+            os.environ["K3_RAY_DRIVER"] = before
