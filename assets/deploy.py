@@ -20,8 +20,8 @@ MLflow run, the checkpoint moved into the store, verified and registered):
   SFT from base_model without quantization then PTQ, against QAT from the first step, the same
   steps and batches (k3model.train.quant_compare.compare_scope), each rounding (FLOOR, RCEIL):
   NLL and KL to that seed's bf16 arm on windows of the corpus' held-out split (text the model is
-  competent at: on the held-out demonstrations no arm's quantization shows). The whole RL lineage is not repeated per
-  arm: the comparison stands on SFT.
+  competent at: on the held-out demonstrations no arm's quantization shows). The whole RL lineage
+  is not repeated per arm: the comparison stands on SFT.
 - `draft_model`: the EAGLE-3-style draft for what is served — quantized_student's packed MXFP4
   export loaded as `k3 serve` loads it (k3model.quantize.load_quantized) — initialised from its
   MTP module and trained on its own greedy generations against its own logits (k3model.train.draft):
@@ -274,10 +274,11 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
 
     @dg.asset(pool="gpu", name="quantized_student", kinds={"pytorch", "safetensors", "ray"},
               deps=[key(profile, n) for n in ("mopd_student", "base_model", "sft_data", "corpus", "tokenizer")],
-              **common, description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
+              **common,
+              description="mopd_student with packed MXFP4 routed experts (size vs bf16, loads and generates through "
                           "the engine, the quantized-path audit, its held-out drop) and claim 5: QAT vs PTQ at "
                           "matched steps on the SFT step, every Linear plus the experts at MXFP4, two seeds, "
-                          "FLOOR vs RCEIL.")
+                          "FLOOR vs RCEIL, on the corpus' held-out text.")
     def quantized_student(context: dg.AssetExecutionContext, config: QuantizedStudentConfig) -> dg.MaterializeResult:
         return materialize_quantized_student(context, config, profile)
 

@@ -148,9 +148,9 @@ def with_system_metrics(fn: Callable[..., Any], *args: Any) -> Any:
     if isinstance(live, LiveLog) and live.tracking_uri and live.run_id:
         import socket
 
+        from mlflow.entities import RunTag
         from mlflow.tracking import MlflowClient
-        for k, v in where_it_runs().items():
-            MlflowClient(live.tracking_uri).set_tag(live.run_id, k, v)
+        MlflowClient(live.tracking_uri).log_batch(live.run_id, tags=[RunTag(k, v) for k, v in where_it_runs().items()])
 
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         try:
