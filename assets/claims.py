@@ -11,7 +11,8 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 |---|---|---|---|
 | 1 | `pretrain_stage_{1..4}`; `checkpoint_evals`; `clue_data` | `eval` (JSON): `eval/clue_acc/{scattered,control}/d<lo>-<hi>` and `.../len<L>/d<lo>-<hi>`; `eval/clue_n/...` (the pairs behind each rate; k3model.train.pretrain_eval records them); `sha256`. `checkpoint_evals`: `evals` (JSON per stage), used for a stage whose version it consumed; `clue_data`: `path` (pairs per cell) | clue accuracy by distance and its count (else n from the pairs scored per cell, the manifest's `config.pretrain.eval_examples_per_cell` or the profile's eval size, capped by the grid, checked against the accuracies) |
 | 2 | `pretrain_stage_{1..4}` | `moe/heldout_load_max_over_mean[_bias_zeroed]`, `moe/heldout_dead_fraction`, `moe/heldout_per_batch_{sd,max}`, `moe/heldout_tokens`; else `moe/load_max_over_mean`; manifest `config.model.balancing` | the final checkpoint's expert load over the fixed held-out mixed set, with its bias and with it zeroed (else the last 10 % of steps), and the balancing it trained with |
-| 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`), unless a stage trained with `balancing: none` |
+| 2 | `balancing_ablation` | `balanced`, `steps`, `<arm>/moe/heldout_load_max_over_mean`, `<arm>/moe/heldout_dead_fraction`, `<arm>/moe/heldout_per_batch_{sd,max}`, `<arm>/moe/heldout_tokens` (arm: the balanced one and `none`), `load_curves` | without balancing: a short stage-1 run trained with `balancing: none`, judged against its balanced twin at the same steps (unless a stage trained with `none`) |
+| 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing, where neither of the above exists: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`) |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `paired/{b,c,n}`, optional `eval/greedy/{success_rate,n}`, `eval/pass_at_8`, `sha256` | each specialist on its domain's held-out tasks, paired with sft_policy on the same tasks and seeds, tokens per episode, the hard tasks |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate`, `sft_policy/n` (SFT on the specialist's own tasks), at low `sft_policy/hard/{success_rate,n}`; else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
 | 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
@@ -183,13 +184,19 @@ def claim_1(stages: dict[int, dict[str, dict[str, tuple[float, int]]]], *, profi
 
 def claim_2(with_balancing: dict[str, float], without_balancing: dict[str, float], *, profile: str,
             checkpoints: dict[str, str] | None = None, without_source: str = "", basis: str = "",
-            dead: dict[str, float] | None = None, spread: dict[str, dict[str, float]] | None = None) -> Claim:
+            dead: dict[str, float] | None = None, spread: dict[str, dict[str, float]] | None = None,
+            drift_against: dict[str, str] | None = None) -> Claim:
     """Expert load max/mean (1.0 = every expert at k/N): `with_balancing` per stage (or arm) that
     trained with balancing, `without_balancing` per run that trained without (or, as
     `without_source` says, the same checkpoints with their routing bias zeroed). `basis` says what the
     figures are (a held-out set of N tokens, or training steps); `dead` the fraction of experts under
-    10 % of k/N and `spread` the per-batch {"sd", "max"} of each `with_balancing` arm, shown beside the
-    verdict (the thresholds judge max/mean only, as DESIGN.md §5 fixes them)."""
+    10 % of k/N and `spread` the per-batch {"sd", "max"} of each arm, shown beside the verdict (the
+    thresholds judge max/mean only, as DESIGN.md §5 fixes them).
+
+    "Near": every `with_balancing` figure ≤ LOAD_NEAR. "Drifts": each `without_balancing` figure ≥
+    DRIFT_FACTOR × the `with_balancing` figure `drift_against` names for it (its balanced twin at equal
+    steps: an unbalanced arm trained for a few steps is not compared with a stage trained for
+    thousands), else × the worst `with_balancing` figure."""
     target = (f"max/mean ≤ {LOAD_NEAR} with balancing, and ≥ {DRIFT_FACTOR}× that without "
               f"(1.0 = every expert at k/N)")
     if not with_balancing:
@@ -211,19 +218,30 @@ def claim_2(with_balancing: dict[str, float], without_balancing: dict[str, float
         return _claim(2, NOT_MEASURED, figure, target, "nothing in the lineage trains without balancing "
                       "(and no ablation result for this profile): the drift is not measured", profile,
                       checkpoints, figures)
-    least = min(without_balancing.values())
+    against = dict(drift_against or {})
+    unknown = {k: v for k, v in against.items() if k not in without_balancing or v not in with_balancing}
+    if unknown:
+        raise ValueError(f"drift_against pairs a without_balancing run with a with_balancing one; {unknown} "
+                         f"names one that is not there (without: {list(without_balancing)}, with: "
+                         f"{list(with_balancing)})")
+    # (unbalanced figure, the balanced figure it must exceed DRIFT_FACTOR times, that figure's name)
+    pairs = {k: (v, with_balancing[against[k]] if k in against else worst, against.get(k, "the worst balanced"))
+             for k, v in without_balancing.items()}
+    figures["drift_against"] = {k: name for k, (_, _, name) in pairs.items()}
     figure += "; without " + ", ".join(f"{k} {v:.2f}" for k, v in without_balancing.items())
     if without_source:
         figure += f" ({without_source})"
-    near, drifts = worst <= LOAD_NEAR, least >= DRIFT_FACTOR * worst
+    short = {k: p for k, p in pairs.items() if p[0] < DRIFT_FACTOR * p[1]}
+    near, drifts = worst <= LOAD_NEAR, not short
     if near and drifts:
-        return _claim(2, PASS, figure, target, f"balanced ≤ {worst:.2f}, unbalanced ≥ {least:.2f}", profile,
-                      checkpoints, figures)
+        least = min(v / ref for v, ref, _ in pairs.values())
+        return _claim(2, PASS, figure, target, f"balanced ≤ {worst:.2f}, unbalanced ≥ {least:.2f}× its balanced "
+                      "reference", profile, checkpoints, figures)
     why = []
     if not near:
         why.append(f"with balancing the load reaches {worst:.2f} > {LOAD_NEAR}")
-    if not drifts:
-        why.append(f"without balancing {least:.2f} < {DRIFT_FACTOR}× {worst:.2f}")
+    for k, (v, ref, name) in short.items():
+        why.append(f"without balancing {k} {v:.2f} < {DRIFT_FACTOR}× {ref:.2f} ({name})")
     return _claim(2, FAIL, figure, target, "; ".join(why), profile, checkpoints, figures)
 
 

@@ -1,6 +1,7 @@
 """Pretraining assets: four context stages, then the base model (docs/design.md §1).
 
     tokenizer, corpus, clue_data, image_data ─> pretrain_stage_1 ─> … ─> pretrain_stage_4 ─> base_model
+                                             └─> balancing_ablation  (claim 2; read by the report only)
 
 `build(profile)` makes them for one profile (keys `<profile>/pretrain_stage_1`, …, group
 `<profile>_pretraining`) with their checks. Each stage asset calls `k3model.train.pretrain.train` as one Ray task (`assets.pretrain_tasks.train_stage_task`),
@@ -13,6 +14,12 @@ clue-accuracy grid (a table) to MLflow, plots the loss curve inline and reports 
 and by length, VQA accuracy, expert load max/mean (in training, and claim 2's measurement: the final
 checkpoint over a fixed held-out mixed set, with its routing bias and with it zeroed), tokens/s and wall time. The data version is the
 sha256 of the weights.
+
+`balancing_ablation` is claim 2's "without balancing" measured on a run trained without it: two short
+stage-1 runs from random weights (`k3model.train.pretrain.balancing_arms`), identical but for the MoE
+balancing (the profile's, and none), trained as two concurrent Ray tasks; its metadata holds each
+arm's held-out expert load (`<arm>/moe/heldout_…`), training-tail load and per-step load curve, and
+its checkpoint is the unbalanced arm's. No stage starts from it.
 
 Checks: `loss_fell` compares the stage's last and first training losses (not judged below
 `LOSS_CHECK_MIN_STEPS` steps, where one noisy step decides it); `checkpoint_intact` and
@@ -31,7 +38,7 @@ from assets.lineage import (Upstream, group, key, latest, profile_tags, require_
                             tag_run)
 from assets.plots import stage_losses
 from assets.pretrain_tasks import grid_rows, train_stage_task
-from assets.training import TrainingJob, register, run_training
+from assets.training import TrainingJob, register, run_training, run_trainings
 from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 
 # Bumps whenever the library changes, so the UI marks checkpoints trained by older code as stale.
@@ -139,9 +146,9 @@ REPORTED = ("eval/ppl", "eval/vqa_acc", "eval/clue_acc/scattered/all", "eval/clu
 
 
 def heldout_expert_load(data: Any, checkpoint: Path) -> dict[str, Any]:
-    """Claim 2's measurement of one stage's final checkpoint: expert load over the fixed held-out
-    mixed set (text, clue and image rows, ≈ 64K tokens), with its routing bias and with it zeroed
-    (k3model.train.expert_load)."""
+    """Claim 2's measurement of one final checkpoint (a stage's, or a balancing arm's): expert load
+    over the fixed held-out mixed set (text, clue and image rows, ≈ 64K tokens), with its routing
+    bias and with it zeroed (k3model.train.expert_load)."""
     import torch
 
     from k3model.checkpoint import load_model
@@ -287,6 +294,100 @@ def materialize_base_model(context: dg.AssetExecutionContext, profile: str) -> d
         data_version=dg.DataVersion(info.sha256), tags=profile_tags(profile))
 
 
+# ----------------------------------------------------------------------------------------------
+# Claim 2's balancing ablation: a short stage-1 run without balancing beside one with it
+
+ABLATION = "balancing_ablation"
+
+
+class BalancingAblationConfig(AssetConfig):
+    """The two arms (k3model.train.pretrain.balancing_arms): unset fields take the profile's values."""
+    seed: int = Field(default=0, ge=0)
+    steps: int | None = Field(default=None, ge=1, description="optimizer steps of each arm (default: "
+                              "k3model.train.pretrain.BALANCING_ARM_STEPS; at most stage 1's steps)")
+    balanced: str | None = Field(default=None, description="the balanced arm's MoE balancing, quantile or "
+                                 "deepseek (default: the profile's); the other arm trains with none")
+    log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
+
+
+def materialize_balancing_ablation(context: dg.AssetExecutionContext, config: BalancingAblationConfig,
+                                   profile: str) -> dg.MaterializeResult:
+    from k3model.config import get_profile
+    from k3model.train.expert_load import flat_metrics
+    from k3model.train.pretrain import UNBALANCED, balancing_arms
+
+    tag_run(context, profile)
+    try:
+        arms = balancing_arms(profile, seed=config.seed, steps=config.steps, balanced=config.balanced,
+                              log_every=config.log_every)
+        resolved = {arm: cfg.resolved() for arm, cfg in arms.items()}
+    except ValueError as e:
+        raise dg.Failure(description=f"invalid config for {profile}/{ABLATION} (ops.{profile}__{ABLATION}.config): "
+                                     f"{e}", allow_retries=False) from e
+    data, ups = pretrain_data(context, profile)
+    ray = context.resources.ray
+    share = ray.placement(len(arms), require_gpu=get_profile(profile).device == "cuda", log=context.log.info)
+    steps = next(iter(resolved.values())).steps
+    context.log.info(f"{profile}/{ABLATION}: arms {', '.join(arms)} side by side, {steps} stage-1 steps each from "
+                     f"random weights, as concurrent Ray tasks of {share['num_cpus']:g} CPU / {share['num_gpus']:g} GPU")
+    jobs = [TrainingJob(
+        profile=profile, name=ABLATION, partition=arm, task=train_stage_task, args=(cfg, data, None), config=cfg,
+        inputs=ups, log_every=cfg.log_every, **share,
+        params={"steps": resolved[arm].steps, "batch_size": resolved[arm].batch_size,
+                "seq_len": resolved[arm].seq_len, "lr": resolved[arm].lr, "balancing": arm},
+        description=f"{profile} claim-2 balancing ablation: {steps} stage-1 steps with balancing {arm}",
+        headline=lambda result: {k: result.eval[k] for k in ("moe/train_tail_load_max_over_mean",)
+                                 if k in result.eval})
+        for arm, cfg in arms.items()]
+    outcomes = run_trainings(context, jobs)
+    failed = [(j.partition, o) for j, o in zip(jobs, outcomes) if isinstance(o, BaseException)]
+    if failed:
+        raise dg.Failure(description=f"{profile}/{ABLATION}: arm(s) failed: "
+                                     + "; ".join(f"{p}: {str(e)[:300]}" for p, e in failed), allow_retries=False)
+    by_arm = {j.partition: o for j, o in zip(jobs, outcomes)}
+    own: dict[str, Any] = {"steps": steps, "balanced": next(a for a in arms if a != UNBALANCED),
+                           "tokens_seen": by_arm[UNBALANCED].result.tokens_seen}
+    measured, rows = {}, []
+    for arm, trained in by_arm.items():
+        load = heldout_expert_load(data, trained.checkpoint)
+        measured[arm] = load
+        # `<arm>/moe/heldout_…`: the same keys as a stage's, one set per arm.
+        own.update({f"{arm}/{k}": float(f"{v:.4g}") for k, v in flat_metrics(load).items()})
+        ev = trained.result.eval
+        own.update({f"{arm}/{k}": float(f"{ev[k]:.4g}") for k in REPORTED if k.startswith("moe/") and k in ev})
+        rows.append({"arm": arm, "held-out max/mean": load["with_bias"]["load_max_over_mean"],
+                     "worst layer": load["with_bias"]["load_max_over_mean_worst"],
+                     "dead": load["with_bias"]["dead_fraction"],
+                     "per-batch sd / max": f"{load['with_bias']['per_batch']['sd']:.2f} / "
+                                           f"{load['with_bias']['per_batch']['max']:.2f}",
+                     "training, last 10 % of tokens": ev.get("moe/train_tail_load_max_over_mean"),
+                     "held-out ppl": ev.get("eval/ppl")})
+        context.log.info(f"{profile}/{ABLATION}[{arm}]: held-out expert load max/mean "
+                         f"{load['with_bias']['load_max_over_mean']:.3f}, dead {load['with_bias']['dead_fraction']:.3f}")
+    own["arms_table"] = dg.MetadataValue.md(markdown_table(rows))
+    own["moe/heldout_expert_load"] = dg.MetadataValue.json(measured)
+    own["load_curves"] = dg.MetadataValue.json({arm: [[h["step"], h["moe/load_max_over_mean"]]
+                                                      for h in t.result.history if "moe/load_max_over_mean" in h]
+                                                for arm, t in by_arm.items()})
+    own["arms"] = dg.MetadataValue.json({arm: {"checkpoint": str(t.checkpoint), "sha256": t.info.sha256,
+                                               "model_version": f"{t.version.name}/{t.version.version}"}
+                                         for arm, t in by_arm.items()})
+    # The asset's checkpoint (path, sha256, data version) is the arm trained without balancing.
+    return by_arm[UNBALANCED].materialize_result(own)
+
+
+def _balancing_ablation_asset(profile: str) -> dg.AssetsDefinition:
+    @dg.asset(pool="gpu", name=ABLATION, key_prefix=[profile], group_name=group(profile, "pretraining"),
+              deps=[key(profile, n) for n in DATA_INPUTS], kinds={"pytorch", "ray"}, code_version=PRETRAIN_CODE_VERSION,
+              required_resource_keys=RESOURCES, tags=profile_tags(profile),
+              description="Claim 2's ablation beside stage 1 (feeds only the report): two short stage-1 runs "
+                          "from random weights, same data, seed and size, one with the profile's MoE balancing and "
+                          "one with none; each final checkpoint's expert load over the held-out mixed set.")
+    def _asset(context: dg.AssetExecutionContext, config: BalancingAblationConfig) -> dg.MaterializeResult:
+        return materialize_balancing_ablation(context, config, profile)
+    return _asset
+
+
 def _base_model_asset(profile: str) -> dg.AssetsDefinition:
     @dg.asset(name="base_model", key_prefix=[profile], group_name=group(profile, "pretraining"),
               deps=[key(profile, stage_name(NUM_STAGES))], kinds={"pytorch", "mlflow"}, code_version="1",
@@ -331,7 +432,8 @@ def _loss_fell_check(asset: dg.AssetsDefinition, profile: str) -> dg.AssetChecks
 
 
 def build(profile: str) -> tuple[list[dg.AssetsDefinition], list[dg.AssetChecksDefinition]]:
-    """The pretraining assets of `profile` (four stages and base_model) and their checks."""
+    """The pretraining assets of `profile` (four stages, base_model and the balancing ablation) and the
+    stages' checks."""
     stages = [_stage_asset(profile, s) for s in range(1, NUM_STAGES + 1)]
     base = _base_model_asset(profile)
-    return [*stages, base], [_loss_fell_check(a, profile) for a in stages]
+    return [*stages, base, _balancing_ablation_asset(profile)], [_loss_fell_check(a, profile) for a in stages]

@@ -48,7 +48,7 @@ REPORT_CODE_VERSION = hashlib.sha256(Path(__file__).read_bytes()
 STAGES = tuple(f"pretrain_stage_{s}" for s in range(1, 5))
 # The assets the report reads, by the module of assets/ that builds them. Only those whose module
 # exists are its upstreams, so the graph never holds a dangling key while a stage is still unwritten.
-SOURCES = {"pretrain": (*STAGES, "base_model"), "posttrain": ("sft_policy", "rl_specialist"),
+SOURCES = {"pretrain": (*STAGES, "base_model", "balancing_ablation"), "posttrain": ("sft_policy", "rl_specialist"),
            "distill": ("mopd_student", "cross_harness"), "deploy": ("quantized_student", "draft_model")}
 # Kernel-suite entries scored on a sample run (fast: about 2 s together): one planted hack, one honest.
 KERNELSUITE_SAMPLE = ("output_cache_stale", "hinge_fused")
@@ -224,7 +224,28 @@ def gather(instance: dg.DagsterInstance, profile: str, mlflow=None) -> dict[str,
                     figs["checkpoints"][f"rl_specialist[{d}|{e}]"] = part["metadata"].get("sha256",
                                                                                           part["data_version"])
     figs["ablation"] = balancing_ablation(profile)
+    up = latest(instance, profile, "balancing_ablation")
+    if up is not None:
+        figs["balancing_arms"] = _balancing_arms(up.metadata)
+        figs["checkpoints"]["balancing_ablation"] = up.metadata.get("sha256", up.data_version)
+        for arm, points in (up.metadata.get("load_curves") or {}).items():
+            figs["load_curves"][f"balancing_ablation[{arm}]"] = [tuple(p) for p in points]
     return figs
+
+
+def _balancing_arms(md: dict[str, Any]) -> dict[str, Any] | None:
+    """Claim 2's ablation (assets/pretrain.py `balancing_ablation`): {"steps", "balanced", "arms": {arm:
+    held-out figures as `_heldout_load` reads a stage's}}; None where an arm lacks them."""
+    balanced, steps = md.get("balanced"), md.get("steps")
+    if balanced is None or steps is None:
+        return None
+    arms = {}
+    for arm in (balanced, "none"):
+        held = _heldout_load({k.split("/", 1)[1]: v for k, v in md.items() if k.startswith(f"{arm}/")})
+        if held is None:
+            return None
+        arms[arm] = held
+    return {"steps": int(steps), "balanced": balanced, "arms": arms}
 
 
 def balancing_ablation(profile: str) -> dict | None:
@@ -343,14 +364,34 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
                        if stages[s]["balancing"] not in (None, "none")}
             source = ("without balancing: the same checkpoints with their routing bias zeroed (the router "
                       "alone), not a run trained without balancing")
+    drift_against: dict[str, str] = {}
+    arms = figs.get("balancing_arms")
+    if arms and not any(st["balancing"] == "none" for st in stages.values()):
+        # A run trained without balancing, against the same run with it at equal steps: the drift is
+        # judged on this pair (it replaces the bias-zeroed stand-in); the lineage's stages still have
+        # to stay near k/N.
+        n, bal = arms["steps"], arms["balanced"]
+        name_with, name_without = f"stage-1 arm {bal}, {n} steps", f"stage-1 arm none, {n} steps"
+        with_b[name_with] = arms["arms"][bal]["with"]
+        without = {name_without: arms["arms"]["none"]["with"]}
+        drift_against = {name_without: name_with}
+        for arm, name in ((bal, name_with), ("none", name_without)):
+            dead[name] = arms["arms"][arm]["dead"]
+            spread[name] = {"sd": arms["arms"][arm]["sd"], "max": arms["arms"][arm]["max"]}
+        source = (f"without balancing: balancing_ablation's stage-1 arm trained with none, against its arm with "
+                  f"{bal} at the same {n} steps, same data and seed")
+        if not basis.startswith("final checkpoints"):
+            basis = (f"training, last 10 % of steps for the stages; the arms' final checkpoints on the held-out "
+                     f"mixed set, {int(min(a['tokens'] for a in arms['arms'].values()))} tokens")
     ablation = figs.get("ablation")
     if not without and ablation and "none" in ablation["arms"]:
         without = {"probe, none": ablation["arms"]["none"]["last_quarter_mean"]}
         if "quantile" in ablation["arms"]:
             with_b["probe, quantile"] = ablation["arms"]["quantile"]["last_quarter_mean"]
         source = f"without balancing: ablation probe {ablation['file']}, not this lineage's checkpoints"
-    out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES), without_source=source,
-                         basis=basis, dead=dead, spread=spread))
+    out.append(C.claim_2(with_b, without, profile=profile, checkpoints=_pick(ck, *STAGES, "balancing_ablation"),
+                         without_source=source, basis=basis, dead=dead, spread=spread,
+                         drift_against=drift_against or None))
 
     sft_rates, specs = claim_3_inputs(figs)
     out.append(C.claim_3(sft_rates, specs, profile=profile, checkpoints=_pick(ck, "sft_policy", "rl_specialist")))

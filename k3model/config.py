@@ -49,6 +49,7 @@ class MoEConfig:
     shared_hidden: int  # shared experts run at full width with this hidden size
     balancing: str = "quantile"  # "quantile" | "deepseek" | "none"
     bias_update_rate: float = 1e-3  # γ of the DeepSeek fixed-step update
+    quantile_update_rate: float = 1.0  # η of the quantile update (k3model/moe.py); 1: K3's overwrite
     routed_scale: float = 2.5
     situ_beta1: float = 4.0
     situ_beta2: float = 25.0
@@ -100,6 +101,7 @@ class ModelConfig:
     mtp_loss_weight: float
     vision: VisionConfig | None
     balancing: str = "quantile"
+    quantile_update_rate: float = 1.0  # MoEConfig.quantile_update_rate
     tie_embeddings: bool = False
     qat: bool = False
     norm_eps: float = 1e-6
@@ -116,6 +118,9 @@ class ModelConfig:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed n_routed ({self.n_routed})")
         if self.balancing not in ("quantile", "deepseek", "none"):
             raise ValueError(f"balancing must be 'quantile', 'deepseek' or 'none', got {self.balancing!r}")
+        if not 0.0 < self.quantile_update_rate <= 1.0:
+            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: the solved bias overwrites the old "
+                             f"one), got {self.quantile_update_rate}")
         if self.vision is not None and self.vision.image_size % (self.vision.patch_size * self.vision.merge):
             raise ValueError(
                 f"vision.image_size ({self.vision.image_size}) must be a multiple of "
@@ -151,7 +156,8 @@ class ModelConfig:
         return MoEConfig(d_model=self.d_model, n_routed=self.n_routed, top_k=self.top_k,
                          n_shared=self.n_shared, latent_dim=self.moe_latent_dim,
                          expert_hidden=self.expert_hidden, shared_hidden=self.shared_hidden,
-                         balancing=self.balancing, qat=self.qat)
+                         balancing=self.balancing, quantile_update_rate=self.quantile_update_rate,
+                         qat=self.qat)
 
 
 @dataclass(frozen=True)

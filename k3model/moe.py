@@ -27,7 +27,11 @@ training forwards since the previous call:
 
           b_j ← −quantile_{1−k/N}(m_·j),   then b ← b − mean(b)
 
-      and the new bias overwrites the old one (no step size). It is computed as the same number
+      and the new bias overwrites the old one (K3: no step size). With `quantile_update_rate` η < 1 the
+      step is damped, b_j ← b_j − η·quantile_{1−k/N}(m_·j + b_j): the bias becomes an exponential
+      average of the solved biases of the last ≈ 1/η batches instead of the last batch's alone, which
+      matters where a batch is a few thousand tokens of one or two rows (docs/log/pretrain.md,
+      2026-12-06). It is computed as the same number
       b_j − quantile_{1−k/N}(m_·j + b_j): the biased margins sit around the threshold 0 whatever the
       bias, so one fixed histogram range fits. The quantile is exact (torch.quantile) or, as at
       scale, read off a per-expert histogram (512 bins over [−1, 1], summable across ranks by one
@@ -253,6 +257,8 @@ class LatentMoE(nn.Module):
                 f"quantile balancing needs top_k < n_routed (the (k+1)-th score is the cutoff), got "
                 f"top_k = n_routed = {cfg.n_routed}; lower top_k or set balancing='none'"
             )
+        if not 0.0 < cfg.quantile_update_rate <= 1.0:
+            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: K3's overwrite), got {cfg.quantile_update_rate}")
         if quantile_method not in QUANTILE_METHODS:
             raise ValueError(f"quantile_method must be one of {QUANTILE_METHODS}, got {quantile_method!r}")
         for name in ("d_model", "latent_dim", "expert_hidden"):
@@ -477,7 +483,7 @@ class LatentMoE(nn.Module):
         else:
             # −quantile(m_·j) = b_j − quantile(m_·j + b_j): the quantile is taken of biased margins.
             q = 1.0 - self.cfg.top_k / self.cfg.n_routed
-            new_E = self.expert_bias_E - self.margin_quantile(q)
+            new_E = self.expert_bias_E - self.cfg.quantile_update_rate * self.margin_quantile(q)
         # No training forward since the last call (nothing loaded): the bias stays. Decided on the
         # device: a host read here would wait for the whole step on CUDA, once per layer, and leave
         # the GPU idle while the next step's first kernels are launched.

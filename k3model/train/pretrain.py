@@ -34,6 +34,7 @@ import math
 
 from k3model.config import ModelConfig, get_profile
 from k3model.limits import check_fits_machine
+from k3model.moe import BALANCING_MODES
 from k3model.model import K3Model
 from k3model.train.pretrain_data import Batch, PretrainData, StageBatches
 from k3model.train.pretrain_eval import evaluate
@@ -51,6 +52,12 @@ LogFn = Callable[[int, dict], None]
 # which datagen/profiles.py sizes for that (96–384 pairs per distance bucket).
 EVAL_SIZES: dict[str, tuple[int | None, int, int]] = {"smoke": (1, 2, 8), "tiny": (None, 8, 64),
                                                       "small": (16, 32, 256)}
+
+
+# Claim 2's balancing ablation beside stage 1 (`balancing_arms`): optimizer steps per arm. tiny's 100
+# steps of 32 × 64 tokens keep both arms inside ≈ 2 minutes of `make run` on 2 cores (issue 43).
+BALANCING_ARM_STEPS: dict[str, int] = {"smoke": 3, "tiny": 100, "small": 200}
+UNBALANCED = "none"
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ class PretrainConfig(LoopConfig):
     eval_ppl_windows: int | None = None
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
+    quantile_update_rate: float | None = None  # override the profile's η of the quantile bias update
     # "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py); or "adamw".
     # Muon is the default: on tiny stage 1 it reached 0.26 nats lower held-out NLL than AdamW at equal
     # tokens and 0.29 at equal wall time, two seeds (benchmarks/recipes/muon_ab.py, docs/log/pretrain.md).
@@ -111,6 +119,12 @@ class PretrainConfig(LoopConfig):
             raise ValueError(f"mixed_lr must be ≥ 0, got {self.mixed_lr}")
         if self.qk_clip_tau is not None and self.qk_clip_tau <= 0:
             raise ValueError(f"qk_clip_tau must be > 0 (K2 uses 100) or None for no clip, got {self.qk_clip_tau}")
+        if self.balancing is not None and self.balancing not in BALANCING_MODES:
+            raise ValueError(f"balancing must be one of {BALANCING_MODES} (or None for the profile's), "
+                             f"got {self.balancing!r}")
+        if self.quantile_update_rate is not None and not 0.0 < self.quantile_update_rate <= 1.0:
+            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: K3's overwrite), "
+                             f"got {self.quantile_update_rate}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
@@ -118,6 +132,8 @@ class PretrainConfig(LoopConfig):
         profile = get_profile(self.profile)
         stage = profile.stages[self.stage - 1]
         model = profile.model if self.balancing is None else replace(profile.model, balancing=self.balancing)
+        if self.quantile_update_rate is not None:
+            model = replace(model, quantile_update_rate=self.quantile_update_rate)
         if stage.activation_checkpointing is not None:
             model = replace(model, activation_checkpointing=stage.activation_checkpointing)
         resolved = ResolvedStage(
@@ -135,6 +151,30 @@ class PretrainConfig(LoopConfig):
             raise ValueError("compile_regions compiles for CUDA (Inductor's Triton kernels) and this machine has "
                              "no GPU: leave compile_regions false")
         return resolved
+
+
+def balancing_arms(profile: str, *, seed: int = 0, steps: int | None = None, balanced: str | None = None,
+                   log_every: int = 10) -> dict[str, PretrainConfig]:
+    """Claim 2's ablation: two short stage-1 runs that differ only in MoE balancing, `{balanced: cfg,
+    "none": cfg}` — same data, seed, model and schedule, `steps` each (None: BALANCING_ARM_STEPS).
+    Both train mixed rows from the first step with one warmup + cosine (no clue warmup: a short arm
+    would otherwise see clue rows only, unlike the held-out mixed set its load is measured on), and
+    evaluate at stage 1's length only. `balanced` (None: the profile's balancing) must balance."""
+    profile_cfg = get_profile(profile)
+    balanced = profile_cfg.model.balancing if balanced is None else balanced
+    if balanced not in BALANCING_MODES or balanced == UNBALANCED:
+        raise ValueError(f"the balanced arm needs a balancing that balances, one of "
+                         f"{tuple(m for m in BALANCING_MODES if m != UNBALANCED)}, got {balanced!r}"
+                         + (" (the profile's own)" if balanced == profile_cfg.model.balancing else ""))
+    stage_1 = profile_cfg.stages[0]
+    steps = BALANCING_ARM_STEPS.get(profile, stage_1.steps) if steps is None else steps
+    if not 1 <= steps <= stage_1.steps:
+        raise ValueError(f"balancing arm steps must lie in [1, {stage_1.steps}] (stage 1's length at {profile}: "
+                         f"the arms are a short run beside it), got {steps}")
+    common = dict(profile=profile, stage=1, seed=seed, steps=steps, clue_warmup_steps=0, mixed_lr=0,
+                  ckpt_every=steps, log_every=log_every, eval_max_length=stage_1.seq_len,
+                  eval_examples_per_cell=1, eval_ppl_windows=2, eval_vqa_questions=8)
+    return {arm: PretrainConfig(balancing=arm, **common) for arm in (balanced, UNBALANCED)}
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,23 @@ def test_claim_2_shows_its_basis_spread_and_dead_experts():
     assert c.figures["dead_fraction"] == {"stage 1": 0.125} and c.figures["per_batch"]["stage 1"]["max"] == 1.48
 
 
+def test_claim_2_judges_a_trained_without_arm_against_its_twin_at_equal_steps():
+    """An unbalanced arm of a few steps is compared with the balanced arm of the same steps, not with
+    the lineage's worst stage; the stages must still stay near k/N."""
+    withs = {"stage 1": 1.30, "stage 2": 1.45, "arm quantile, 100 steps": 1.10}
+    pair = {"arm none, 100 steps": "arm quantile, 100 steps"}
+    passed = claims.claim_2(withs, {"arm none, 100 steps": 1.80}, **P, drift_against=pair)
+    # 1.80 ≥ 1.5 × 1.10, though < 1.5 × 1.45 (the worst stage): the twin decides.
+    assert passed.status == PASS and passed.figures["drift_against"] == pair
+    assert claims.claim_2(withs, {"arm none, 100 steps": 1.80}, **P).status == FAIL  # against the worst
+    short = claims.claim_2(withs, {"arm none, 100 steps": 1.60}, **P, drift_against=pair)
+    assert short.status == FAIL and "arm none, 100 steps 1.60 < 1.5× 1.10 (arm quantile, 100 steps)" in short.reason
+    not_near = claims.claim_2({**withs, "stage 3": 1.64}, {"arm none, 100 steps": 2.0}, **P, drift_against=pair)
+    assert not_near.status == FAIL and "1.64 > 1.5" in not_near.reason and "without" not in not_near.reason
+    with pytest.raises(ValueError, match="names one that is not there"):
+        claims.claim_2(withs, {"arm none, 100 steps": 2.0}, **P, drift_against={"arm none, 100 steps": "stage 9"})
+
+
 def _specialists(rate=0.6, n=900, tokens=(10, 20, 40), hard=(0.2, 0.3), b=None, c=10):
     """Specialists at `rate` against SFT at 0.3 on the same n tasks: b tasks only the specialist
     solved, c only SFT (b − c = (rate − 0.3)·n)."""

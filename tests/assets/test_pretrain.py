@@ -133,6 +133,29 @@ def test_invalid_stage_config_names_the_field(smoke_resources):
     assert "steps" in error_text(err.value)
 
 
+def test_balancing_ablation_refuses_bad_config_and_stays_beside_the_chain(smoke_resources):
+    """Claim 2's arm pair: a balanced arm that does not balance, or more steps than stage 1, is refused
+    naming the op's config; no stage or base_model depends on it, the report does."""
+    ablation = next(a for a in ASSETS if a.key == key("smoke", "balancing_ablation"))
+    for config, message in ((pretrain.BalancingAblationConfig(balanced="none"), "needs a balancing that balances"),
+                            (pretrain.BalancingAblationConfig(balanced="sometimes"), "got 'sometimes'"),
+                            (pretrain.BalancingAblationConfig(steps=5), r"steps must lie in \[1, 4\]")):
+        with dg.build_asset_context(resources=smoke_resources, instance=dg.DagsterInstance.ephemeral()) as ctx, \
+                pytest.raises(dg.Failure, match=message) as err:
+            ablation(ctx, config)
+        assert "ops.smoke__balancing_ablation.config" in err.value.description
+    with pytest.raises(Exception) as err:
+        dg.materialize([ablation], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
+                       run_config={"ops": {"smoke__balancing_ablation": {"config": {"steps": 0}}}})
+    assert "steps" in error_text(err.value)
+    assert set(ablation.dependency_keys) == {key("smoke", n) for n in pretrain.DATA_INPUTS}
+    for other in ASSETS:
+        assert ablation.key not in other.dependency_keys, other.key
+    from assets import report
+    [report_asset] = report.build("smoke")
+    assert ablation.key in report_asset.dependency_keys
+
+
 def test_clue_tables_split_distance_and_length():
     ev = {"eval/clue_acc/scattered/d0-32": 1.0, "eval/clue_acc/control/d0-32": 1.0,
           "eval/clue_acc/scattered/d32-64": 0.5, "eval/clue_acc/scattered/len64": 0.75,

@@ -212,6 +212,47 @@ def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
     assert "bias zeroed" in c2.figures["without_source"] and "65512 tokens" in c2.figure
 
 
+def test_claim_2_takes_without_from_the_balancing_ablation(tmp_path):
+    """With `balancing_ablation` materialized, the "without" side is its arm trained with none, judged
+    against its balanced twin at the same steps, in place of the bias-zeroed stand-in; the stages and
+    the twin are the "with" side, and the arms' load curves reach the plot."""
+    instance = dg.DagsterInstance.ephemeral()
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {"model": {"balancing": "quantile"}}}))
+    held = {"moe/heldout_dead_fraction": 0.0, "moe/heldout_per_batch_sd": 0.1, "moe/heldout_per_batch_max": 1.5,
+            "moe/heldout_tokens": 65512.0}
+    for s in range(1, 5):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", f"pretrain_stage_{s}"), tags={PROFILE_TAG: "smoke"},
+            metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": f"s{s}",
+                      "moe/heldout_load_max_over_mean": 1.2 + 0.05 * s,
+                      "moe/heldout_load_max_over_mean_bias_zeroed": 1.5, **held}))
+
+    def arm(name, load, dead=0.0):
+        return {f"{name}/moe/heldout_load_max_over_mean": load, f"{name}/moe/heldout_load_max_over_mean_bias_zeroed": load,
+                **{f"{name}/{k}": v for k, v in held.items()}, f"{name}/moe/heldout_dead_fraction": dead}
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=key("smoke", "balancing_ablation"), tags={PROFILE_TAG: "smoke"},
+        metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": "arm", "steps": 100,
+                  "balanced": "quantile", **arm("quantile", 1.1), **arm("none", 1.9, dead=0.25),
+                  "load_curves": dg.MetadataValue.json({"quantile": [[1, 1.4], [2, 1.2]], "none": [[1, 1.4], [2, 2.1]]})}))
+    figs = report.gather(instance, "smoke")
+    c2 = {c.number: c for c in report.judge(figs, None)}[2]
+    assert c2.status == PASS, c2.line()  # 1.9 ≥ 1.5 × 1.1; the bias-zeroed 1.5 is no longer the without
+    assert c2.figures["without"] == {"stage-1 arm none, 100 steps": 1.9}
+    assert c2.figures["with"]["stage-1 arm quantile, 100 steps"] == 1.1 and c2.figures["with"]["stage 4"] == 1.4
+    assert c2.figures["drift_against"] == {"stage-1 arm none, 100 steps": "stage-1 arm quantile, 100 steps"}
+    assert "trained with none" in c2.figures["without_source"] and c2.checkpoints["balancing_ablation"] == "arm"
+    assert c2.figures["dead_fraction"]["stage-1 arm none, 100 steps"] == 0.25
+    assert figs["load_curves"]["balancing_ablation[none]"] == [(1, 1.4), (2, 2.1)]
+    # The unbalanced arm barely drifting fails the claim, naming its twin.
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key=key("smoke", "balancing_ablation"), tags={PROFILE_TAG: "smoke"},
+        metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": "arm2", "steps": 100,
+                  "balanced": "quantile", **arm("quantile", 1.1), **arm("none", 1.3)}))
+    c2 = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}[2]
+    assert c2.status == FAIL and "1.30 < 1.5× 1.10 (stage-1 arm quantile, 100 steps)" in c2.reason
+
+
 @pytest.fixture
 def k3_env(home, monkeypatch):
     # `k3 report` exports these; monkeypatch restores them after the test.

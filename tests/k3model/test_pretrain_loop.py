@@ -1,12 +1,14 @@
 """Pretraining: the loss falls on the tiny profile, resume is exact, bad config is rejected."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import datagen
 from datagen.build import build_all
 from k3model.checkpoint import load_checkpoint
-from k3model.train.pretrain import PretrainConfig, train
+from k3model.train.pretrain import BALANCING_ARM_STEPS, PretrainConfig, balancing_arms, train
 from k3model.train.pretrain_data import PretrainData, StageBatches
 from k3model.config import get_profile
 from k3model.model import K3Model
@@ -116,10 +118,27 @@ def test_batches_carry_images_in_placeholder_order(smoke_data):
 
 
 @pytest.mark.parametrize("field, value", [("stage", 5), ("profile", "giant"), ("steps", 0),
-                                          ("clue_fraction", 1.5), ("optimizer", "sgd")])
+                                          ("clue_fraction", 1.5), ("optimizer", "sgd"), ("balancing", "off"),
+                                          ("quantile_update_rate", 0.0), ("quantile_update_rate", 1.5)])
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field if field != "profile" else "unknown profile"):
         PretrainConfig(**{field: value})
+
+
+def test_balancing_arms_differ_only_in_balancing_and_refuse_bad_values():
+    arms = balancing_arms("tiny")
+    assert list(arms) == ["quantile", "none"]
+    a, b = (dataclasses.asdict(c) for c in arms.values())
+    assert {k for k in a if a[k] != b[k]} == {"balancing"}
+    assert a["steps"] == BALANCING_ARM_STEPS["tiny"] and a["clue_warmup_steps"] == 0 and a["stage"] == 1
+    assert arms["none"].resolved().model.balancing == "none"
+    assert list(balancing_arms("smoke", balanced="deepseek", steps=2)) == ["deepseek", "none"]
+    with pytest.raises(ValueError, match="needs a balancing that balances.*got 'none'"):
+        balancing_arms("tiny", balanced="none")
+    with pytest.raises(ValueError, match=r"steps must lie in \[1, 1300\].*got 0"):
+        balancing_arms("tiny", steps=0)
+    with pytest.raises(ValueError, match=r"steps must lie in \[1, 4\].*got 5"):
+        balancing_arms("smoke", steps=5)
 
 
 def test_missing_data_says_which_asset_to_materialize(tmp_path):

@@ -1,0 +1,206 @@
+"""Why a balanced checkpoint's held-out expert load exceeds its training-time load (claim 2, issue 43).
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 python benchmarks/recipes/balance_shift.py \
+        --lineage /tmp/fresh-run3/.k3 --profile tiny
+
+For each pretraining stage's final checkpoint of a materialized lineage (`<home>/checkpoints/<profile>/
+pretrain_stage_<s>/<run>/`, data from `<home>/data/<profile>/`), the token-aggregated load max/mean
+(k3model.train.expert_load.load_stats: max_j load_j / mean_j load_j, mean over MoE layers) of:
+
+- `train_tail`: the stage's own training rows of its last 10 % of steps (rebuilt by StageBatches from
+  the manifest's seed, stage and shape), run through the final weights and bias in eval mode: the
+  rows the balancer fitted the bias to, as against
+- `heldout`: the fixed held-out mixed set claim 2 is judged on (expert_load.mixed_heldout_set);
+
+each in total and per row kind (text, clue, image), with the bias and with it zeroed, and the rows'
+token share per kind. If `train_tail` sits near the training metric `moe/train_tail_load_max_over_mean`
+and `heldout` does not, the gap is the data the bias was fitted to, not the model's mode or the
+measurement; the per-kind figures say which rows move the load.
+
+`--rates 1,0.1` instead trains: for each η of the quantile bias update (MoEConfig.quantile_update_rate),
+stages `--train-stages` of the profile, each from the lineage's previous-stage checkpoint (stage 1
+from random weights), for `--steps` steps (0: the stage's own), and reports training-side figures only:
+the per-step load of the last 10 % of steps (each batch routed with a bias not fitted to it), the
+stage's `moe/train_tail_*` (loads summed over its last 10 % of tokens) and the final weights and bias
+over those same training rows (`frozen_tail`: what one frozen bias does to the rows it trained on).
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 python benchmarks/recipes/balance_shift.py \
+        --lineage /tmp/fresh-run3/.k3 --rates 1,0.1 --train-stages 2,4 --steps 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import ROOT, run_header, write_json
+from k3model.checkpoint import load_model
+from k3model.train.expert_load import expert_load, load_stats, mixed_heldout_set
+from k3model.train.pretrain import PretrainConfig
+from k3model.train.pretrain_data import PretrainData, StageBatches, pixels_to_tensor
+
+
+def lineage_data(home: Path, profile: str) -> PretrainData:
+    import datagen
+    root = home / "data" / profile
+
+    def newest(asset: str, name: str) -> Path:
+        return max((root / asset).glob(f"*/{name}"), key=lambda p: p.stat().st_mtime)
+    return PretrainData(newest("tokenizer", "tokenizer.json"), newest("corpus", "corpus.parquet"),
+                        newest("image_data", "images.parquet"), newest("clue_data", "clue_eval.parquet"),
+                        clues=datagen.presets(profile).clues)
+
+
+@torch.no_grad()
+def rows_load(model, batches: StageBatches, rows: np.ndarray, zero_bias: bool, chunk: int = 8) -> torch.Tensor:
+    """[layers, experts] loads of training rows `rows` (indices into the packed stage)."""
+    moes = model.moe_layers()
+    saved = [m.expert_bias_E.clone() for m in moes]
+    total_NE = torch.zeros(len(moes), moes[0].cfg.n_routed, dtype=torch.float64)
+    try:
+        if zero_bias:
+            for m in moes:
+                m.expert_bias_E.zero_()
+        for s in range(0, len(rows), chunk):
+            idx = rows[s: s + chunk]
+            ids_BT = torch.from_numpy(batches._rows["input_ids"][idx])
+            image_ids = [i for r in idx for i in batches._rows["image_ids"][r]]
+            images = pixels_to_tensor(batches.data.image_pixels_NHWC[image_ids]) if image_ids else None
+            model(ids_BT, images, ids_BT == batches.image_token if image_ids else None)
+            total_NE += torch.stack([m.last_load.double() for m in moes])
+    finally:
+        for m, b in zip(moes, saved):
+            m.expert_bias_E.copy_(b)
+    return total_NE
+
+
+def stage_figures(checkpoint: Path, data: PretrainData, heldout_sets: dict) -> dict:
+    model, manifest = load_model(checkpoint, "cpu")
+    model.eval()
+    pre = manifest["config"]["pretrain"]
+    resolved = manifest["config"]["resolved"]
+    cfg = PretrainConfig(**{k: pre[k] for k in ("profile", "stage", "seed", "clue_fraction", "image_fraction",
+                                                 "clue_loss")})
+    steps, bsz, seq = resolved["steps"], resolved["batch_size"], resolved["seq_len"]
+    batches = StageBatches(data, model.cfg, seq_len=seq, batch_size=bsz, seed=cfg.seed, stage=cfg.stage,
+                           clue_fraction=cfg.clue_fraction, image_fraction=cfg.image_fraction,
+                           clue_loss=cfg.clue_loss,
+                           clue_warmup_rows=min(resolved["clue_warmup_steps"], steps) * bsz)
+    batches.pack(steps * bsz)
+    tail_from = int(0.9 * steps)
+    rows = np.arange(tail_from * bsz, steps * bsz)
+    kinds = np.array(batches._rows["kind"])[rows]
+    k = model.cfg.top_k
+    out = {"stage": cfg.stage, "steps": steps, "batch": [bsz, seq], "tail_steps": steps - tail_from,
+           "train_metric_tail": manifest.get("metrics", {}).get("moe/train_tail_load_max_over_mean"),
+           "bias_by_layer": [[round(float(b), 4) for b in m.expert_bias_E] for m in model.moe_layers()]}
+    for zero in (False, True):
+        arm = "bias_zeroed" if zero else "with_bias"
+        total = rows_load(model, batches, rows, zero)
+        tail = {"all": load_stats(total, k)["load_max_over_mean"], "tokens": int(len(rows) * seq),
+                "token_share": {}}
+        for kind in sorted(set(kinds)):
+            sel = rows[kinds == kind]
+            tail[kind] = load_stats(rows_load(model, batches, sel, zero), k)["load_max_over_mean"]
+            tail["token_share"][kind] = round(len(sel) / len(rows), 3)
+        key = (tuple(model.cfg.vision.__dict__.values()) if model.cfg.vision is not None else None)
+        if key not in heldout_sets:
+            vision = model.cfg.vision
+            heldout_sets[key] = mixed_heldout_set(data, vision.tokens_per_image if vision is not None else None)
+        held = expert_load(model, heldout_sets[key], "cpu", zero_bias=zero)
+        out[arm] = {"train_tail": tail,
+                    "heldout": {"all": held["load_max_over_mean"], **held["by_kind"],
+                                "tokens": held["tokens"], "token_share": {
+                                    kk: round(v / held["tokens"], 3) for kk, v in held["tokens_by_kind"].items()}}}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def stage_batches(model_cfg, pre: dict, resolved: dict, data: PretrainData) -> StageBatches:
+    bsz, steps = resolved["batch_size"], resolved["steps"]
+    batches = StageBatches(data, model_cfg, seq_len=resolved["seq_len"], batch_size=bsz, seed=pre["seed"],
+                           stage=pre["stage"], clue_fraction=pre["clue_fraction"],
+                           image_fraction=pre["image_fraction"], clue_loss=pre["clue_loss"],
+                           clue_warmup_rows=min(resolved["clue_warmup_steps"], steps) * bsz)
+    batches.pack(steps * bsz)
+    return batches
+
+
+def rate_run(data: PretrainData, home: Path, profile: str, stage: int, rate: float, steps: int, out: Path) -> dict:
+    import time
+
+    from k3model.train.pretrain import train
+    init = None
+    if stage > 1:
+        runs = sorted((home / "checkpoints" / profile / f"pretrain_stage_{stage - 1}").glob("*/manifest.json"),
+                      key=lambda p: p.stat().st_mtime)
+        init = runs[-1].parent
+    cfg = PretrainConfig(profile=profile, stage=stage, seed=0, steps=steps or None, quantile_update_rate=rate,
+                         ckpt_every=10**6, log_every=10**6, eval_examples_per_cell=1, eval_max_length=64,
+                         eval_ppl_windows=1, eval_vqa_questions=1)
+    t0 = time.perf_counter()
+    result = train(cfg, data, out / f"s{stage}_rate{rate:g}", init_checkpoint=init)
+    wall = time.perf_counter() - t0
+    model, manifest = load_model(result.checkpoint_dir, "cpu")
+    model.eval()
+    resolved = manifest["config"]["resolved"]
+    n_steps = resolved["steps"]
+    tail_from = int(0.9 * n_steps)
+    per_step = [h["moe/load_max_over_mean"] for h in result.history if h["step"] > tail_from]
+    batches = stage_batches(model.cfg, manifest["config"]["pretrain"], resolved, data)
+    rows = np.arange(tail_from * resolved["batch_size"], n_steps * resolved["batch_size"])
+    frozen = load_stats(rows_load(model, batches, rows, False), model.cfg.top_k)
+    row = {"stage": stage, "rate": rate, "steps": n_steps, "tail_steps": n_steps - tail_from,
+           "per_step_tail_mean": float(np.mean(per_step)), "per_step_tail_max": float(np.max(per_step)),
+           "train_tail": result.eval.get("moe/train_tail_load_max_over_mean"),
+           "train_tail_worst": result.eval.get("moe/train_tail_load_max_over_mean_worst"),
+           "train_tail_dead": result.eval.get("moe/train_tail_dead_fraction"),
+           "frozen_tail": frozen["load_max_over_mean"], "frozen_tail_worst": frozen["load_max_over_mean_worst"],
+           "train_final_loss": result.eval.get("train/final_loss"), "wall_s": wall,
+           "per_step_curve": [round(h["moe/load_max_over_mean"], 3) for h in result.history]}
+    print(json.dumps({k: v for k, v in row.items() if k != "per_step_curve"}), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lineage", type=Path, required=True, help="a K3_HOME with a materialized pretraining lineage")
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--stages", default="1,2,3,4")
+    ap.add_argument("--label", default="balance_shift")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--rates", default=None, help="train with these quantile update rates η (comma-separated)")
+    ap.add_argument("--train-stages", default="2")
+    ap.add_argument("--steps", type=int, default=0, help="steps per trained stage (0: the profile's)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/balance_shift_runs"))
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    data = lineage_data(args.lineage, args.profile)
+    if args.rates:
+        runs = [rate_run(data, args.lineage, args.profile, s, float(r), args.steps, args.work)
+                for s in (int(x) for x in args.train_stages.split(","))
+                for r in args.rates.split(",")]
+        out = (Path(ROOT) / "benchmarks" / "results" / "recipes" /
+               f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json")
+        write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
+                         "steps": args.steps, "runs": runs})
+        print(out)
+        return
+    sets: dict = {}
+    results = []
+    for s in (int(x) for x in args.stages.split(",")):
+        runs = sorted((args.lineage / "checkpoints" / args.profile / f"pretrain_stage_{s}").glob("*/manifest.json"),
+                      key=lambda p: p.stat().st_mtime)
+        results.append(stage_figures(runs[-1].parent, data, sets))
+    out = Path(ROOT) / "benchmarks" / "results" / "recipes" / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
+    write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
+                     "stages": results})
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
