@@ -49,7 +49,8 @@ class MoEConfig:
     shared_hidden: int  # shared experts run at full width with this hidden size
     balancing: str = "quantile"  # "quantile" | "deepseek" | "none"
     bias_update_rate: float = 1e-3  # γ of the DeepSeek fixed-step update
-    quantile_update_rate: float = 1.0  # η of the quantile update (k3model/moe.py); 1: K3's overwrite
+    # Tokens the quantile bias averages its solutions over (k3model/moe.py): 0 is K3's overwrite.
+    quantile_window_tokens: int = 0
     routed_scale: float = 2.5
     situ_beta1: float = 4.0
     situ_beta2: float = 25.0
@@ -101,7 +102,7 @@ class ModelConfig:
     mtp_loss_weight: float
     vision: VisionConfig | None
     balancing: str = "quantile"
-    quantile_update_rate: float = 1.0  # MoEConfig.quantile_update_rate
+    quantile_window_tokens: int = 0  # MoEConfig.quantile_window_tokens
     tie_embeddings: bool = False
     qat: bool = False
     norm_eps: float = 1e-6
@@ -118,9 +119,9 @@ class ModelConfig:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed n_routed ({self.n_routed})")
         if self.balancing not in ("quantile", "deepseek", "none"):
             raise ValueError(f"balancing must be 'quantile', 'deepseek' or 'none', got {self.balancing!r}")
-        if not 0.0 < self.quantile_update_rate <= 1.0:
-            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: the solved bias overwrites the old "
-                             f"one), got {self.quantile_update_rate}")
+        if self.quantile_window_tokens < 0:
+            raise ValueError(f"quantile_window_tokens must be ≥ 0 (0: each step's solved bias overwrites the old "
+                             f"one), got {self.quantile_window_tokens}")
         if self.vision is not None and self.vision.image_size % (self.vision.patch_size * self.vision.merge):
             raise ValueError(
                 f"vision.image_size ({self.vision.image_size}) must be a multiple of "
@@ -156,7 +157,7 @@ class ModelConfig:
         return MoEConfig(d_model=self.d_model, n_routed=self.n_routed, top_k=self.top_k,
                          n_shared=self.n_shared, latent_dim=self.moe_latent_dim,
                          expert_hidden=self.expert_hidden, shared_hidden=self.shared_hidden,
-                         balancing=self.balancing, quantile_update_rate=self.quantile_update_rate,
+                         balancing=self.balancing, quantile_window_tokens=self.quantile_window_tokens,
                          qat=self.qat)
 
 
@@ -244,6 +245,9 @@ def _tiny() -> Profile:
         attn_res_block=2, mtp_depth=1, mtp_loss_weight=0.3,
         vision=VisionConfig(image_size=32, patch_size=8, d_model=64, n_layers=2, n_heads=4,
                             mlp_hidden=128),
+        # A step is 2,048–8,192 tokens of 1–32 rows: the balancing bias averages ≈ 32K tokens of
+        # solutions instead of keeping the last step's (k3model/moe.py; docs/log/pretrain.md 2026-12-06).
+        quantile_window_tokens=32_768,
     )
     # 1 : 8 : 32 : 128, as 8K : 64K : 256K : 1M in K3. 64 → 8K rather than 128 → 16K: the gated MLA
     # layer's T² attention makes one 16K forward cost ~6× an 8K one on a 2-core CPU.

@@ -27,11 +27,15 @@ training forwards since the previous call:
 
           b_j ← −quantile_{1−k/N}(m_·j),   then b ← b − mean(b)
 
-      and the new bias overwrites the old one (K3: no step size). With `quantile_update_rate` η < 1 the
-      step is damped, b_j ← b_j − η·quantile_{1−k/N}(m_·j + b_j): the bias becomes an exponential
-      average of the solved biases of the last ≈ 1/η batches instead of the last batch's alone, which
-      matters where a batch is a few thousand tokens of one or two rows (docs/log/pretrain.md,
-      2026-12-06). It is computed as the same number
+      and the new bias overwrites the old one (K3: no step size). With `quantile_window_tokens` W > 0
+      the step is damped by the tokens M the statistics came from,
+
+          b_j ← b_j − η·quantile_{1−k/N}(m_·j + b_j),   η = min(1, M / W),
+
+      so the bias is an exponential average of the solutions of the last ≈ W tokens rather than the
+      last step's alone: at K3's millions of tokens a step η = 1 (the overwrite); where a step is a
+      few thousand tokens of one or two rows, one step's solution carries that batch's rows into every
+      later token the checkpoint routes (docs/log/pretrain.md, 2026-12-06). It is computed as the same number
       b_j − quantile_{1−k/N}(m_·j + b_j): the biased margins sit around the threshold 0 whatever the
       bias, so one fixed histogram range fits. The quantile is exact (torch.quantile) or, as at
       scale, read off a per-expert histogram (512 bins over [−1, 1], summable across ranks by one
@@ -257,8 +261,8 @@ class LatentMoE(nn.Module):
                 f"quantile balancing needs top_k < n_routed (the (k+1)-th score is the cutoff), got "
                 f"top_k = n_routed = {cfg.n_routed}; lower top_k or set balancing='none'"
             )
-        if not 0.0 < cfg.quantile_update_rate <= 1.0:
-            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: K3's overwrite), got {cfg.quantile_update_rate}")
+        if cfg.quantile_window_tokens < 0:
+            raise ValueError(f"quantile_window_tokens must be ≥ 0 (0: K3's overwrite), got {cfg.quantile_window_tokens}")
         if quantile_method not in QUANTILE_METHODS:
             raise ValueError(f"quantile_method must be one of {QUANTILE_METHODS}, got {quantile_method!r}")
         for name in ("d_model", "latent_dim", "expert_hidden"):
@@ -483,7 +487,12 @@ class LatentMoE(nn.Module):
         else:
             # −quantile(m_·j) = b_j − quantile(m_·j + b_j): the quantile is taken of biased margins.
             q = 1.0 - self.cfg.top_k / self.cfg.n_routed
-            new_E = self.expert_bias_E - self.cfg.quantile_update_rate * self.margin_quantile(q)
+            step_E = self.margin_quantile(q)
+            if self.cfg.quantile_window_tokens > 0:
+                # η = min(1, M / W) from the loads on the device (k per token): no host read.
+                tokens = self._load_acc_E.sum() / self.cfg.top_k
+                step_E = step_E * (tokens / self.cfg.quantile_window_tokens).clamp(max=1.0)
+            new_E = self.expert_bias_E - step_E
         # No training forward since the last call (nothing loaded): the bias stays. Decided on the
         # device: a host read here would wait for the whole step on CUDA, once per layer, and leave
         # the GPU idle while the next step's first kernels are launched.

@@ -17,7 +17,8 @@ token share per kind. If `train_tail` sits near the training metric `moe/train_t
 and `heldout` does not, the gap is the data the bias was fitted to, not the model's mode or the
 measurement; the per-kind figures say which rows move the load.
 
-`--rates 1,0.1` instead trains: for each η of the quantile bias update (MoEConfig.quantile_update_rate),
+`--rates 1,0.1` instead trains: for each η of the quantile bias update (MoEConfig.quantile_window_tokens
+set to the stage's tokens per step / η, so η = min(1, M / W) is exactly that),
 stages `--train-stages` of the profile, each from the lineage's previous-stage checkpoint (stage 1
 from random weights), for `--steps` steps (0: the stage's own), and reports training-side figures only:
 the per-step load of the last 10 % of steps (each batch routed with a bias not fitted to it), the
@@ -26,12 +27,19 @@ over those same training rows (`frozen_tail`: what one frozen bias does to the r
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 python benchmarks/recipes/balance_shift.py \
         --lineage /tmp/fresh-run3/.k3 --rates 1,0.1 --train-stages 2,4 --steps 0
+
+`--replay-rates 1,0.1 --stages 2,3,4` is the cheap version on a 2-core machine: each stage's balancer
+replayed on its final weights (forward only, the stage's batches in order, the bias updated after each
+from the one the stage started with), reporting the same training-side figures plus `frozen_next`: the
+final bias over the next 32,768 tokens the stage's data stream gives after its last step (training rows
+it never saw). `--heldout` adds the held-out mixed set's load under the replayed bias.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,21 +89,14 @@ def rows_load(model, batches: StageBatches, rows: np.ndarray, zero_bias: bool, c
 def stage_figures(checkpoint: Path, data: PretrainData, heldout_sets: dict) -> dict:
     model, manifest = load_model(checkpoint, "cpu")
     model.eval()
-    pre = manifest["config"]["pretrain"]
-    resolved = manifest["config"]["resolved"]
-    cfg = PretrainConfig(**{k: pre[k] for k in ("profile", "stage", "seed", "clue_fraction", "image_fraction",
-                                                 "clue_loss")})
+    pre, resolved = manifest["config"]["pretrain"], manifest["config"]["resolved"]
     steps, bsz, seq = resolved["steps"], resolved["batch_size"], resolved["seq_len"]
-    batches = StageBatches(data, model.cfg, seq_len=seq, batch_size=bsz, seed=cfg.seed, stage=cfg.stage,
-                           clue_fraction=cfg.clue_fraction, image_fraction=cfg.image_fraction,
-                           clue_loss=cfg.clue_loss,
-                           clue_warmup_rows=min(resolved["clue_warmup_steps"], steps) * bsz)
-    batches.pack(steps * bsz)
+    batches = stage_batches(model.cfg, pre, resolved, data)
     tail_from = int(0.9 * steps)
     rows = np.arange(tail_from * bsz, steps * bsz)
     kinds = np.array(batches._rows["kind"])[rows]
     k = model.cfg.top_k
-    out = {"stage": cfg.stage, "steps": steps, "batch": [bsz, seq], "tail_steps": steps - tail_from,
+    out = {"stage": pre["stage"], "steps": steps, "batch": [bsz, seq], "tail_steps": steps - tail_from,
            "train_metric_tail": manifest.get("metrics", {}).get("moe/train_tail_load_max_over_mean"),
            "bias_by_layer": [[round(float(b), 4) for b in m.expert_bias_E] for m in model.moe_layers()]}
     for zero in (False, True):
@@ -120,13 +121,22 @@ def stage_figures(checkpoint: Path, data: PretrainData, heldout_sets: dict) -> d
     return out
 
 
-def stage_batches(model_cfg, pre: dict, resolved: dict, data: PretrainData) -> StageBatches:
+NEXT_TOKENS = 32_768
+
+
+def window_for(rate: float, tokens_per_step: int) -> int:
+    """The MoEConfig.quantile_window_tokens W that gives η = min(1, M / W) = `rate` at M tokens a step
+    (0, the overwrite, for η = 1)."""
+    return 0 if rate >= 1.0 else round(tokens_per_step / rate)
+
+
+def stage_batches(model_cfg, pre: dict, resolved: dict, data: PretrainData, extra_rows: int = 0) -> StageBatches:
     bsz, steps = resolved["batch_size"], resolved["steps"]
     batches = StageBatches(data, model_cfg, seq_len=resolved["seq_len"], batch_size=bsz, seed=pre["seed"],
                            stage=pre["stage"], clue_fraction=pre["clue_fraction"],
                            image_fraction=pre["image_fraction"], clue_loss=pre["clue_loss"],
                            clue_warmup_rows=min(resolved["clue_warmup_steps"], steps) * bsz)
-    batches.pack(steps * bsz)
+    batches.pack(steps * bsz + extra_rows)
     return batches
 
 
@@ -139,13 +149,15 @@ def rate_run(data: PretrainData, home: Path, profile: str, stage: int, rate: flo
         runs = sorted((home / "checkpoints" / profile / f"pretrain_stage_{stage - 1}").glob("*/manifest.json"),
                       key=lambda p: p.stat().st_mtime)
         init = runs[-1].parent
-    cfg = PretrainConfig(profile=profile, stage=stage, seed=0, steps=steps or None, quantile_update_rate=rate,
+    shape = PretrainConfig(profile=profile, stage=stage).resolved()
+    cfg = PretrainConfig(profile=profile, stage=stage, seed=0, steps=steps or None,
+                         quantile_window_tokens=window_for(rate, shape.batch_size * shape.seq_len),
                          ckpt_every=10**6, log_every=10**6, eval_examples_per_cell=1, eval_max_length=64,
                          eval_ppl_windows=1, eval_vqa_questions=1)
     t0 = time.perf_counter()
     result = train(cfg, data, out / f"s{stage}_rate{rate:g}", init_checkpoint=init)
     wall = time.perf_counter() - t0
-    model, manifest = load_model(result.checkpoint_dir, "cpu")
+    model, manifest = load_model(result.checkpoint_dir, "cpu")  # the frozen-bias pass on the CPU, in fp32
     model.eval()
     resolved = manifest["config"]["resolved"]
     n_steps = resolved["steps"]
@@ -166,6 +178,68 @@ def rate_run(data: PretrainData, home: Path, profile: str, stage: int, rate: flo
     return row
 
 
+@torch.no_grad()
+def replay(home: Path, profile: str, stage: int, rate: float, data: PretrainData, heldout: bool = False) -> dict:
+    """The stage's balancer replayed on its final weights: every batch of the stage in order, forward
+    only (train mode, so the statistics are gathered), the bias updated after each with rate η from
+    the bias the stage started with (the previous stage's final one; 0 for stage 1). The weights
+    stay fixed, so the figures are the balancer's alone; all on training rows."""
+    def final(s: int) -> Path:
+        return sorted((home / "checkpoints" / profile / f"pretrain_stage_{s}").glob("*/manifest.json"),
+                      key=lambda p: p.stat().st_mtime)[-1].parent
+    model, manifest = load_model(final(stage), "cpu")
+    moes = model.moe_layers()
+    start = [torch.zeros_like(m.expert_bias_E) for m in moes]
+    if stage > 1:
+        previous, _ = load_model(final(stage - 1), "cpu")
+        start = [m.expert_bias_E.clone() for m in previous.moe_layers()]
+    window = window_for(rate, manifest["config"]["resolved"]["batch_size"] * manifest["config"]["resolved"]["seq_len"])
+    for m, b in zip(moes, start):
+        m.cfg = replace(m.cfg, quantile_window_tokens=window)
+        m.expert_bias_E.copy_(b)
+    resolved = manifest["config"]["resolved"]
+    steps, bsz, seq = resolved["steps"], resolved["batch_size"], resolved["seq_len"]
+    # The stage's rows and, after them, the rows its data stream would have given next: at least
+    # `NEXT_TOKENS` training tokens the final bias was never fitted to.
+    n_next = -(-NEXT_TOKENS // seq)
+    batches = stage_batches(model.cfg, manifest["config"]["pretrain"], resolved, data, extra_rows=n_next)
+    tail_from = int(0.9 * steps)
+    model.train()
+    per_step, tail_NE = [], torch.zeros(len(moes), moes[0].cfg.n_routed, dtype=torch.float64)
+    for step in range(steps):
+        b = batches.batch(step)
+        model(b.input_ids, b.images, b.image_mask)
+        loads_NE = torch.stack([m.last_load.double() for m in moes])
+        per_step.append(float((loads_NE.max(-1).values / loads_NE.mean(-1)).mean()))
+        if step >= tail_from:
+            tail_NE += loads_NE
+        for m in moes:
+            m.update_bias()
+    model.eval()
+    rows = np.arange(tail_from * bsz, steps * bsz)
+    frozen = load_stats(rows_load(model, batches, rows, False), model.cfg.top_k)
+    following = np.arange(steps * bsz, steps * bsz + n_next)
+    after = load_stats(rows_load(model, batches, following, False), model.cfg.top_k)
+    row = {"stage": stage, "rate": rate, "steps": steps, "tail_steps": steps - tail_from,
+           "next_rows": int(n_next), "next_tokens": int(n_next * seq),
+           "frozen_next": after["load_max_over_mean"], "frozen_next_worst": after["load_max_over_mean_worst"],
+           "per_step_tail_mean": float(np.mean(per_step[tail_from:])),
+           "replay_tail": load_stats(tail_NE, model.cfg.top_k)["load_max_over_mean"],
+           "frozen_tail": frozen["load_max_over_mean"], "frozen_tail_worst": frozen["load_max_over_mean_worst"],
+           "trained_tail": manifest.get("metrics", {}).get("moe/train_tail_load_max_over_mean"),
+           "per_step_curve": [round(x, 3) for x in per_step]}
+    if heldout:
+        # Claim 2's figure with the replayed bias (`--heldout`; measured only after the change it
+        # would judge was written down, docs/log/pretrain.md 2026-12-06).
+        vision = model.cfg.vision
+        held = expert_load(model, mixed_heldout_set(data, vision.tokens_per_image if vision is not None else None))
+        row["heldout"] = held["load_max_over_mean"]
+        row["heldout_worst"] = held["load_max_over_mean_worst"]
+        row["heldout_by_kind"] = held["by_kind"]
+    print(json.dumps({k: v for k, v in row.items() if k != "per_step_curve"}), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lineage", type=Path, required=True, help="a K3_HOME with a materialized pretraining lineage")
@@ -175,17 +249,30 @@ def main() -> None:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--rates", default=None, help="train with these quantile update rates η (comma-separated)")
     ap.add_argument("--train-stages", default="2")
+    ap.add_argument("--heldout", action="store_true", help="with --replay-rates: also the held-out mixed set's "
+                    "load under the replayed bias")
+    ap.add_argument("--replay-rates", default=None, help="replay each of --stages' balancer on its final weights "
+                    "with these rates η (comma-separated)")
     ap.add_argument("--steps", type=int, default=0, help="steps per trained stage (0: the profile's)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/balance_shift_runs"))
+    ap.add_argument("--out", type=Path, default=Path(ROOT) / "benchmarks" / "results" / "recipes",
+                    help="folder of the result JSON")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = lineage_data(args.lineage, args.profile)
+    if args.replay_rates:
+        runs = [replay(args.lineage, args.profile, st, float(r), data, args.heldout)
+                for st in (int(x) for x in args.stages.split(",")) for r in args.replay_rates.split(",")]
+        out = args.out / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
+        write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
+                         "mode": "replay", "runs": runs})
+        print(out)
+        return
     if args.rates:
         runs = [rate_run(data, args.lineage, args.profile, s, float(r), args.steps, args.work)
                 for s in (int(x) for x in args.train_stages.split(","))
                 for r in args.rates.split(",")]
-        out = (Path(ROOT) / "benchmarks" / "results" / "recipes" /
-               f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json")
+        out = args.out / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
         write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
                          "steps": args.steps, "runs": runs})
         print(out)
@@ -196,7 +283,7 @@ def main() -> None:
         runs = sorted((args.lineage / "checkpoints" / args.profile / f"pretrain_stage_{s}").glob("*/manifest.json"),
                       key=lambda p: p.stat().st_mtime)
         results.append(stage_figures(runs[-1].parent, data, sets))
-    out = Path(ROOT) / "benchmarks" / "results" / "recipes" / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
+    out = args.out / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
     write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
                      "stages": results})
     print(out)

@@ -86,7 +86,7 @@ class PretrainConfig(LoopConfig):
     eval_ppl_windows: int | None = None
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
-    quantile_update_rate: float | None = None  # override the profile's η of the quantile bias update
+    quantile_window_tokens: int | None = None  # override the profile's MoEConfig.quantile_window_tokens
     # "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py); or "adamw".
     # Muon is the default: on tiny stage 1 it reached 0.26 nats lower held-out NLL than AdamW at equal
     # tokens and 0.29 at equal wall time, two seeds (benchmarks/recipes/muon_ab.py, docs/log/pretrain.md).
@@ -122,9 +122,8 @@ class PretrainConfig(LoopConfig):
         if self.balancing is not None and self.balancing not in BALANCING_MODES:
             raise ValueError(f"balancing must be one of {BALANCING_MODES} (or None for the profile's), "
                              f"got {self.balancing!r}")
-        if self.quantile_update_rate is not None and not 0.0 < self.quantile_update_rate <= 1.0:
-            raise ValueError(f"quantile_update_rate must lie in (0, 1] (1: K3's overwrite), "
-                             f"got {self.quantile_update_rate}")
+        if self.quantile_window_tokens is not None and self.quantile_window_tokens < 0:
+            raise ValueError(f"quantile_window_tokens must be ≥ 0 (0: K3's overwrite), got {self.quantile_window_tokens}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
 
@@ -132,8 +131,8 @@ class PretrainConfig(LoopConfig):
         profile = get_profile(self.profile)
         stage = profile.stages[self.stage - 1]
         model = profile.model if self.balancing is None else replace(profile.model, balancing=self.balancing)
-        if self.quantile_update_rate is not None:
-            model = replace(model, quantile_update_rate=self.quantile_update_rate)
+        if self.quantile_window_tokens is not None:
+            model = replace(model, quantile_window_tokens=self.quantile_window_tokens)
         if stage.activation_checkpointing is not None:
             model = replace(model, activation_checkpointing=stage.activation_checkpointing)
         resolved = ResolvedStage(

@@ -180,35 +180,37 @@ def test_quantile_update_gives_each_expert_k_over_n_of_a_fixed_batch(method):
     assert moe.expert_bias_E[:4].max() < moe.expert_bias_E[4:].min()
 
 
-def test_damped_quantile_update_is_eta_times_the_solved_step():
-    # From a zero bias one update with rate η is η times the overwrite's (recentring is linear).
+def test_windowed_quantile_update_is_tokens_over_window_times_the_solved_step():
+    # From a zero bias one update over M tokens with window W is min(1, M/W) times the overwrite's
+    # (recentring is linear); a window no longer than the step is the overwrite itself.
     steps = {}
-    for rate in (1.0, 0.25):
-        moe, sample = skewed_moe("quantile", seed=3, quantile_update_rate=rate)
+    for window in (0, 8192, 1024):
+        moe, sample = skewed_moe("quantile", seed=3, quantile_window_tokens=window)
         with torch.no_grad():
             torch.manual_seed(11)
             moe(sample(2048))
             moe.update_bias()
-        steps[rate] = moe.expert_bias_E.clone()
-    torch.testing.assert_close(steps[0.25], 0.25 * steps[1.0], rtol=1e-5, atol=1e-7)
-    assert steps[1.0].abs().max() > 0.05
+        steps[window] = moe.expert_bias_E.clone()
+    torch.testing.assert_close(steps[8192], 0.25 * steps[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(steps[1024], steps[0], rtol=0, atol=0)
+    assert steps[0].abs().max() > 0.05
 
 
-def test_damped_quantile_bias_generalizes_from_small_batches():
-    """Batches of 64 tokens: the overwrite leaves the last batch's sampling noise in the bias, the
-    damped update averages it over ≈ 1/η batches, so a fresh large batch is routed more evenly
-    (three seeds: 1.18–1.19 against 1.12–1.14 when written)."""
-    loads: dict[float, list[float]] = {1.0: [], 0.1: []}
+def test_windowed_quantile_bias_generalizes_from_small_batches():
+    """Batches of 64 tokens: the overwrite leaves the last batch's sampling noise in the bias, a
+    640-token window (η = 0.1) averages it over ≈ 10 batches, so a fresh large batch is routed more
+    evenly (three seeds: 1.18–1.19 against 1.12–1.14 when written)."""
+    loads: dict[int, list[float]] = {0: [], 640: []}
     for seed in range(3):
-        for rate in loads:
-            moe, sample = skewed_moe("quantile", seed=seed, quantile_update_rate=rate)
+        for window in loads:
+            moe, sample = skewed_moe("quantile", seed=seed, quantile_window_tokens=window)
             torch.manual_seed(100 + seed)
             balance_trace(moe, sample, 300, n_tokens=64)
             with torch.no_grad():
                 moe(sample(32768))
-            loads[rate].append(moe.load_max_over_mean())
-    mean = {rate: sum(v) / len(v) for rate, v in loads.items()}
-    assert mean[0.1] < mean[1.0] - 0.02 and max(loads[0.1]) < 1.2, loads
+            loads[window].append(moe.load_max_over_mean())
+    mean = {w: sum(v) / len(v) for w, v in loads.items()}
+    assert mean[640] < mean[0] - 0.02 and max(loads[640]) < 1.2, loads
 
 
 def test_quantile_histogram_and_exact_agree():
@@ -332,9 +334,8 @@ def test_bad_configs_raise():
         LatentMoE(small_cfg(balancing="auxloss"))
     with pytest.raises(ValueError, match="quantile_method"):
         LatentMoE(small_cfg(), quantile_method="median")
-    for rate in (0.0, -0.1, 1.5):
-        with pytest.raises(ValueError, match=r"quantile_update_rate must lie in \(0, 1\]"):
-            LatentMoE(small_cfg(quantile_update_rate=rate))
+    with pytest.raises(ValueError, match="quantile_window_tokens must be ≥ 0"):
+        LatentMoE(small_cfg(quantile_window_tokens=-1))
     with pytest.raises(ValueError, match="latent_dim"):
         LatentMoE(small_cfg(qat=True, latent_dim=48))
     with pytest.raises(ValueError, match="expert_hidden"):
