@@ -33,6 +33,9 @@ replayed on its final weights (forward only, the stage's batches in order, the b
 from the one the stage started with), reporting the same training-side figures plus `frozen_next`: the
 final bias over the next 32,768 tokens the stage's data stream gives after its last step (training rows
 it never saw). `--heldout` adds the held-out mixed set's load under the replayed bias.
+
+`--arms` trains the `balancing_ablation` asset's two arms on the lineage's data outside Dagster and
+measures their held-out load (claim 2's "without balancing" at tiny) and each arm's wall time.
 """
 
 from __future__ import annotations
@@ -240,6 +243,34 @@ def replay(home: Path, profile: str, stage: int, rate: float, data: PretrainData
     return row
 
 
+def arms_run(data: PretrainData, profile: str, out: Path, steps: int | None) -> dict:
+    """The balancing_ablation asset's two arms (k3model.train.pretrain.balancing_arms) trained one after
+    the other in this process, each final checkpoint's held-out load with and without its bias, and
+    each arm's wall time."""
+    import time
+
+    from k3model.train.expert_load import checkpoint_expert_load, flat_metrics
+    from k3model.train.pretrain import balancing_arms, train
+    rows = {}
+    held_set = None
+    for arm, cfg in balancing_arms(profile, steps=steps).items():
+        t0 = time.perf_counter()
+        result = train(cfg, data, out / f"arm_{arm}")
+        wall = time.perf_counter() - t0
+        model, _ = load_model(result.checkpoint_dir, "cpu")
+        if held_set is None:
+            vision = model.cfg.vision
+            held_set = mixed_heldout_set(data, vision.tokens_per_image if vision is not None else None)
+        t1 = time.perf_counter()
+        measured = checkpoint_expert_load(model, held_set)
+        rows[arm] = {"steps": cfg.steps, "train_wall_s": wall, "heldout_wall_s": time.perf_counter() - t1,
+                     **flat_metrics(measured), "by_kind": measured["with_bias"]["by_kind"],
+                     **{k: v for k, v in result.eval.items() if k.startswith("moe/") or k == "eval/ppl"},
+                     "load_curve": [round(h["moe/load_max_over_mean"], 3) for h in result.history]}
+        print(json.dumps({k: v for k, v in rows[arm].items() if k != "load_curve"}), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lineage", type=Path, required=True, help="a K3_HOME with a materialized pretraining lineage")
@@ -249,6 +280,8 @@ def main() -> None:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--rates", default=None, help="train with these quantile update rates η (comma-separated)")
     ap.add_argument("--train-stages", default="2")
+    ap.add_argument("--arms", action="store_true", help="train the balancing_ablation asset's two arms on the "
+                    "lineage's data (--steps: per arm, 0: the profile's BALANCING_ARM_STEPS)")
     ap.add_argument("--heldout", action="store_true", help="with --replay-rates: also the held-out mixed set's "
                     "load under the replayed bias")
     ap.add_argument("--replay-rates", default=None, help="replay each of --stages' balancer on its final weights "
@@ -260,6 +293,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     data = lineage_data(args.lineage, args.profile)
+    if args.arms:
+        runs = arms_run(data, args.profile, args.work, args.steps or None)
+        out = args.out / f"{run_header()['date'][:10]}_{args.label}_{args.profile}.json"
+        write_json(out, {"header": run_header(args.commit), "lineage": str(args.lineage), "profile": args.profile,
+                         "mode": "arms", "arms": runs})
+        print(out)
+        return
     if args.replay_rates:
         runs = [replay(args.lineage, args.profile, st, float(r), data, args.heldout)
                 for st in (int(x) for x in args.stages.split(",")) for r in args.replay_rates.split(",")]
