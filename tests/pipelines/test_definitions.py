@@ -8,7 +8,8 @@ from pipelines.definitions import defs
 from pipelines.resources import default_profile
 
 DATA = {"corpus", "tokenizer", "clue_data", "image_data"}
-PRETRAIN = {"pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model"}
+PRETRAIN = {"pretrain_stage_1", "pretrain_stage_2", "pretrain_stage_3", "pretrain_stage_4", "base_model",
+            "balancing_ablation"}
 POSTTRAIN = {"sft_data", "sft_policy", "rl_tasks", "rl_specialist"}
 DISTILL = {"mopd_student", "cross_harness"}
 DEPLOY = {"quantized_student", "draft_model", "served_model"}
@@ -46,7 +47,7 @@ def test_lineage_stays_within_a_profile_and_draws_no_implied_edge():
              "pretrain_stage_4", "base_model", "sft_policy", "rl_tasks", "rl_specialist", "mopd_student",
              "quantized_student", "draft_model"]
     side = {"image_data": set(), "sft_data": {"tokenizer"}, "cross_harness": {"sft_policy"},
-            "served_model": {"draft_model"}}
+            "served_model": {"draft_model"}, "balancing_ablation": {"clue_data", "image_data"}}
     for p in PROFILES:
         for up, down in zip(chain, chain[1:]):
             assert up in parents(p, down), (up, down)
@@ -54,7 +55,8 @@ def test_lineage_stays_within_a_profile_and_draws_no_implied_edge():
         assert parents(p, "sft_policy") == {"base_model", "sft_data"}
         assert all(len(parents(p, down)) == 1 for down in chain[1:] if down not in ("pretrain_stage_1", "sft_policy"))
         assert all(parents(p, n) == want for n, want in side.items())
-        assert parents(p, "report") == {"draft_model", "cross_harness"}
+        # balancing_ablation (claim 2's arms) sits beside stage 1 and feeds only the report.
+        assert parents(p, "report") == {"draft_model", "cross_harness", "balancing_ablation"}
         # checkpoint_evals keeps every stage: the report reads the stage versions it recorded.
         assert parents(p, "checkpoint_evals") == {f"pretrain_stage_{s}" for s in range(1, 5)}
 
