@@ -162,9 +162,11 @@ def expert_load(model: K3Model, heldout: MixedSet, device: str = "cpu", zero_bia
 
 
 def checkpoint_expert_load(model: K3Model, heldout: MixedSet, device: str = "cpu") -> dict:
-    """`expert_load` with the checkpoint's bias and with it zeroed: {"with_bias": …, "bias_zeroed": …}."""
+    """`expert_load` with the checkpoint's bias and with it zeroed: {"with_bias": …, "bias_zeroed": …}
+    (one pass where every bias is already 0, as in a model trained with `balancing: none`)."""
     with_bias = expert_load(model, heldout, device)
-    zeroed = expert_load(model, heldout, device, zero_bias=True)
+    unbiased = all(bool((m.expert_bias_E == 0).all()) for m in model.moe_layers())
+    zeroed = with_bias if unbiased else expert_load(model, heldout, device, zero_bias=True)
     return {"with_bias": with_bias, "bias_zeroed": zeroed}
 
 

@@ -46,6 +46,12 @@ def test_a_planted_bias_shows_and_the_zeroed_arm_removes_it():
     assert measured["bias_zeroed"]["load_max_over_mean"] == pytest.approx(plain["load_max_over_mean"])
     assert measured["with_bias"]["tokens"] == 3 * 4 * 64
     assert all(float(m.expert_bias_E[0]) == 10.0 for m in model.moe_layers())  # restored
+    # A model with every bias at 0 (trained with balancing none): one pass serves both arms.
+    for m in model.moe_layers():
+        m.expert_bias_E.zero_()
+    unbiased = checkpoint_expert_load(model, heldout)
+    assert unbiased["bias_zeroed"] == unbiased["with_bias"]
+    assert unbiased["with_bias"]["load_max_over_mean"] == pytest.approx(plain["load_max_over_mean"])
 
 
 def test_dead_experts_are_counted():
