@@ -181,6 +181,9 @@ class StageConfig:
     # Activation checkpointing in this stage; None: the model's setting. A memory knob (the same
     # gradients), set per stage because short rows need far less activation memory than long ones.
     activation_checkpointing: bool | None = None
+    # MoEConfig.quantile_window_tokens in this stage; None: the model's. Per stage because a router
+    # trained from random weights drifts faster than a window can follow (docs/log/pretrain.md 2026-12-06).
+    quantile_window_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,9 +248,6 @@ def _tiny() -> Profile:
         attn_res_block=2, mtp_depth=1, mtp_loss_weight=0.3,
         vision=VisionConfig(image_size=32, patch_size=8, d_model=64, n_layers=2, n_heads=4,
                             mlp_hidden=128),
-        # A step is 2,048–8,192 tokens of 1–32 rows: the balancing bias averages ≈ 32K tokens of
-        # solutions instead of keeping the last step's (k3model/moe.py; docs/log/pretrain.md 2026-12-06).
-        quantile_window_tokens=32_768,
     )
     # 1 : 8 : 32 : 128, as 8K : 64K : 256K : 1M in K3. 64 → 8K rather than 128 → 16K: the gated MLA
     # layer's T² attention makes one 16K forward cost ~6× an 8K one on a 2-core CPU.
@@ -256,9 +256,14 @@ def _tiny() -> Profile:
     # end on one (d0–32 accuracy 0.2–0.3), leaving the learning to the mixed steps, which are fragile.
     # The 600 mixed steps after them (16 clue rows a step) warm up again to a third of the peak lr.
     # Stage 2 (2 clue rows a step at 512) gets 250 steps to learn the longer distances (docs/log/tiny.md).
+    # Stages 2–4 start from a trained router and step 2,048–8,192 tokens of 1–4 rows: the balancing
+    # bias averages ≈ 32K tokens of quantile solutions instead of keeping the last step's; stage 1's
+    # router, from random weights, drifts too fast for that and keeps K3's overwrite (docs/log/pretrain.md).
+    window = 32_768
     stages = (StageConfig(64, 1300, 32, 3e-3, clue_warmup_steps=700, mixed_lr=1e-3),
-              StageConfig(512, 250, 4, 2e-3),
-              StageConfig(2048, 30, 2, 1e-3), StageConfig(8192, 8, 1, 5e-4))
+              StageConfig(512, 250, 4, 2e-3, quantile_window_tokens=window),
+              StageConfig(2048, 30, 2, 1e-3, quantile_window_tokens=window),
+              StageConfig(8192, 8, 1, 5e-4, quantile_window_tokens=window))
     return Profile(name="tiny", model=model, stages=stages)
 
 

@@ -141,6 +141,15 @@ def test_balancing_arms_differ_only_in_balancing_and_refuse_bad_values():
         balancing_arms("smoke", steps=5)
 
 
+def test_quantile_window_is_the_stages_unless_overridden():
+    # tiny: stage 1 keeps K3's overwrite (a router from random weights drifts faster than a window
+    # follows), stages 2–4 average ≈ 32K tokens (docs/log/pretrain.md 2026-12-06).
+    assert [PretrainConfig(profile="tiny", stage=s).resolved().model.quantile_window_tokens
+            for s in (1, 2, 3, 4)] == [0, 32_768, 32_768, 32_768]
+    assert PretrainConfig(profile="tiny", stage=3, quantile_window_tokens=0).resolved().model.quantile_window_tokens == 0
+    assert PretrainConfig(profile="tiny", stage=1, quantile_window_tokens=4096).resolved().model.moe().quantile_window_tokens == 4096
+
+
 def test_missing_data_says_which_asset_to_materialize(tmp_path):
     with pytest.raises(ValueError, match="tokenizer_path.*materialize"):
         PretrainData(tmp_path / "nope.json", tmp_path, tmp_path, tmp_path)
