@@ -18,6 +18,20 @@ write_constant's call format and file right but copied the function's name, its 
 operator wrong (3 % pass at low effort, docs/log/rl.md, 2026-12-02); the number has three digits, so
 no fixed guess passes more than one task in 900.
 
+Held out in content: the RL ladder evaluates a specialist on ≥ 256 tasks whose instructions differ
+from its ≥ 256 RL prompts (k3model.train.ladder.heldout_tasks), so a rung needs ≥ 512 distinct
+instructions. slack_ping and write_constant / write_answer draw theirs from a grid of N cells
+
+    slack_ping:      word (128: WORDS then PING_WORDS) × channel (8: PING_CHANNELS)        N = 1,024
+    write_constant:  name (5) × kind (4: k, x + k, x − k, x · k) × k ∈ [2, 999]            N = 19,960
+    write_answer:    write_constant with one name                                          N = 3,992
+
+and a seed picks cell π(seed mod N), π a fixed pseudo-random permutation of range(N)
+(`grid_point`): any N consecutive seeds give N different instructions (random draws would repeat
+one in 256 seeds with probability 1 − e^(−256²/2N), 1.00 at N = 1,024), and every cell is as likely.
+The rest of a task (the filler world, the hidden tests' arguments) still comes from
+random.Random(seed).
+
 The verifiers are the ones of the families they shrink (general.py's answer check with the
 unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
 loosened. The words are drawn from a list disjoint from what the random policy of envs.experts
@@ -27,6 +41,8 @@ writes, and the numbers have three digits, so a random or empty policy scores 0
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 
 from envs.actions import AppCall, Finish, Write
@@ -39,6 +55,43 @@ from envs.tasks.general import FINISH_NOTE, _answer_goal
 
 WORDS = ("falcon", "maple", "cobalt", "river", "orbit", "lantern", "quartz", "meadow", "harbor", "ember",
          "glacier", "violet", "summit", "copper", "willow", "thunder", "saffron", "pebble", "canyon", "juniper")
+
+
+# slack_ping's words beyond echo_word's: nouns of the same make (3–5 tokens of the tiny tokenizer in a
+# call's `"text": "…"`, as WORDS), none of them a string envs.experts.RandomPolicy writes.
+PING_WORDS = (
+    "acorn", "amber", "apricot", "aspen", "badger", "bamboo", "basil", "beacon", "birch", "bison", "blossom",
+    "breeze", "bronze", "cactus", "candle", "cedar", "cherry", "cinder", "clover", "comet", "coral", "cotton",
+    "crystal", "cypress", "dahlia", "desert", "dolphin", "dune", "eagle", "elm", "fern", "fjord", "forest",
+    "fossil", "garnet", "gecko", "ginger", "granite", "grove", "hazel", "heron", "honey", "horizon", "iris",
+    "ivory", "jade", "jasmine", "kestrel", "lagoon", "lemon", "lilac", "lotus", "magnet", "mango", "marble",
+    "meteor", "mint", "moss", "nectar", "nutmeg", "oasis", "ocean", "olive", "onyx", "opal", "orchid", "otter",
+    "panda", "papaya", "pepper", "pine", "plum", "pollen", "poppy", "puffin", "quill", "raven", "reef", "ruby",
+    "sable", "salmon", "sapphire", "shadow", "silver", "sparrow", "spruce", "starling", "storm", "sunset",
+    "thistle", "tiger", "timber", "topaz", "tulip", "tundra", "valley", "velvet", "walnut", "walrus", "wheat",
+    "zebra", "zephyr", "yarrow", "lynx", "cobra", "condor", "magpie", "nickel")
+# The filler world's three channels (worldgen.CHANNELS[:3]) first, then five that slack_ping adds.
+PING_CHANNELS = tuple(name for name, _ in wg.CHANNELS) + ("design", "sales", "support")
+_PING_TOPICS = {"design": "Design reviews", "sales": "Sales pipeline", "support": "Customer support"}
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation(salt: str, n: int) -> tuple[int, ...]:
+    return tuple(random.Random(f"{salt}/{n}").sample(range(n), n))
+
+
+def grid_point(salt: str, seed: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The seed's cell (one index per axis, the first axis varying fastest) of a grid of
+    N = Π sizes: π(seed mod N) in mixed radix, π a permutation of range(N) fixed by `salt` and N.
+    Injective on any N consecutive seeds."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"grid sizes must be ≥ 1 per axis, got {sizes}")
+    i = _permutation(salt, math.prod(sizes))[seed % math.prod(sizes)]
+    out = []
+    for size in sizes:
+        i, digit = divmod(i, size)
+        out.append(digit)
+    return tuple(out)
 
 
 class _AnswerFamily(Family):
@@ -93,8 +146,12 @@ class SlackPing(SlackPost):
         rng = random.Random(seed)
         ids = wg.Ids()
         w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
-        channel = rng.choice(sorted(w.slack.channels))
-        text = rng.choice(WORDS)
+        # Every world has all eight channels, so the one named is never the only one added.
+        for name, topic in [*wg.CHANNELS[3:], *_PING_TOPICS.items()]:
+            w.slack.add_channel(name, topic)
+        words = WORDS + PING_WORDS
+        word_i, channel_i = grid_point(self.name, seed, (len(words), len(PING_CHANNELS)))
+        channel, text = PING_CHANNELS[channel_i], words[word_i]
         spec = {"world": w.to_json(), "channel": channel, "text": text}
         t = Task(self.name, seed, self.domain, self.difficulty,
                  f'Post the word "{text}" in the #{channel} Slack channel.', ToolSet(apps=("slack",),
@@ -105,24 +162,27 @@ class SlackPing(SlackPost):
 class WriteConstant(CodingFamily):
     name = "write_constant"
     difficulty = "easy"
-    description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
+    description = "Write solution.py with a one-line function: a constant, or its argument plus, minus or times k."
     names = ("value", "answer", "result", "magic", "score")
+    operators = {"+": "plus", "-": "minus", "*": "times"}
+    k_range = (2, 999)
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(seed)
-        name = rng.choice(self.names)
-        k = rng.randint(2, 99)
-        kind = rng.randrange(3)
+        lo, hi = self.k_range
+        name_i, kind, k_i = grid_point(self.name, seed, (len(self.names), 1 + len(self.operators), hi - lo + 1))
+        name, k = self.names[name_i], lo + k_i
         if kind == 0:
             instruction, params, body, cases = (f"returns the number {k}", "", f"return {k}",
                                                 [case("test_solution_hidden::test_1", f"from solution import {name}",
                                                       f"{name}()", k)])
         else:
-            op = "+" if kind == 1 else "*"
-            instruction = f"returns x {'plus' if op == '+' else 'times'} {k}"
+            op = list(self.operators)[kind - 1]
+            instruction = f"returns x {self.operators[op]} {k}"
             params, body = "x", f"return x {op} {k}"
+            value = {"+": lambda x: x + k, "-": lambda x: x - k, "*": lambda x: x * k}[op]
             cases = [case(f"test_solution_hidden::test_{i + 1}", f"from solution import {name}", f"{name}({x})",
-                          x + k if op == "+" else x * k) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
+                          value(x)) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
         text = (f"Create a file solution.py that defines {name}({params}), a function that {instruction}. "
                 "Hidden tests will check it.")
         return self._finish_task(seed, text, {}, cases, [], {"source": f"def {name}({params}):\n    {body}\n"})
@@ -133,7 +193,7 @@ class WriteConstant(CodingFamily):
 
 class WriteAnswer(WriteConstant):
     name = "write_answer"
-    description = "write_constant with the function always named answer: a constant, or x plus or times k."
+    description = "write_constant with the function always named answer: a constant, or x plus, minus or times k."
     names = ("answer",)
 
 

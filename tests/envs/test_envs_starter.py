@@ -9,7 +9,7 @@ from envs.adversarial import ATTACKS, host, run_attack
 from envs.experts import random_policy
 from envs.rollout import rollout
 from envs.tasks import generate, get_family
-from envs.tasks.starter import FAMILIES, WORDS
+from envs.tasks.starter import FAMILIES, PING_CHANNELS, PING_WORDS, WORDS, grid_point
 
 STARTERS = [f.name for f in FAMILIES]
 
@@ -94,13 +94,69 @@ def test_write_answer_is_write_constant_named_answer():
         t = generate("write_answer", seed)
         assert "defines answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
         kinds.add(t.spec["source"].split("return ")[1].split()[1] if " x " in t.spec["source"] else "constant")
-    assert kinds == {"constant", "+", "*"}  # write_constant's three kinds, only the name fixed
+    assert kinds == {"constant", "+", "-", "*"}  # write_constant's four kinds, only the name fixed
     t = generate("write_answer", 0)
     assert _play("write_answer", wa.solution(t), t)[0] == 1.0
     # The right body under write_constant's other names fails the hidden test's import.
     reward, info = _play("write_answer", [Write("solution.py", t.spec["source"].replace("answer", "value")), Finish()], t)
     assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0
     assert wc.names != wa.names and wa.verify.__func__ is wc.verify.__func__  # the same verifier
+
+
+# The rungs the tiny ladder selects for general_agents and coding_agents: a specialist is scored on
+# ≥ 256 held-out tasks whose instructions differ from its ≥ 256 RL prompts (k3model.train.ladder).
+WIDENED = ("slack_ping", "write_constant", "write_answer")
+
+
+@pytest.mark.parametrize("family", WIDENED)
+def test_512_seeds_give_512_distinct_instructions(family):
+    assert len({generate(family, s).instruction for s in range(512)}) >= 512
+    # Held-out seeds (the ladder's EVAL_SEED_BASE = 500,000 on) hold ≥ 256 instructions no RL seed
+    # 0–255 has: the 256 prompts take 256 of the grid's cells, whichever seeds they come from.
+    rl = {generate(family, s).instruction for s in range(256)}
+    held = {generate(family, 500_000 + s).instruction for s in range(768)}
+    assert len(held - rl) >= 256
+
+
+def test_grid_point_visits_every_cell_once_per_period():
+    sizes = (3, 4, 5)
+    cells = [grid_point("t", s, sizes) for s in range(60)]
+    assert len(set(cells)) == 60  # every cell once in N = 60 consecutive seeds
+    assert all(0 <= a < 3 and 0 <= b < 4 and 0 <= c < 5 for a, b, c in cells)
+    assert [grid_point("t", s + 60, sizes) for s in range(60)] == cells  # period N
+    assert [grid_point("u", s, sizes) for s in range(60)] != cells  # the salt picks the order
+    with pytest.raises(ValueError, match="≥ 1 per axis"):
+        grid_point("t", 0, (3, 0))
+
+
+def test_slack_ping_names_a_channel_of_its_world_and_a_word_no_random_call_writes():
+    from envs.experts import WORDS as RANDOM_WORDS
+    assert len(set(WORDS + PING_WORDS)) == len(WORDS + PING_WORDS) == 128 and len(set(PING_CHANNELS)) == 8
+    random_strings = set(RANDOM_WORDS) | {"m0001", "n0001", "c101", "a001", "general", "hello"}
+    assert not random_strings & set(WORDS + PING_WORDS)
+    words, channels = set(), set()
+    for seed in range(64):
+        t = generate("slack_ping", seed)
+        world_channels = {c["name"] for c in t.spec["world"]["slack"]["channels"]}
+        assert world_channels == set(PING_CHANNELS) and t.spec["channel"] in world_channels
+        words.add(t.spec["text"])
+        channels.add(t.spec["channel"])
+    assert channels == set(PING_CHANNELS) and len(words) > 40
+    # A word of the old 20-word list in place of a new one fails; the named word passes.
+    t = next(generate("slack_ping", s) for s in range(64) if generate("slack_ping", s).spec["text"] in PING_WORDS)
+    old = AppCall("slack", "post", {"channel": t.spec["channel"], "text": WORDS[0]})
+    assert _play("slack_ping", [old, Finish()], t)[0] == 0.0
+    right = AppCall("slack", "post", {"channel": t.spec["channel"], "text": t.spec["text"]})
+    assert _play("slack_ping", [right, Finish()], t)[0] == 1.0
+
+
+def test_write_answer_minus_takes_minus_not_plus():
+    t = next(generate("write_answer", s) for s in range(64) if " - " in generate("write_answer", s).spec["source"])
+    assert "minus" in t.instruction
+    assert _play("write_answer", get_family("write_answer").solution(t), t)[0] == 1.0
+    for wrong in (t.spec["source"].replace(" - ", " + "), t.spec["source"].replace("x - ", "-x + ")):
+        reward, info = _play("write_answer", [Write("solution.py", wrong), Finish()], t)
+        assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] < info["verifier"]["details"]["hidden_total"]
 
 
 @pytest.fixture(scope="module")
