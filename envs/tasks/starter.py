@@ -18,19 +18,22 @@ write_constant's call format and file right but copied the function's name, its 
 operator wrong (3 % pass at low effort, docs/log/rl.md, 2026-12-02); the number has three digits, so
 no fixed guess passes more than one task in 900.
 
-Held out in content: the RL ladder evaluates a specialist on ≥ 256 tasks whose instructions differ
+Held out in instruction: the RL ladder scores a specialist on ≥ 256 tasks whose instructions differ
 from its ≥ 256 RL prompts (k3model.train.ladder.heldout_tasks), so a rung needs ≥ 512 distinct
 instructions. slack_ping and write_constant / write_answer draw theirs from a grid of N cells
 
-    slack_ping:      word (128: WORDS then PING_WORDS) × channel (8: PING_CHANNELS)        N = 1,024
-    write_constant:  name (5) × kind (4: k, x + k, x − k, x · k) × k ∈ [2, 999]            N = 19,960
-    write_answer:    write_constant with one name                                          N = 3,992
+    slack_ping:      word (20: WORDS) × channel (3) × phrasing (10: PING_PHRASINGS)         N = 600
+    write_constant:  name (5) × kind (3: k, x + k, x · k) × k ∈ [2, 99] × phrasing (3)      N = 4,410
+    write_answer:    write_constant with one name                                          N = 882
 
 and a seed picks cell π(seed mod N), π a fixed pseudo-random permutation of range(N)
 (`grid_point`): any N consecutive seeds give N different instructions (random draws would repeat
-one in 256 seeds with probability 1 − e^(−256²/2N), 1.00 at N = 1,024), and every cell is as likely.
+one in 256 seeds with probability 1 − e^(−256²/2N), 1.00 at N = 600), and every cell is as likely.
 The rest of a task (the filler world, the hidden tests' arguments) still comes from
-random.Random(seed).
+random.Random(seed). The widening is in the wording, not in the words, channels or numbers: the tiny
+SFT policy has learned WORDS, the three channels and two-digit numbers as lists, and on new ones
+(128 words, 8 channels, k up to 999) it wrote an old one (slack_ping pass@1 0.32 → 0.02,
+write_answer 0.56 → 0.09: docs/log/envs.md, 2026-12-06).
 
 The verifiers are the ones of the families they shrink (general.py's answer check with the
 unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
@@ -57,22 +60,24 @@ WORDS = ("falcon", "maple", "cobalt", "river", "orbit", "lantern", "quartz", "me
          "glacier", "violet", "summit", "copper", "willow", "thunder", "saffron", "pebble", "canyon", "juniper")
 
 
-# slack_ping's words beyond echo_word's: nouns of the same make (3–5 tokens of the tiny tokenizer in a
-# call's `"text": "…"`, as WORDS), none of them a string envs.experts.RandomPolicy writes.
-PING_WORDS = (
-    "acorn", "amber", "apricot", "aspen", "badger", "bamboo", "basil", "beacon", "birch", "bison", "blossom",
-    "breeze", "bronze", "cactus", "candle", "cedar", "cherry", "cinder", "clover", "comet", "coral", "cotton",
-    "crystal", "cypress", "dahlia", "desert", "dolphin", "dune", "eagle", "elm", "fern", "fjord", "forest",
-    "fossil", "garnet", "gecko", "ginger", "granite", "grove", "hazel", "heron", "honey", "horizon", "iris",
-    "ivory", "jade", "jasmine", "kestrel", "lagoon", "lemon", "lilac", "lotus", "magnet", "mango", "marble",
-    "meteor", "mint", "moss", "nectar", "nutmeg", "oasis", "ocean", "olive", "onyx", "opal", "orchid", "otter",
-    "panda", "papaya", "pepper", "pine", "plum", "pollen", "poppy", "puffin", "quill", "raven", "reef", "ruby",
-    "sable", "salmon", "sapphire", "shadow", "silver", "sparrow", "spruce", "starling", "storm", "sunset",
-    "thistle", "tiger", "timber", "topaz", "tulip", "tundra", "valley", "velvet", "walnut", "walrus", "wheat",
-    "zebra", "zephyr", "yarrow", "lynx", "cobra", "condor", "magpie", "nickel")
-# The filler world's three channels (worldgen.CHANNELS[:3]) first, then five that slack_ping adds.
-PING_CHANNELS = tuple(name for name, _ in wg.CHANNELS) + ("design", "sales", "support")
-_PING_TOPICS = {"design": "Design reviews", "sales": "Sales pipeline", "support": "Customer support"}
+# How slack_ping and write_constant / write_answer say their task: the first is the one the families
+# had alone. Every phrasing names the same parts (word and channel; name, signature and body), in
+# another order or wording, so the copy is the same skill.
+PING_PHRASINGS = (
+    'Post the word "{word}" in the #{channel} Slack channel.',
+    'In the #{channel} Slack channel, post the word "{word}".',
+    'Post "{word}" in #{channel} on Slack.',
+    'Send the word "{word}" to the #{channel} channel on Slack.',
+    'Please post the word "{word}" in #{channel}.',
+    'On Slack, post "{word}" to the #{channel} channel.',
+    'Write the word "{word}" as a message in the #{channel} Slack channel.',
+    'Post a message in the #{channel} Slack channel that says "{word}".',
+    'The #{channel} Slack channel needs the word "{word}": post it there.',
+    'Post one word in the #{channel} Slack channel: "{word}".')
+WRITE_PHRASINGS = (
+    "Create a file solution.py that defines {signature}, a function that {does}. Hidden tests will check it.",
+    "Write solution.py with a function {signature} that {does}. Hidden tests will check it.",
+    "In a new file solution.py, define {signature} so that it {does}. Hidden tests will check it.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,15 +151,12 @@ class SlackPing(SlackPost):
         rng = random.Random(seed)
         ids = wg.Ids()
         w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
-        # Every world has all eight channels, so the one named is never the only one added.
-        for name, topic in [*wg.CHANNELS[3:], *_PING_TOPICS.items()]:
-            w.slack.add_channel(name, topic)
-        words = WORDS + PING_WORDS
-        word_i, channel_i = grid_point(self.name, seed, (len(words), len(PING_CHANNELS)))
-        channel, text = PING_CHANNELS[channel_i], words[word_i]
+        channels = sorted(w.slack.channels)
+        word_i, channel_i, say_i = grid_point(self.name, seed, (len(WORDS), len(channels), len(PING_PHRASINGS)))
+        channel, text = channels[channel_i], WORDS[word_i]
         spec = {"world": w.to_json(), "channel": channel, "text": text}
         t = Task(self.name, seed, self.domain, self.difficulty,
-                 f'Post the word "{text}" in the #{channel} Slack channel.', ToolSet(apps=("slack",),
+                 PING_PHRASINGS[say_i].format(word=text, channel=channel), ToolSet(apps=("slack",),
                  only=("slack.list_channels", "slack.post")), 0, 0, spec)
         return budget(t, 2)
 
@@ -162,15 +164,16 @@ class SlackPing(SlackPost):
 class WriteConstant(CodingFamily):
     name = "write_constant"
     difficulty = "easy"
-    description = "Write solution.py with a one-line function: a constant, or its argument plus, minus or times k."
+    description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
     names = ("value", "answer", "result", "magic", "score")
-    operators = {"+": "plus", "-": "minus", "*": "times"}
-    k_range = (2, 999)
+    operators = {"+": "plus", "*": "times"}
+    k_range = (2, 99)
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(seed)
         lo, hi = self.k_range
-        name_i, kind, k_i = grid_point(self.name, seed, (len(self.names), 1 + len(self.operators), hi - lo + 1))
+        name_i, kind, k_i, say_i = grid_point(self.name, seed, (len(self.names), 1 + len(self.operators),
+                                                                 hi - lo + 1, len(WRITE_PHRASINGS)))
         name, k = self.names[name_i], lo + k_i
         if kind == 0:
             instruction, params, body, cases = (f"returns the number {k}", "", f"return {k}",
@@ -180,11 +183,10 @@ class WriteConstant(CodingFamily):
             op = list(self.operators)[kind - 1]
             instruction = f"returns x {self.operators[op]} {k}"
             params, body = "x", f"return x {op} {k}"
-            value = {"+": lambda x: x + k, "-": lambda x: x - k, "*": lambda x: x * k}[op]
+            value = {"+": lambda x: x + k, "*": lambda x: x * k}[op]
             cases = [case(f"test_solution_hidden::test_{i + 1}", f"from solution import {name}", f"{name}({x})",
                           value(x)) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
-        text = (f"Create a file solution.py that defines {name}({params}), a function that {instruction}. "
-                "Hidden tests will check it.")
+        text = WRITE_PHRASINGS[say_i].format(signature=f"{name}({params})", does=instruction)
         return self._finish_task(seed, text, {}, cases, [], {"source": f"def {name}({params}):\n    {body}\n"})
 
     def solution(self, task):
@@ -193,7 +195,7 @@ class WriteConstant(CodingFamily):
 
 class WriteAnswer(WriteConstant):
     name = "write_answer"
-    description = "write_constant with the function always named answer: a constant, or x plus, minus or times k."
+    description = "write_constant with the function always named answer: a constant, or x plus or times k."
     names = ("answer",)
 
 

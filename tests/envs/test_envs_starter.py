@@ -9,7 +9,7 @@ from envs.adversarial import ATTACKS, host, run_attack
 from envs.experts import random_policy
 from envs.rollout import rollout
 from envs.tasks import generate, get_family
-from envs.tasks.starter import FAMILIES, PING_CHANNELS, PING_WORDS, WORDS, grid_point
+from envs.tasks.starter import FAMILIES, PING_PHRASINGS, WORDS, WRITE_PHRASINGS, grid_point
 
 STARTERS = [f.name for f in FAMILIES]
 
@@ -92,9 +92,9 @@ def test_write_answer_is_write_constant_named_answer():
     kinds = set()
     for seed in range(40):
         t = generate("write_answer", seed)
-        assert "defines answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
+        assert " answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
         kinds.add(t.spec["source"].split("return ")[1].split()[1] if " x " in t.spec["source"] else "constant")
-    assert kinds == {"constant", "+", "-", "*"}  # write_constant's four kinds, only the name fixed
+    assert kinds == {"constant", "+", "*"}  # write_constant's three kinds, only the name fixed
     t = generate("write_answer", 0)
     assert _play("write_answer", wa.solution(t), t)[0] == 1.0
     # The right body under write_constant's other names fails the hidden test's import.
@@ -129,34 +129,34 @@ def test_grid_point_visits_every_cell_once_per_period():
         grid_point("t", 0, (3, 0))
 
 
-def test_slack_ping_names_a_channel_of_its_world_and_a_word_no_random_call_writes():
+def test_every_phrasing_names_the_parts_and_the_expert_passes_it():
     from envs.experts import WORDS as RANDOM_WORDS
-    assert len(set(WORDS + PING_WORDS)) == len(WORDS + PING_WORDS) == 128 and len(set(PING_CHANNELS)) == 8
-    random_strings = set(RANDOM_WORDS) | {"m0001", "n0001", "c101", "a001", "general", "hello"}
-    assert not random_strings & set(WORDS + PING_WORDS)
-    words, channels = set(), set()
-    for seed in range(64):
+    # The random policy's strings are no task word: a random post never carries the text.
+    assert not (set(RANDOM_WORDS) | {"m0001", "n0001", "c101", "a001", "general", "hello"}) & set(WORDS)
+    seen = {}
+    for seed in range(200):
         t = generate("slack_ping", seed)
-        world_channels = {c["name"] for c in t.spec["world"]["slack"]["channels"]}
-        assert world_channels == set(PING_CHANNELS) and t.spec["channel"] in world_channels
-        words.add(t.spec["text"])
-        channels.add(t.spec["channel"])
-    assert channels == set(PING_CHANNELS) and len(words) > 40
-    # A word of the old 20-word list in place of a new one fails; the named word passes.
-    t = next(generate("slack_ping", s) for s in range(64) if generate("slack_ping", s).spec["text"] in PING_WORDS)
-    old = AppCall("slack", "post", {"channel": t.spec["channel"], "text": WORDS[0]})
-    assert _play("slack_ping", [old, Finish()], t)[0] == 0.0
-    right = AppCall("slack", "post", {"channel": t.spec["channel"], "text": t.spec["text"]})
-    assert _play("slack_ping", [right, Finish()], t)[0] == 1.0
-
-
-def test_write_answer_minus_takes_minus_not_plus():
-    t = next(generate("write_answer", s) for s in range(64) if " - " in generate("write_answer", s).spec["source"])
-    assert "minus" in t.instruction
-    assert _play("write_answer", get_family("write_answer").solution(t), t)[0] == 1.0
-    for wrong in (t.spec["source"].replace(" - ", " + "), t.spec["source"].replace("x - ", "-x + ")):
-        reward, info = _play("write_answer", [Write("solution.py", wrong), Finish()], t)
-        assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] < info["verifier"]["details"]["hidden_total"]
+        assert f'"{t.spec["text"]}"' in t.instruction and f"#{t.spec['channel']}" in t.instruction
+        assert t.spec["text"] in WORDS
+        assert t.spec["channel"] in {c["name"] for c in t.spec["world"]["slack"]["channels"]}
+        seen.setdefault(next(i for i, p in enumerate(PING_PHRASINGS)
+                             if t.instruction == p.format(word=t.spec["text"], channel=t.spec["channel"])), t)
+    assert sorted(seen) == list(range(len(PING_PHRASINGS)))
+    for i, t in seen.items():
+        right = AppCall("slack", "post", {"channel": t.spec["channel"], "text": t.spec["text"]})
+        other = next(w for w in WORDS if w != t.spec["text"])
+        assert _play("slack_ping", [right, Finish()], t)[0] == 1.0, PING_PHRASINGS[i]
+        assert _play("slack_ping", [AppCall("slack", "post", {"channel": t.spec["channel"], "text": other}),
+                                    Finish()], t)[0] == 0.0
+    said = {}
+    for seed in range(60):
+        t = generate("write_answer", seed)
+        sig = t.spec["source"].split("\n")[0].removeprefix("def ").removesuffix(":")
+        said.setdefault(next(i for i, p in enumerate(WRITE_PHRASINGS) if p.split("{")[0] in t.instruction
+                             and f" {sig}" in t.instruction), t)
+    assert sorted(said) == list(range(len(WRITE_PHRASINGS)))
+    for t in said.values():
+        assert _play("write_answer", get_family("write_answer").solution(t), t)[0] == 1.0
 
 
 @pytest.fixture(scope="module")
