@@ -30,10 +30,10 @@ and a seed picks cell π(seed mod N), π a fixed pseudo-random permutation of ra
 (`grid_point`): any N consecutive seeds give N different instructions (random draws would repeat
 one in 256 seeds with probability 1 − e^(−256²/2N), 1.00 at N = 600), and every cell is as likely.
 The rest of a task (the filler world, the hidden tests' arguments) still comes from
-random.Random(seed). The widening is in the wording, not in the words, channels or numbers: the tiny
-SFT policy has learned WORDS, the three channels and two-digit numbers as lists, and on new ones
-(128 words, 8 channels, k up to 999) it wrote an old one (slack_ping pass@1 0.32 → 0.02,
-write_answer 0.56 → 0.09: docs/log/envs.md, 2026-12-06).
+random.Random(seed). The grid varies the wording, not the words, channels or numbers: the tiny SFT
+policy holds WORDS, the three channels and two-digit numbers as lists and writes one of them for
+anything else (docs/log/envs.md, 2026-12-06), so new content would be a new skill for it rather than
+the edge of its competence.
 
 The verifiers are the ones of the families they shrink (general.py's answer check with the
 unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
