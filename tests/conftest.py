@@ -10,6 +10,14 @@ The group is made here, by the scheduler (`pytest_xdist_make_scheduler`), from e
 xdist 3.8 groups `xdist_group`-marked tests by appending "@group" to their node ids, which pytest
 9.2's node ids (`Node._id`) no longer take, so under pytest 9.2 the mark alone groups nothing and
 the service tests were spread over both workers (their module fixtures built on each).
+
+Waiting OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`, set here before anything imports torch, so
+the workers, their subprocesses and the Ray workers they start inherit it). Under `-n 2` on 2 cores
+every process's torch runs a thread per core (Ray tasks too: `RayResource.map`), so the two workers
+keep four or more threads on two cores; libgomp's default is to spin at every barrier, and a thread
+spinning for a peer that is descheduled burns the core the peer needs. Measured on the smoke model
+(docs/log/hardening.md, 2026-12-06 session 26): two 2-thread training processes at once ran 0.08
+steps/s each spinning, 17–18 passive. It changes no thread count, so no result.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 SERVICES = ("assets", "pipelines", "k3model/parallel")  # folders under tests/ whose tests start services
