@@ -52,9 +52,10 @@ OUTSIDE = ("assets/test_checkpoint_checks.py", "assets/test_claims.py", "assets/
 # subprocesses only.
 RAY_BESIDE = ("assets/test_deploy.py", "assets/test_distill.py", "assets/test_rl_tasks.py",
               "assets/test_training.py")
-# Longest first (the scheduler below): seconds of the slowest work units of a fresh-clone `make test`
-# (2026-12-06, docs/log/hardening.md), per module; a unit of a module not named here counts 0 and
-# keeps its place. The service group always goes first: it is the critical path.
+# Longest first (the scheduler below): rough seconds of a module's slowest unit under `make test`: the
+# fresh clone's 15 slowest items where listed (2026-12-06, docs/log/hardening.md: rl_tasks, deploy,
+# distill, the interpreter's gemv_grouped), else session 25's serial library run scaled to them. A unit
+# of a module not named here counts 0 and keeps its place; the service group always goes first.
 COST_S = {"assets/test_rl_tasks.py": 112, "assets/test_deploy.py": 90, "assets/test_distill.py": 60,
           "kernels/mx/test_triton_interpret.py": 52, "k3model/test_pretrain_loop.py": 40,
           "k3model/train/test_grpo_loop.py": 35, "assets/test_training.py": 25,
