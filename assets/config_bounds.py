@@ -15,14 +15,30 @@ materialization before its first work — raises a ValueError with the numbers:
     mopd_student     episodes_per_step · samples_per_task episodes held until the update
     rl_tasks         samples · tasks_per_family · |families| ladder episodes held until scored
     sft_policy       batch_size rows of ≥ SFT_ROW_FLOOR_TOKENS: the logits floor of `limits.step_floor_bytes`
+
+A profile's own values are trusted (each was sized for the machine it runs on); only a value that
+differs from the profile's (`overridden`) is checked.
+
+The profile's values, shown and used. A field whose value comes from the profile's recipe
+(`k3model.train.recipes`, the stage rows of `k3model.config`) takes it from one classmethod,
+`profile_values(profile)`, which both sides read:
+
+    the launchpad     `Config.for_profile(profile)`: a subclass whose defaults are those values, the
+                      annotation of the asset's config argument, so the Dagster UI's launchpad opens
+                      on them and a run that sets nothing runs with them
+    the asset body    `config.filled(profile)`: a field set to null (`--set steps=null`, the base
+                      class, whose default stays None) takes the profile's value
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any, Self
 
 import dagster as dg
 from pydantic import model_validator
+from pydantic.fields import FieldInfo
 
 # AdamW moves each weight by about lr per step: above 1 a single step moves every weight of these
 # models (initialised at std ≤ 0.02) fifty times its scale, and the run diverges.
@@ -50,6 +66,40 @@ class AssetConfig(dg.Config):
     def check_fits(self, profile: str) -> None:
         """ValueError with the numbers when a size of this config cannot fit the machine (module
         docstring); configs with no size that grows memory have nothing to check."""
+
+    @classmethod
+    def profile_values(cls, profile: str, **where: Any) -> dict[str, Any]:
+        """field → the value `profile` runs with when the config leaves the field alone, read off the
+        profile's recipe; `where` narrows the asset (a pretraining stage). Fields not named here have
+        one default for every profile."""
+        return {}
+
+    @classmethod
+    def for_profile(cls, profile: str, **where: Any) -> type[Self]:
+        """This config with `profile_values(profile, **where)` as its defaults (module docstring)."""
+        return _with_defaults(cls, profile, tuple(sorted(where.items())))
+
+    def filled(self, profile: str, **where: Any) -> Self:
+        """This config with each field left None set to the profile's value."""
+        fill = {k: v for k, v in self.profile_values(profile, **where).items()
+                if getattr(self, k) is None and v is not None}
+        return type(self)(**{**self.model_dump(), **fill}) if fill else self
+
+    def overridden(self, name: str, profile: str, **where: Any) -> bool:
+        """Whether field `name` is set to something other than the profile's value."""
+        value = getattr(self, name)
+        return value is not None and value != self.profile_values(profile, **where).get(name)
+
+
+@functools.cache
+def _with_defaults(cls: type[AssetConfig], profile: str, where: tuple[tuple[str, Any], ...]) -> type[AssetConfig]:
+    # Cached: Dagster builds each asset's schema once, and the class is the same for a profile.
+    values = cls.profile_values(profile, **dict(where))
+    fields = {name: FieldInfo.merge_field_infos(cls.model_fields[name], default=value) for name, value in values.items()}
+    namespace = {"__module__": cls.__module__, "__doc__": cls.__doc__,
+                 "__annotations__": {name: cls.model_fields[name].annotation for name in fields}, **fields}
+    suffix = "".join(f"_{v}" for _, v in where)
+    return type(cls)(f"{cls.__name__}_{profile}{suffix}", (cls,), namespace)
 
 
 def refuse_unfit(context: dg.AssetExecutionContext, config: AssetConfig, profile: str, asset: str) -> None:

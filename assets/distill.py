@@ -83,7 +83,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
 # mopd_student
 
 class MOPDStudentConfig(AssetConfig):
-    """Overrides for the distillation; unset fields take the profile's values (DISTILL_SIZES)."""
+    """The distillation; steps, episodes_per_step and lr default to the profile's (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1)
     episodes_per_step: int | None = Field(default=None, ge=1, description="student episodes per update, "
@@ -96,11 +96,16 @@ class MOPDStudentConfig(AssetConfig):
     control: bool = Field(default=False, description="also train the equal-compute generalist GRPO control "
                           "(needs the specialists' counted FLOPs in their metadata, `flops/total`)")
 
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = DISTILL_SIZES[profile]
+        return {"steps": sizes.mopd_steps, "episodes_per_step": sizes.mopd_episodes_per_step, "lr": sizes.mopd_lr}
+
     def check_fits(self, profile: str) -> None:
         from k3model.limits import check_episodes_fit
-        e, k = self.episodes_per_step or DISTILL_SIZES[profile].mopd_episodes_per_step, self.samples_per_task
+        e, k = self.filled(profile).episodes_per_step, self.samples_per_task
         what = f"episodes_per_step {e} × samples_per_task {k}, kept until the step's update"
-        if self.episodes_per_step is not None:
+        if self.overridden("episodes_per_step", profile):
             check_episodes_fit("episodes_per_step", e, e * k, what)
         check_episodes_fit("samples_per_task", k, e * k, what)
 
@@ -126,11 +131,10 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
 
     tag_run(context, profile)
     refuse_unfit(context, config, profile, "mopd_student")
-    sizes = DISTILL_SIZES[profile]
+    sizes, config = DISTILL_SIZES[profile], config.filled(profile)
     try:
-        cfg = MOPDConfig(seed=config.seed, steps=config.steps or sizes.mopd_steps,
-                         episodes_per_step=config.episodes_per_step or sizes.mopd_episodes_per_step,
-                         lr=config.lr or sizes.mopd_lr, outcome_coef=config.outcome_coef,
+        cfg = MOPDConfig(seed=config.seed, steps=config.steps, episodes_per_step=config.episodes_per_step,
+                         lr=config.lr, outcome_coef=config.outcome_coef,
                          samples_per_task=config.samples_per_task, specs=effort_specs(sizes.mopd_budgets),
                          log_every=config.log_every)
     except ValueError as e:
@@ -259,11 +263,17 @@ class ArmConfig:
 
 
 class CrossHarnessConfig(AssetConfig):
+    """The transfer folds; folds and steps default to the profile's (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
-    folds: list[str] | None = Field(default=None, description="held-out harness of each fold (default: the "
+    folds: list[str] | None = Field(default=None, min_length=1, description="held-out harness of each fold (default: the "
                                     "profile's); the single-harness control trains on the fold's first style")
     steps: int | None = Field(default=None, ge=1, description="GRPO steps of each arm")
     log_every: int = Field(default=1, ge=1)
+
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = DISTILL_SIZES[profile]
+        return {"folds": list(sizes.folds), "steps": sizes.transfer_steps}
 
 
 def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHarnessConfig,
@@ -274,12 +284,12 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     from k3model.train.transfer import FoldResult, fold_harnesses
 
     tag_run(context, profile)
-    sizes = DISTILL_SIZES[profile]
-    folds = tuple(config.folds or sizes.folds)
+    sizes, config = DISTILL_SIZES[profile], config.filled(profile)
+    folds = tuple(config.folds)
     try:
         specs = effort_specs(sizes.transfer_budgets)
         grpo = GRPOConfig(group_size=sizes.transfer_group_size, groups_per_step=sizes.transfer_groups_per_step,
-                          steps=config.steps or sizes.transfer_steps, seed=config.seed, log_every=config.log_every,
+                          steps=config.steps, seed=config.seed, log_every=config.log_every,
                           **({"efforts": specs} if specs else {}))
         arms = [(h, name, hs) for h in folds for name, hs in zip(("general", "single"),
                                                                (fold_harnesses(h)[0], (fold_harnesses(h)[1],)))]
@@ -349,14 +359,16 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
               description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
                           "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
                           "advantage); teacher-retention matrix, KL to each teacher, counted FLOPs.", **common)
-    def mopd_student(context: dg.AssetExecutionContext, config: MOPDStudentConfig) -> dg.MaterializeResult:
+    def mopd_student(context: dg.AssetExecutionContext,
+                     config: MOPDStudentConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_mopd_student(context, config, profile)
 
     @dg.asset(pool="gpu", name="cross_harness", deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
               description="Claim 7: GRPO on four harness styles vs on one (same budget), each evaluated on the "
                           "held-out fifth; held-out ÷ in-harness success with 95 % intervals, unparseable rates.",
               **common)
-    def cross_harness(context: dg.AssetExecutionContext, config: CrossHarnessConfig) -> dg.MaterializeResult:
+    def cross_harness(context: dg.AssetExecutionContext,
+                      config: CrossHarnessConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_cross_harness(context, config, profile)
 
     return [mopd_student, cross_harness]

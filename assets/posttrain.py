@@ -73,6 +73,11 @@ class SFTDataAssetConfig(AssetConfig):
     family_weights: dict[str, int] | None = Field(default=None, description="family → w: w × tasks_per_family "
                                                   "tasks for it (default: the profile's, POSTTRAIN_SIZES; {} for none)")
 
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = POSTTRAIN_SIZES[profile]
+        return {"tasks_per_family": sizes.sft_tasks_per_family, "family_weights": dict(sizes.sft_family_weights)}
+
 
 def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig,
                          profile: str) -> dg.MaterializeResult:
@@ -82,11 +87,9 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 
     tag_run(context, profile)
     tokenizer_up = require_upstreams(context, ["tokenizer"], profile)["tokenizer"]
-    sizes = POSTTRAIN_SIZES[profile]
-    cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family or sizes.sft_tasks_per_family,
-                        families=sizes.sft_families, max_tokens=sizes.sft_max_tokens,
-                        family_weights=(tuple(sorted(config.family_weights.items())) if config.family_weights is not None
-                                        else sizes.sft_family_weights))
+    sizes, config = POSTTRAIN_SIZES[profile], config.filled(profile)
+    cfg = SFTDataConfig(seed=config.seed, tasks_per_family=config.tasks_per_family, families=sizes.sft_families,
+                        max_tokens=sizes.sft_max_tokens, family_weights=tuple(sorted(config.family_weights.items())))
     # The held-out loss is a mean per (domain, effort): every family alike.
     heldout_cfg = dataclasses.replace(cfg, seed=cfg.seed + 1, tasks_per_family=sizes.sft_heldout_tasks_per_family,
                                       family_weights=())
@@ -126,7 +129,8 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 # sft_policy
 
 class SFTPolicyConfig(AssetConfig):
-    """Overrides for the SFT run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
+    """The SFT run; steps, batch_size, lr and eval_tasks_per_family default to the profile's
+    (POSTTRAIN_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps")
     batch_size: int | None = Field(default=None, ge=1)
@@ -135,12 +139,18 @@ class SFTPolicyConfig(AssetConfig):
     eval_tasks_per_family: int | None = Field(default=None, ge=1, description="held-out tasks per task "
                                               "family, each played at every effort")
 
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = POSTTRAIN_SIZES[profile]
+        return {"steps": sizes.sft_steps, "batch_size": sizes.sft_batch_size, "lr": sizes.sft_lr,
+                "eval_tasks_per_family": sizes.eval_tasks_per_family}
+
     def check_fits(self, profile: str) -> None:
         from k3model.config import get_profile
         from k3model.limits import ram_bytes, step_floor_bytes
 
         from assets.config_bounds import SFT_ROW_FLOOR_TOKENS
-        if self.batch_size is None:
+        if not self.overridden("batch_size", profile):
             return
         need, ram = step_floor_bytes(get_profile(profile).model, self.batch_size, SFT_ROW_FLOOR_TOKENS), ram_bytes()
         if need > ram:
@@ -176,11 +186,10 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
     tag_run(context, profile)
     refuse_unfit(context, config, profile, "sft_policy")
     op = f"{profile}__sft_policy"
-    sizes = POSTTRAIN_SIZES[profile]
+    config = config.filled(profile)
     try:
-        cfg = SFTConfig(profile=profile, seed=config.seed, steps=config.steps or sizes.sft_steps,
-                        batch_size=config.batch_size or sizes.sft_batch_size, lr=config.lr or sizes.sft_lr,
-                        qat=True, log_every=config.log_every)
+        cfg = SFTConfig(profile=profile, seed=config.seed, steps=config.steps, batch_size=config.batch_size,
+                        lr=config.lr, qat=True, log_every=config.log_every)
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/sft_policy (ops.{op}.config): {e}",
                          allow_retries=False) from e
@@ -258,13 +267,18 @@ class RLTasksConfig(AssetConfig):
                                          "(default: the profile's, POSTTRAIN_SIZES)")
     samples: int | None = Field(default=None, ge=2, description="episodes per task (G)")
 
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = POSTTRAIN_SIZES[profile]
+        return {"tasks_per_family": sizes.ladder_tasks_per_family, "samples": sizes.ladder_samples}
+
     def check_fits(self, profile: str) -> None:
         from k3model.limits import check_episodes_fit
-        sizes = POSTTRAIN_SIZES[profile]
-        tasks, samples = self.tasks_per_family or sizes.ladder_tasks_per_family, self.samples or sizes.ladder_samples
-        if self.samples is not None:
+        filled = self.filled(profile)
+        tasks, samples = filled.tasks_per_family, filled.samples
+        if self.overridden("samples", profile):
             check_episodes_fit("samples", samples, samples * tasks, f"{samples} samples × {tasks} tasks of a family")
-        if self.tasks_per_family is not None:
+        if self.overridden("tasks_per_family", profile):
             check_episodes_fit("tasks_per_family", tasks, samples * tasks, f"{samples} samples × {tasks} tasks of a family")
 
 
@@ -278,13 +292,13 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     tag_run(context, profile)
     refuse_unfit(context, config, profile, "rl_tasks")
     ups = require_upstreams(context, ["sft_policy", "tokenizer"], profile)
-    sizes = POSTTRAIN_SIZES[profile]
+    sizes, config = POSTTRAIN_SIZES[profile], config.filled(profile)
     families = {"families": sizes.sft_families} if sizes.sft_families is not None else {}
-    samples = config.samples or sizes.ladder_samples
+    samples = config.samples
     if samples < PASS_K:
         context.log.warning(f"rl_tasks: {samples} samples per task, so the ladder selects on pass@{samples}, "
                             f"not pass@{PASS_K} (a stricter test: pass@k grows with k)")
-    cfg = LadderConfig(tasks_per_family=config.tasks_per_family or sizes.ladder_tasks_per_family,
+    cfg = LadderConfig(tasks_per_family=config.tasks_per_family,
                        samples=samples, k=min(PASS_K, samples), rl_tasks_per_family=sizes.rl_tasks_per_family,
                        heldout_tasks_per_family=sizes.rl_eval_tasks_per_family, hard_tasks=sizes.rl_hard_tasks,
                        **families)
@@ -346,7 +360,8 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 # rl_specialist: nine partitions, trained concurrently
 
 class RLSpecialistConfig(AssetConfig):
-    """Overrides for every specialist of the run; unset fields take the profile's values (POSTTRAIN_SIZES)."""
+    """Every specialist of the run; steps, group_size, groups_per_step and lr default to the profile's
+    (POSTTRAIN_SIZES)."""
     steps: int | None = Field(default=None, ge=1, description="GRPO updates per specialist")
     group_size: int | None = Field(default=None, ge=2, description="episodes per prompt (G)")
     groups_per_step: int | None = Field(default=None, ge=1, description="informative groups per update (P)")
@@ -358,14 +373,20 @@ class RLSpecialistConfig(AssetConfig):
     retrain: bool = Field(default=False, description="train again a partition whose newest materialization was "
                           "trained from the same inputs by this code version (default: record that one again)")
 
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        sizes = POSTTRAIN_SIZES[profile]
+        return {"steps": sizes.rl_steps, "group_size": sizes.rl_group_size, "groups_per_step": sizes.rl_groups_per_step,
+                "lr": sizes.rl_lr}
+
     def check_fits(self, profile: str) -> None:
         from k3model.limits import check_episodes_fit
-        sizes = POSTTRAIN_SIZES[profile]
-        g, p = self.group_size or sizes.rl_group_size, self.groups_per_step or sizes.rl_groups_per_step
+        filled = self.filled(profile)
+        g, p = filled.group_size, filled.groups_per_step
         what = f"group_size {g} × groups_per_step {p}, the first draw of a step, kept until its update"
-        if self.group_size is not None:
+        if self.overridden("group_size", profile):
             check_episodes_fit("group_size", g, g * p, what)
-        if self.groups_per_step is not None:
+        if self.overridden("groups_per_step", profile):
             check_episodes_fit("groups_per_step", p, g * p, what)
 
 
@@ -448,13 +469,12 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     except ValueError as e:
         raise dg.Failure(description=f"{profile}/rl_specialist: {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
-    sizes = POSTTRAIN_SIZES[profile]
+    sizes, config = POSTTRAIN_SIZES[profile], config.filled(profile)
     specs = effort_specs(POSTTRAIN_SIZES[profile].eval_budgets)
     op = f"{profile}__rl_specialist"
     try:
-        cfg = GRPOConfig(steps=config.steps or sizes.rl_steps, group_size=config.group_size or sizes.rl_group_size,
-                         groups_per_step=config.groups_per_step or sizes.rl_groups_per_step,
-                         lr=config.lr or sizes.rl_lr, seed=config.seed, ckpt_every=config.ckpt_every,
+        cfg = GRPOConfig(steps=config.steps, group_size=config.group_size, groups_per_step=config.groups_per_step,
+                         lr=config.lr, seed=config.seed, ckpt_every=config.ckpt_every,
                          max_draw_factor=sizes.rl_max_draw_factor, **({"efforts": specs} if specs else {}))
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/rl_specialist (ops.{op}.config): {e}",
@@ -545,7 +565,8 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
               description="SFT demonstrations from the scripted experts of all three domains, in the training "
                           "harnesses, at three efforts (low answers at once; high and max think first), loss "
                           "on the model's own tokens; a held-out table of other task seeds beside it.")
-    def sft_data(context: dg.AssetExecutionContext, config: SFTDataAssetConfig) -> dg.MaterializeResult:
+    def sft_data(context: dg.AssetExecutionContext,
+                 config: SFTDataAssetConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_sft_data(context, config, profile)
 
     @dg.asset(pool="gpu", name="sft_policy", kinds={"pytorch", "ray"},
@@ -553,7 +574,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
               code_version=POSTTRAIN_CODE_VERSION, required_resource_keys=RESOURCES, **common,
               description="The SFT cold start: base_model fine-tuned on sft_data with QAT on from the first "
                           "step; held-out task success per (domain, effort) and per harness beside base_model's.")
-    def sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig) -> dg.MaterializeResult:
+    def sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_sft_policy(context, config, profile)
 
     @dg.asset(pool="gpu", name="rl_tasks", kinds={"python", "json", "ray"}, deps=[key(profile, n) for n in ("sft_policy", "tokenizer")],
@@ -562,7 +583,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
                           "effort, and per (domain, effort) the families with pass@1 in 0.2–0.6 and pass@8 ≥ 0.8 "
                           "(pre-registered) the specialist trains on, with its RL prompts and held-out tasks and a "
                           "random and the scripted expert policy's success on each split.")
-    def rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig) -> dg.MaterializeResult:
+    def rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_rl_tasks(context, config, profile)
 
     @dg.asset(pool="gpu", name="rl_specialist", kinds={"pytorch", "ray"},
@@ -572,7 +593,7 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
               description="Nine GRPO specialists, domain × effort, one partition each, trained from sft_policy on "
                           "their rl_tasks cell. A run of several partitions trains them as concurrent Ray tasks "
                           "(one step: BackfillPolicy.single_run).")
-    def rl_specialist(context: dg.AssetExecutionContext, config: RLSpecialistConfig):
+    def rl_specialist(context: dg.AssetExecutionContext, config: RLSpecialistConfig.for_profile(profile)):
         yield from materialize_rl_specialists(context, config, profile)
 
     return [sft_data, sft_policy, rl_tasks, rl_specialist]

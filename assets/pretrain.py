@@ -51,7 +51,8 @@ LOSS_CHECK_MIN_STEPS = 10
 
 
 class PretrainStageConfig(AssetConfig):
-    """Overrides for one stage; unset fields take the profile's values (k3model.config)."""
+    """One stage; steps, batch_size, lr, balancing and eval_examples_per_cell default to the profile's
+    (its stage row and model in k3model.config, EVAL_SIZES in k3model.train.pretrain)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps of this stage")
     batch_size: int | None = Field(default=None, ge=1)
@@ -72,6 +73,16 @@ class PretrainStageConfig(AssetConfig):
     compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
                                   "regionally (k3model.compiled) before the first step, the step that "
                                   "benchmarks/model/train_step.py --compile-regions times")
+
+    @classmethod
+    def profile_values(cls, profile: str, stage: int) -> dict[str, Any]:
+        # What PretrainConfig.resolved() takes for a field left None.
+        from k3model.config import get_profile
+        from k3model.train.pretrain import eval_sizes
+        p = get_profile(profile)
+        row = p.stages[stage - 1]
+        return {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr, "balancing": p.model.balancing,
+                "eval_examples_per_cell": eval_sizes(profile)[0]}
 
 
 def stage_name(stage: int) -> str:
@@ -249,7 +260,8 @@ def _stage_asset(profile: str, stage: int) -> dg.AssetsDefinition:
               tags=profile_tags(profile),
               description=f"Pretraining context stage {stage} of {NUM_STAGES} at the {profile} profile's "
                           f"stage-{stage} sequence length, starting from {start}.")
-    def _asset(context: dg.AssetExecutionContext, config: PretrainStageConfig) -> dg.MaterializeResult:
+    def _asset(context: dg.AssetExecutionContext,
+               config: PretrainStageConfig.for_profile(profile, stage=stage)) -> dg.MaterializeResult:
         return materialize_stage(context, config, stage, profile)
     return _asset
 

@@ -15,6 +15,7 @@
 #     bash benchmarks/h200_calls.sh decode     # the small profile's decode step eager and compiled, profiled
 #     bash benchmarks/h200_calls.sh engine     # the engine's GPU tests, the compiled-regions tests, speculative
 #                                              # decoding on the small profile (random weights)
+#     bash benchmarks/h200_calls.sh small SELECTION [--set …]   # small through Dagster + Ray, home kept in .k3/small
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                              # GPU, a short small-profile selection (carry site.tar.xz from
 #                                              # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -113,6 +114,17 @@ orch)  # 2026-12-01: unpack 3 s, k3 run 193 s (data 14 s, stage 1 109 s, stage 2
         2>&1 | grep -v "BetaWarning\|return fn(" | tee "$OUT/k3run_small_h200.log"
     elapsed "k3 run exit ${PIPESTATUS[0]}"
     cp "$K3_HOME/mlflow/mlflow.db" "$OUT/mlflow_small_h200.db"
+    ;;
+small)  # issue 42 item 5: small's lineage through Dagster + Ray on the GPU, reduced sizes via --set, a home under
+    # the ignored .k3/ so a second call on the still-warm machine continues it: small SELECTION [k3 run args…]
+    mkdir -p /tmp/site && tar xJf .gpu-orch/site.tar.xz -C /tmp/site || exit 3
+    export PYTHONPATH=$PYTHONPATH:/tmp/site K3_HOME=$PWD/.k3/small RAY_AUTH_MODE=disabled
+    sel=${2:?a --select}; shift 2
+    timeout $((560 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select "$sel" "$@" \
+        2>&1 | grep -v "BetaWarning\|return fn(" | tee -a "$OUT/k3run_small.log"
+    elapsed "k3 run exit ${PIPESTATUS[0]}"
+    timeout 60 python3 benchmarks/orch/asset_devices.py --profile small --out "$OUT/small_assets.json" 2>&1 | grep -v Warn
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     ;;
 *) echo "unknown call $1"; exit 2 ;;
 esac

@@ -1,15 +1,25 @@
 """The suite on two workers (`make test`: pytest-xdist, `-n 2 --dist loadgroup`).
 
-Tests that start services — a local Ray cluster, Dagster runs on a K3 home, an MLflow or `k3 serve`
-server, a browser — share one xdist group, so one worker runs them one after another: two local Ray
-clusters started at once can join each other (`ray.init` finds a running one), and their timeouts
-assume a machine not shared with another service test. The other worker takes the library's tests
-(models, kernels, environments, data), which need nothing outside their process.
+Tests that start services — `k3` and Dagster runs in subprocesses, an MLflow or `k3 serve` server, a
+browser, a Ray cluster of several processes, kills and signals — share one xdist group, so one worker
+runs them one after another: their deadlines (a server's start, a SIGTERM's effect, a kill -9 at a
+step) assume a machine not shared with another service test. The other worker takes the library's
+tests (models, kernels, environments, data), which need nothing outside their process, and the
+modules whose only service is a local Ray cluster of their own process (RAY_BESIDE), each a group of
+its own; the worker of the service group joins in when the group is done. Units go out longest first.
 
 The group is made here, by the scheduler (`pytest_xdist_make_scheduler`), from each test's path:
 xdist 3.8 groups `xdist_group`-marked tests by appending "@group" to their node ids, which pytest
 9.2's node ids (`Node._id`) no longer take, so under pytest 9.2 the mark alone groups nothing and
 the service tests were spread over both workers (their module fixtures built on each).
+
+Waiting OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE`, set here before anything imports torch, so
+the workers, their subprocesses and the Ray workers they start inherit it). Under `-n 2` on 2 cores
+every process's torch runs a thread per core (Ray tasks too: `RayResource.map`), so the two workers
+keep four or more threads on two cores; libgomp's default is to spin at every barrier, and a thread
+spinning for a peer that is descheduled burns the core the peer needs. Measured on the smoke model
+(docs/log/hardening.md, 2026-12-06 session 26): two 2-thread training processes at once ran 0.08
+steps/s each spinning, 17–18 passive. It changes no thread count, so no result.
 """
 
 from __future__ import annotations
@@ -18,7 +28,9 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 SERVICES = ("assets", "pipelines", "k3model/parallel")  # folders under tests/ whose tests start services
@@ -31,6 +43,25 @@ OUTSIDE = ("assets/test_checkpoint_checks.py", "assets/test_claims.py", "assets/
            "assets/test_data.py", "assets/test_placement.py", "assets/test_posttrain.py",
            "assets/test_pretrain.py", "assets/test_serve_asset.py", "pipelines/test_automation.py",
            "pipelines/test_definitions.py", "pipelines/test_integrity.py", "pipelines/test_lineage_diagram.py")
+# Modules of those folders whose one service is a local Ray cluster started in the test process itself
+# (`RayResource` in an in-process Dagster run, or the module's own `ray.init`): no server, no subprocess of
+# their own, no timing. Each is a group of its own (its module fixtures built once, on one worker) that
+# runs beside the service group. Two processes' local clusters never join: `ray.init()` without an
+# address joins only RAY_ADDRESS or the cluster of the last `ray start` (/tmp/ray/ray_current_cluster),
+# and the suite's one `ray start` (test_cluster.py) uses its own --temp-dir and hands RAY_ADDRESS to its
+# subprocesses only.
+RAY_BESIDE = ("assets/test_deploy.py", "assets/test_distill.py", "assets/test_rl_tasks.py",
+              "assets/test_training.py")
+# Longest first (the scheduler below): rough seconds of a module's slowest unit under `make test`: the
+# fresh clone's 15 slowest items where listed (2026-12-06, docs/log/hardening.md: rl_tasks, deploy,
+# distill, the interpreter's gemv_grouped), else session 25's serial library run scaled to them. A unit
+# of a module not named here counts 0 and keeps its place; the service group always goes first.
+COST_S = {"assets/test_rl_tasks.py": 112, "assets/test_deploy.py": 90, "assets/test_distill.py": 60,
+          "kernels/mx/test_triton_interpret.py": 52, "k3model/test_pretrain_loop.py": 40,
+          "k3model/train/test_grpo_loop.py": 35, "assets/test_training.py": 25,
+          "k3model/test_speculative_static.py": 25, "k3model/test_speculative_fast.py": 25,
+          "kernels/attn_res/test_attn_res_triton_interp.py": 20, "k3model/test_speculative.py": 20,
+          "assets/test_config_bounds.py": 15, "assets/test_claims.py": 15}
 
 
 def _relative(path: str) -> str | None:
@@ -42,12 +73,22 @@ def _relative(path: str) -> str | None:
 
 
 def service_group(path: str) -> str | None:
-    """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE),
-    None for the rest."""
+    """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE and
+    RAY_BESIDE), the module's own path for RAY_BESIDE, None for the rest."""
     rel = _relative(path)
     if rel is None or rel in OUTSIDE:
         return None
+    if rel in RAY_BESIDE:
+        return rel
     return "services" if rel.startswith(tuple(f"{s}/" for s in SERVICES)) else None
+
+
+def unit_cost(scope: str) -> float:
+    """The scheduler's estimate of a work unit (a group, or one test's node id), for longest first."""
+    if scope == "services":
+        return float("inf")
+    module = scope.split("::", 1)[0].removeprefix("tests/")
+    return COST_S.get(module, 0.0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,18 +109,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadGroupScheduling
 
     class ServiceGroups(LoadGroupScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             # Node ids are relative to the rootdir (the repository, where pyproject.toml is).
             group = service_group(str(config.rootpath / nodeid.split("::", 1)[0]))
             return group or super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # Longest processing time first: the service group, then the slow modules' units (COST_S),
+            # then the rest in xdist's order (most tests first). Each worker takes the next unit when it
+            # runs low, so a slow test left for last would hold one worker while the other idles.
+            if not self.ordered:
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: -unit_cost(unit[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     return ServiceGroups(config, log)
 
 
 @pytest.fixture(autouse=True)
 def _no_ray_outside_the_group(request):
-    """A test of a module in OUTSIDE must not start a local Ray cluster: it runs beside the service
-    group, whose clusters it could join or be joined by. `RayResource` marks the process that
+    """A test of a module in OUTSIDE must not start a local Ray cluster, as OUTSIDE says (a module
+    that does belongs in RAY_BESIDE or the service group). `RayResource` marks the process that
     started one (K3_RAY_DRIVER); the mark outlives the run's `ray.shutdown`."""
     rel = _relative(str(request.path))
     if rel not in OUTSIDE:

@@ -18,6 +18,23 @@ write_constant's call format and file right but copied the function's name, its 
 operator wrong (3 % pass at low effort, docs/log/rl.md, 2026-12-02); the number has three digits, so
 no fixed guess passes more than one task in 900.
 
+Held out in instruction: the RL ladder scores a specialist on ≥ 256 tasks whose instructions differ
+from its ≥ 256 RL prompts (k3model.train.ladder.heldout_tasks), so a rung needs ≥ 512 distinct
+instructions. slack_ping and write_constant / write_answer draw theirs from a grid of N cells
+
+    slack_ping:      word (20: WORDS) × channel (3) × phrasing (10: PING_PHRASINGS)         N = 600
+    write_constant:  name (5) × kind (3: k, x + k, x · k) × k ∈ [2, 99] × phrasing (3)      N = 4,410
+    write_answer:    write_constant with one name                                          N = 882
+
+and a seed picks cell π(seed mod N), π a fixed pseudo-random permutation of range(N)
+(`grid_point`): any N consecutive seeds give N different instructions (random draws would repeat
+one in 256 seeds with probability 1 − e^(−256²/2N), 1.00 at N = 600), and every cell is as likely.
+The rest of a task (the filler world, the hidden tests' arguments) still comes from
+random.Random(seed). The grid varies the wording, not the words, channels or numbers: the tiny SFT
+policy holds WORDS, the three channels and two-digit numbers as lists and writes one of them for
+anything else (docs/log/envs.md, 2026-12-06), so new content would be a new skill for it rather than
+the edge of its competence.
+
 The verifiers are the ones of the families they shrink (general.py's answer check with the
 unchanged-workspace check, SlackPost's world diff, CodingFamily's jailed hidden tests); nothing is
 loosened. The words are drawn from a list disjoint from what the random policy of envs.experts
@@ -27,6 +44,8 @@ writes, and the numbers have three digits, so a random or empty policy scores 0
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 
 from envs.actions import AppCall, Finish, Write
@@ -39,6 +58,45 @@ from envs.tasks.general import FINISH_NOTE, _answer_goal
 
 WORDS = ("falcon", "maple", "cobalt", "river", "orbit", "lantern", "quartz", "meadow", "harbor", "ember",
          "glacier", "violet", "summit", "copper", "willow", "thunder", "saffron", "pebble", "canyon", "juniper")
+
+
+# How slack_ping and write_constant / write_answer say their task: the first is the one the families
+# had alone. Every phrasing names the same parts (word and channel; name, signature and body), in
+# another order or wording, so the copy is the same skill.
+PING_PHRASINGS = (
+    'Post the word "{word}" in the #{channel} Slack channel.',
+    'In the #{channel} Slack channel, post the word "{word}".',
+    'Post "{word}" in #{channel} on Slack.',
+    'Send the word "{word}" to the #{channel} channel on Slack.',
+    'Please post the word "{word}" in #{channel}.',
+    'On Slack, post "{word}" to the #{channel} channel.',
+    'Write the word "{word}" as a message in the #{channel} Slack channel.',
+    'Post a message in the #{channel} Slack channel that says "{word}".',
+    'The #{channel} Slack channel needs the word "{word}": post it there.',
+    'Post one word in the #{channel} Slack channel: "{word}".')
+WRITE_PHRASINGS = (
+    "Create a file solution.py that defines {signature}, a function that {does}. Hidden tests will check it.",
+    "Write solution.py with a function {signature} that {does}. Hidden tests will check it.",
+    "In a new file solution.py, define {signature} so that it {does}. Hidden tests will check it.")
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation(salt: str, n: int) -> tuple[int, ...]:
+    return tuple(random.Random(f"{salt}/{n}").sample(range(n), n))
+
+
+def grid_point(salt: str, seed: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The seed's cell (one index per axis, the first axis varying fastest) of a grid of
+    N = Π sizes: π(seed mod N) in mixed radix, π a permutation of range(N) fixed by `salt` and N.
+    Injective on any N consecutive seeds."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"grid sizes must be ≥ 1 per axis, got {sizes}")
+    i = _permutation(salt, math.prod(sizes))[seed % math.prod(sizes)]
+    out = []
+    for size in sizes:
+        i, digit = divmod(i, size)
+        out.append(digit)
+    return tuple(out)
 
 
 class _AnswerFamily(Family):
@@ -93,11 +151,12 @@ class SlackPing(SlackPost):
         rng = random.Random(seed)
         ids = wg.Ids()
         w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
-        channel = rng.choice(sorted(w.slack.channels))
-        text = rng.choice(WORDS)
+        channels = sorted(w.slack.channels)
+        word_i, channel_i, say_i = grid_point(self.name, seed, (len(WORDS), len(channels), len(PING_PHRASINGS)))
+        channel, text = channels[channel_i], WORDS[word_i]
         spec = {"world": w.to_json(), "channel": channel, "text": text}
         t = Task(self.name, seed, self.domain, self.difficulty,
-                 f'Post the word "{text}" in the #{channel} Slack channel.', ToolSet(apps=("slack",),
+                 PING_PHRASINGS[say_i].format(word=text, channel=channel), ToolSet(apps=("slack",),
                  only=("slack.list_channels", "slack.post")), 0, 0, spec)
         return budget(t, 2)
 
@@ -107,24 +166,27 @@ class WriteConstant(CodingFamily):
     difficulty = "easy"
     description = "Write solution.py with a one-line function: a constant, or its argument plus or times k."
     names = ("value", "answer", "result", "magic", "score")
+    operators = {"+": "plus", "*": "times"}
+    k_range = (2, 99)
 
     def generate(self, seed: int) -> Task:
         rng = random.Random(seed)
-        name = rng.choice(self.names)
-        k = rng.randint(2, 99)
-        kind = rng.randrange(3)
+        lo, hi = self.k_range
+        name_i, kind, k_i, say_i = grid_point(self.name, seed, (len(self.names), 1 + len(self.operators),
+                                                                 hi - lo + 1, len(WRITE_PHRASINGS)))
+        name, k = self.names[name_i], lo + k_i
         if kind == 0:
             instruction, params, body, cases = (f"returns the number {k}", "", f"return {k}",
                                                 [case("test_solution_hidden::test_1", f"from solution import {name}",
                                                       f"{name}()", k)])
         else:
-            op = "+" if kind == 1 else "*"
-            instruction = f"returns x {'plus' if op == '+' else 'times'} {k}"
+            op = list(self.operators)[kind - 1]
+            instruction = f"returns x {self.operators[op]} {k}"
             params, body = "x", f"return x {op} {k}"
+            value = {"+": lambda x: x + k, "*": lambda x: x * k}[op]
             cases = [case(f"test_solution_hidden::test_{i + 1}", f"from solution import {name}", f"{name}({x})",
-                          x + k if op == "+" else x * k) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
-        text = (f"Create a file solution.py that defines {name}({params}), a function that {instruction}. "
-                "Hidden tests will check it.")
+                          value(x)) for i, x in enumerate(rng.sample(range(-50, 100), 4))]
+        text = WRITE_PHRASINGS[say_i].format(signature=f"{name}({params})", does=instruction)
         return self._finish_task(seed, text, {}, cases, [], {"source": f"def {name}({params}):\n    {body}\n"})
 
     def solution(self, task):

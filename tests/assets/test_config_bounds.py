@@ -91,3 +91,61 @@ def test_k3_run_refuses_before_the_run_starts(home, ram_16gib, item, message):
     import dagster as dg
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         assert instance.get_runs() == []
+
+
+# Every config whose fields default to a profile's values (issue 46 item 5); the launchpad's side
+# is tests/pipelines/test_definitions.py.
+PROFILE_CONFIGS = [(cls, {}) for cls in (SFTDataAssetConfig, SFTPolicyConfig, RLTasksConfig, RLSpecialistConfig,
+                                         MOPDStudentConfig, CrossHarnessConfig, QuantizedStudentConfig,
+                                         DraftModelConfig, ReportConfig)] + [(PretrainStageConfig, {"stage": s})
+                                                                             for s in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "small"])
+def test_the_launchpads_defaults_are_what_a_run_that_sets_nothing_used(profile):
+    for cls, where in PROFILE_CONFIGS:
+        shown = cls.for_profile(profile, **where)()
+        assert cls.for_profile(profile, **where) is type(shown) and isinstance(shown, cls)
+        # The base class leaves them None: what `k3 run` passed before, filled as the body fills it.
+        unset = cls().filled(profile, **where)
+        assert shown.model_dump() == unset.model_dump() or cls is ReportConfig, cls
+        assert set(cls.profile_values(profile, **where)) <= set(cls.model_fields)
+    assert ReportConfig.for_profile(profile)().kernelsuite == ("sample" if profile == "smoke" else "all")
+
+
+@pytest.mark.parametrize("profile", ["smoke", "tiny", "small"])
+def test_a_stage_resolves_its_shown_defaults_as_it_resolved_none(monkeypatch, profile):
+    import k3model.train.pretrain as pretrain
+    # The machine bound is not what is compared here (small's stages exceed this machine).
+    monkeypatch.setattr(pretrain, "check_fits_machine", lambda *a: None)
+    for stage in (1, 2, 3, 4):
+        shown = PretrainStageConfig.for_profile(profile, stage=stage)()
+        fields = ("steps", "batch_size", "lr", "balancing", "eval_examples_per_cell")
+        given = pretrain.PretrainConfig(profile=profile, stage=stage, **{f: getattr(shown, f) for f in fields})
+        unset = pretrain.PretrainConfig(profile=profile, stage=stage)
+        assert given.resolved() == unset.resolved(), (profile, stage)
+        assert (given.eval_examples_per_cell or pretrain.eval_sizes(profile)[0]) == pretrain.eval_sizes(profile)[0]
+
+
+def test_a_field_set_to_null_takes_the_profiles_value_and_a_set_value_wins():
+    tiny = SFTPolicyConfig.for_profile("tiny")
+    assert (tiny().steps, tiny().batch_size, tiny().lr) == (900, 4, 2e-3)
+    assert tiny(steps=None).filled("tiny").steps == 900
+    assert tiny(steps=20).filled("tiny").steps == 20
+    assert CrossHarnessConfig.for_profile("tiny")().folds == ["openclaw", "hermes"]
+    with pytest.raises(ValidationError):
+        CrossHarnessConfig(folds=[])  # no fold: nothing to train, not the profile's folds
+
+
+def test_the_profiles_own_sizes_are_trusted_and_an_override_is_checked(monkeypatch):
+    # 1.5 MiB: less than small's own SFT batch and its 64 RL and ladder episodes (32 KiB each) need,
+    # more than mopd_student's 36 episodes of one sample (samples_per_task has no profile value: always checked).
+    monkeypatch.setattr(limits, "ram_bytes", lambda: 3 << 19)
+    for cls, _ in PROFILE_CONFIGS:
+        cls.for_profile("small", **_)().check_fits("small")
+        cls().check_fits("small")
+    for config in (SFTPolicyConfig.for_profile("small")(batch_size=17),
+                   RLSpecialistConfig.for_profile("small")(group_size=9), RLTasksConfig.for_profile("small")(samples=9),
+                   MOPDStudentConfig.for_profile("small")(episodes_per_step=100)):
+        with pytest.raises(ValueError, match="more than this machine's"):
+            config.check_fits("small")

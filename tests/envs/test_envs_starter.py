@@ -9,7 +9,7 @@ from envs.adversarial import ATTACKS, host, run_attack
 from envs.experts import random_policy
 from envs.rollout import rollout
 from envs.tasks import generate, get_family
-from envs.tasks.starter import FAMILIES, WORDS
+from envs.tasks.starter import FAMILIES, PING_PHRASINGS, WORDS, WRITE_PHRASINGS, grid_point
 
 STARTERS = [f.name for f in FAMILIES]
 
@@ -92,7 +92,7 @@ def test_write_answer_is_write_constant_named_answer():
     kinds = set()
     for seed in range(40):
         t = generate("write_answer", seed)
-        assert "defines answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
+        assert " answer(" in t.instruction and t.spec["hidden_cases"][0]["setup"] == "from solution import answer"
         kinds.add(t.spec["source"].split("return ")[1].split()[1] if " x " in t.spec["source"] else "constant")
     assert kinds == {"constant", "+", "*"}  # write_constant's three kinds, only the name fixed
     t = generate("write_answer", 0)
@@ -101,6 +101,62 @@ def test_write_answer_is_write_constant_named_answer():
     reward, info = _play("write_answer", [Write("solution.py", t.spec["source"].replace("answer", "value")), Finish()], t)
     assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] == 0
     assert wc.names != wa.names and wa.verify.__func__ is wc.verify.__func__  # the same verifier
+
+
+# The rungs the tiny ladder selects for general_agents and coding_agents: a specialist is scored on
+# ≥ 256 held-out tasks whose instructions differ from its ≥ 256 RL prompts (k3model.train.ladder).
+WIDENED = ("slack_ping", "write_constant", "write_answer")
+
+
+@pytest.mark.parametrize("family", WIDENED)
+def test_512_seeds_give_512_distinct_instructions(family):
+    assert len({generate(family, s).instruction for s in range(512)}) >= 512
+    # Held-out seeds (the ladder's EVAL_SEED_BASE = 500,000 on) hold ≥ 256 instructions no RL seed
+    # 0–255 has: the 256 prompts take 256 of the grid's cells, whichever seeds they come from.
+    rl = {generate(family, s).instruction for s in range(256)}
+    held = {generate(family, 500_000 + s).instruction for s in range(768)}
+    assert len(held - rl) >= 256
+
+
+def test_grid_point_visits_every_cell_once_per_period():
+    sizes = (3, 4, 5)
+    cells = [grid_point("t", s, sizes) for s in range(60)]
+    assert len(set(cells)) == 60  # every cell once in N = 60 consecutive seeds
+    assert all(0 <= a < 3 and 0 <= b < 4 and 0 <= c < 5 for a, b, c in cells)
+    assert [grid_point("t", s + 60, sizes) for s in range(60)] == cells  # period N
+    assert [grid_point("u", s, sizes) for s in range(60)] != cells  # the salt picks the order
+    with pytest.raises(ValueError, match="≥ 1 per axis"):
+        grid_point("t", 0, (3, 0))
+
+
+def test_every_phrasing_names_the_parts_and_the_expert_passes_it():
+    from envs.experts import WORDS as RANDOM_WORDS
+    # The random policy's strings are no task word: a random post never carries the text.
+    assert not (set(RANDOM_WORDS) | {"m0001", "n0001", "c101", "a001", "general", "hello"}) & set(WORDS)
+    seen = {}
+    for seed in range(200):
+        t = generate("slack_ping", seed)
+        assert f'"{t.spec["text"]}"' in t.instruction and f"#{t.spec['channel']}" in t.instruction
+        assert t.spec["text"] in WORDS
+        assert t.spec["channel"] in {c["name"] for c in t.spec["world"]["slack"]["channels"]}
+        seen.setdefault(next(i for i, p in enumerate(PING_PHRASINGS)
+                             if t.instruction == p.format(word=t.spec["text"], channel=t.spec["channel"])), t)
+    assert sorted(seen) == list(range(len(PING_PHRASINGS)))
+    for i, t in seen.items():
+        right = AppCall("slack", "post", {"channel": t.spec["channel"], "text": t.spec["text"]})
+        other = next(w for w in WORDS if w != t.spec["text"])
+        assert _play("slack_ping", [right, Finish()], t)[0] == 1.0, PING_PHRASINGS[i]
+        assert _play("slack_ping", [AppCall("slack", "post", {"channel": t.spec["channel"], "text": other}),
+                                    Finish()], t)[0] == 0.0
+    said = {}
+    for seed in range(60):
+        t = generate("write_answer", seed)
+        sig = t.spec["source"].split("\n")[0].removeprefix("def ").removesuffix(":")
+        said.setdefault(next(i for i, p in enumerate(WRITE_PHRASINGS) if p.split("{")[0] in t.instruction
+                             and f" {sig}" in t.instruction), t)
+    assert sorted(said) == list(range(len(WRITE_PHRASINGS)))
+    for t in said.values():
+        assert _play("write_answer", get_family("write_answer").solution(t), t)[0] == 1.0
 
 
 @pytest.fixture(scope="module")

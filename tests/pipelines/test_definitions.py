@@ -141,3 +141,74 @@ def test_definitions_module_only_assembles():
     source = inspect.getsource(module)
     assert len(source.splitlines()) <= 25
     assert "@dg.asset" not in source and "def " not in source
+
+
+# What each asset runs with when its config leaves a field alone, read off the profile's recipe
+# rows (a second reading of them, apart from the config classes' `profile_values`): asset → field → value.
+def _recipe(p: str) -> dict[str, dict]:
+    from k3model.config import get_profile
+    from k3model.train.pretrain import eval_sizes
+    from k3model.train.recipes import DEPLOY_SIZES, DISTILL_SIZES, POSTTRAIN_SIZES
+    post, dist, dep, prof = POSTTRAIN_SIZES[p], DISTILL_SIZES[p], DEPLOY_SIZES[p], get_profile(p)
+    stages = {f"pretrain_stage_{i + 1}": {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr,
+                                          "balancing": prof.model.balancing, "eval_examples_per_cell": eval_sizes(p)[0]}
+              for i, row in enumerate(prof.stages)}
+    return {**stages,
+            "sft_data": {"tasks_per_family": post.sft_tasks_per_family, "family_weights": dict(post.sft_family_weights)},
+            "sft_policy": {"steps": post.sft_steps, "batch_size": post.sft_batch_size, "lr": post.sft_lr,
+                           "eval_tasks_per_family": post.eval_tasks_per_family},
+            "rl_tasks": {"tasks_per_family": post.ladder_tasks_per_family, "samples": post.ladder_samples},
+            "rl_specialist": {"steps": post.rl_steps, "group_size": post.rl_group_size,
+                              "groups_per_step": post.rl_groups_per_step, "lr": post.rl_lr},
+            "mopd_student": {"steps": dist.mopd_steps, "episodes_per_step": dist.mopd_episodes_per_step,
+                             "lr": dist.mopd_lr},
+            "cross_harness": {"folds": list(dist.folds), "steps": dist.transfer_steps},
+            "quantized_student": {"compare_steps": dep.compare_steps, "compare_lr": dep.compare_lr,
+                                  "compare_scope": dep.compare_scope},
+            "draft_model": {"steps": dep.draft_steps, "ttt_steps": dep.draft_ttt_steps},
+            "report": {"kernelsuite": "sample" if p == "smoke" else "all"}}
+
+
+# Fields whose value is "none" on some profile, which Dagster's launchpad leaves out of its YAML:
+# no QK-Clip, every clue-eval length, tiny's whole clue-eval grid.
+NONE_IS_THE_VALUE = {"qk_clip_tau", "eval_max_length", "eval_examples_per_cell"}
+
+
+def _launchpad_yaml(job: dg.JobDefinition) -> dict:
+    """The config the Dagster UI's launchpad opens on for `job`: GraphQL's `rootDefaultYaml`
+    (dagster_graphql/schema/run_config.py) is this function of the job's config schema snapshot."""
+    import yaml
+    from dagster._core.snap.snap_to_yaml import default_values_yaml_from_type_snap
+    snap = job.get_job_snapshot()
+    schema = snap.config_schema_snapshot
+    root = schema.get_config_snap(snap.mode_def_snaps[0].root_config_key)
+    return yaml.safe_load(default_values_yaml_from_type_snap(schema, root))
+
+
+def test_the_launchpad_opens_on_each_profiles_values():
+    ops = _launchpad_yaml(defs.resolve_implicit_global_asset_job_def())["ops"]
+    for p in PROFILES:
+        recipe = _recipe(p)
+        for name in sorted(DATA | PRETRAIN | POSTTRAIN | DISTILL | DEPLOY | {"checkpoint_evals", "report"}):
+            assets_def = defs.resolve_assets_def(key(p, name))
+            if not assets_def.op.compute_fn.has_config_arg():
+                assert name not in recipe, name
+                continue
+            shown = ops[assets_def.op.name]["config"]
+            cls = assets_def.op.compute_fn.get_config_arg().annotation
+            where = {"stage": int(name.rsplit("_", 1)[1])} if name.startswith("pretrain_stage_") else {}
+            assert set(cls.profile_values(p, **where)) == set(recipe.get(name, {})), (p, name)
+            # Every field the profile decides shows the profile's value, every other its one default;
+            # none is left None unless none is its value.
+            for field, info in cls.model_fields.items():
+                value = recipe.get(name, {}).get(field, info.default)
+                if value is None:
+                    assert field in NONE_IS_THE_VALUE and field not in shown, (
+                        f"{p}/{name}.{field} defaults to None: give it the profile's value (profile_values) or "
+                        "say in NONE_IS_THE_VALUE why none is its value")
+                else:
+                    assert shown[field] == value, (p, name, field, shown[field], value)
+    # The launchpad of one asset, as `Materialize…` opens it: tiny's SFT sizes.
+    one = _launchpad_yaml(defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection={key("tiny", "sft_policy")}))["ops"]["tiny__sft_policy"]["config"]
+    assert {k: one[k] for k in ("steps", "batch_size", "lr")} == {"steps": 900, "batch_size": 4, "lr": 2e-3}

@@ -1,7 +1,8 @@
 """The web UI in a real browser: `k3 run` materializes smoke image data and the claims report
 headless, then `k3 ui` starts Dagster and MLflow on the same home and Playwright (Debian's chromium)
 checks what a user sees: the lineage link `k3 ui` prints first (the default profile's, tiny's, every
-group expanded, its main chain left to right by the nodes' on-page positions), a picture shown inline on the asset's page, the
+group expanded, its main chain left to right by the nodes' on-page positions), the launchpad of
+tiny's sft_policy opening on tiny's SFT sizes, a picture shown inline on the asset's page, the
 report's page with its figures reached from the asset's first metadata row, the `k3 run` run
 re-executed from the UI (tagged as a re-execution, its 8 claims judged), an asset materialized from its page carrying its profile as a run tag, and
 an MLflow link that reaches MLflow's own port, and MLflow opening the experiment on its runs.
@@ -19,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from k3model.train.recipes import POSTTRAIN_SIZES
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -140,6 +143,24 @@ def test_what_a_user_sees_in_the_ui(ui):
             assert page.get_by_text("smoke_pretraining", exact=True).count() == 0
             page.screenshot(path=str(ARTIFACTS / "ui_lineage_tiny.png"))
             page.set_viewport_size({"width": 1400, "height": 900})
+
+            # The launchpad (shift-click on Materialize) opens on the profile's values: tiny's SFT sizes.
+            page.goto(f"{dagster}/assets/tiny/sft_policy", wait_until="load")
+            button = page.locator("button", has_text="Materialize").first
+            button.wait_for(timeout=60_000)
+            button.click(modifiers=["Shift"])
+            # tiny's upstream is not materialized here: Dagster asks first.
+            page.get_by_role("button", name="Confirm").click(timeout=30_000)
+            editor = page.locator(".CodeMirror-code").first
+            editor.wait_for(timeout=60_000)
+            deadline = time.monotonic() + 60
+            while "tiny__sft_policy" not in editor.inner_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            shown = dict(re.findall(r"^\s*(steps|batch_size|lr): (\S+)$", editor.inner_text(), re.M))
+            tiny = POSTTRAIN_SIZES["tiny"]
+            assert {k: float(v) for k, v in shown.items()} == {"steps": tiny.sft_steps, "batch_size": tiny.sft_batch_size,
+                                                              "lr": tiny.sft_lr}, editor.inner_text()
+            page.screenshot(path=str(ARTIFACTS / "ui_launchpad_tiny_sft_policy.png"))
 
             # A picture in the asset's metadata table itself, not a file path.
             page.goto(f"{dagster}/assets/smoke/image_data", wait_until="load")
