@@ -313,13 +313,22 @@ ABLATION = "balancing_ablation"
 
 
 class BalancingAblationConfig(AssetConfig):
-    """The two arms (k3model.train.pretrain.balancing_arms): unset fields take the profile's values."""
+    """The two arms (k3model.train.pretrain.balancing_arms); steps and balanced default to the
+    profile's (BALANCING_ARM_STEPS, the model's balancing)."""
     seed: int = Field(default=0, ge=0)
-    steps: int | None = Field(default=None, ge=1, description="optimizer steps of each arm (default: "
-                              "k3model.train.pretrain.BALANCING_ARM_STEPS; at most stage 1's steps)")
+    steps: int | None = Field(default=None, ge=1, description="optimizer steps of each arm (at most stage 1's "
+                              "steps)")
     balanced: str | None = Field(default=None, description="the balanced arm's MoE balancing, quantile or "
-                                 "deepseek (default: the profile's); the other arm trains with none")
+                                 "deepseek; the other arm trains with none")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
+
+    @classmethod
+    def profile_values(cls, profile: str) -> dict[str, Any]:
+        # What balancing_arms takes for a field left None.
+        from k3model.config import get_profile
+        from k3model.train.pretrain import BALANCING_ARM_STEPS
+        p = get_profile(profile)
+        return {"steps": BALANCING_ARM_STEPS.get(profile, p.stages[0].steps), "balanced": p.model.balancing}
 
 
 def materialize_balancing_ablation(context: dg.AssetExecutionContext, config: BalancingAblationConfig,
@@ -395,7 +404,8 @@ def _balancing_ablation_asset(profile: str) -> dg.AssetsDefinition:
               description="Claim 2's ablation beside stage 1 (feeds only the report): two short stage-1 runs "
                           "from random weights, same data, seed and size, one with the profile's MoE balancing and "
                           "one with none; each final checkpoint's expert load over the held-out mixed set.")
-    def _asset(context: dg.AssetExecutionContext, config: BalancingAblationConfig) -> dg.MaterializeResult:
+    def _asset(context: dg.AssetExecutionContext,
+               config: BalancingAblationConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_balancing_ablation(context, config, profile)
     return _asset
 

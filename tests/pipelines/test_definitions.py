@@ -147,7 +147,7 @@ def test_definitions_module_only_assembles():
 # rows (a second reading of them, apart from the config classes' `profile_values`): asset → field → value.
 def _recipe(p: str) -> dict[str, dict]:
     from k3model.config import get_profile
-    from k3model.train.pretrain import eval_sizes
+    from k3model.train.pretrain import BALANCING_ARM_STEPS, eval_sizes
     from k3model.train.recipes import DEPLOY_SIZES, DISTILL_SIZES, POSTTRAIN_SIZES
     post, dist, dep, prof = POSTTRAIN_SIZES[p], DISTILL_SIZES[p], DEPLOY_SIZES[p], get_profile(p)
     stages = {f"pretrain_stage_{i + 1}": {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr,
@@ -166,7 +166,9 @@ def _recipe(p: str) -> dict[str, dict]:
             "quantized_student": {"compare_steps": dep.compare_steps, "compare_lr": dep.compare_lr,
                                   "compare_scope": dep.compare_scope},
             "draft_model": {"steps": dep.draft_steps, "ttt_steps": dep.draft_ttt_steps},
-            "report": {"kernelsuite": "sample" if p == "smoke" else "all"}}
+            "report": {"kernelsuite": "sample" if p == "smoke" else "all"},
+            "balancing_ablation": {"steps": BALANCING_ARM_STEPS.get(p, prof.stages[0].steps),
+                                   "balanced": prof.model.balancing}}
 
 
 # Fields whose value is "none" on some profile, which Dagster's launchpad leaves out of its YAML:
