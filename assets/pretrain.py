@@ -51,13 +51,17 @@ LOSS_CHECK_MIN_STEPS = 10
 
 
 class PretrainStageConfig(AssetConfig):
-    """One stage; steps, batch_size, lr, balancing and eval_examples_per_cell default to the profile's
-    (its stage row and model in k3model.config, EVAL_SIZES in k3model.train.pretrain)."""
+    """One stage; steps, batch_size, lr, balancing, quantile_window_tokens and eval_examples_per_cell
+    default to the profile's (its stage row and model in k3model.config, EVAL_SIZES in
+    k3model.train.pretrain)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1, description="optimizer steps of this stage")
     batch_size: int | None = Field(default=None, ge=1)
     lr: float | None = Field(default=None, gt=0, description="peak learning rate")
     balancing: str | None = Field(default=None, description="MoE balancing: quantile, deepseek or none")
+    quantile_window_tokens: int | None = Field(default=None, ge=0, description="tokens the quantile balancing "
+                                               "bias averages its solutions over (0: each step's overwrites it, "
+                                               "as K3; k3model/moe.py)")
     log_every: int = Field(default=10, ge=1, description="steps between live metric logs")
     ckpt_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints (0: four per "
                             "stage; each holds the optimizer state, 12 bytes a parameter)")
@@ -81,8 +85,9 @@ class PretrainStageConfig(AssetConfig):
         from k3model.train.pretrain import eval_sizes
         p = get_profile(profile)
         row = p.stages[stage - 1]
+        window = p.model.quantile_window_tokens if row.quantile_window_tokens is None else row.quantile_window_tokens
         return {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr, "balancing": p.model.balancing,
-                "eval_examples_per_cell": eval_sizes(profile)[0]}
+                "quantile_window_tokens": window, "eval_examples_per_cell": eval_sizes(profile)[0]}
 
 
 def stage_name(stage: int) -> str:
@@ -186,7 +191,7 @@ def materialize_stage(context: dg.AssetExecutionContext, config: PretrainStageCo
                              log_every=config.log_every, eval_examples_per_cell=config.eval_examples_per_cell,
                              ckpt_every=config.ckpt_every, eval_max_length=config.eval_max_length,
                              compile_regions=config.compile_regions, optimizer=config.optimizer,
-                             qk_clip_tau=config.qk_clip_tau)
+                             qk_clip_tau=config.qk_clip_tau, quantile_window_tokens=config.quantile_window_tokens)
         resolved = cfg.resolved()
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/{name} (ops.{op}.config): {e}",

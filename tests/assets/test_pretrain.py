@@ -131,6 +131,10 @@ def test_invalid_stage_config_names_the_field(smoke_resources):
         dg.materialize(STAGE_ASSETS[:1], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
                        run_config={"ops": {"smoke__pretrain_stage_1": {"config": {"steps": 0}}}})
     assert "steps" in error_text(err.value)
+    with pytest.raises(Exception) as err:
+        dg.materialize(STAGE_ASSETS[:1], resources=smoke_resources, instance=dg.DagsterInstance.ephemeral(),
+                       run_config={"ops": {"smoke__pretrain_stage_1": {"config": {"quantile_window_tokens": -1}}}})
+    assert "quantile_window_tokens" in error_text(err.value)
 
 
 def test_balancing_ablation_refuses_bad_config_and_stays_beside_the_chain(smoke_resources):

@@ -151,7 +151,10 @@ def _recipe(p: str) -> dict[str, dict]:
     from k3model.train.recipes import DEPLOY_SIZES, DISTILL_SIZES, POSTTRAIN_SIZES
     post, dist, dep, prof = POSTTRAIN_SIZES[p], DISTILL_SIZES[p], DEPLOY_SIZES[p], get_profile(p)
     stages = {f"pretrain_stage_{i + 1}": {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr,
-                                          "balancing": prof.model.balancing, "eval_examples_per_cell": eval_sizes(p)[0]}
+                                          "balancing": prof.model.balancing, "eval_examples_per_cell": eval_sizes(p)[0],
+                                          "quantile_window_tokens": (prof.model.quantile_window_tokens
+                                                                     if row.quantile_window_tokens is None
+                                                                     else row.quantile_window_tokens)}
               for i, row in enumerate(prof.stages)}
     return {**stages,
             "sft_data": {"tasks_per_family": post.sft_tasks_per_family, "family_weights": dict(post.sft_family_weights)},
