@@ -123,7 +123,7 @@ small)  # issue 42 item 5: small's lineage through Dagster + Ray on the GPU, red
     timeout $((560 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select "$sel" "$@" \
         2>&1 | grep -v "BetaWarning\|return fn(" | tee -a "$OUT/k3run_small.log"
     elapsed "k3 run exit ${PIPESTATUS[0]}"
-    timeout 60 python3 benchmarks/orch/asset_devices.py --profile small --out "$OUT/small_assets.json" 2>&1 | grep -v Warn
+    timeout 60 python3 -m pipelines.asset_devices --profile small --out "$OUT/small_assets.json" 2>&1 | grep -v Warn
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     ;;
 *) echo "unknown call $1"; exit 2 ;;

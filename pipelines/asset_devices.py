@@ -2,7 +2,7 @@
 and wall time, from the Dagster instance under K3_HOME (issue 42 item 5: "every asset's device
 recorded in its metadata, wall time per asset").
 
-    K3_HOME=/tmp/k3 python benchmarks/orch/asset_devices.py --profile small --out devices.json
+    K3_HOME=/tmp/k3 python -m pipelines.asset_devices --profile small --out devices.json
 
 Prints one line per materialized asset (partitions each on their own line) and writes the same as
 JSON. Reads only; run it after `k3 run`.
