@@ -4,6 +4,7 @@ the driver inside Ray's C++ core, where the Python signal handler never ran: `k3
 SIGTERM until it was killed."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,8 @@ def test_sigterm_stops_a_training_run_and_its_ray_tasks(tmp_path, delay):
     else:
         pytest.fail("k3 run ended before pretrain_stage_1 started:\n" + "".join(lines))
     # 1 s: usually inside ray.init (Ray's own SIGTERM handler raises SystemExit there, and its
-    # half-built core worker used to abort the exit: rc -6); 6 s: the stage's Ray task running.
+    # half-built core worker used to abort the exit: rc -6); 6 s: a stage's Ray task running — stage 1's
+    # or, when stage 1 trained faster than that (5.8 s on a quiet CI machine), a later asset's.
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
@@ -58,7 +60,7 @@ def test_sigterm_stops_a_training_run_and_its_ray_tasks(tmp_path, delay):
     took = time.monotonic() - t0
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
-    assert "✗ smoke/pretrain_stage_1: interrupted" in out and "k3 run: interrupted" in out, out[-3000:]
+    assert re.search(r"✗ smoke/\w+: interrupted", out) and "k3 run: interrupted" in out, out[-3000:]
     assert "k3 run: success" not in out
     # Ray's workers inherit K3_HOME: none may outlive the run. Allow time for their exit: Ray's agents
     # (DashboardAgent, RuntimeEnvAgent) leave on noticing the raylet gone, which took over 20 s on a
