@@ -37,7 +37,7 @@ import math
 from typing import Any, Self
 
 import dagster as dg
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 
 # AdamW moves each weight by about lr per step: above 1 a single step moves every weight of these
@@ -89,6 +89,16 @@ class AssetConfig(dg.Config):
         """Whether field `name` is set to something other than the profile's value."""
         value = getattr(self, name)
         return value is not None and value != self.profile_values(profile, **where).get(name)
+
+
+class ScaledEpisodes(AssetConfig):
+    """A config of an asset that plays episodes (evaluation, the ladder, RL, MOPD): `budget_scale`
+    shortens every episode budget and turn cap (`k3model.train.effort.scaled_budgets`), for a quick
+    check of a profile's lineage on a new host; the assets record it in their metadata, and
+    mopd_student refuses teachers evaluated at another scale."""
+    budget_scale: float = Field(default=1.0, gt=0, le=1, description="episode budgets and turn caps × this "
+                                "(1: the profile's; e.g. 0.125 for a quick run — its figures are not "
+                                "comparable with a full run's)")
 
 
 @functools.cache

@@ -33,7 +33,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.config_bounds import AssetConfig, refuse_unfit
+from assets.config_bounds import AssetConfig, ScaledEpisodes, refuse_unfit
 from assets.claims import rate_difference
 from assets.display import inline_png, markdown_table, sparkline
 from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
@@ -41,7 +41,7 @@ from assets.lineage import Upstream, group, key, profile_tags, require_upstreams
 from assets.plots import retention_heatmap
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_training, run_trainings
-from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
+from k3model.train.effort import DOMAINS, EFFORTS, effort_specs, scaled_budgets
 from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED, specialist_scoring
 
 GROUP = "distillation"
@@ -82,7 +82,7 @@ def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> di
 # ----------------------------------------------------------------------------------------------
 # mopd_student
 
-class MOPDStudentConfig(AssetConfig):
+class MOPDStudentConfig(ScaledEpisodes):
     """The distillation; steps, episodes_per_step and lr default to the profile's (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1)
@@ -135,13 +135,22 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     try:
         cfg = MOPDConfig(seed=config.seed, steps=config.steps, episodes_per_step=config.episodes_per_step,
                          lr=config.lr, outcome_coef=config.outcome_coef,
-                         samples_per_task=config.samples_per_task, specs=effort_specs(sizes.mopd_budgets),
+                         samples_per_task=config.samples_per_task,
+                         specs=effort_specs(scaled_budgets(sizes.mopd_budgets, config.budget_scale)),
                          log_every=config.log_every)
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/mopd_student "
                                      f"(ops.{profile}__mopd_student.config): {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
     teachers = specialist_partitions(context, profile)
+    # The teachers' figures are reused below: the student must be scored at their budgets.
+    other_scale = {pk: t.metadata.get("budget_scale", 1.0) for pk, t in teachers.items()
+                   if t.metadata.get("budget_scale", 1.0) != config.budget_scale}
+    if other_scale:
+        raise dg.Failure(description=f"{profile}/mopd_student: budget_scale {config.budget_scale}, but rl_specialist "
+                                     + ", ".join(f"{pk} was evaluated at {v}" for pk, v in other_scale.items())
+                                     + ": set mopd_student.budget_scale to the teachers' (or retrain them at this one)",
+                         allow_retries=False)
     ladder = json.loads(Path(ups["rl_tasks"].path).read_text())
     cells = {pk: ladder["tasks"][pk.replace("|", "/")] for pk in teachers}
     # The specialists' own held-out evaluation (same tasks, same budgets): reused, not replayed.
@@ -152,7 +161,7 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
             figures[pk] = {"success_rate": m["eval/success_rate"], "n": int(m["eval/n"]),
                            "successes": round(m["eval/success_rate"] * m["eval/n"]),
                            "mean_policy_tokens": m["eval/mean_policy_tokens"]}
-    specs = effort_specs(POSTTRAIN_SIZES[profile].eval_budgets)
+    specs = effort_specs(scaled_budgets(POSTTRAIN_SIZES[profile].eval_budgets, config.budget_scale))
     spec_flops = [t.metadata.get("flops/total") for t in teachers.values()]
     specialist_flops = sum(spec_flops) if all(isinstance(f, (int, float)) for f in spec_flops) else None
     control_cfg = None
@@ -194,7 +203,8 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
     # The student is what `k3 serve` serves: `models:/k3-<profile>-mopd_student@champion`.
     context.resources.mlflow.client().set_registered_model_alias(trained.version.name, "champion",
                                                                  trained.version.version)
-    return trained.materialize_result(mopd_metadata(trained.result, cfg, teachers, specialist_flops))
+    return trained.materialize_result({**mopd_metadata(trained.result, cfg, teachers, specialist_flops),
+                                        "budget_scale": config.budget_scale})
 
 
 def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float | None) -> dict[str, Any]:
@@ -262,7 +272,7 @@ class ArmConfig:
     effort: str
 
 
-class CrossHarnessConfig(AssetConfig):
+class CrossHarnessConfig(ScaledEpisodes):
     """The transfer folds; folds and steps default to the profile's (DISTILL_SIZES)."""
     seed: int = Field(default=0, ge=0)
     folds: list[str] | None = Field(default=None, min_length=1, description="held-out harness of each fold (default: the "
@@ -287,7 +297,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
     sizes, config = DISTILL_SIZES[profile], config.filled(profile)
     folds = tuple(config.folds)
     try:
-        specs = effort_specs(sizes.transfer_budgets)
+        specs = effort_specs(scaled_budgets(sizes.transfer_budgets, config.budget_scale))
         grpo = GRPOConfig(group_size=sizes.transfer_group_size, groups_per_step=sizes.transfer_groups_per_step,
                           steps=config.steps, seed=config.seed, log_every=config.log_every,
                           **({"efforts": specs} if specs else {}))
@@ -327,7 +337,8 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
         g, s = by_arm[f"{h}|general"].result.arm, by_arm[f"{h}|single"].result.arm
         results.append(FoldResult(h, domain, effort, g, s, sft_saw_held_out=h != HELD_OUT_HARNESS))
     rows = []
-    own: dict[str, Any] = {"folds": ",".join(folds), "steps": grpo.steps, "target": TRANSFER_TARGET}
+    own: dict[str, Any] = {"folds": ",".join(folds), "steps": grpo.steps, "target": TRANSFER_TARGET,
+                           "budget_scale": config.budget_scale}
     for fold in results:
         for arm in (fold.general, fold.single):
             ratio, lo, hi = arm.transfer()

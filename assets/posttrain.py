@@ -29,7 +29,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from assets.config_bounds import AssetConfig, refuse_unfit
+from assets.config_bounds import AssetConfig, ScaledEpisodes, refuse_unfit
 from assets.data import _result as data_result
 from assets.display import markdown_table, sparkline
 from assets.lineage import group, key, profile_tags, require_upstreams, tag_run
@@ -37,7 +37,7 @@ from assets.posttrain_tasks import train_sft_task
 from assets.storage import publish
 from assets.training import TrainingJob, run_training
 from k3model.checkpoint import source_tree_sha256
-from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs
+from k3model.train.effort import DOMAINS, EFFORTS, check_route, effort_specs, scaled_budgets
 from k3model.train.evaluate import per_harness
 from k3model.train.recipes import POSTTRAIN_SIZES, eval_plan, specialist_scoring
 from k3model.train.stats import newcombe as rate_difference, paired_difference
@@ -128,7 +128,7 @@ def materialize_sft_data(context: dg.AssetExecutionContext, config: SFTDataAsset
 # ----------------------------------------------------------------------------------------------
 # sft_policy
 
-class SFTPolicyConfig(AssetConfig):
+class SFTPolicyConfig(ScaledEpisodes):
     """The SFT run; steps, batch_size, lr and eval_tasks_per_family default to the profile's
     (POSTTRAIN_SIZES)."""
     seed: int = Field(default=0, ge=0)
@@ -195,7 +195,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
                          allow_retries=False) from e
     # base_model first: a missing one is named in the message, with the command that makes it.
     ups = require_upstreams(context, ["base_model", "sft_data", "tokenizer"], profile)
-    plan = eval_plan(profile, config.eval_tasks_per_family)
+    plan = eval_plan(profile, config.eval_tasks_per_family, config.budget_scale)
     demos = ups["sft_data"].path
     ray = context.resources.ray
     context.log.info(f"{profile}/sft_policy: {cfg.steps} steps of {cfg.batch_size} demonstrations from base_model, "
@@ -234,6 +234,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
         "steps": cfg.steps,
         "tokens_seen": r.tokens_seen,
         "qat": True,
+        "budget_scale": config.budget_scale,
         "eval/success_rate": _mean(r.evals, "success_rate"),
         "eval/mean_policy_tokens": _mean(r.evals, "mean_policy_tokens"),
         "base_model/success_rate": _mean(r.start_evals, "success_rate"),
@@ -262,7 +263,7 @@ def materialize_sft_policy(context: dg.AssetExecutionContext, config: SFTPolicyC
 # ----------------------------------------------------------------------------------------------
 # rl_tasks: the ladder
 
-class RLTasksConfig(AssetConfig):
+class RLTasksConfig(ScaledEpisodes):
     tasks_per_family: int | None = Field(default=None, ge=1, description="ladder tasks per family "
                                          "(default: the profile's, POSTTRAIN_SIZES)")
     samples: int | None = Field(default=None, ge=2, description="episodes per task (G)")
@@ -305,7 +306,8 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
     ray = context.resources.ray
     t0 = time.perf_counter()
     out = ray.run(measure_ladder_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), cfg,
-                  effort_specs(sizes.eval_budgets), log=context.log.info, **ray.placement(log=context.log.info))
+                  effort_specs(scaled_budgets(sizes.eval_budgets, config.budget_scale)), log=context.log.info,
+                  **ray.placement(log=context.log.info))
     seconds = time.perf_counter() - t0
     ladder = out["json"]
     report = LadderReport.from_json(ladder)
@@ -348,6 +350,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
         "chosen": dg.MetadataValue.md(markdown_table(rows)),
         "baselines": dg.MetadataValue.md(out["baseline_table"]),
         "cells_in_band": sum(c.in_band for c in report.cells),
+        "budget_scale": config.budget_scale,
         "random_passes": len(random_passes),
         "expert_min": expert_min,
         "pass_rates": dg.MetadataValue.json({k: v for k, v in md.items() if k.endswith("/pass_rate")}),
@@ -359,7 +362,7 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
 # ----------------------------------------------------------------------------------------------
 # rl_specialist: nine partitions, trained concurrently
 
-class RLSpecialistConfig(AssetConfig):
+class RLSpecialistConfig(ScaledEpisodes):
     """Every specialist of the run; steps, group_size, groups_per_step and lr default to the profile's
     (POSTTRAIN_SIZES)."""
     steps: int | None = Field(default=None, ge=1, description="GRPO updates per specialist")
@@ -470,7 +473,7 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
         raise dg.Failure(description=f"{profile}/rl_specialist: {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
     sizes, config = POSTTRAIN_SIZES[profile], config.filled(profile)
-    specs = effort_specs(POSTTRAIN_SIZES[profile].eval_budgets)
+    specs = effort_specs(scaled_budgets(sizes.eval_budgets, config.budget_scale))
     op = f"{profile}__rl_specialist"
     try:
         cfg = GRPOConfig(steps=config.steps, group_size=config.group_size, groups_per_step=config.groups_per_step,
@@ -518,7 +521,8 @@ def materialize_rl_specialists(context: dg.AssetExecutionContext, config: RLSpec
     def record(trained) -> None:
         # As each specialist finishes, while the others still train: a kill later loses none of it.
         pk = trained.job.partition
-        metadata = trained.metadata(specialist_metadata(cfg, *cells[pk], trained.result))
+        metadata = trained.metadata({**specialist_metadata(cfg, *cells[pk], trained.result),
+                                     "budget_scale": config.budget_scale})
         done[pk] = (metadata, trained.info.sha256)
         context.log_event(partition_materialization(context, profile, pk, metadata, trained.info.sha256,
                                                     POSTTRAIN_CODE_VERSION))

@@ -181,6 +181,9 @@ class StageConfig:
     # Activation checkpointing in this stage; None: the model's setting. A memory knob (the same
     # gradients), set per stage because short rows need far less activation memory than long ones.
     activation_checkpointing: bool | None = None
+    # With activation_checkpointing False: the GPU memory (GiB) the stage needs without it; on a
+    # smaller GPU the stage keeps checkpointing (same gradients, slower) and says so. None: no bound.
+    checkpointing_off_gib: float | None = None
     # MoEConfig.quantile_window_tokens in this stage; None: the model's. Per stage because a router
     # trained from random weights drifts faster than a window can follow (docs/log/pretrain.md 2026-12-06).
     quantile_window_tokens: int | None = None
@@ -231,8 +234,10 @@ def _small() -> Profile:
     )
     # Stage 1 without activation checkpointing: 0.556 → 0.394 s a step, 92.5 GiB at 512 × 64 on the H200,
     # measured on the benchmark's model (no MTP head, no vision tower; docs/log/gpu.md); the longer
-    # stages keep it.
-    stages = (StageConfig(512, 2000, 64, 1e-3, activation_checkpointing=False), StageConfig(4096, 400, 8, 5e-4),
+    # stages keep it. On an 80 GB H100 the product's stage 1 ran out of memory without it (2026-12-06),
+    # so there it keeps checkpointing.
+    stages = (StageConfig(512, 2000, 64, 1e-3, activation_checkpointing=False, checkpointing_off_gib=100),
+              StageConfig(4096, 400, 8, 5e-4),
               StageConfig(16384, 100, 2, 3e-4), StageConfig(65536, 25, 1, 2e-4))
     return Profile(name="small", model=model, stages=stages, device="cuda")
 

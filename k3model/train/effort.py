@@ -66,6 +66,20 @@ def effort_specs(budgets: Sequence[tuple[str, int, int]] | None) -> dict[str, Ef
             for e, b, t in budgets}
 
 
+def scaled_budgets(budgets: Sequence[tuple[str, int, int]] | None,
+                   scale: float) -> tuple[tuple[str, int, int], ...] | None:
+    """`budgets` ((effort, episode budget, turn cap) triples; None: `EFFORT_SPECS`') with every budget
+    and turn cap times `scale` (0 < scale ≤ 1, rounded, at least one token): a quick run's shorter
+    episodes, e.g. a short check of a profile's lineage on a new host. Scale 1 returns `budgets` as
+    given. Figures measured at different scales are not comparable."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"budget scale {scale} is not in (0, 1]")
+    if scale == 1:
+        return None if budgets is None else tuple(budgets)
+    base = budgets if budgets is not None else [(e, s.budget_tokens, s.turn_tokens) for e, s in EFFORT_SPECS.items()]
+    return tuple((e, max(1, round(b * scale)), max(1, round(t * scale))) for e, b, t in base)
+
+
 def check_route(domain: str, effort: str) -> None:
     """A ValueError naming the valid values, for an unknown domain or effort."""
     if domain not in DOMAINS:
@@ -102,4 +116,4 @@ def training_harnesses(harnesses: Sequence[str] | None = None) -> tuple[str, ...
 
 
 __all__ = ["DOMAINS", "EFFORTS", "EFFORT_SPECS", "HELD_OUT_HARNESS", "EffortSpec", "Route", "check_route",
-           "effort_specs", "freeze_router_bias", "partition_key", "routes", "training_harnesses"]
+           "effort_specs", "freeze_router_bias", "scaled_budgets", "partition_key", "routes", "training_harnesses"]

@@ -24,6 +24,7 @@ No Dagster, Ray or MLflow here: the caller passes `log_fn(step, metrics)` to see
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -134,8 +135,17 @@ class PretrainConfig(LoopConfig):
         window = stage.quantile_window_tokens if self.quantile_window_tokens is None else self.quantile_window_tokens
         if window is not None:
             model = replace(model, quantile_window_tokens=window)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        notes = ()
         if stage.activation_checkpointing is not None:
-            model = replace(model, activation_checkpointing=stage.activation_checkpointing)
+            ckpt = stage.activation_checkpointing
+            if not ckpt and stage.checkpointing_off_gib is not None and device == "cuda":
+                gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+                if gib < stage.checkpointing_off_gib:
+                    ckpt = True
+                    notes = (f"activation checkpointing kept on: stage {self.stage} needs ~{stage.checkpointing_off_gib:g} "
+                             f"GiB without it, this GPU has {gib:.0f} GiB",)
+            model = replace(model, activation_checkpointing=ckpt)
         resolved = ResolvedStage(
             model=model,
             steps=self.steps or stage.steps,
@@ -144,7 +154,7 @@ class PretrainConfig(LoopConfig):
             lr=self.lr or stage.lr,
             clue_warmup_steps=stage.clue_warmup_steps if self.clue_warmup_steps is None else self.clue_warmup_steps,
             mixed_lr=stage.mixed_lr if self.mixed_lr is None else (self.mixed_lr or None),
-            device="cuda" if torch.cuda.is_available() else "cpu",
+            device=device, notes=notes,
         )
         check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
         if self.compile_regions and resolved.device != "cuda":
@@ -187,6 +197,7 @@ class ResolvedStage:
     clue_warmup_steps: int
     mixed_lr: float | None
     device: str
+    notes: tuple[str, ...] = ()  # what was decided for this machine, logged at the stage's start
 
 
 @dataclass
@@ -235,6 +246,8 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
     stage = cfg.resolved()
     device = stage.device
     loop = Loop(cfg, out_dir, log_fn, steps=stage.steps, seed=cfg.seed * 1000 + cfg.stage, stop_after=stop_after)
+    for note in stage.notes:
+        warnings.warn(note, stacklevel=1)
 
     # ---- model
     model = K3Model(stage.model)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from datagen.sft import SFT_FAMILIES
-from k3model.train.effort import DOMAINS, EFFORTS, effort_specs
+from k3model.train.effort import DOMAINS, EFFORTS, effort_specs, scaled_budgets
 
 # The starter rung of each domain (envs/tasks/starter.py; general_tasks has two).
 STARTER_FAMILIES = ("echo_word", "compare_numbers", "slack_ping", "write_answer")
@@ -139,14 +139,14 @@ class EvalPlan:
         return effort_specs(self.budgets)
 
 
-def eval_plan(profile: str, tasks_per_family: int | None = None) -> EvalPlan:
+def eval_plan(profile: str, tasks_per_family: int | None = None, budget_scale: float = 1.0) -> EvalPlan:
     """The held-out evaluation of `profile`: tasks of the families SFT trained on, seeds from
     this module's `EVAL_SEED_BASE` (disjoint from the RL prompts' and the demonstrations'),
-    the same tasks for every policy compared."""
+    the same tasks for every policy compared; episode budgets × `budget_scale` (`scaled_budgets`)."""
     sizes = POSTTRAIN_SIZES[profile]
     return EvalPlan(domains=DOMAINS, efforts=EFFORTS, families=sizes.sft_families or SFT_FAMILIES,
                     tasks_per_family=tasks_per_family or sizes.eval_tasks_per_family, seed=EVAL_SEED_BASE,
-                    budgets=sizes.eval_budgets)
+                    budgets=scaled_budgets(sizes.eval_budgets, budget_scale))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,19 @@ def test_a_missing_teacher_partition_is_named(upstreams, smoke_resources, tmp_pa
     assert "rl_specialist partition(s) coding_agents|max have not been materialized" in message
 
 
+def test_teachers_at_another_budget_scale_are_refused(upstreams, smoke_resources, tmp_path):
+    # Their reused held-out figures were played at another episode budget: not comparable.
+    instance = _instance(upstreams, [], tmp_path)
+    for pk in PARTITIONS:
+        _report(instance, "rl_specialist", upstreams[1][1], partition=pk, **FIGURES,
+                budget_scale=0.5 if pk == "coding_agents|low" else 1.0)
+    result = dg.materialize([MOPD], instance=instance, resources=smoke_resources, raise_on_error=False,
+                            selection=[MOPD.key])
+    assert not result.success
+    message = [e for e in result.all_events if e.is_step_failure][0].step_failure_data.error.message
+    assert "budget_scale 1.0, but rl_specialist coding_agents|low was evaluated at 0.5" in message
+
+
 def test_mopd_student_materializes_through_ray(upstreams, smoke_resources, tmp_path):
     instance = _instance(upstreams, PARTITIONS, tmp_path)
     result = dg.materialize([MOPD], instance=instance, resources=smoke_resources, selection=[MOPD.key])

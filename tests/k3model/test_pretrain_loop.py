@@ -150,6 +150,19 @@ def test_quantile_window_is_the_stages_unless_overridden():
     assert PretrainConfig(profile="tiny", stage=1, quantile_window_tokens=4096).resolved().model.moe().quantile_window_tokens == 4096
 
 
+@pytest.mark.parametrize("gib, checkpointing", [(80, True), (141, False)])
+def test_small_stage_1_keeps_checkpointing_on_a_gpu_too_small_to_go_without(monkeypatch, gib, checkpointing):
+    # small's stage 1 trains without checkpointing where the GPU holds it (an H200), not on an 80 GB
+    # H100, where it ran out of memory (docs/log/gpu.md 2026-12-06).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: type("Props", (), {"total_memory": gib * 2**30})())
+    stage = PretrainConfig(profile="small", stage=1).resolved()
+    assert stage.device == "cuda" and stage.model.activation_checkpointing is checkpointing
+    assert bool(stage.notes) is checkpointing and (not checkpointing or f"{gib} GiB" in stage.notes[0])
+    assert PretrainConfig(profile="small", stage=2).resolved().model.activation_checkpointing is True
+
+
 def test_missing_data_says_which_asset_to_materialize(tmp_path):
     with pytest.raises(ValueError, match="tokenizer_path.*materialize"):
         PretrainData(tmp_path / "nope.json", tmp_path, tmp_path, tmp_path)
