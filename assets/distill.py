@@ -40,7 +40,7 @@ from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
 from assets.lineage import Upstream, group, key, profile_tags, require_upstreams, tag_run, verify_upstreams
 from assets.plots import retention_heatmap
 from assets.posttrain import POSTTRAIN_CODE_VERSION
-from assets.training import TrainingJob, run_training, run_trainings
+from assets.training import TrainingJob, run_arms, run_training
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs, scaled_budgets
 from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED, specialist_scoring
 
@@ -326,12 +326,7 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
         headline=lambda r: {"held_out_success": r.arm.held_out["success_rate"],
                             "in_harness_success": r.arm.in_harness["success_rate"]})
         for h, name, hs in arms]
-    outcomes = run_trainings(context, jobs)
-    failed = [(j.partition, o) for j, o in zip(jobs, outcomes) if isinstance(o, BaseException)]
-    if failed:
-        raise dg.Failure(description=f"{profile}/cross_harness: arm(s) failed: "
-                                     + "; ".join(f"{p}: {str(e)[:300]}" for p, e in failed), allow_retries=False)
-    by_arm = {j.partition: o for j, o in zip(jobs, outcomes)}
+    by_arm = run_arms(context, jobs, f"{profile}/cross_harness")
     results = []
     for h in folds:
         g, s = by_arm[f"{h}|general"].result.arm, by_arm[f"{h}|single"].result.arm

@@ -38,7 +38,7 @@ from assets.lineage import (Upstream, group, key, latest, profile_tags, require_
                             tag_run)
 from assets.plots import stage_losses
 from assets.pretrain_tasks import grid_rows, train_stage_task
-from assets.training import TrainingJob, register, run_training, run_trainings
+from assets.training import TrainingJob, register, run_arms, run_training
 from k3model.checkpoint import CheckpointCorrupted, link_checkpoint, source_tree_sha256, verify_checkpoint
 
 # Bumps whenever the library changes, so the UI marks checkpoints trained by older code as stale.
@@ -365,12 +365,7 @@ def materialize_balancing_ablation(context: dg.AssetExecutionContext, config: Ba
         headline=lambda result: {k: result.eval[k] for k in ("moe/train_tail_load_max_over_mean",)
                                  if k in result.eval})
         for arm, cfg in arms.items()]
-    outcomes = run_trainings(context, jobs)
-    failed = [(j.partition, o) for j, o in zip(jobs, outcomes) if isinstance(o, BaseException)]
-    if failed:
-        raise dg.Failure(description=f"{profile}/{ABLATION}: arm(s) failed: "
-                                     + "; ".join(f"{p}: {str(e)[:300]}" for p, e in failed), allow_retries=False)
-    by_arm = {j.partition: o for j, o in zip(jobs, outcomes)}
+    by_arm = run_arms(context, jobs, f"{profile}/{ABLATION}")
     own: dict[str, Any] = {"steps": steps, "balanced": next(a for a in arms if a != UNBALANCED),
                            "tokens_seen": by_arm[UNBALANCED].result.tokens_seen}
     measured, rows = {}, []

@@ -185,6 +185,17 @@ def run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob],
         return _run_trainings(context, jobs, held, on_trained)
 
 
+def run_arms(context: dg.AssetExecutionContext, jobs: list[TrainingJob], what: str) -> dict[str, Trained]:
+    """`run_trainings` for an asset that needs every arm: partition → Trained, or one dg.Failure (no
+    retries) naming each arm that failed (`what`: the asset, e.g. "tiny/cross_harness")."""
+    outcomes = run_trainings(context, jobs)
+    failed = [(j.partition, o) for j, o in zip(jobs, outcomes) if isinstance(o, BaseException)]
+    if failed:
+        raise dg.Failure(description=f"{what}: arm(s) failed: " + "; ".join(f"{p}: {str(e)[:300]}" for p, e in failed),
+                         allow_retries=False)
+    return {j.partition: o for j, o in zip(jobs, outcomes)}
+
+
 def _run_trainings(context: dg.AssetExecutionContext, jobs: list[TrainingJob], held: contextlib.ExitStack,
                    on_trained: Callable[[Trained], None] | None) -> list[Trained | BaseException]:
     store, mlflow, ray = context.resources.store, context.resources.mlflow, context.resources.ray
