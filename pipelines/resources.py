@@ -169,6 +169,18 @@ def runtime_env(repo: Path = REPO_ROOT) -> dict[str, Any]:
             env_vars[key] = os.environ[key]
     return {"working_dir": str(repo), "excludes": RUNTIME_EXCLUDES, "env_vars": env_vars}
 
+def run_task(driver, threads: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """A Ray task's body: `fn(*args)` on `threads` torch threads (the task's CPUs), ended with the
+    worker if the driver dies first (`pipelines.driver_watch.run_watched`). Ray sets OMP_NUM_THREADS
+    once, from the CPUs of the task a worker process starts for, and reuses the worker for later
+    tasks: without this a worker started for a 1-CPU task (a balancing arm) trained the next 2-CPU
+    task (tiny's stage 1) on one thread, 3.5× slower (docs/log/hardening.md 2026-12-06)."""
+    import torch
+
+    from pipelines.driver_watch import run_watched
+    torch.set_num_threads(threads)
+    return run_watched(driver, fn, *args)
+
 
 class RayResource(dg.ConfigurableResource):
     """A Ray cluster for the GPU-heavy steps: started locally once per run, or joined."""
@@ -308,7 +320,7 @@ class RayResource(dg.ConfigurableResource):
                 raise ValueError(f"{label} asked Ray for {call.num_gpus:g} GPU(s) but the cluster has "
                                  f"{gpus:g}: use a CPU profile (smoke, tiny) or set RAY_ADDRESS "
                                  "to a cluster with GPUs")
-        from pipelines.driver_watch import Driver, run_watched
+        from pipelines.driver_watch import Driver
         driver = Driver.this_process()
         nodes = self.nodes()
 
@@ -317,9 +329,9 @@ class RayResource(dg.ConfigurableResource):
             cpus = (placement(nodes, 1, call.num_gpus > 0)[0] if call.num_cpus is None
                     else call.num_cpus)
             # Through run_watched, a task ends with this driver even when it dies by SIGKILL.
-            remote = ray.remote(run_watched).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
-                                                     name=call.label or getattr(call.fn, "__name__", "task"))
-            ref = remote.remote(driver, call.fn, *call.args)
+            remote = ray.remote(run_task).options(num_cpus=cpus, num_gpus=call.num_gpus, max_retries=0,
+                                                  name=call.label or getattr(call.fn, "__name__", "task"))
+            ref = remote.remote(driver, max(1, int(cpus)), call.fn, *call.args)
             refs.append(ref)
             return ref
 
