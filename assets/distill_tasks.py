@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.ray_task import LiveLog
+from assets.ray_task import LiveLog, load_on_task_device
 
 
 def retention(student: dict[str, dict], teachers: dict[str, dict]) -> dict[str, dict]:
@@ -58,7 +58,6 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     trained on specialists + MOPD FLOPs and evaluated on the same cells."""
     import envs
     from datagen.tokenizer import load_tokenizer
-    from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
     from k3model.train.mopd import evaluate_routes, train
 
@@ -67,7 +66,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
 
     def play(checkpoint: str, pk: str) -> dict:  # a teacher without its own figures, on its cell
         effort = pk.split("|")[1]
-        return evaluate(load_model(checkpoint)[0].eval(), tokenizer, generate(cells[pk]["eval"]), effort,
+        return evaluate(load_on_task_device(checkpoint), tokenizer, generate(cells[pk]["eval"]), effort,
                         samples=scoring.samples, temperature=scoring.temperature, seed=scoring.seed,
                         specs=specs).as_metadata()
 
@@ -88,7 +87,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
     tasks = {tuple(k.split("|")): generate(c["rl"]) for k, c in cells.items()}
     result = train(cfg, student_checkpoint, routes, tokenizer, work_dir, tasks=tasks, log_fn=live)
     t0 = time.perf_counter()
-    student = load_model(str(result.checkpoint_dir))[0].eval()
+    student = load_on_task_device(str(result.checkpoint_dir))
     cell_tasks = {tuple(pk.split("|")): generate(cells[pk]["eval"]) for pk in teachers}
     evals = on_cells(student)
     teacher_evals = {pk.replace("|", "/"): teacher_figures.get(pk) or play(ckpt, pk) for pk, ckpt in teachers.items()}
@@ -105,7 +104,7 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
         ctl = generalist_control(control_cfg, student_checkpoint, tokenizer, Path(work_dir) / "control",
                                  flop_budget=budget, routes=list(routes), tasks=tasks, log_fn=live)
         control = {"flops": ctl.flops, "budget": budget, "turns": ctl.turns,
-                   "evals": on_cells(load_model(str(ctl.checkpoint_dir))[0].eval())}
+                   "evals": on_cells(load_on_task_device(str(ctl.checkpoint_dir)))}
         headline["control/success_rate"] = (sum(e["success_rate"] for e in control["evals"].values())
                                             / max(len(control["evals"]), 1))
     live(cfg.steps, headline)

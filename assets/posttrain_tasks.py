@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assets.ray_task import LiveLog
+from assets.ray_task import LiveLog, load_on_task_device
 
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
     from k3model.train.recipes import EvalPlan, SpecialistEval
@@ -43,14 +43,13 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
     """SFT from the base model (`k3model.train.sft.train`, QAT as `cfg.qat`), then the held-out
     evaluation of the policy and of the base model on the same tasks."""
     from datagen.tokenizer import load_tokenizer
-    from k3model.checkpoint import load_model
     from k3model.train.ladder import evaluate_policy
     from k3model.train.sft import train
     result = train(cfg, demos_path, work_dir, init_checkpoint=base_checkpoint, eval_demos=heldout_path, log_fn=live)
     tokenizer = load_tokenizer(tokenizer_path)
     t0 = time.perf_counter()
-    evals = evaluate_policy(load_model(result.checkpoint_dir)[0].eval(), tokenizer, plan)
-    start_evals = evaluate_policy(load_model(base_checkpoint)[0].eval(), tokenizer, plan)
+    evals = evaluate_policy(load_on_task_device(result.checkpoint_dir), tokenizer, plan)
+    start_evals = evaluate_policy(load_on_task_device(base_checkpoint), tokenizer, plan)
     headline = {f"eval/success/{cell}": f["success_rate"] for cell, f in evals.items()}
     headline["perf/eval_wall_s"] = time.perf_counter() - t0
     live(cfg.steps, headline)
@@ -65,9 +64,8 @@ def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs:
     """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
     flat figures and its Markdown tables (the ladder, the random and expert baselines)."""
     from datagen.tokenizer import load_tokenizer
-    from k3model.checkpoint import load_model
     from k3model.train.ladder import measure_ladder
-    model = load_model(policy_checkpoint)[0].eval()
+    model = load_on_task_device(policy_checkpoint)
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table(),
             "baseline_table": report.baseline_table()}
@@ -82,7 +80,6 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
     split. Tasks travel as (family, seed) pairs and are generated here."""
     import envs
     from datagen.tokenizer import load_tokenizer
-    from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
     from k3model.train.grpo import train
     from k3model.train.ladder import hard_tasks
@@ -101,7 +98,7 @@ def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, doma
         return evaluate(model, tokenizer, tasks, effort, samples=scoring.samples, temperature=scoring.temperature,
                         seed=scoring.seed, specs=cfg.efforts, max_episodes_per_batch=cfg.max_episodes_per_batch)
 
-    specialist, sft = load_model(result.checkpoint_dir)[0].eval(), load_model(policy_checkpoint)[0].eval()
+    specialist, sft = load_on_task_device(result.checkpoint_dir), load_on_task_device(policy_checkpoint)
     # The domain's hard split (ladder.hard_tasks: where the scratchpad does real work) for claim 3's
     # "max scores at least as well as low on hard tasks", judged where sft_policy at low scores < 50 %
     # there, so sft_policy is scored on it at low too.

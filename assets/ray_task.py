@@ -88,6 +88,13 @@ def task_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def load_on_task_device(checkpoint) -> "torch.nn.Module":
+    """A checkpoint's model (QAT as it trained), in eval mode on `task_device()`: a held-out
+    evaluation plays on the GPU Ray gave the task, not on its CPUs."""
+    from k3model.checkpoint import load_model
+    return load_model(checkpoint, task_device())[0].eval()
+
+
 WHERE_TAGS = ("k3/device", "k3/gpu", "k3/ray_resources", "k3/node")
 
 

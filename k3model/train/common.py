@@ -196,15 +196,19 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 _logged_autocast: set[str] = set()
 
 
-def autocast_for(device: str | torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA; on the CPU a disabled autocast (the step runs in fp32)."""
+def autocast_for(device: str | torch.device, *, captured: bool = False) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; on the CPU a disabled autocast (the step runs in fp32). `captured`: the
+    region captures CUDA graphs that outlive it (the rollouts' decode step, engine.GraphStep), so
+    autocast's cache of cast weights is off: a graph then casts the live fp32 weights at every replay
+    (an optimizer step is seen) instead of reading a cached copy that is stale, and freed when the
+    region ends."""
     device_type = torch.device(device).type
     if device_type not in _logged_autocast:
         _logged_autocast.add(device_type)
-        logger.info("training on %s: %s", device_type,
+        logger.info("model steps on %s: %s", device_type,
                     "bf16 autocast" if device_type == "cuda" else "fp32, no autocast")
     if device_type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not captured)
     return torch.autocast("cpu", enabled=False)
 
 

@@ -40,6 +40,7 @@ import torch
 from k3model.cache import ModelCache
 from k3model.engine import (FINISH_LENGTH, MIN_ROWS, Completion, SamplingConfig, SlotBatch, _record,
                             context_length, last_logits, sample)
+from k3model.train.common import autocast_for
 from k3model.train.qat import frozen_expert_weights
 
 
@@ -219,7 +220,9 @@ class TokenPolicy:
         pool = ThreadPoolExecutor(max_workers=self.env_workers, thread_name_prefix="env-step")
         try:
             # The weights stay fixed for the whole run: QAT's fake-quantized expert weights once, not per step.
-            with frozen_expert_weights(model):
+            # On CUDA the episodes decode under the training step's bf16 autocast, through the captured
+            # step (engine.GraphStep; an fp32 model outside autocast would decode eagerly).
+            with frozen_expert_weights(model), autocast_for(next(model.parameters()).device, captured=True):
                 return self._schedule(list(jobs), seeds, pool)
         finally:
             model.train(was_training)

@@ -148,3 +148,34 @@ def test_rollouts_decode_through_the_captured_step_and_give_the_eager_episodes()
     for g, e in zip(graphed, eager):
         assert g.token_ids == e.token_ids and g.generated == e.generated
         torch.testing.assert_close(torch.tensor(g.model_logprobs), torch.tensor(e.model_logprobs), atol=3e-2, rtol=0)
+
+
+def test_an_fp32_policy_rolls_out_through_the_captured_step_and_sees_an_optimizer_step():
+    # The trainers keep fp32 weights; TokenPolicy.play decodes them under bf16 autocast with its cast
+    # cache off (train.common.autocast_for(captured=True)), so the step is captured, and a graph reused
+    # after an in-place update (an optimizer step) casts the live weights: its episodes equal a fresh
+    # eager run's on the updated model, tokens exactly.
+    import envs
+    from dataclasses import replace
+    from k3model.engine import _CAPTURED
+    from k3model.train.rollout import Job, TokenPolicy
+    from tests.k3model.train.test_rollout import BYTES
+
+    torch.manual_seed(0)
+    model = K3Model(replace(get_profile("smoke").model, name="smoke-fp32-policy")).cuda().eval()
+    assert next(model.parameters()).dtype == torch.float32
+
+    def play(graphed):
+        jobs = [Job(lambda k=k: envs.make_env("arith_word", seed=k, max_steps=2), seed=k, close=True) for k in range(8)]
+        return TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=6), max_concurrent=8, graphed=graphed).play(jobs)
+
+    before = play(None)
+    assert any(key[0] == "slots" for key in _CAPTURED[model])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    after, eager = play(None), play(False)
+    assert [e.token_ids for e in after] != [e.token_ids for e in before]
+    for g, e in zip(after, eager):
+        assert g.token_ids == e.token_ids
+        torch.testing.assert_close(torch.tensor(g.model_logprobs), torch.tensor(e.model_logprobs), atol=3e-2, rtol=0)
