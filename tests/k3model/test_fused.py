@@ -257,3 +257,24 @@ def test_a_deep_copy_of_a_fused_model_serves_from_its_own_copies():
     fuse_projections(draft)
     for got, want in zip(mla.in_projections(x), (mla.q_proj(x), mla.kv_down(x), mla.g_proj(x))):
         torch.testing.assert_close(got, want, **TOL)
+
+
+@pytest.mark.slow  # ~30 s on the 2-core CPU: Dynamo traces every module kind
+@torch.no_grad()
+def test_compiled_regions_trace_the_fused_projections():
+    # As benchmarks/decode/decode.py --fuse-projections --compile-regions runs it on CUDA; here
+    # Dynamo's tracing with the aot_eager backend (tests/k3model/test_compiled.py), prefill and steps.
+    from k3model.compiled import compile_regions
+
+    torch._dynamo.reset()
+    fused = fuse_projections(model_of("smoke"))
+    compiled = compile_regions(copy.deepcopy(fused), backend="aot_eager")
+    prompts = prompts_of([12, 12], fused.cfg.vocab_size)
+    cache, logits = prefill(fused, prompts, 4)
+    cache_c, logits_c = prefill(compiled, prompts, 4)
+    torch.testing.assert_close(logits_c, logits, **TOL)
+    tokens = logits.argmax(-1).unsqueeze(1)
+    torch.testing.assert_close(compiled(tokens, cache=cache_c).logits_BTV, fused(tokens, cache=cache).logits_BTV, **TOL)
+    compiled.train()
+    with pytest.raises(ValueError, match="inference-only"):
+        compiled(tokens)
