@@ -180,7 +180,33 @@ def test_a_device_move_carries_the_fused_copies():
     kda = next(m for m in fused.modules() if isinstance(m, KDALayer))
     assert getattr(kda, WEIGHT).is_cuda
     ids = torch.tensor(prompts_of([9], model.cfg.vocab_size), device="cuda")
-    torch.testing.assert_close(fused(ids).logits_BTV, model.cuda()(ids).logits_BTV, rtol=1e-4, atol=1e-4)
+    # Looser than TOL: the chunked KDA kernels' tf32 dots can round a last-bit GEMM difference up to
+    # ~1e-4 (k3model/engine.py); a misplaced member still differs by ~0.1.
+    torch.testing.assert_close(fused(ids).logits_BTV, model.cuda()(ids).logits_BTV, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.no_grad()
+def test_the_captured_step_of_a_fused_model_equals_its_eager_step_and_unfusing_recaptures():
+    from k3model import engine
+
+    model = fuse_projections(model_of("smoke").cuda().to(torch.bfloat16))
+    prompts = prompts_of([5, 5, 5], model.cfg.vocab_size)
+    cache, logits_BV = prefill(model, prompts, capacity=16)
+    eager_cache, graph = cache.to_static(16), engine.GraphStep(model, cache.to_static(16))
+    tokens_B = logits_BV.argmax(-1)
+    for _ in range(8):
+        eager_BV = model(tokens_B.unsqueeze(1), cache=eager_cache).logits_BTV[:, 0]
+        assert torch.equal(eager_BV, graph(tokens_B))
+        tokens_B = eager_BV.argmax(-1)
+    # generate keeps its captured step per model; the fused copies' addresses are part of its key, so
+    # a step captured over them is not replayed once they are freed.
+    sampling = SamplingConfig(max_new_tokens=6)
+    generate(model, prompts, sampling)
+    captured = {key: step for key, (_, step) in engine._CAPTURED[model].items()}
+    unfuse_projections(model)
+    generate(model, prompts, sampling)
+    assert all(engine._CAPTURED[model][key][1] is not step for key, step in captured.items())
 
 
 @torch.no_grad()
