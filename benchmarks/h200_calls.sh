@@ -13,6 +13,8 @@
 #     bash benchmarks/h200_calls.sh step       # the small profile's training step (both rows, captured) with its
 #                                              # dense peer, then the 512 x 128 step's profile
 #     bash benchmarks/h200_calls.sh decode     # the small profile's decode step eager and compiled, profiled
+#     bash benchmarks/h200_calls.sh fused      # fused input projections (k3model/fused.py): their tests, then
+#                                              # GEMMs and the captured step fused vs unfused, small and tiny
 #     bash benchmarks/h200_calls.sh engine     # the engine's GPU tests, the compiled-regions tests, speculative
 #                                              # decoding on the small profile (random weights)
 #     bash benchmarks/h200_calls.sh small SELECTION [--set …]   # small through Dagster + Ray, home kept in .k3/small
@@ -28,7 +30,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, engine or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, fused, engine or orch}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -90,6 +92,13 @@ decode)  # the small profile's decode step (issue 16 item 5), eager modules then
         --batches 1,16,64 --prompt 512 --new 128 --skip $skip --compile-regions \
         --out "$OUT/decode_small_h200_regions.json"
     elapsed "decode regions exit $?"
+    ;;
+fused)  # issue 44 item 4: the small decode step's GEMMs fused by input (k3model/fused.py), batch 1 and 8
+    timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_fused.py >"$OUT/fused_tests.log" 2>&1
+    elapsed "fused tests exit $?"; tail -n 15 "$OUT/fused_tests.log"
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/decode/fused.py --device cuda --profiles small,tiny \
+        --batches 1,8 --prompt 512 --steps 64 --reps 5 --out "$OUT/fused_small_h200.json"
+    elapsed "fused benchmark exit $?"
     ;;
 engine)  # the engine's CUDA path (issue 16), then speculative decoding on small (issue 20 item 5)
     timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/k3model/test_engine_gpu.py >"$OUT/engine_gpu_tests.log" 2>&1

@@ -416,11 +416,12 @@ def capacity_bucket(tokens: int) -> int:
 
 
 def reused(model, key: tuple, build: Callable, *owners) -> object:
-    """build() once per (model, key) and return the same object while every parameter of `owners`
-    stays at the address it had then (a captured graph reads the weights by address: in-place
+    """build() once per (model, key) and return the same object while every parameter and buffer of
+    `owners` stays at the address it had then (a captured graph reads the weights by address: in-place
     updates such as an optimizer step are seen, replaced tensors such as .to(dtype) are not, so
-    those trigger a new capture). Kept for as long as `model` lives."""
-    addresses = tuple(p.data_ptr() for owner in owners for p in owner.parameters())
+    those trigger a new capture; so do fused projections made or freed, k3model/fused.py). Kept for
+    as long as `model` lives."""
+    addresses = tuple(t.data_ptr() for owner in owners for t in (*owner.parameters(), *owner.buffers()))
     per_model = _CAPTURED.setdefault(model, {})
     hit = per_model.get(key)
     if hit is not None and hit[0] == addresses:

@@ -10,7 +10,7 @@
 The lower-bounded ("safe") gate keeps every per-token decay above e^{lb}, which keeps the chunked
 kernels' exponents in fp32 range. No positional encoding: order enters through the recurrence and
 the short convolution. The state is O(1) in sequence length: conv states plus one K×V matrix per head.
-Legend: B batch, T tokens, D model width, H heads, K = V head width.
+Legend: B batch, T tokens, D model width, H heads, K = V head width, X = H·K channels.
 """
 
 from __future__ import annotations
@@ -70,20 +70,20 @@ class VerifyPositions:
     (docs/log/speculative.md). `state(t)`: the state after token t (0-based) of that forward."""
     layer: "KDALayer"
     before: KDAState
-    x_BTD: torch.Tensor
+    # The conv inputs W_q x, W_k x, W_v x [B, T, H·K] as the forward projected them (kept, not
+    # recomputed: a GEMM's bits depend on its rows, and on whether it ran fused; k3model/fused.py).
+    projected: tuple
     inputs: tuple  # q, k, v, g [B, T, H, K] and beta [B, T, H] of the forward, as the recurrence took them
 
     def __len__(self) -> int:
-        return self.x_BTD.shape[1] - 1
+        return self.projected[0].shape[1] - 1
 
     def state(self, t: int) -> KDAState:
-        layer, W = self.layer, self.layer.cfg.conv_kernel
+        W = self.layer.cfg.conv_kernel
         _, recurrent = kda_cpu(*(x[:, : t + 1] for x in self.inputs), initial_state=self.before.recurrent,
                                output_final_state=True)
-        # The projections over all T tokens, as the forward ran them (a GEMM's bits depend on its rows).
-        windows = [torch.cat([s.to(self.x_BTD.dtype), proj(self.x_BTD)[:, : t + 1].transpose(1, 2)], dim=2)[:, :, -(W - 1):]
-                   for s, proj in ((self.before.conv_q, layer.q_proj), (self.before.conv_k, layer.k_proj),
-                                   (self.before.conv_v, layer.v_proj))]
+        windows = [torch.cat([s.to(c.dtype), c[:, : t + 1].transpose(1, 2)], dim=2)[:, :, -(W - 1):]
+                   for s, c in zip((self.before.conv_q, self.before.conv_k, self.before.conv_v), self.projected)]
         return KDAState(*windows, recurrent)
 
 
@@ -129,11 +129,18 @@ class KDALayer(nn.Module):
         return [torch.cat([s.to(c.dtype), c.transpose(1, 2)], dim=2)
                 for s, c in zip((state.conv_q, state.conv_k, state.conv_v), projected)]
 
-    def decay(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        """Per-token, per-channel log decay g ∈ (lb, 0): [B, T, H, K]."""
-        B, T, _ = x_BTD.shape
+    def in_projections(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Everything the layer projects x to, in this order: W_q x, W_k x, W_v x [B, T, H·K], the
+        decay's low-rank W_f↓ x [B, T, K], β's logits W_β x [B, T, H] and the output gate's logits
+        W_g x + b_g [B, T, H·K]. Six GEMMs of one input: k3model/fused.py serves them as one."""
+        return (self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD), self.f_down(x_BTD),
+                self.b_proj(x_BTD), self.g_proj(x_BTD))
+
+    def decay(self, f_low_BTK: torch.Tensor) -> torch.Tensor:
+        """Per-token, per-channel log decay g ∈ (lb, 0) [B, T, H, K] from f_low = W_f↓ x."""
+        B, T, _ = f_low_BTK.shape
         H, K = self.cfg.n_heads, self.cfg.head_dim
-        z = (self.f_up(self.f_down(x_BTD)).float() + self.dt_bias.float()).view(B, T, H, K)
+        z = (self.f_up(f_low_BTK).float() + self.dt_bias.float()).view(B, T, H, K)
         return self.cfg.gate_lower_bound * torch.sigmoid(self.A_log.float().exp().view(H, 1) * z)
 
     def forward(self, x_BTD: torch.Tensor, state: KDAState | None = None) -> tuple[torch.Tensor, KDAState | None]:
@@ -141,7 +148,7 @@ class KDALayer(nn.Module):
         B, T, _ = x_BTD.shape
         H, K = self.cfg.n_heads, self.cfg.head_dim
         cq, ck, cv = (None, None, None) if state is None else (state.conv_q, state.conv_k, state.conv_v)
-        projected = (self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD))
+        *projected, f_low_BTK, beta_logits_BTH, gate_logits_BTX = self.in_projections(x_BTD)
         if state is None and x_BTD.is_cuda:
             # Training on CUDA: conv, SiLU and the L2 norm of q and k in one Triton pass each way
             # (kernels/short_conv/triton.py), out in the projections' dtype: under autocast the dtype
@@ -161,9 +168,9 @@ class KDALayer(nn.Module):
             l2_normalize = kda_l2_norm_cpu if c_path else _l2_normalize
             q_BTHK = l2_normalize(q.view(B, T, H, K).float(), self.cfg.norm_eps)
             k_BTHK = l2_normalize(k.view(B, T, H, K).float(), self.cfg.norm_eps)
-        g_BTHK = self.decay(x_BTD)
+        g_BTHK = self.decay(f_low_BTK)
         v_BTHK = v.view(B, T, H, K).float()
-        beta_BTH = sigmoid_vectorized(self.b_proj(x_BTD).float())
+        beta_BTH = sigmoid_vectorized(beta_logits_BTH.float())
 
         positions = None
         if state is not None and (T == 1 or state.keep_positions) and x_BTD.is_cuda and kda_recurrent_triton is not None:
@@ -185,7 +192,7 @@ class KDALayer(nn.Module):
             # recurrence; the state after an earlier token is rebuilt only if the cache rolls back to it.
             o_BTHK, recurrent = kda_cpu(q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH, initial_state=state.recurrent,
                                         output_final_state=True)
-            positions = VerifyPositions(self, state, x_BTD, (q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH))
+            positions = VerifyPositions(self, state, tuple(projected), (q_BTHK, k_BTHK, v_BTHK, g_BTHK, beta_BTH))
         elif state is not None and state.keep_positions:
             # The same on other devices: the decode step token by token, keeping every position's
             # state (recurrent matrix and the three conv windows) for rollback.
@@ -215,10 +222,10 @@ class KDALayer(nn.Module):
                                     output_final_state=state is not None)
         if c_path and x_BTD.dtype == torch.float32:
             # The per-head RMSNorm and the sigmoid gate in one C pass each way (kernels/kda/output_gate_cpu.c).
-            gated_BTHK = kda_output_gate_cpu(o_BTHK, self.g_proj(x_BTD).view(B, T, H, K), self.o_norm.weight,
+            gated_BTHK = kda_output_gate_cpu(o_BTHK, gate_logits_BTX.view(B, T, H, K), self.o_norm.weight,
                                              self.o_norm.eps)
         else:
-            gated_BTHK = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, K) * self.o_norm(o_BTHK.to(x_BTD.dtype))
+            gated_BTHK = torch.sigmoid(gate_logits_BTX).view(B, T, H, K) * self.o_norm(o_BTHK.to(x_BTD.dtype))
         y_BTD = self.o_proj(gated_BTHK.reshape(B, T, H * K))
         new_state = None if state is None else KDAState(new_cq, new_ck, new_cv, recurrent, positions=positions)
         return y_BTD, new_state

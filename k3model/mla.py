@@ -18,7 +18,7 @@ by γ_h = τ / S_max,h, split as K2 does for MLA: q^C (the head's q_nope rows) a
 of W_ukv) by √γ_h, q^R (its q_rope rows) by γ_h, and the shared k^R (W_dkv's rope rows) not at all —
 so each of the head's logits, q^C·k^C + q^R·k^R, is scaled by exactly γ_h and S_max,h becomes τ.
 Legend: B batch, T new tokens, P cached tokens, H heads, L latent width (kv_rank + rope_dim),
-X = T·H query rows.
+X = T·H query rows, F the queries' first projection (H·(nope + rope), or q_rank), G = H·v_head_dim.
 """
 
 from __future__ import annotations
@@ -115,43 +115,57 @@ class GatedMLA(nn.Module):
             w_kv[:, :nope].mul_(gamma_H.sqrt().view(H, 1, 1).to(w_kv.dtype))
         return over_H.sum()
 
-    def queries(self, x_BTD: torch.Tensor) -> torch.Tensor:
+    def in_projections(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything the layer projects x to, in this order: the queries' first projection (W_q x
+        [B, T, H·(nope + rope)], or W_dq x [B, T, q_rank] with q_rank), the latent W_dkv x [B, T, L]
+        and the output gate's logits W_g x [B, T, H·dv]. Three GEMMs of one input:
+        k3model/fused.py serves them as one."""
+        first = self.q_proj if self.cfg.q_rank is None else self.q_down
+        return first(x_BTD), self.kv_down(x_BTD), self.g_proj(x_BTD)
+
+    def _queries_from(self, q_first_BTF: torch.Tensor) -> torch.Tensor:
+        """The queries from their first projection (`in_projections`): as they are, or through
+        RMSNorm and W_uq with q_rank."""
         if self.cfg.q_rank is None:
-            return self.q_proj(x_BTD)
-        return self.q_up(self.q_norm(self.q_down(x_BTD)))
+            return q_first_BTF
+        return self.q_up(self.q_norm(q_first_BTF))
+
+    def queries(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """q [B, T, H·(nope + rope)] of x alone (the draft's unrolled attention, k3model/draft.py)."""
+        return self._queries_from(self.q_proj(x_BTD) if self.cfg.q_rank is None else self.q_down(x_BTD))
 
     def forward(self, x_BTD: torch.Tensor, cache=None):
         """Returns (y [B, T, D], cache). `cache` is None (training) or the layer's LatentCache
         (k3model/cache.py), into which this call writes its tokens' entries [ĉ; k_r]."""
         cfg = self.cfg
-        latent_BTL = self.kv_down(x_BTD)
+        q_first_BTF, latent_BTL, gate_logits_BTG = self.in_projections(x_BTD)
         c_hat_BTR, k_rope_BTr = self.kv_norm(latent_BTL[..., : cfg.kv_rank]), latent_BTL[..., cfg.kv_rank:]
         if cache is None:
-            return self._attend_expanded(x_BTD, c_hat_BTR, k_rope_BTr), None
+            return self._attend_expanded(q_first_BTF, gate_logits_BTG, c_hat_BTR, k_rope_BTr), None
         fresh = not cache.owner.static and max(cache.owner.lengths) == 0
         cache.write(torch.cat([c_hat_BTR, k_rope_BTr], dim=-1))
         if fresh:
             # A prefill: the same attention as training, so prompt logits match the training path.
-            return self._attend_expanded(x_BTD, c_hat_BTR, k_rope_BTr), cache
-        return self._attend_absorbed(x_BTD, cache), cache
+            return self._attend_expanded(q_first_BTF, gate_logits_BTG, c_hat_BTR, k_rope_BTr), cache
+        return self._attend_absorbed(q_first_BTF, gate_logits_BTG, cache), cache
 
-    def _attend_expanded(self, x_BTD, c_hat_BTR, k_rope_BTr):
+    def _attend_expanded(self, q_first_BTF, gate_logits_BTG, c_hat_BTR, k_rope_BTr):
         """Keys and values up-projected for every token, causal SDPA (training and prefill)."""
         cfg = self.cfg
-        B, T, _ = x_BTD.shape
+        B, T, _ = c_hat_BTR.shape
         H, nope, rope, dv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
         kv_BTHX = self.kv_up(c_hat_BTR).view(B, T, H, nope + dv)
         k_BTHQ = torch.cat([kv_BTHX[..., :nope], k_rope_BTr.unsqueeze(2).expand(B, T, H, rope)], dim=-1)
         v_BTHV = kv_BTHX[..., nope:]
-        q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
+        q_BTHQ = self._queries_from(q_first_BTF).view(B, T, H, nope + rope)
         q, k, v = (t.transpose(1, 2) for t in (q_BTHQ, k_BTHQ, v_BTHV))  # [B, H, T, ·]
         if self.track_max_logit and self.training:
             self.max_logit_H = causal_max_logit(q, k, (nope + rope) ** -0.5)
         a_BTHV = causal_attention(q, k, v).transpose(1, 2)
-        gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
+        gate_BTHV = torch.sigmoid(gate_logits_BTG).view(B, T, H, dv)
         return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))
 
-    def _attend_absorbed(self, x_BTD, cache):
+    def _attend_absorbed(self, q_first_BTF, gate_logits_BTG, cache):
         """Attention over the cached latents with W_uk folded into the queries and W_uv applied after
         (DeepSeek-V2 §2.1.2 "absorb"): q̃_h = W_uk,hᵀ q_nope,h, score = q̃_h·ĉ_s + q_rope,h·k_r,s,
         a_h = W_uv,h Σ_s p_s ĉ_s. A step then costs O(cached tokens · latent width), with no
@@ -160,10 +174,11 @@ class GatedMLA(nn.Module):
         static caches attend to the whole buffer under a length mask (fixed shapes for CUDA graphs).
         Legend: R kv_rank, E = R + rope latent entry, S keys."""
         cfg = self.cfg
-        B, T, _ = x_BTD.shape
+        B, T, _ = q_first_BTF.shape
+        device = q_first_BTF.device
         H, nope, rope, dv, R = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim, cfg.kv_rank
         w_HXR = self.kv_up.weight.view(H, nope + dv, R)
-        q_BTHQ = self.queries(x_BTD).view(B, T, H, nope + rope)
+        q_BTHQ = self._queries_from(q_first_BTF).view(B, T, H, nope + rope)
         q_lat_BTHR = torch.einsum("bthn,hnr->bthr", q_BTHQ[..., :nope], w_HXR[:, :nope].to(q_BTHQ.dtype))
         q_BXE = torch.cat([q_lat_BTHR, q_BTHQ[..., nope:]], dim=-1).reshape(B, T * H, R + rope)
         scale = (nope + rope) ** -0.5
@@ -172,8 +187,8 @@ class GatedMLA(nn.Module):
         if owner.static:
             S = buffer_BSE.shape[1]
             # Key s is visible to new token i of row b when s ≤ length_b + i (the write came first).
-            pos_S = torch.arange(S, device=x_BTD.device)
-            limit_BT = owner.lengths_B.view(B, 1) + torch.arange(T, device=x_BTD.device)
+            pos_S = torch.arange(S, device=device)
+            limit_BT = owner.lengths_B.view(B, 1) + torch.arange(T, device=device)
             allowed_BTS = pos_S.view(1, 1, S) <= limit_BT.unsqueeze(-1)
             allowed_BXS = allowed_BTS.unsqueeze(2).expand(B, T, H, S).reshape(B, T * H, S)
             a_BXR = self._latent_softmax(q_BXE, buffer_BSE, scale, allowed_BXS, R)
@@ -183,23 +198,23 @@ class GatedMLA(nn.Module):
                 groups.setdefault(length, []).append(row)
             if len(groups) == 1:
                 P = owner.lengths[0]
-                a_BXR = self._latent_softmax(q_BXE, buffer_BSE[:, : P + T], scale, self._causal(T, P, H, x_BTD), R)
+                a_BXR = self._latent_softmax(q_BXE, buffer_BSE[:, : P + T], scale, self._causal(T, P, H, device), R)
             else:
                 a_BXR = q_BXE.new_empty(B, T * H, R)
                 for P, rows in groups.items():
-                    idx = torch.tensor(rows, device=x_BTD.device)
+                    idx = torch.tensor(rows, device=device)
                     a_BXR[idx] = self._latent_softmax(q_BXE[idx], buffer_BSE[idx, : P + T], scale,
-                                                      self._causal(T, P, H, x_BTD), R)
+                                                      self._causal(T, P, H, device), R)
         a_BTHV = torch.einsum("bthr,hvr->bthv", a_BXR.view(B, T, H, R), w_HXR[:, nope:].to(a_BXR.dtype))
-        gate_BTHV = torch.sigmoid(self.g_proj(x_BTD)).view(B, T, H, dv)
+        gate_BTHV = torch.sigmoid(gate_logits_BTG).view(B, T, H, dv)
         return self.o_proj((a_BTHV * gate_BTHV).reshape(B, T, H * dv))
 
     @staticmethod
-    def _causal(T: int, P: int, H: int, x: torch.Tensor):
+    def _causal(T: int, P: int, H: int, device):
         """[1, T·H, P + T] mask for T new tokens after P cached ones (None when T = 1: all visible)."""
         if T == 1:
             return None
-        allowed_TS = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(diagonal=P)
+        allowed_TS = torch.ones(T, P + T, dtype=torch.bool, device=device).tril(diagonal=P)
         return allowed_TS.repeat_interleave(H, dim=0).unsqueeze(0)
 
     @staticmethod

@@ -162,9 +162,16 @@ class DenseFFN(nn.Module):
         self.w_up = nn.Linear(d_model, hidden, bias=False)
         self.w_down = nn.Linear(hidden, d_model, bias=False)
 
+    def in_projections(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W1 x, W3 x) [B, T, F]: two GEMMs of one input, which k3model/fused.py serves as one."""
+        return self.w_gate(x_BTD), self.w_up(x_BTD)
+
+    def down(self, gate_BTF: torch.Tensor, up_BTF: torch.Tensor) -> torch.Tensor:
+        """W2 SiTU-GLU(gate, up): the FFN after its input projections."""
+        return self.w_down(situ_glu(gate_BTF, up_BTF, self.beta1, self.beta2))
+
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        h_BTF = situ_glu(self.w_gate(x_BTD), self.w_up(x_BTD), self.beta1, self.beta2)
-        return self.w_down(h_BTF)
+        return self.down(*self.in_projections(x_BTD))
 
 
 def ffn_param_count(d_model: int, hidden: int) -> int:
@@ -415,16 +422,24 @@ class LatentMoE(nn.Module):
         u_ML = (out_EML.float() * p_ME.t().unsqueeze(-1)).sum(0)
         return u_ML.to(z_ML.dtype)
 
+    def in_projections(self, x_MD: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What the layer projects x to besides the router: the latent W_down x [M, L], then with
+        shared experts their (W1 x, W3 x) [M, n_shared·F]. One input: k3model/fused.py serves them as
+        one GEMM. The router stays apart: fp32 under autocast, its rows padded on CUDA (`route`)."""
+        z_ML = self.latent_down(x_MD)
+        return (z_ML,) if self.shared is None else (z_ML, *self.shared.in_projections(x_MD))
+
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         B, T, D = x_BTD.shape
         x_MD = x_BTD.reshape(B * T, D)
         ids_MK, p_MK, cutoff_M, s_ME = self.route(x_MD)
         self._observe(ids_MK, cutoff_M, s_ME)
 
-        u_ML = self.routed_experts(self.latent_down(x_MD), ids_MK, p_MK)
+        z_ML, *shared_in = self.in_projections(x_MD)
+        u_ML = self.routed_experts(z_ML, ids_MK, p_MK)
         y_MD = self.latent_up(self.latent_norm(u_ML))
         if self.shared is not None:
-            y_MD = y_MD + self.shared(x_MD)
+            y_MD = y_MD + self.shared.down(*shared_in)
         return y_MD.reshape(B, T, D)
 
     # ------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 exposes different reasoning-effort settings"): what `k3 serve` runs (pipelines/cli.py; which
 checkpoint it loads: pipelines/serve.py) and what the served_model asset measures (assets/serve.py).
 
-    load_served(model_path, tokenizer_path, draft_path) → Served      the checkpoint, tokenizer and draft
+    load_served(model_path, tokenizer_path, draft_path) → Served      the checkpoint, tokenizer and draft,
+                                                                     input projections fused (k3model/fused.py)
     start(served, host, port) → (K3Server, thread)                   the server on a background thread
     card(served, batches, prompt, new) → rows                        tokens/s and latency through HTTP
 
@@ -96,14 +97,18 @@ class Served:
     tokenizer: Any = None
     draft: Any = None
     draft_path: Path | None = None
+    fused: bool = False  # input projections fused (k3model/fused.py)
 
 
 def load_served(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None,
                 draft_path: str | os.PathLike | None = None, model_id: str | None = None,
-                device: str = "cpu") -> Served:
+                device: str = "cpu", fuse: bool = True) -> Served:
     """The checkpoint at `model_path` (an MXFP4 export of k3model.quantize or a float checkpoint),
     its tokenizer and optionally a draft (k3model.train.draft). Fails here, naming the path, when
-    something cannot be loaded, so a server never starts half-working."""
+    something cannot be loaded, so a server never starts half-working. With `fuse` (default) the
+    model's and the draft's input projections run fused (k3model/fused.py: the weights are frozen
+    here, one GEMM per layer module where they share an input), after quantization and the draft's
+    load, which would otherwise change what the fused copies hold."""
     from k3model.checkpoint import read_manifest
     from k3model.quantize import is_quantized_manifest, load_quantized
 
@@ -137,9 +142,15 @@ def load_served(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"cannot load the draft at {draft_path}: {e}") from e
         draft.eval()
+    if fuse:
+        from k3model.fused import fuse_projections
+
+        for m in (model, draft):
+            if m is not None:
+                fuse_projections(m)
     name = model_id or f"k3-{model.cfg.name}-{manifest.get('sha256', 'model')[:12]}"
     return Served(model, manifest, name, path, quantization, tokenizer, draft,
-                  None if draft_path is None else Path(draft_path))
+                  None if draft_path is None else Path(draft_path), fuse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -773,7 +784,7 @@ class K3Server(ThreadingHTTPServer):
     def model_card(self) -> dict:
         s = self.served
         return {"id": s.model_id, "object": "model", "created": int(s.path.stat().st_mtime), "owned_by": "k3",
-                "path": str(s.path), "quantization": s.quantization,
+                "path": str(s.path), "quantization": s.quantization, "fused_projections": s.fused,
                 "draft": None if s.draft_path is None else str(s.draft_path),
                 "context_length": context_length(s.model), "reasoning_efforts": list(self.api.efforts)}
 

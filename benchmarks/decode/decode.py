@@ -20,6 +20,8 @@ windows and the MLA latents at the mid-generation length, and the copy bandwidth
 device-to-device copy measured in the same run. Also the distribution of model_logprobs − score on
 sampled sequences (engine in bf16 against the training forward under bf16 autocast), and eager
 decode with the routed experts in MXFP4 (`kernels.mx.mx_linear_experts`) against bf16 experts.
+`--fuse-projections` measures the model as `k3 serve` loads it, its input projections fused
+(k3model/fused.py; fused against unfused in one run: benchmarks/decode/fused.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 from benchmarks.common import run_header
 from k3model.config import get_profile
 from k3model.engine import GraphStep, SamplingConfig, generate, prefill, score
+from k3model.fused import fuse_projections
 from k3model.model import K3Model
 from k3model.params import count_params
 
@@ -409,6 +412,8 @@ def bench_mx_experts(args, model, out):
     from k3model.quantize import convert_to_mx
 
     mx_model = convert_to_mx(copy.deepcopy(model))
+    if args.fuse_projections:
+        fuse_projections(mx_model)  # the MXLatentMoEs convert_to_mx swapped in come unfused
     check = {}
     check_graph(mx_model, check)
     rows = []
@@ -443,6 +448,8 @@ def main():
                     "step_profile, decode, logprob_mismatch, mx_experts")
     ap.add_argument("--compile-regions", action="store_true",
                     help="CUDA: k3model.compiled.compile_regions on the bf16 model first")
+    ap.add_argument("--fuse-projections", action="store_true",
+                    help="k3model.fused.fuse_projections on the served model (bf16 on CUDA), as k3 serve loads it")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -450,6 +457,8 @@ def main():
     cfg = get_profile(args.profile).model
     if args.device == "cpu":
         model = K3Model(cfg).eval()
+        if args.fuse_projections:
+            fuse_projections(model)
         bench_cpu(args, model, out)
     else:
         model_fp32 = K3Model(cfg).to(args.device).eval()
@@ -457,6 +466,8 @@ def main():
         for moe in model.moe_layers():
             moe.expert_bias_E.data = moe.expert_bias_E.data.float()
         skip = set(args.skip.split(","))
+        if args.fuse_projections:
+            fuse_projections(model)
         if args.compile_regions:
             from k3model.compiled import compile_regions
 

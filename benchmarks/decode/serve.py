@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import close_report, run_header, write_json
+from k3model.fused import BIAS as FUSED_BIAS, WEIGHT as FUSED_WEIGHT
 
 
 def copy_bandwidth(mib: int = 64) -> float:
@@ -62,7 +63,8 @@ def step_bytes(model, B: int, length: int) -> dict:
     cfg = model.cfg
     experts, other = 0, 0
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if name.startswith(("mtp", "vision", "embed")):
+        # A fused projection (k3model/fused.py) reads its copy instead of its members: count them once.
+        if name.startswith(("mtp", "vision", "embed")) or name.rsplit(".", 1)[-1] in (FUSED_WEIGHT, FUSED_BIAS):
             continue
         if any(w in name for w in ("w_gate_EHL", "w_up_EHL", "w_down_ELH")):
             E = t.shape[0]

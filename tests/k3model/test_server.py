@@ -26,6 +26,7 @@ from datagen.sft import turn_tokens
 from datagen.tokenizer import BOS, END_OF_TURN, EOS, decode, encode, special_token_ids, train_tokenizer
 from k3model.checkpoint import save_checkpoint
 from k3model.engine import SamplingConfig, context_length, generate
+from k3model.fused import fused_modules
 from k3model.train.effort import EFFORT_SPECS
 from k3model.train.rollout import sft_format
 from k3model.server import load_served, start
@@ -113,6 +114,7 @@ def test_models_and_health(served):
     status, data = client.raw("/v1/models")
     card = json.loads(data)["data"][0]
     assert status == 200 and card["id"] == MODEL and card["quantization"] == "float32"
+    assert card["fused_projections"] and fused_modules(s.model)  # frozen weights: served fused
     assert card["context_length"] == context_length(s.model) == 512
     assert json.loads(client.raw("/health")[1])["status"] == "ok"
 
@@ -329,6 +331,7 @@ def test_mxfp4_export_and_draft_serve_the_engines_output(files, one_thread):
         client = Client(server)
         card = json.loads(client.raw("/v1/models")[1])["data"][0]
         assert card["quantization"] == "mxfp4" and card["draft"].endswith("draft")
+        assert fused_modules(served.model) and fused_modules(served.draft)
         prompt = ids_of(8, 4)
         out = client.ok("/v1/completions", {"prompt": prompt, "max_tokens": 10, "temperature": 0})
         want = generate(served.model, [prompt], SamplingConfig(10, stop_ids=completion_stops(files["tok"])))[0]
