@@ -152,3 +152,15 @@ def _no_ray_outside_the_group(request):
     finally:
         if before is not None:
             os.environ["K3_RAY_DRIVER"] = before
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one intra-op thread for the test: batch invariance (a row's bits independent of the
+    rows beside it) is a single-thread property of the CPU kernels (k3model/engine.py), and so are the
+    bitwise resume and rollout tests built on it."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

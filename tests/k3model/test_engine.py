@@ -13,14 +13,6 @@ def prompts_of(lengths, seed=0, vocab=512):
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.fixture
-def one_thread():
-    """Batch invariance is a single-thread property of the CPU kernels (k3model/engine.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_a_batch_gives_every_row_what_it_gets_alone_greedy_bitwise(one_thread):
     model = smoke_model()

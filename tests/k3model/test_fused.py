@@ -52,13 +52,6 @@ def fused_copy(model):
     return fuse_projections(copy.deepcopy(model))
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.mark.parametrize("profile, q_rank", [("smoke", None), ("tiny", None), ("tiny", 32)])
 @torch.no_grad()

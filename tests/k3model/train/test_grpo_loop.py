@@ -101,15 +101,6 @@ def echo_policy(tmp_path_factory, smoke_tok):
     return ckpt, [envs.generate("echo_word", s) for s in demos.column("task_seed").to_pylist()]
 
 
-@pytest.fixture
-def one_thread():
-    # Episodes join the decode batch as their envs answer (k3model.train.rollout): the rows' bits are
-    # independent of the batch only on one intra-op thread (AGENTS.md), so exact resume is tested there.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_mixed_groups_are_trained_on_and_uniform_ones_dropped(echo_policy, smoke_tok, tmp_path, one_thread):
     ckpt, tasks = echo_policy

@@ -70,14 +70,6 @@ def unbounded_model():
     return K3Model(replace(get_profile("smoke").model, name="smoke-unbounded")).eval()
 
 
-@pytest.fixture
-def one_thread():
-    """Batch invariance is a single-thread property of the CPU kernels (k3model/engine.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 NAMES = ["slack_post", "gmail_label", "arith_word"]
 
