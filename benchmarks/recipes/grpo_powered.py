@@ -75,6 +75,28 @@ def distinct(tasks: list, n_per_family: int | None = None) -> list:
     return out
 
 
+def score_policy(checkpoint: str, name: str, tokenizer_path: str, held: list, effort: str, *, k: int, seed: int,
+                 specs) -> dict:
+    """k episodes per held-out task at temperature 1 and one greedy episode per task, the generator seed
+    the same for every arm (episode j of task i draws the same uniforms whichever policy plays it)."""
+    from datagen.tokenizer import load_tokenizer
+    from k3model.checkpoint import load_model
+    from k3model.train.evaluate import evaluate
+    model = load_model(checkpoint)[0].eval()
+    tok = load_tokenizer(tokenizer_path)
+    out = {"checkpoint": checkpoint}
+    for way, samples, temperature in (("sampled", k, 1.0), ("greedy", 1, 0.0)):
+        t0 = time.perf_counter()
+        r = evaluate(model, tok, held, effort, samples=samples, temperature=temperature, seed=seed, specs=specs,
+                     max_episodes_per_batch=64)
+        wall = time.perf_counter() - t0
+        out[way] = {"per_task": [r.per_task[t.id] for t in held], "metadata": r.as_metadata(), "wall_s": wall,
+                    "episodes_per_s": r.n / wall}
+        print(f"{name} {way}: success {r.success_rate:.3f} (n {r.n}), {r.mean_policy_tokens:.0f} tokens/episode, "
+              f"{wall:.0f} s", flush=True)
+    return out
+
+
 def main() -> None:
     import envs
     from k3model.train.effort import effort_specs
@@ -154,23 +176,8 @@ def main() -> None:
         tmp.rename(path_of(phase))
 
     def score(checkpoint: str, name: str) -> dict:
-        """k episodes per task at temperature 1 and one greedy episode per task."""
-        from datagen.tokenizer import load_tokenizer
-        from k3model.checkpoint import load_model
-        from k3model.train.evaluate import evaluate
-        model = load_model(checkpoint)[0].eval()
-        tok = load_tokenizer(str(tokenizer_path))
-        out = {"checkpoint": checkpoint}
-        for way, samples, temperature in (("sampled", args.k, 1.0), ("greedy", 1, 0.0)):
-            t0 = time.perf_counter()
-            r = evaluate(model, tok, held, effort, samples=samples, temperature=temperature, seed=args.eval_seed,
-                         specs=grpo_cfg.efforts, max_episodes_per_batch=64)
-            wall = time.perf_counter() - t0
-            out[way] = {"per_task": [r.per_task[t.id] for t in held], "metadata": r.as_metadata(), "wall_s": wall,
-                        "episodes_per_s": r.n / wall}
-            print(f"{name} {way}: success {r.success_rate:.3f} (n {r.n}), {r.mean_policy_tokens:.0f} tokens/episode, "
-                  f"{wall:.0f} s", flush=True)
-        return out
+        return score_policy(checkpoint, name, str(tokenizer_path), held, effort, k=args.k, seed=args.eval_seed,
+                            specs=grpo_cfg.efforts)
 
     for phase in args.phases:
         if path_of(phase).exists():

@@ -473,6 +473,27 @@ def retention_power(cells: Sequence[tuple[float, float, int]], *, retained: floa
     return float(hits / sims)
 
 
+def retention_power_paired(teacher: Sequence[Sequence[int]], sft: Sequence[Sequence[int]], k: int, *,
+                           retained: float = 1.0, point: float = 0.9, lower: float = 0.7, sims: int = 1000,
+                           seed: int = 0) -> float:
+    """P(pooled R̂ ≥ point and its lower bound ≥ `lower`) of `retention_from_outcomes` on per-task means of
+    k samples, when the student truly keeps `retained` of each task's teacher gain. `teacher`, `sft`: per
+    cell, the per-task success counts (of k) already measured on the same tasks; they are the test's fixed
+    data, so the student's draw is the only new one (the power given what was measured)."""
+    if len(teacher) != len(sft) or not teacher or k < 1:
+        raise ValueError("need the same, non-zero number of cells for teacher and sft, and k ≥ 1")
+    rng = np.random.default_rng(seed)
+    t = [np.asarray(c, dtype=float) / k for c in teacher]
+    f = [np.asarray(c, dtype=float) / k for c in sft]
+    q = [np.clip(fi + retained * (ti - fi), 0.0, 1.0) for ti, fi in zip(t, f)]
+    hits = 0
+    for _ in range(sims):
+        student = [rng.binomial(k, qi) / k for qi in q]
+        r, lo, _ = retention_from_outcomes(student, t, f)
+        hits += r is not None and r >= point and lo >= lower
+    return float(hits / sims)
+
+
 def gain_ratio_power(held: tuple[float, float], held_n: tuple[int, int], inside: tuple[float, float],
                      inside_n: tuple[int, int], *, transfer: float = 1.0, point: float = 0.8,
                      lower: float | None = None, sims: int = 4000, seed: int = 0) -> float:

@@ -151,6 +151,19 @@ def test_ratio_power_grows_with_n():
     assert S.gain_ratio_power((0.3, 0.3), (8, 8), (0.6, 0.3), (8, 8), sims=500) < 0.7
 
 
+def test_paired_retention_power_grows_with_tasks_and_falls_with_what_is_kept():
+    # A teacher that gains 4 of 8 samples on half the tasks over sft_policy's 2 of 8 everywhere.
+    def cell(n):
+        return [6 if i % 2 else 2 for i in range(n)], [2] * n
+    few, many = [cell(8)], [cell(256)]
+    keep_all = S.retention_power_paired([c[0] for c in many], [c[1] for c in many], 8, sims=300)
+    keep_half = S.retention_power_paired([c[0] for c in many], [c[1] for c in many], 8, retained=0.5, sims=300)
+    tiny = S.retention_power_paired([c[0] for c in few], [c[1] for c in few], 8, sims=300)
+    assert keep_all > 0.9 and keep_half < 0.05 and tiny < keep_all
+    with pytest.raises(ValueError, match="same, non-zero number of cells"):
+        S.retention_power_paired([], [], 8)
+
+
 def test_require_paired_n_refuses_with_the_numbers():
     with pytest.raises(ValueError, match=r"n = 64 per cell gives power 0\.\d\d < 0\.80; n ≥ \d+ per cell reaches it"):
         S.require_paired_n(64, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9, what="claim 3")
