@@ -76,9 +76,10 @@ def distinct(tasks: list, n_per_family: int | None = None) -> list:
 
 
 def score_policy(checkpoint: str, name: str, tokenizer_path: str, held: list, effort: str, *, k: int, seed: int,
-                 specs) -> dict:
+                 specs, harness: str | list[str] | None = None) -> dict:
     """k episodes per held-out task at temperature 1 and one greedy episode per task, the generator seed
-    the same for every arm (episode j of task i draws the same uniforms whichever policy plays it)."""
+    the same for every arm (episode j of task i draws the same uniforms whichever policy plays it);
+    `harness` as `evaluate` takes it (None: the training harnesses, round-robin over the tasks)."""
     from datagen.tokenizer import load_tokenizer
     from k3model.checkpoint import load_model
     from k3model.train.evaluate import evaluate
@@ -88,7 +89,7 @@ def score_policy(checkpoint: str, name: str, tokenizer_path: str, held: list, ef
     for way, samples, temperature in (("sampled", k, 1.0), ("greedy", 1, 0.0)):
         t0 = time.perf_counter()
         r = evaluate(model, tok, held, effort, samples=samples, temperature=temperature, seed=seed, specs=specs,
-                     max_episodes_per_batch=64)
+                     harness=harness, max_episodes_per_batch=64)
         wall = time.perf_counter() - t0
         out[way] = {"per_task": [r.per_task[t.id] for t in held], "metadata": r.as_metadata(), "wall_s": wall,
                     "episodes_per_s": r.n / wall}
@@ -130,6 +131,12 @@ def main() -> None:
     ap.add_argument("--skip-control", action="store_true",
                     help="report specialist vs sft_policy only (a second lr: no control of its own)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train-harnesses", default=None,
+                    help="comma-separated harnesses GRPO renders its episodes in (default: every training harness); "
+                         "a transfer fold leaves one out")
+    ap.add_argument("--eval-harnesses", default=None,
+                    help="comma-separated harnesses the arms are scored in, round-robin over the tasks (default: "
+                         "every training harness); a transfer fold scores the held-out one here")
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     ap.add_argument("--wait", action="store_true", help="wait for another process's prerequisite phases")
     ap.add_argument("--label", required=True)
@@ -175,9 +182,17 @@ def main() -> None:
         tmp.write_text(json.dumps(out, indent=1, default=float))
         tmp.rename(path_of(phase))
 
+    from k3model.train.effort import training_harnesses
+    train_harnesses = list(training_harnesses(args.train_harnesses.split(",") if args.train_harnesses else None))
+    eval_harnesses = args.eval_harnesses.split(",") if args.eval_harnesses else None
+    if eval_harnesses is not None:
+        unknown = [h for h in eval_harnesses if h not in envs.HARNESSES]
+        if unknown:
+            raise SystemExit(f"unknown harness(es) {unknown}: choose from {envs.HARNESSES}")
+
     def score(checkpoint: str, name: str) -> dict:
         return score_policy(checkpoint, name, str(tokenizer_path), held, effort, k=args.k, seed=args.eval_seed,
-                            specs=grpo_cfg.efforts)
+                            specs=grpo_cfg.efforts, harness=eval_harnesses)
 
     for phase in args.phases:
         if path_of(phase).exists():
@@ -194,7 +209,8 @@ def main() -> None:
                    "ladder_pass_rate": cell.pass_rate if cell else None, "ladder_in_band": cell.in_band if cell else None,
                    "ladder_families": cell.families if cell else None, "ladder_selected": cell.selected if cell else None,
                    "rl_tasks": [[t.family, t.seed] for t in rl], "heldout_tasks": [[t.family, t.seed] for t in held],
-                   "grpo": asdict(grpo_cfg)}
+                   "grpo": asdict(grpo_cfg), "train_harnesses": train_harnesses,
+                   "eval_harnesses": eval_harnesses or "training harnesses"}
             print(f"{args.cell}: {families} (ladder pass {cell.pass_rate if cell else float('nan'):.2f}), {len(rl)} distinct RL prompts, "
                   f"{len(held)} distinct held-out tasks, policy {policy}", flush=True)
         elif phase == "eval_sft":
@@ -226,7 +242,7 @@ def main() -> None:
             with counting() as flops:
                 result = train(grpo_cfg, str(policy), load_tokenizer(str(tokenizer_path)), work / "grpo_run",
                                domain=domain, effort=effort, tasks=[envs.generate(t.family, t.seed) for t in rl],
-                               log_fn=live)
+                               harnesses=train_harnesses, log_fn=live)
             hist = [{k: float(v) for k, v in h.items() if isinstance(v, (int, float)) or hasattr(v, "item")}
                     for h in result.history]
             episodes = sum(h.get("rl/groups_drawn", 0.0) for h in hist) * args.group_size

@@ -395,28 +395,44 @@ def paired_mean_power(base_successes_N: Sequence[int], k: int, effect: float, *,
 # ----------------------------------------------------------------------------------------------
 # Ratios of gains
 
+def paired_gain_ratio(cells: Sequence[tuple[Sequence[float], Sequence[float]]],
+                      z: float = Z95) -> tuple[float | None, float, float]:
+    """(R, low, high): R = Σu / Σv pooled over cells of per-task gains (u, v on the same tasks of a
+    cell), with the paired delta-method interval Var(R) = Σ_cells n·Var(u − R·v) / (Σv)². R is None
+    when Σv ≤ 0 (no gain to keep or to transfer)."""
+    if not cells:
+        raise ValueError("no cells to pool")
+    u_sum = v_sum = 0.0
+    arrays = []
+    for u, v in cells:
+        u_, v_ = np.asarray(u, dtype=float), np.asarray(v, dtype=float)
+        if u_.shape != v_.shape or u_.ndim != 1 or u_.size < 2:
+            raise ValueError("each cell needs two per-task vectors over the same ≥ 2 tasks")
+        u_sum += u_.sum()
+        v_sum += v_.sum()
+        arrays.append((u_, v_))
+    if v_sum <= 0:
+        return None, -math.inf, math.inf
+    r = float(u_sum / v_sum)
+    var = float(sum(len(u) * np.var(u - r * v, ddof=1) for u, v in arrays)) / v_sum ** 2
+    half = z * math.sqrt(var)
+    return r, r - half, r + half
+
+
 def retention_from_outcomes(student: Sequence[Sequence[int]], teacher: Sequence[Sequence[int]],
                             sft: Sequence[Sequence[int]], z: float = Z95) -> tuple[float | None, float, float]:
-    """(R, low, high): pooled retention Σ(student − sft)/Σ(teacher − sft) over cells of per-task 0/1
-    outcomes, the three lists of each cell on the same tasks (paired delta method, docstring)."""
+    """(R, low, high): pooled retention Σ(student − sft)/Σ(teacher − sft) over cells of per-task
+    outcomes (0/1, or means of k samples), the three lists of each cell on the same tasks
+    (`paired_gain_ratio`)."""
     if not (len(student) == len(teacher) == len(sft)) or not student:
         raise ValueError("student, teacher and sft need the same, non-zero number of cells")
-    u_sum = v_sum = 0.0
     cells = []
     for s, t, f in zip(student, teacher, sft):
         s_, t_, f_ = (np.asarray(x, dtype=float) for x in (s, t, f))
         if not (s_.shape == t_.shape == f_.shape) or s_.size < 2:
             raise ValueError("each cell needs the same ≥ 2 tasks for student, teacher and sft")
-        u, v = s_ - f_, t_ - f_
-        u_sum += u.sum()
-        v_sum += v.sum()
-        cells.append((u, v))
-    if v_sum <= 0:
-        return None, -math.inf, math.inf
-    r = float(u_sum / v_sum)
-    var = float(sum(len(u) * np.var(u - r * v, ddof=1) for u, v in cells)) / v_sum ** 2
-    half = z * math.sqrt(var)
-    return r, r - half, r + half
+        cells.append((s_ - f_, t_ - f_))
+    return paired_gain_ratio(cells, z)
 
 
 def retention_from_counts(cells: Sequence[tuple[float, float, float, int]],
@@ -491,6 +507,30 @@ def retention_power_paired(teacher: Sequence[Sequence[int]], sft: Sequence[Seque
         student = [rng.binomial(k, qi) / k for qi in q]
         r, lo, _ = retention_from_outcomes(student, t, f)
         hits += r is not None and r >= point and lo >= lower
+    return float(hits / sims)
+
+
+def transfer_power_paired(sft_held: Sequence[int], sft_in: Sequence[int], k: int, effect: float, *,
+                          transfer: float = 1.0, point: float = 0.8, sims: int = 1000, seed: int = 0) -> float:
+    """P(R̂ ≥ point) for one transfer fold judged on per-task means of k samples, R = Σ(arm − sft)
+    held-out / Σ(arm − sft) in-harness over the same tasks (`paired_gain_ratio`), when the arm truly
+    gains `effect` in its trained harnesses (spread over tasks in proportion to each task's headroom,
+    as `paired_mean_power` does) and `transfer` of that in the held-out one; sft_policy's measured
+    per-task counts are the fixed data, the arm's two draws the only new ones."""
+    f_h, f_in = np.asarray(sft_held, dtype=float) / k, np.asarray(sft_in, dtype=float) / k
+    if f_h.shape != f_in.shape or f_h.size < 2:
+        raise ValueError("need the same ≥ 2 tasks in both harness settings")
+    if not 0 < effect <= 1 - f_in.mean():
+        raise ValueError(f"effect must lie in (0, 1 − in-harness rate] = (0, {1 - f_in.mean():.3f}], got {effect}")
+    q_in = f_in + effect * (1 - f_in) / (1 - f_in.mean())
+    held_gain = min(transfer * effect, 1 - f_h.mean())
+    q_h = np.clip(f_h + held_gain * (1 - f_h) / max(1 - f_h.mean(), 1e-12), 0.0, 1.0)
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        a_h, a_in = rng.binomial(k, q_h) / k, rng.binomial(k, q_in) / k
+        r, _, _ = paired_gain_ratio([(a_h - f_h, a_in - f_in)])
+        hits += r is not None and r >= point
     return float(hits / sims)
 
 

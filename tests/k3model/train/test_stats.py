@@ -164,6 +164,17 @@ def test_paired_retention_power_grows_with_tasks_and_falls_with_what_is_kept():
         S.retention_power_paired([], [], 8)
 
 
+def test_transfer_power_paired_needs_tasks_and_falls_when_little_transfers():
+    held, inside = [3, 1] * 128, [2, 4] * 128
+    full = S.transfer_power_paired(held, inside, 8, 0.15, sims=300)
+    half = S.transfer_power_paired(held, inside, 8, 0.15, transfer=0.5, sims=300)
+    few = S.transfer_power_paired(held[:8], inside[:8], 8, 0.15, sims=300)
+    assert full > 0.8 and half < 0.1 and few < full
+    # R = 1, u − v = (−½, ½, 0): Var(R) = 3 · ¼ / 1².
+    r, lo, hi = S.paired_gain_ratio([([0.5, 0.5, 0.0], [1.0, 0.0, 0.0])])
+    assert r == 1.0 and (lo, hi) == pytest.approx((1 - S.Z95 * math.sqrt(0.75), 1 + S.Z95 * math.sqrt(0.75)))
+
+
 def test_require_paired_n_refuses_with_the_numbers():
     with pytest.raises(ValueError, match=r"n = 64 per cell gives power 0\.\d\d < 0\.80; n ≥ \d+ per cell reaches it"):
         S.require_paired_n(64, 0.3, 0.15, min_gain=0.10, alpha=0.05 / 9, what="claim 3")
