@@ -85,6 +85,15 @@ def write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1)
 
 
+def dated_result(area: str, name: str, obj) -> Path:
+    """Write `obj` to benchmarks/results/<area>/<today>_<name>.json (floats for tensors and numpy
+    scalars) and return the path: where a recipe's result goes."""
+    path = Path(ROOT) / "benchmarks/results" / area / f"{datetime.date.today().isoformat()}_{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, default=float))
+    return path
+
+
 def close_report(report: dict, t_start: float, dump, error: str | None) -> int:
     """Record how a benchmark run ended (status "ok", or "failed" with the traceback's tail) and its
     seconds since t_start, write the report (dump()), and return the process exit code."""

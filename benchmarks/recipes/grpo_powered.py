@@ -41,13 +41,12 @@ eval_control, report. `report` writes benchmarks/results/posttrain/<date>_grpo_p
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from benchmarks.common import ROOT, run_header
+from benchmarks.common import dated_result, run_header
 
 PHASES = ("plan", "eval_sft", "grpo", "control", "eval_specialist", "eval_control", "report")
 NEEDS = {"eval_sft": ("plan",), "grpo": ("plan",), "control": ("grpo",), "eval_specialist": ("grpo",),
@@ -345,10 +344,7 @@ def report(args, read, held) -> dict:
                       "eval_specialist": arms["specialist"]["phase_wall_s"]}}
     if control is not None:
         out["wall_s"].update(control=control["phase_wall_s"], eval_control=arms["control"]["phase_wall_s"])
-    date = datetime.date.today().isoformat()
-    path = Path(ROOT) / "benchmarks/results/posttrain" / f"{date}_grpo_powered_{args.label}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1, default=float))
+    path = dated_result("posttrain", f"grpo_powered_{args.label}", out)
     print(f"| arm | pass@1 (T=1, k={k}) | greedy | pass@{k} | n |")
     for name, r in rows.items():
         print(f"| {name} | {r['pass1']:.3f} | {r['greedy']:.3f} | {r[f'pass{k}']:.3f} | {r['n']} |")

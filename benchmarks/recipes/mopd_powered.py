@@ -33,13 +33,12 @@ eval_student, report. `report` writes benchmarks/results/mopd/<date>_mopd_powere
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.common import ROOT, run_header
+from benchmarks.common import dated_result, run_header
 from benchmarks.recipes.grpo_powered import score_policy
 
 PHASES = ("plan", "mopd", "eval_student", "report")
@@ -212,10 +211,7 @@ def report(args, plan: dict, mopd: dict, ev: dict, cells: dict, k: int) -> dict:
            "mopd": {k_: v for k_, v in mopd.items() if k_ != "history"}, "mopd_history": mopd["history"],
            "mopd_config": plan["mopd"], "episodes_per_route": plan["episodes_per_route"],
            "wall_s": {"mopd": mopd["phase_wall_s"], "eval_student": ev["phase_wall_s"]}}
-    date = datetime.date.today().isoformat()
-    path = Path(ROOT) / "benchmarks/results/mopd" / f"{date}_mopd_powered_{args.label}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1, default=float))
+    path = dated_result("mopd", f"mopd_powered_{args.label}", out)
     print(f"| cell | arm | pass@1 | greedy | pass@{k} | tokens |")
     for cell, arms in rows.items():
         for name, a in arms.items():

@@ -22,11 +22,10 @@ the verdict reads "underpowered".
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from pathlib import Path
 
-from benchmarks.common import ROOT, run_header
+from benchmarks.common import dated_result, run_header
 
 TRANSFER = 0.8  # assets.claims.TRANSFER
 
@@ -96,8 +95,7 @@ def main() -> None:
                "transfer": {"ratio": r, "lo": lo, "hi": hi, "rule": f"R ≥ {TRANSFER}", "verdict": verdict,
                             "power": power["power"], "power_at": {"effect": power["effect"], "transfer": 1.0}},
                "work": {"in": str(w_in), "held": str(w_h)}, "policy": plan_in["policy"], "cell": plan_in["cell"]}
-        path = Path(ROOT) / "benchmarks/results/posttrain" / f"{datetime.date.today().isoformat()}_transfer_powered_{args.label}.json"
-        path.write_text(json.dumps(out, indent=1, default=float))
+        path = dated_result("posttrain", f"transfer_powered_{args.label}", out)
         for name, row in rows.items():
             print(f"| {name} | {row['pass1']:.3f} | {row['greedy']:.3f} | {row[f'pass{k}']:.3f} | {row['n']} |")
         for w, g in gains.items():
