@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= tiny
 
-.PHONY: setup run test test-fast bench ui clean
+.PHONY: setup run powered test test-fast bench ui clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(BIN)/k3 run --profile $(PROFILE)
+
+# The powered post-training job, after `make run` (its home under .k3/): the nine RL cells at budgets
+# that can show learning, then MOPD from them (~3.5 h on 2 cores; benchmarks/recipes/powered.py).
+powered: setup
+	$(BIN)/python benchmarks/recipes/powered.py --mopd
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup

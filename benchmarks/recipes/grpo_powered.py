@@ -47,6 +47,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.common import dated_result, run_header
+from k3model.train.paired_eval import arm_row, compare_arms, score_policy
 
 PHASES = ("plan", "eval_sft", "grpo", "control", "eval_specialist", "eval_control", "report")
 NEEDS = {"eval_sft": ("plan",), "grpo": ("plan",), "control": ("grpo",), "eval_specialist": ("grpo",),
@@ -71,29 +72,6 @@ def distinct(tasks: list, n_per_family: int | None = None) -> list:
         seen.add(key)
         count[t.family] = count.get(t.family, 0) + 1
         out.append(t)
-    return out
-
-
-def score_policy(checkpoint: str, name: str, tokenizer_path: str, held: list, effort: str, *, k: int, seed: int,
-                 specs, harness: str | list[str] | None = None) -> dict:
-    """k episodes per held-out task at temperature 1 and one greedy episode per task, the generator seed
-    the same for every arm (episode j of task i draws the same uniforms whichever policy plays it);
-    `harness` as `evaluate` takes it (None: the training harnesses, round-robin over the tasks)."""
-    from datagen.tokenizer import load_tokenizer
-    from k3model.checkpoint import load_model
-    from k3model.train.evaluate import evaluate
-    model = load_model(checkpoint)[0].eval()
-    tok = load_tokenizer(tokenizer_path)
-    out = {"checkpoint": checkpoint}
-    for way, samples, temperature in (("sampled", k, 1.0), ("greedy", 1, 0.0)):
-        t0 = time.perf_counter()
-        r = evaluate(model, tok, held, effort, samples=samples, temperature=temperature, seed=seed, specs=specs,
-                     harness=harness, max_episodes_per_batch=64)
-        wall = time.perf_counter() - t0
-        out[way] = {"per_task": [r.per_task[t.id] for t in held], "metadata": r.as_metadata(), "wall_s": wall,
-                    "episodes_per_s": r.n / wall}
-        print(f"{name} {way}: success {r.success_rate:.3f} (n {r.n}), {r.mean_policy_tokens:.0f} tokens/episode, "
-              f"{wall:.0f} s", flush=True)
     return out
 
 
@@ -305,34 +283,11 @@ def report(args, read, held) -> dict:
     if control is not None:
         arms["control"] = read("eval_control")
     k = args.k
-    rows = {}
-    for name, a in arms.items():
-        s, g = a["sampled"]["per_task"], a["greedy"]["per_task"]
-        rows[name] = {"pass1": sum(s) / (k * len(s)), f"pass{k}": sum(x > 0 for x in s) / len(s),
-                      "greedy": sum(g) / len(g), "n": len(s),
-                      "tokens_sampled": a["sampled"]["metadata"]["mean_policy_tokens"],
-                      "tokens_greedy": a["greedy"]["metadata"]["mean_policy_tokens"],
-                      "eval_wall_s": a["sampled"]["wall_s"] + a["greedy"]["wall_s"]}
-    comparisons = {}
+    rows = {name: arm_row(a, k) for name, a in arms.items()}
     pairs = (("specialist", "sft_policy"), ("control", "sft_policy"), ("specialist", "control"))
-    for new, base in [(a, b) for a, b in pairs if a in arms and b in arms]:
-        a, b = arms[new], arms[base]
-        s_new = [x / k for x in a["sampled"]["per_task"]]
-        s_base = [x / k for x in b["sampled"]["per_task"]]
-        gain, lo, hi, p = stats.paired_bootstrap(s_new, s_base, resamples=10_000, seed=0)
-        pk_new = [float(x > 0) for x in a["sampled"]["per_task"]]
-        pk_base = [float(x > 0) for x in b["sampled"]["per_task"]]
-        gk, lok, hik, pk = stats.paired_bootstrap(pk_new, pk_base, resamples=10_000, seed=0)
-        gb, gc, gn = stats.paired_counts({t: v for t, v in enumerate(a["greedy"]["per_task"])},
-                                         {t: v for t, v in enumerate(b["greedy"]["per_task"])})
-        gd, glo, ghi = stats.paired_difference(gb, gc, gn)
-        rule = bool(gain >= 0.10 - 1e-12 and lo > 0)
-        powered = sft["power"]["pass1_bootstrap"] >= stats.POWER_TARGET
-        comparisons[f"{new}_vs_{base}"] = {
-            "pass1": {"gain": gain, "lo": lo, "hi": hi, "p": p, "claim3_rule": rule, "gate_15": bool(gain >= 0.15 - 1e-12),
-                      "verdict": ("pass" if rule else "fail") if powered else "underpowered"},
-            f"pass{k}": {"gain": gk, "lo": lok, "hi": hik, "p": pk},
-            "greedy": {"gain": gd, "lo": glo, "hi": ghi, "b": gb, "c": gc, "n": gn, "p": stats.mcnemar_exact(gb, gc)}}
+    powered = sft["power"]["pass1_bootstrap"] >= stats.POWER_TARGET
+    comparisons = {f"{new}_vs_{base}": compare_arms(arms[new], arms[base], k, powered)
+                   for new, base in pairs if new in arms and base in arms}
     header = run_header()
     out = {"header": header, "plan_header": plan["header"], "args": vars(args), "cell": plan["cell"],
            "families": plan["families"], "ladder_pass_rate": plan["ladder_pass_rate"], "policy": plan["policy"],

@@ -39,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.common import dated_result, run_header
-from benchmarks.recipes.grpo_powered import score_policy
+from k3model.train.paired_eval import score_policy
 
 PHASES = ("plan", "mopd", "eval_student", "report")
 RETENTION, RETENTION_LOWER = 0.9, 0.7

@@ -1,0 +1,36 @@
+"""The powered job's claim-3 summary (benchmarks/recipes/powered.py) on hand-made phase files: Holm
+across cells, the rule, "underpowered" and "not run", tokens by effort."""
+
+import json
+
+from benchmarks.recipes.powered import claim3
+
+
+def scored(per_task: list[int], tokens: float) -> dict:
+    meta = {"mean_policy_tokens": tokens}
+    return {"sampled": {"per_task": per_task, "metadata": meta, "wall_s": 1.0},
+            "greedy": {"per_task": [int(x > 4) for x in per_task], "metadata": meta, "wall_s": 1.0}}
+
+
+def write_cell(root, cell: str, sft: list[int], spec: list[int], power: float, tokens: float) -> None:
+    d = root / cell.replace("/", "_")
+    d.mkdir()
+    (d / "plan.json").write_text(json.dumps({"args": {"k": 8}}))
+    (d / "eval_sft.json").write_text(json.dumps({**scored(sft, tokens), "power": {"pass1_bootstrap": power}}))
+    (d / "eval_specialist.json").write_text(json.dumps(scored(spec, tokens + 1)))
+
+
+def test_cells_are_judged_with_holm_and_power_and_tokens_by_effort(tmp_path):
+    n = 64
+    sft = [2, 3] * (n // 2)
+    write_cell(tmp_path, "general_tasks/low", sft, [5, 6] * (n // 2), 0.9, 50)  # +37 points: pass
+    write_cell(tmp_path, "general_tasks/high", sft, [2, 4] * (n // 2), 0.9, 70)  # +6: below the rule's +10
+    write_cell(tmp_path, "general_tasks/max", sft, [5, 6] * (n // 2), 0.5, 90)  # gains, but underpowered
+    out = claim3(["general_tasks/low", "general_tasks/high", "general_tasks/max", "coding_agents/low"], tmp_path)
+    cells = out["cells"]
+    assert [cells[c]["verdict"] for c in ("general_tasks/low", "general_tasks/high", "general_tasks/max")] == \
+        ["pass", "fail", "underpowered"]
+    assert cells["coding_agents/low"]["verdict"] == "not run" and "lacks plan" in cells["coding_agents/low"]["why"]
+    assert cells["general_tasks/low"]["p_holm"] >= cells["general_tasks/low"]["p"]
+    assert (out["passed"], out["of"]) == (1, 4)
+    assert out["tokens_by_effort"] == {"general_tasks": {"low_high_max": [51, 71, 91], "ordered": True}}
