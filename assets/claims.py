@@ -15,7 +15,7 @@ materialization of `<profile>/<asset>`; `rl_specialist` per partition `<domain>|
 | 2 | (no asset) | `benchmarks/results/train/*_balancing_<profile>_*.json`: `arms.{quantile,none}.last_quarter_mean` | without balancing, where neither of the above exists: the ablation probe (`probes-archive:benchmarks/probes/balancing_ablation.py`) |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `eval/success_rate`, `eval/n`, `eval/mean_policy_tokens`, `eval/hard/success_rate`, `eval/hard/n`, `paired/{b,c,n}`, optional `eval/greedy/{success_rate,n}`, `eval/pass_at_8`, `sha256` | each specialist on its domain's held-out tasks, paired with sft_policy on the same tasks and seeds, tokens per episode, the hard tasks |
 | 3 | `rl_specialist` `<domain>\\|<effort>` | `sft_policy/success_rate`, `sft_policy/n` (SFT on the specialist's own tasks), at low `sft_policy/hard/{success_rate,n}`; else `sft_policy`'s `evals` JSON `{"sft_policy": {"<domain>/<effort>": {success_rate, n}}}` | the SFT policy at the same domain and effort |
-| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}`; else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
+| 4 | `mopd_student` | `retention_matrix` JSON `{"<domain>/<effort>": {student, teacher, n[, sft]}}` (a student of a subset of the routes has only those cells: the others are "not distilled", never failures); else `eval/<domain>/<effort>/success_rate` against the specialists' `eval/success_rate`; SFT and the teacher-vs-SFT pairs from claim 3's figures; `sha256` | the one student, its teacher and sft_policy at every (domain, effort) |
 | 5 | `quantized_student` | `quant/metric`, `quant/higher_is_better`, `quant/{qat,ptq}/{bf16,mxfp4}` (means over seeds), `quant/seed_drops` (JSON `{"qat": [...], "ptq": [...]}`), `quant/n` (held-out windows), `quant/scope`, `sha256` | the same metric for a QAT model and a PTQ model after MXFP4 (`mxfp4`), each against the high-precision model its drop is measured from (`bf16`; quantized_student: held-out window NLL at the "all_linear" scope, each seed against its own bf16 arm) |
 | 6 | `draft_model` | `spec/acceptance_length/k<k>`, `spec/speedup/k4`, `spec/lossless` (bool), `sha256` | τ = 1 + accepted / rounds (tokens per drafting round) by draft length, on chat-formatted held-out task prompts, against the served target (quantized_student's MXFP4 export); wall-clock speedup at draft length 4; greedy output equal to that target's |
 | 7 | `cross_harness` | `folds` (comma-separated held-out harnesses); per fold `<h>/general/{in_harness,held_out}/{success_rate,n}`, `<h>/sft/{in_harness,held_out}/success_rate` and `<h>/single/...` (the one-harness control), `sha256` | the multi-harness policy's and sft_policy's success in its harnesses and in the held-out one: the RL gain in each |
@@ -383,7 +383,9 @@ def claim_4(cells: dict[tuple[str, str], dict[str, Any]], *, profile: str,
     Judged on the cells where the teacher beats sft_policy (paired: Agresti–Min lower bound > 0 and
     McNemar p ≤ ALPHA; Newcombe's lower bound > 0 when the pairs are not reported); the others read
     "nothing to retain". Pass: the pooled retained gain Σ n(student − sft) / Σ n(teacher − sft) ≥
-    RETENTION with its 95 % lower bound ≥ RETENTION_LOWER (stats.retention_from_counts)."""
+    RETENTION with its 95 % lower bound ≥ RETENTION_LOWER (stats.retention_from_counts). A (domain,
+    effort) absent from `cells` was not distilled (mopd_student.domains/efforts): named in
+    `figures["not_distilled"]` and the figure, judged neither way."""
     target = (f"pooled retained gain (student − SFT)/(teacher − SFT) ≥ {RETENTION:.0%} with 95 % lower bound ≥ "
               f"{RETENTION_LOWER:.0%}, over the cells where the teacher beats SFT")
     effect = "a student identical to its teachers"
@@ -412,7 +414,10 @@ def claim_4(cells: dict[tuple[str, str], dict[str, Any]], *, profile: str,
                           "retention": retention[name] if beats else "nothing to retain"}
         if beats:
             judged.append((v["student"], v["teacher"], v["sft"], n))
-    figures = {"retention": retention, "cells": per_cell}
+    figures: dict[str, Any] = {"retention": retention, "cells": per_cell}
+    absent = [f"{d}/{e}" for d, e in names if (d, e) not in cells]
+    if absent:
+        figures["not_distilled"] = absent
     if not judged:
         return _claim(4, NOT_MEASURED, f"no teacher beats sft_policy in {len(measured)} cell(s)", target,
                       "nothing to retain: no teacher's gain over sft_policy is above 0 (paired 95 %)", profile,
@@ -422,7 +427,8 @@ def claim_4(cells: dict[tuple[str, str], dict[str, Any]], *, profile: str,
     n_min = min(n for *_, n in judged)
     figures.update(pooled=r, pooled_lo=lo, pooled_hi=hi)
     figure = (f"pooled retained gain {r:.0%} [{lo:.0%}, {hi:.0%}] over {len(judged)} cell(s) where the teacher "
-              f"beats SFT; {len(measured) - len(judged)} with nothing to retain")
+              f"beats SFT; {len(measured) - len(judged)} with nothing to retain"
+              + (f"; {len(absent)} of {len(names)} not distilled" if absent else ""))
     ok = r >= RETENTION and lo >= RETENTION_LOWER
     why = (f"retained {r:.0%} ≥ {RETENTION:.0%}, lower bound {lo:.0%} ≥ {RETENTION_LOWER:.0%}" if ok else
            f"retained {r:.0%} (lower bound {lo:.0%}) against ≥ {RETENTION:.0%} with ≥ {RETENTION_LOWER:.0%}")

@@ -1,8 +1,9 @@
 """Distillation assets: the MOPD student and the cross-harness transfer folds (DESIGN.md §1, §5 claims
 4 and 7; issue 19).
 
-    sft_policy ─┬─> mopd_student      (all nine rl_specialist partitions are its teachers,
-    rl_tasks ───┤                      rl_tasks' ladder its prompts and held-out tasks per cell)
+    sft_policy ─┬─> mopd_student      (the rl_specialist partitions of its routes are its teachers,
+    rl_tasks ───┤                      all nine by default; rl_tasks' ladder its prompts and held-out
+                │                      tasks per cell)
     rl_specialist[domain × effort] ─┘
     sft_policy ──> cross_harness      (GRPO arms per fold: four harnesses vs one, the fifth held out)
 
@@ -10,12 +11,14 @@
 `<profile>_distillation`), each through the training adapter (`assets.training`):
 
 - `mopd_student`: `k3model.train.mopd.train` from sft_policy, each prompt routed by (domain, effort)
-  to that rl_specialist partition, on the rl_tasks ladder's prompts; then the student is played on
+  to that rl_specialist partition, on the rl_tasks ladder's prompts (the routes: `domains` × `efforts`
+  of its config, all nine by default; only their partitions need to exist); then the student is played on
   each cell's held-out tasks with the budgets its specialist was evaluated with (the specialist's
   own figures are reused; a teacher without them is played here). Metadata: the teacher-retention
   matrix (student ÷ teacher success, 95 % interval, the ≥ 90 % target per cell), tokens per answer
   per effort, the KL to each teacher over training, the sampled estimators' bias and variance
-  against the exact KL, counted FLOPs; the manifest names the nine teachers by checkpoint sha256.
+  against the exact KL, counted FLOPs; the manifest names its teachers by checkpoint sha256. A cell
+  outside the routes is not distilled: absent from the matrix (claim 4 reads only the cells present).
   With `control` on, the equal-compute generalist GRPO run (`k3model.train.control`) is trained on
   the specialists' + MOPD's counted FLOPs and evaluated on the same cells.
 - `cross_harness`: per fold (held-out harness), a general arm (GRPO on the fold's training
@@ -28,10 +31,10 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from assets.config_bounds import AssetConfig, ScaledEpisodes, refuse_unfit
 from assets.claims import rate_difference
@@ -52,29 +55,31 @@ TRANSFER_TARGET = 0.8
 
 
 
-def specialist_partitions(context: dg.AssetExecutionContext, profile: str) -> dict[str, Upstream]:
-    """The newest materialization of every rl_specialist partition ("domain|effort"); a Failure naming
-    each missing one."""
+def specialist_partitions(context: dg.AssetExecutionContext, profile: str,
+                          routes: Sequence[tuple[str, str]]) -> dict[str, Upstream]:
+    """The newest materialization of the rl_specialist partition ("domain|effort") of each of
+    `routes`, in their order; a Failure naming each missing one."""
     asset = key(profile, "rl_specialist")
     found: dict[str, Upstream] = {}
     missing = []
-    for d in DOMAINS:
-        for e in EFFORTS:
-            pk = f"{d}|{e}"
-            records = context.instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=asset, asset_partitions=[pk]), limit=1).records
-            mat = records[0].event_log_entry.asset_materialization if records else None
-            if mat is None or "path" not in mat.metadata:
-                missing.append(pk)
-                continue
-            found[pk] = Upstream(name=f"rl_specialist/{d}/{e}", path=Path(mat.metadata["path"].value),
-                                                  data_version=(mat.tags or {}).get("dagster/data_version", ""),
-                                 run_id=records[0].run_id, metadata={k: v.value for k, v in mat.metadata.items()})
+    for d, e in routes:
+        pk = f"{d}|{e}"
+        records = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset, asset_partitions=[pk]), limit=1).records
+        mat = records[0].event_log_entry.asset_materialization if records else None
+        if mat is None or "path" not in mat.metadata:
+            missing.append(pk)
+            continue
+        found[pk] = Upstream(name=f"rl_specialist/{d}/{e}", path=Path(mat.metadata["path"].value),
+                             data_version=(mat.tags or {}).get("dagster/data_version", ""),
+                             run_id=records[0].run_id, metadata={k: v.value for k, v in mat.metadata.items()})
     if missing:
-        raise dg.Failure(description=f"{profile}/mopd_student needs every teacher: rl_specialist partition(s) "
-                                     f"{', '.join(missing)} have not been materialized for profile {profile!r}. "
-                                     f"Materialize them first (`k3 run --profile {profile} --select "
-                                     f"'*rl_specialist'`)", allow_retries=False)
+        raise dg.Failure(description=f"{profile}/mopd_student needs the teacher of each of its {len(routes)} "
+                                     f"route(s): rl_specialist partition(s) {', '.join(missing)} have not been "
+                                     f"materialized for profile {profile!r}. Materialize them first (`k3 run "
+                                     f"--profile {profile} --select '*rl_specialist' --partition "
+                                     f"'{','.join(missing)}'`), or narrow the teachers with mopd_student.domains / "
+                                     "mopd_student.efforts", allow_retries=False)
     verify_upstreams("mopd_student", found, profile)
     return found
 
@@ -87,7 +92,7 @@ class MOPDStudentConfig(ScaledEpisodes):
     seed: int = Field(default=0, ge=0)
     steps: int | None = Field(default=None, ge=1)
     episodes_per_step: int | None = Field(default=None, ge=1, description="student episodes per update, "
-                                          "round-robin over the nine (domain, effort) routes")
+                                          "round-robin over the (domain, effort) routes")
     lr: float | None = Field(default=None, gt=0)
     outcome_coef: float = Field(default=0.0, ge=0, description="α on the outcome-reward advantage (0: pure "
                                 "distillation; > 0 needs samples_per_task ≥ 2)")
@@ -95,6 +100,23 @@ class MOPDStudentConfig(ScaledEpisodes):
     log_every: int = Field(default=2, ge=1)
     control: bool = Field(default=False, description="also train the equal-compute generalist GRPO control "
                           "(needs the specialists' counted FLOPs in their metadata, `flops/total`)")
+    domains: list[str] | None = Field(default=None, min_length=1, description="the domains distilled (None: all "
+                                      f"of {', '.join(DOMAINS)}); the routes are domains × efforts, each route's "
+                                      "rl_specialist partition its teacher, and only those partitions must exist")
+    efforts: list[str] | None = Field(default=None, min_length=1, description="the efforts distilled (None: all "
+                                      f"of {', '.join(EFFORTS)}); e.g. domains [\"general_tasks\"] with efforts "
+                                      "[\"low\"] distils from the one partition general_tasks|low")
+
+    @field_validator("domains", "efforts")
+    @classmethod
+    def _known_once(cls, value: list[str] | None, info) -> list[str] | None:
+        choices = DOMAINS if info.field_name == "domains" else EFFORTS
+        for v in value or ():
+            if v not in choices:
+                raise ValueError(f"unknown {info.field_name[:-1]} {v!r}: choose one of {', '.join(choices)}")
+            if value.count(v) > 1:
+                raise ValueError(f"{info.field_name} names {v!r} twice (a route would be distilled twice as often)")
+        return value
 
     @classmethod
     def profile_values(cls, profile: str) -> dict[str, Any]:
@@ -137,12 +159,13 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                          lr=config.lr, outcome_coef=config.outcome_coef,
                          samples_per_task=config.samples_per_task,
                          specs=effort_specs(scaled_budgets(sizes.mopd_budgets, config.budget_scale)),
-                         log_every=config.log_every)
+                         log_every=config.log_every, domains=tuple(config.domains or DOMAINS),
+                         efforts=tuple(config.efforts or EFFORTS))
     except ValueError as e:
         raise dg.Failure(description=f"invalid config for {profile}/mopd_student "
                                      f"(ops.{profile}__mopd_student.config): {e}", allow_retries=False) from e
     ups = require_upstreams(context, ["sft_policy", "rl_tasks", "tokenizer"], profile)
-    teachers = specialist_partitions(context, profile)
+    teachers = specialist_partitions(context, profile, cfg.routes)
     # The teachers' figures are reused below: the student must be scored at their budgets.
     other_scale = {pk: t.metadata.get("budget_scale", 1.0) for pk, t in teachers.items()
                    if t.metadata.get("budget_scale", 1.0) != config.budget_scale}
@@ -174,6 +197,10 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
         sizes_rl = POSTTRAIN_SIZES[profile]
         control_cfg = GRPOConfig(group_size=sizes_rl.rl_group_size, groups_per_step=sizes_rl.rl_groups_per_step,
                                  lr=sizes_rl.rl_lr, seed=config.seed, **({"efforts": specs} if specs else {}))
+    if len(teachers) < len(DOMAINS) * len(EFFORTS):
+        context.log.info(f"{profile}/mopd_student: distilling {len(teachers)} of the {len(DOMAINS) * len(EFFORTS)} "
+                         f"(domain, effort) routes ({', '.join(teachers)}; mopd_student.domains/efforts): the other "
+                         "cells are not distilled and not evaluated")
     context.log.info(f"{profile}/mopd_student: {cfg.steps} steps × {cfg.episodes_per_step} student episodes routed "
                      f"to {len(teachers)} teachers on the rl_tasks prompts; then the student on each cell's held-out "
                      f"tasks ({len(figures)} teacher evaluation(s) reused from rl_specialist)")
@@ -196,8 +223,9 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
         config=cfg, inputs=inputs, log_every=cfg.log_every,
         **ray.placement(log=context.log.info),
         params={"control": config.control, "teacher_evals_reused": len(figures)},
-        description=f"{profile} MOPD student: sft_policy distilled on-policy from the nine rl_specialist teachers "
-                    "(routed by domain × effort), one checkpoint for every effort",
+        description=f"{profile} MOPD student: sft_policy distilled on-policy from {teacher_count(len(teachers))} "
+                    "rl_specialist teachers (routed by domain × effort), one checkpoint for "
+                    + ("every effort" if set(cfg.efforts) == set(EFFORTS) else f"effort(s) {', '.join(cfg.efforts)}"),
         headline=lambda r: {k: r.metrics[k] for k in ("eval/success_rate", "eval/retention_min") if k in r.metrics},
         report=report))
     # The student is what `k3 serve` serves: `models:/k3-<profile>-mopd_student@champion`.
@@ -205,6 +233,12 @@ def materialize_mopd_student(context: dg.AssetExecutionContext, config: MOPDStud
                                                                  trained.version.version)
     return trained.materialize_result({**mopd_metadata(trained.result, cfg, teachers, specialist_flops),
                                         "budget_scale": config.budget_scale})
+
+
+def teacher_count(n: int) -> str:
+    """How many teachers, in words: "the nine" when every (domain, effort) route is distilled."""
+    nine = len(DOMAINS) * len(EFFORTS)
+    return "the nine" if n == nine else f"{n} of the nine"
 
 
 def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float | None) -> dict[str, Any]:
@@ -231,7 +265,7 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
         **{f"tokens_per_answer/{e}": sum(v) / len(v) for e, v in tokens.items() if v},
         **{f"train/tokens_per_answer/{e}": sum(h[f"rollout/tokens_per_answer/{e}"] for h in hist
                                                if f"rollout/tokens_per_answer/{e}" in h)
-           / max(sum(f"rollout/tokens_per_answer/{e}" in h for h in hist), 1) for e in EFFORTS},
+           / max(sum(f"rollout/tokens_per_answer/{e}" in h for h in hist), 1) for e in cfg.efforts},
         "kl_to_each_teacher": dg.MetadataValue.md(markdown_table(kl_rows)),
         "kl_exact": sparkline([h.get("kl/exact", float("nan")) for h in hist], "kl/exact",
                               f"exact reverse KL to the routed teacher over {len(hist)} steps"),
@@ -241,6 +275,10 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
     }
     if specialist_flops is not None:
         own["flops/specialists_rl"] = specialist_flops
+    # A subset of the routes (mopd_student.domains/efforts): the cells left out, by name.
+    left_out = [f"{d}/{e}" for d in DOMAINS for e in EFFORTS if f"{d}|{e}" not in teachers]
+    if left_out:
+        own["not_distilled"] = ", ".join(left_out)
     if r.control is not None:
         c = r.control
         ctl = sum(f["success_rate"] for f in c["evals"].values()) / max(len(c["evals"]), 1)
@@ -364,7 +402,8 @@ def build(profile: str) -> list[dg.AssetsDefinition]:
               deps=[key(profile, n) for n in ("sft_policy", "rl_tasks", "rl_specialist", "tokenizer")],
               description="One checkpoint for every effort: sft_policy distilled on-policy from the nine "
                           "rl_specialist teachers (each prompt routed by domain × effort; per-token reverse-KL "
-                          "advantage); teacher-retention matrix, KL to each teacher, counted FLOPs.", **common)
+                          "advantage; config domains/efforts narrow them to a subset); teacher-retention matrix, "
+                          "KL to each teacher, counted FLOPs.", **common)
     def mopd_student(context: dg.AssetExecutionContext,
                      config: MOPDStudentConfig.for_profile(profile)) -> dg.MaterializeResult:
         return materialize_mopd_student(context, config, profile)

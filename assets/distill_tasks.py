@@ -2,7 +2,7 @@
 loads only the library. Each is `task(*args, work_dir, live) -> result` for `assets.training`.
 
 - `train_mopd_task`: `k3model.train.mopd.train` on the rl_tasks ladder's prompts, then the student on
-  every (domain, effort) cell's held-out tasks, the ones each teacher was evaluated on; the
+  each distilled (domain, effort) cell's held-out tasks, the ones each teacher was evaluated on; the
   teacher-retention matrix (student ÷ teacher success, Katz 95 % interval) from them; optionally
   the equal-compute generalist GRPO control (`k3model.train.control`), evaluated on the same cells.
 - `train_transfer_arm_task`: one arm of one cross-harness fold (`k3model.train.grpo.train` on the
@@ -48,7 +48,8 @@ class StudentResult:
 def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], tokenizer_path: str,
                     cells: dict[str, dict], specs, teacher_figures: dict[str, dict], control_cfg,
                     specialist_flops: float | None, scoring, work_dir: str, live: LiveLog) -> StudentResult:
-    """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint) on each cell's RL prompts
+    """MOPD from sft_policy with `teachers` ("domain|effort" → checkpoint; the routes of `cfg`, all nine
+    or a subset) on each cell's RL prompts
     (`cells[pk]["rl"]`, the rl_tasks ladder's (family, seed) pairs), then the student on each cell's
     held-out tasks (`cells[pk]["eval"]`, `specs` budgets), scored as each specialist was
     (`scoring`, a k3model.train.recipes.SpecialistEval: temperature, samples per task, seed) — the same tasks,
@@ -71,8 +72,8 @@ def train_mopd_task(cfg, student_checkpoint: str, teachers: dict[str, str], toke
                         specs=specs).as_metadata()
 
     def on_cells(model) -> dict[str, dict]:
-        """`model` on every cell's held-out tasks. Greedy single episodes decode all nine cells as
-        three batched decodes (evaluate_routes, the same figures as evaluate per cell); sampled
+        """`model` on every distilled cell's held-out tasks. Greedy single episodes decode the cells
+        in batches (evaluate_routes: the nine are three decodes; the same figures as evaluate per cell); sampled
         scoring goes through evaluate per cell, exactly as the specialists were scored."""
         if scoring.temperature == 0 and scoring.samples == 1:
             return {"/".join(route): report.as_metadata()

@@ -84,14 +84,18 @@ def _figure(path: Path, draw, size=(6, 3.5)) -> Path:
 
 def retention_heatmap(retention: dict[str, float | None], path: Path) -> Path:
     """`retention["<domain>/<effort>"]` (student ÷ teacher success, None where the teacher scored 0)
-    as a domain × effort heatmap with the percentages written in."""
+    as a domain × effort heatmap with the percentages written in; a cell without a key reads "not
+    distilled" (a student of a subset of the routes, mopd_student.domains/efforts)."""
     def matrix(ax):
         grid = [[retention.get(f"{d}/{e}") for e in EFFORTS] for d in DOMAINS]
         values = [[float("nan") if v is None else v for v in row] for row in grid]
         im = ax.imshow(values, vmin=0, vmax=1.2, cmap="viridis")
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                ax.text(j, i, "—" if v is None else f"{v:.0%}", ha="center", va="center", color="white")
+        for i, (d, row) in enumerate(zip(DOMAINS, grid)):
+            for j, (e, v) in enumerate(zip(EFFORTS, row)):
+                # Empty (NaN) cells are the axes' white: their text in gray.
+                text = (f"{v:.0%}" if v is not None else "—" if f"{d}/{e}" in retention else "not\ndistilled")
+                ax.text(j, i, text, ha="center", va="center", color="white" if v is not None else "gray",
+                        fontsize=10 if v is not None else 7)
         ax.set_xticks(range(3), EFFORTS)
         ax.set_yticks(range(3), DOMAINS, fontsize=7)
         ax.set_title("student / teacher success")

@@ -403,7 +403,9 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
 
     # The student against each teacher and sft_policy: the student asset's own retention matrix (all
     # scored on the same tasks) when it has one, else its per-cell success against the specialists'
-    # evaluations; the teacher-vs-SFT pairs from the specialist's own evaluation.
+    # evaluations; the teacher-vs-SFT pairs from the specialist's own evaluation. A student of a subset
+    # of the routes (mopd_student.domains/efforts) has only those cells in its matrix: the others are
+    # left out of cells4 (claim 4: "not distilled").
     student = figs.get("mopd_student") or {}
     matrix = student.get("retention_matrix") or {}
     cells4: dict[tuple[str, str], dict[str, Any]] = {}
@@ -411,7 +413,7 @@ def judge(figs: dict[str, Any], kernelsuite: tuple[list[dict], dict[str, int]] |
         for e in EFFORTS:
             row = matrix.get(f"{d}/{e}") if matrix else None
             spec, base = specs.get((d, e)), sft_rates.get((d, e))
-            if row is None and spec is not None and f"eval/{d}/{e}/success_rate" in student:
+            if not matrix and spec is not None and f"eval/{d}/{e}/success_rate" in student:
                 row = {"teacher": spec["success_rate"], "student": student[f"eval/{d}/{e}/success_rate"],
                        "n": spec["n"]}
             if row is None:

@@ -105,8 +105,9 @@ def _chosen_partitions(text: str, graph, keys) -> dict:
 
 def _config_overrides(sets: list[str], defs, mine: dict, keys) -> dict:
     """`--set ASSET.FIELD=VALUE ...` as the run config's `ops` section: each value read as JSON (20,
-    3e-4, true, "x"), else kept as a string. A SystemExit names what to change for an unknown asset
-    or field, or for an asset the run will not materialize (up to date: add --force)."""
+    3e-4, true, "x", a list: `--set mopd_student.domains='["general_tasks"]'`, single-quoted for the
+    shell), else kept as a string. A SystemExit names what to change for an unknown asset or field,
+    or for an asset the run will not materialize (up to date: add --force)."""
     ops: dict = {}
     for item in sets:
         target, eq, raw = item.partition("=")
@@ -141,7 +142,8 @@ def _check_set_type(item: str, name: str, field: str, config_type, value) -> Non
         wanted = (config_type.given_name or config_type.key).replace("Noneable.", "").replace("SourceType", "")
         raise SystemExit(f"k3 run: --set {item!r}: {name}.{field} must be {wanted}, not {json.dumps(value)} "
                          f"({type(value).__name__}); e.g. --set {name}.{field}="
-                         + {"Int": "20", "Float": "3e-4", "Bool": "true"}.get(wanted, '"text"'))
+                         + {"Int": "20", "Float": "3e-4", "Bool": "true"}.get(
+                             wanted, "'[\"text\"]'" if wanted.startswith("Array") else '"text"'))
 
 
 def _check_config_values(ops: dict, defs, mine: dict, keys, profile: str) -> None:
@@ -565,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "K3_HOME, wait for it instead of refusing")
     run.add_argument("--set", action="append", default=[], metavar="ASSET.FIELD=VALUE",
                      help="override one config field of a selected asset (repeatable; VALUE read as JSON), "
-                          "e.g. --set pretrain_stage_1.steps=20; the UI's launchpad shows every field")
+                          "e.g. --set pretrain_stage_1.steps=20 or a list, --set "
+                          "mopd_student.domains='[\"general_tasks\"]'; the UI's launchpad shows every field")
     run.set_defaults(fn=cmd_run)
 
     ui = sub.add_parser("ui", help="Dagster web UI + daemon and the MLflow UI on 127.0.0.1",

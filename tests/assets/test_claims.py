@@ -214,6 +214,19 @@ def test_claim_4_cells_where_the_teacher_does_not_beat_sft_have_nothing_to_retai
     assert claims.claim_4({}, **P).status == NOT_MEASURED
 
 
+def test_claim_4_reads_a_student_of_fewer_cells_and_names_the_rest_not_distilled():
+    nine = claims.claim_4(_cells4(student=0.49), **P)
+    assert "not_distilled" not in nine.figures and "not distilled" not in nine.figure
+    three = {c: v for c, v in _cells4(student=0.49).items() if c[0] == "general_tasks"}
+    c = claims.claim_4(three, **P)
+    r, lo, _ = stats.retention_from_counts([(0.49, 0.5, 0.3, 512)] * 3)
+    # Judged on the three distilled cells alone: the six others are no failure, only named.
+    assert c.figures["pooled"] == pytest.approx(r) and c.figures["pooled_lo"] == pytest.approx(lo)
+    assert set(c.figures["cells"]) == {"general_tasks/low", "general_tasks/high", "general_tasks/max"}
+    assert len(c.figures["not_distilled"]) == 6 and "general_agents/low" in c.figures["not_distilled"]
+    assert c.figure.endswith("; 0 with nothing to retain; 6 of 9 not distilled") and c.status != FAIL
+
+
 def test_claim_4_is_underpowered_at_the_audits_sizes():
     # Eight tasks per cell, teachers 5/8 against SFT's 1/8: an identical student passes about half the time.
     c = claims.claim_4(_cells4(student=0.625, teacher=0.625, sft=0.125, n=8), **P)

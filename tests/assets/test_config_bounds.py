@@ -63,6 +63,23 @@ def test_sound_values_pass():
     MOPDStudentConfig(lr=1e-4).check_fits("smoke")
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"domains": ["coding"]}, "unknown domain 'coding': choose one of general_tasks, general_agents, coding_agents"),
+    ({"efforts": ["low", "medium"]}, "unknown effort 'medium': choose one of low, high, max"),
+    ({"efforts": ["low", "low"]}, "efforts names 'low' twice"),
+    ({"domains": []}, "at least 1 item"),
+])
+def test_mopd_students_routes_name_known_domains_and_efforts_once(given, message):
+    with pytest.raises(ValidationError, match=message):
+        MOPDStudentConfig.for_profile("small")(**given)
+
+
+def test_mopd_students_routes_default_to_all_nine():
+    assert (MOPDStudentConfig().domains, MOPDStudentConfig().efforts) == (None, None)
+    one = MOPDStudentConfig.for_profile("small")(domains=["general_tasks"], efforts=["low"]).filled("small")
+    assert (one.domains, one.efforts) == (["general_tasks"], ["low"])
+
+
 @pytest.mark.parametrize("config, message", [
     (RLSpecialistConfig(group_size=1_000_000),
      r"group_size=1000000 holds 4000000 episodes at once \(group_size 1000000 × groups_per_step 4, .*\), at least "
@@ -83,6 +100,9 @@ def test_a_size_that_cannot_fit_the_machine_is_refused_with_the_numbers(ram_16gi
     ("rl_specialist.lr=Infinity", "rl_specialist.lr must be a finite number, got inf"),
     ("mopd_student.lr=1e999", "mopd_student.lr must be a finite number, got inf"),
     ("rl_specialist.group_size=1000000", "rl_specialist: group_size=1000000 holds 4000000 episodes .* 16.0 GiB"),
+    # A JSON list through --set, checked against the domains there are.
+    ('mopd_student.domains=["general_tasks","coding"]',
+     "mopd_student.domains: unknown domain 'coding': choose one of general_tasks, general_agents, coding_agents"),
 ])
 def test_k3_run_refuses_before_the_run_starts(home, ram_16gib, item, message):
     with pytest.raises(SystemExit, match=f"--set refused before the run: {message}"):

@@ -1,6 +1,7 @@
 """Distillation assets through Dagster with real Ray and MLflow: mopd_student on two differently seeded
 smoke SFT checkpoints (the student's and the nine teachers'), its metadata and manifest; a missing
-teacher partition named."""
+teacher partition named. A subset of the routes (mopd_student.domains/efforts) is followed from the
+config to the teachers and the training job on plain files, without training."""
 
 import math
 from dataclasses import asdict, replace
@@ -19,6 +20,7 @@ from k3model.checkpoint import load_checkpoint, verify_checkpoint
 from k3model.config import get_profile
 from k3model.model import K3Model
 from k3model.train.common import save_state
+from k3model.train.mopd import MOPDConfig
 from k3model.train.sft import SFTConfig
 from k3model.train.sft import train as sft_train
 
@@ -83,6 +85,92 @@ def test_a_missing_teacher_partition_is_named(upstreams, smoke_resources, tmp_pa
     assert "rl_specialist partition(s) coding_agents|max have not been materialized" in message
 
 
+@pytest.fixture
+def files(tmp_path):
+    """Plain files for the tokenizer, sft_policy and the teachers: enough for everything before training."""
+    for name in ("tokenizer.json", "student.bin", "teacher.bin"):
+        (tmp_path / name).write_text(name)
+    return tmp_path / "tokenizer.json", (tmp_path / "student.bin", tmp_path / "teacher.bin")
+
+
+def test_specialist_partitions_needs_only_the_routes_asked_for(files, tmp_path):
+    instance = _instance(files, ["general_tasks|low", "coding_agents|low"], tmp_path)
+    with dg.build_asset_context(instance=instance) as ctx:
+        found = distill.specialist_partitions(ctx, "smoke", [("general_tasks", "low"), ("coding_agents", "low")])
+        assert list(found) == ["general_tasks|low", "coding_agents|low"]
+        assert found["coding_agents|low"].name == "rl_specialist/coding_agents/low"
+        with pytest.raises(dg.Failure) as err:
+            distill.specialist_partitions(ctx, "smoke", [("general_tasks", "low"), ("general_tasks", "high")])
+    msg = err.value.description
+    assert "needs the teacher of each of its 2 route(s): rl_specialist partition(s) general_tasks|high have not" in msg
+    assert "--select '*rl_specialist' --partition 'general_tasks|high'" in msg
+    assert "narrow the teachers with mopd_student.domains / mopd_student.efforts" in msg
+
+
+class _Stop(Exception):
+    pass
+
+
+def _job_of(config, instance, monkeypatch):
+    """The TrainingJob materialize_mopd_student hands to the training adapter (which is stopped there)."""
+    jobs = []
+
+    def stop(context, job):
+        jobs.append(job)
+        raise _Stop
+
+    class Ray:
+        def placement(self, n_tasks=1, log=None):
+            return {"num_cpus": 1, "num_gpus": 0.0}
+
+    monkeypatch.setattr(distill, "run_training", stop)
+    resources = {"ray": Ray(), "store": object(), "mlflow": object()}
+    with dg.build_asset_context(instance=instance, resources=resources) as ctx, pytest.raises(_Stop):
+        MOPD(ctx, config)
+    return jobs[0]
+
+
+def test_a_route_subset_reaches_mopd_config_and_the_training_job(files, tmp_path, monkeypatch):
+    # One teacher partition materialized: enough for a student of that one route.
+    instance = _instance(files, ["general_tasks|low"], tmp_path)
+    config = distill.MOPDStudentConfig(domains=["general_tasks"], efforts=["low"])
+    job = _job_of(config, instance, monkeypatch)
+    cfg, _, teachers, _, cells = job.args[:5]
+    assert job.config is cfg and cfg.routes == [("general_tasks", "low")]
+    assert (cfg.domains, cfg.efforts) == (("general_tasks",), ("low",))
+    assert list(teachers) == list(cells) == ["general_tasks|low"]
+    assert set(job.inputs) == {"sft_policy", "rl_tasks", "tokenizer", "rl_specialist/general_tasks/low"}
+    assert job.description.startswith("smoke MOPD student: sft_policy distilled on-policy from 1 of the nine ")
+    assert job.description.endswith("one checkpoint for effort(s) low")
+    # Unset, every route, exactly as before the fields existed: all nine partitions are needed ...
+    resources = {"ray": object(), "store": object(), "mlflow": object()}
+    with dg.build_asset_context(instance=instance, resources=resources) as ctx, \
+            pytest.raises(dg.Failure, match="general_tasks\\|high, "):
+        MOPD(ctx, distill.MOPDStudentConfig())
+    # ... and with them, the same MOPDConfig as one built without domains and efforts.
+    full = _instance(files, PARTITIONS, tmp_path)
+    cfg = _job_of(distill.MOPDStudentConfig(), full, monkeypatch).config
+    assert (cfg.domains, cfg.efforts) == (MOPDConfig().domains, MOPDConfig().efforts) and len(cfg.routes) == 9
+
+
+def test_a_subsets_metadata_names_the_cells_not_distilled():
+    from types import SimpleNamespace
+    cell = {"student": 0.5, "teacher": 0.5, "n": 2, "retention": 1.0, "ci95_low": 0.4, "ci95_high": 2.5,
+            "student_tokens": 5.0, "teacher_tokens": 6.0}
+    r = SimpleNamespace(retention={"general_tasks/low": cell}, history=[{"kl/general_tasks/low": 0.1,
+                                                                         "rollout/tokens_per_answer/low": 4.0}],
+                        evals={"general_tasks/low": {"mean_policy_tokens": 5.0}}, metrics={"eval/success_rate": 0.5},
+                        teacher_manifest={"general_tasks|low": {"sha256": "ab" * 32}}, flops={"total": 1.0},
+                        control=None)
+    cfg = MOPDConfig(domains=("general_tasks",), efforts=("low",))
+    meta = distill.mopd_metadata(r, cfg, {"general_tasks|low": None}, None)
+    assert meta["not_distilled"].startswith("general_tasks/high, general_tasks/max, general_agents/low")
+    assert len(meta["not_distilled"].split(", ")) == 8
+    assert list(meta["retention_matrix"].value) == ["general_tasks/low"] and meta["retention/cells_defined"] == 1
+    # Only the distilled effort's token use: no 0 for the efforts never played.
+    assert [k for k in meta if "tokens_per_answer" in k] == ["tokens_per_answer/low", "train/tokens_per_answer/low"]
+
+
 def test_teachers_at_another_budget_scale_are_refused(upstreams, smoke_resources, tmp_path):
     # Their reused held-out figures were played at another episode budget: not comparable.
     instance = _instance(upstreams, [], tmp_path)
@@ -129,6 +217,22 @@ def test_mopd_student_materializes_through_ray(upstreams, smoke_resources, tmp_p
     assert "kl_to_each_teacher" in meta and "teacher_retention" in meta
     # Its own figure: the retention heatmap, inline.
     assert meta["plot/teacher_retention"].startswith("![Teacher retention: student / teacher success](data:image/png")
+
+
+def test_a_student_of_one_route_materializes_through_ray(upstreams, smoke_resources, tmp_path):
+    # The one teacher partition there is; `k3 run --set mopd_student.domains='["general_tasks"]'` alike.
+    instance = _instance(upstreams, ["general_tasks|low"], tmp_path)
+    run_config = {"ops": {"smoke__mopd_student": {"config": {"domains": ["general_tasks"], "efforts": ["low"]}}}}
+    result = dg.materialize([MOPD], instance=instance, resources=smoke_resources, selection=[MOPD.key],
+                            run_config=run_config)
+    assert result.success
+    meta = {k: v.value for k, v in result.asset_materializations_for_node("smoke__mopd_student")[0].metadata.items()}
+    _, manifest = load_checkpoint(meta["path"])
+    assert set(manifest["teachers"]) == set(meta["teachers"]) == {"general_tasks|low"}
+    assert list(meta["retention_matrix"]) == ["general_tasks/low"]
+    assert meta["retention_matrix"]["general_tasks/low"]["n"] == 2
+    assert len(meta["not_distilled"].split(", ")) == 8 and "coding_agents/max" in meta["not_distilled"]
+    assert [k for k in meta if k.startswith("tokens_per_answer/")] == ["tokens_per_answer/low"]
 
 
 def test_one_cross_harness_fold_materializes_through_ray(upstreams, smoke_resources, tmp_path):

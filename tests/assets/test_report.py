@@ -192,6 +192,30 @@ def test_the_contract_of_the_assets_it_reads(tmp_path, smoke_resources):
     assert nine["plot/specialists"].value.startswith("![The nine specialists")
 
 
+def test_a_student_of_one_route_is_judged_on_its_one_cell(tmp_path):
+    """mopd_student distilled from general_tasks|low alone (mopd_student.domains/efforts): its retention
+    matrix has one cell; claim 4 reads that one, the heatmap marks the other eight not distilled."""
+    instance = dg.DagsterInstance.ephemeral()
+
+    def put(name, metadata, partition=None):
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key("smoke", name), partition=partition, tags={PROFILE_TAG: "smoke"},
+            metadata={"path": dg.MetadataValue.path(str(tmp_path)), "sha256": name, **metadata}))
+    put("sft_policy", {"evals": dg.MetadataValue.json({"sft_policy": {f"{d}/{e}": {"success_rate": 0.2, "n": 900}
+                                                                      for d in DOMAINS for e in EFFORTS}})})
+    put("rl_specialist", {"eval/success_rate": 0.6, "eval/n": 900, "eval/mean_policy_tokens": 10.0,
+                          "sft_policy/success_rate": 0.2, "sft_policy/n": 900, "paired/b": 370, "paired/c": 10,
+                          "paired/n": 900}, partition=str(dg.MultiPartitionKey({"domain": "general_tasks",
+                                                                                "effort": "low"})))
+    put("mopd_student", {"retention_matrix": dg.MetadataValue.json(
+        {"general_tasks/low": {"student": 0.59, "teacher": 0.6, "n": 900}})})
+    by = {c.number: c for c in report.judge(report.gather(instance, "smoke"), None)}
+    assert set(by[4].figures["cells"]) == {"general_tasks/low"} and len(by[4].figures["not_distilled"]) == 8
+    assert by[4].status == PASS and "8 of 9 not distilled" in by[4].figure  # (0.59 − 0.2) of (0.6 − 0.2)
+    drawn = report_plots(report.gather(instance, "smoke"), list(by.values()), tmp_path / "plots")
+    assert isinstance(drawn["teacher_retention"], Path)
+
+
 def test_claim_2_is_judged_on_the_heldout_measurement(tmp_path):
     """Stages that carry the held-out expert load (assets/pretrain.py) are judged on it, with the
     bias-zeroed arm as the labelled "without" when no stage trained without balancing."""

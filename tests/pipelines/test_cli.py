@@ -126,6 +126,9 @@ def test_set_overrides_a_config_field_and_names_what_to_change(home, capsys):
     ('rl_specialist.steps="many"', r"rl_specialist.steps must be Int, not \"many\" \(str\); e.g. --set rl_specialist.steps=20"),
     ("rl_specialist.lr=fast", r"rl_specialist.lr must be Float, not \"fast\" \(str\)"),
     ("corpus.seed=1.5", r"corpus.seed must be Int, not 1.5 \(float\)"),
+    # A list field given a bare word: the hint shows a JSON list, single-quoted for the shell.
+    ("mopd_student.domains=general_tasks", r"mopd_student.domains must be Array.String, not \"general_tasks\" "
+                                           r"\(str\); e.g. --set mopd_student.domains='\[\"text\"\]'"),
 ])
 def test_a_wrong_type_set_value_names_the_field_and_the_value_before_the_run(home, item, message):
     with pytest.raises(SystemExit, match=message):

@@ -175,8 +175,9 @@ def _recipe(p: str) -> dict[str, dict]:
 
 
 # Fields whose value is "none" on some profile, which Dagster's launchpad leaves out of its YAML:
-# no QK-Clip, every clue-eval length, tiny's whole clue-eval grid.
-NONE_IS_THE_VALUE = {"qk_clip_tau", "eval_max_length", "eval_examples_per_cell"}
+# no QK-Clip, every clue-eval length, tiny's whole clue-eval grid, every domain and effort mopd_student
+# distils (the nine routes).
+NONE_IS_THE_VALUE = {"qk_clip_tau", "eval_max_length", "eval_examples_per_cell", "domains", "efforts"}
 
 
 def _launchpad_yaml(job: dg.JobDefinition) -> dict:
