@@ -18,6 +18,8 @@
 #     bash benchmarks/h200_calls.sh engine     # the engine's GPU tests, the compiled-regions tests, speculative
 #                                              # decoding on the small profile (random weights)
 #     bash benchmarks/h200_calls.sh small SELECTION [--set …]   # small through Dagster + Ray, home kept in .k3/small
+#     bash benchmarks/h200_calls.sh muon [STEPS] [SEEDS…]  # AdamW vs Per-Head Muon on small's stage 1 at equal
+#                                              # tokens (benchmarks/recipes/muon_ab.py); K3_COMMIT=<commit> to record it
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                              # GPU, a short small-profile selection (carry site.tar.xz from
 #                                              # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -30,7 +32,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, fused, engine or orch}" in
+case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, fused, engine, orch, small or muon}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -133,6 +135,17 @@ small)  # issue 42 item 5: small's lineage through Dagster + Ray on the GPU, red
         2>&1 | grep -v "BetaWarning\|return fn(" | tee -a "$OUT/k3run_small.log"
     elapsed "k3 run exit ${PIPESTATUS[0]}"
     timeout 60 python3 -m pipelines.asset_devices --profile small --out "$OUT/small_assets.json" 2>&1 | grep -v Warn
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+    ;;
+muon)  # issue 43 item 2: AdamW vs Per-Head Muon on small's stage 1 (64 × 512 rows, lr 1e-3) at equal tokens, one
+    # process: the interleaved step timing first (3 warm-up + 5 timed steps an optimizer), then a pair of
+    # STEPS-step runs (default 40) per seed while --budget-s says the next pair ends by 540 s. Estimate (eager
+    # loop): H200 ~1.5 s a step without checkpointing → two seeds; H100 ~2.6 s with it → one (docs/gpu_runbook.md)
+    steps=${2:-40}; seeds=${*:3}; seeds=${seeds:-0 1 2}
+    timeout $((590 - (SECONDS - T0))) python3 benchmarks/recipes/muon_ab.py --profile small --device cuda \
+        --steps "$steps" --seeds $seeds --timing-first --timing-reps 5 --budget-s $((540 - (SECONDS - T0))) \
+        ${K3_COMMIT:+--commit "$K3_COMMIT"} --out "$OUT/muon_ab_small_stage1_cuda.json" >"$OUT/muon_ab.log" 2>&1
+    elapsed "muon_ab exit $?"; grep -E '^\{|^ |^built|^budget|Error' "$OUT/muon_ab.log" | cut -c1-1500 | tail -n 60
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     ;;
 *) echo "unknown call $1"; exit 2 ;;

@@ -21,7 +21,13 @@ from datagen.profiles import DatagenConfig
 from datagen.tokenizer import tokenizer_to_json, train_tokenizer
 
 
-def build_all(cfg: DatagenConfig, out_dir: str | Path) -> dict:
+# The files `k3model.train.pretrain_data.PretrainData` reads: the pretraining loop packs its own rows.
+PRETRAIN_INPUTS = ("corpus.parquet", "tokenizer.json", "images.parquet", "clue_eval.parquet")
+
+
+def build_all(cfg: DatagenConfig, out_dir: str | Path, *, pretrain_inputs_only: bool = False) -> dict:
+    """Every artifact of `cfg`, or with `pretrain_inputs_only` the first four (PRETRAIN_INPUTS): no VQA
+    eval set and no packed stage tables (small's four are 2^24 tokens each)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     manifest: dict = {"profile": cfg.profile, "config": cfg.to_dict(), "files": {}}
@@ -46,6 +52,9 @@ def build_all(cfg: DatagenConfig, out_dir: str | Path) -> dict:
     t0 = time.perf_counter()
     grid = clue_eval_grid(cfg.clues, tokenizer=tok, corpus=corpus)
     record("clue_eval.parquet", write_parquet(grid, out / "clue_eval.parquet"), grid.num_rows, t0)
+    if pretrain_inputs_only:
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        return manifest
 
     t0 = time.perf_counter()
     vqa = vqa_eval_set(cfg.packing, tokenizer=tok, images=images)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from datagen.build import build_all
+from datagen.build import PRETRAIN_INPUTS, build_all
 from datagen.profiles import presets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +39,9 @@ def test_same_bytes_from_a_fresh_process(smoke_hashes, tmp_path):
 def test_other_seed_changes_every_artifact(smoke_hashes, tmp_path):
     other = _hashes(build_all(presets("smoke", seed=1), tmp_path))
     assert all(other[name] != smoke_hashes[name] for name in smoke_hashes)
+
+
+def test_pretrain_inputs_only_writes_the_same_four_files(smoke_hashes, tmp_path):
+    manifest = build_all(presets("smoke"), tmp_path, pretrain_inputs_only=True)
+    assert _hashes(manifest) == {name: smoke_hashes[name] for name in PRETRAIN_INPUTS}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted((*PRETRAIN_INPUTS, "manifest.json"))
