@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-route-episodes", type=int, default=300, help="refused below this (issue 41)")
+    ap.add_argument("--z", type=float, default=None,
+                    help="the pooled interval's z (default 1.96: one look; a second look at the same claim "
+                         "takes a wider one, e.g. 2.24 for 97.5 %%)")
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     ap.add_argument("--label", required=True)
     ap.add_argument("--work", default=None, help="default /tmp/mopd_powered/<label>")
@@ -198,7 +201,8 @@ def report(args, plan: dict, mopd: dict, ev: dict, cells: dict, k: int) -> dict:
         r, lo, hi = stats.retention_from_outcomes(
             [[x / k for x in ev["cells"][c]["sampled"]["per_task"]] for c in judged],
             [[x / k for x in cells[c]["eval_specialist"]["sampled"]["per_task"]] for c in judged],
-            [[x / k for x in cells[c]["eval_sft"]["sampled"]["per_task"]] for c in judged])
+            [[x / k for x in cells[c]["eval_sft"]["sampled"]["per_task"]] for c in judged],
+            z=args.z or stats.Z95)
     else:
         r, lo, hi = None, None, None
     power = plan["power"]["power"]
@@ -206,7 +210,8 @@ def report(args, plan: dict, mopd: dict, ev: dict, cells: dict, k: int) -> dict:
     verdict = ("pass" if rule else "fail") if power >= stats.POWER_TARGET else "underpowered"
     out = {"header": run_header(), "plan_header": plan["header"], "args": vars(args), "policy": plan["policy"],
            "cells": plan["cells"], "arms": rows, "per_cell": per_cell, "judged": judged,
-           "pooled": {"retained": r, "lo": lo, "hi": hi, "rule": f"R ≥ {RETENTION} and lower bound ≥ {RETENTION_LOWER}",
+           "pooled": {"retained": r, "lo": lo, "hi": hi, "z": args.z or stats.Z95,
+                      "rule": f"R ≥ {RETENTION} and lower bound ≥ {RETENTION_LOWER}",
                       "verdict": verdict, "power": power},
            "mopd": {k_: v for k_, v in mopd.items() if k_ != "history"}, "mopd_history": mopd["history"],
            "mopd_config": plan["mopd"], "episodes_per_route": plan["episodes_per_route"],
