@@ -172,6 +172,8 @@ def main() -> None:
                             specs=grpo_cfg.efforts, harness=eval_harnesses)
 
     for phase in args.phases:
+        if args.skip_control and phase in ("control", "eval_control"):
+            continue  # --skip-control: no control arm at all, whatever --phases names
         if path_of(phase).exists():
             print(f"{phase}: done before ({path_of(phase)})", flush=True)
             continue
