@@ -44,7 +44,7 @@ run: setup
 # The powered post-training job, after `make run` (its home under .k3/): the nine RL cells at budgets
 # that can show learning, then MOPD from them (~3.5 h on 2 cores; benchmarks/recipes/powered.py).
 powered: setup
-	$(BIN)/python benchmarks/recipes/powered.py --mopd
+	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/recipes/powered.py --mopd
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
