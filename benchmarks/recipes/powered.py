@@ -119,6 +119,11 @@ def main() -> None:
         raise SystemExit(f"unknown cell(s) {bad}: choose domain/effort from {DOMAINS} × {EFFORTS}")
     if args.parallel < 1:
         raise SystemExit(f"--parallel must be ≥ 1, got {args.parallel}")
+    missing = [a for a in ("checkpoints/tiny/sft_policy", "data/tiny/rl_tasks", "data/tiny/tokenizer")
+               if not any((Path(args.home) / a).glob("*"))]
+    if missing:
+        raise SystemExit(f"{args.home} holds no tiny {', '.join(m.rsplit('/', 1)[1] for m in missing)}: run `make run` "
+                         "first (or pass --home, a K3_HOME where tiny's sft_policy, rl_tasks and tokenizer are)")
     work = Path(args.work or Path(args.home) / "powered")
     t0 = time.perf_counter()
     codes = run_cells(args, cells, work)
