@@ -134,13 +134,14 @@ def main() -> None:
                 judged += [cell] if beat else []
             power = (stats.retention_power_paired([cells[c]["eval_specialist"]["sampled"]["per_task"] for c in judged],
                                                   [cells[c]["eval_sft"]["sampled"]["per_task"] for c in judged], k,
-                                                  point=RETENTION, lower=RETENTION_LOWER, sims=1000)
+                                                  point=RETENTION, lower=RETENTION_LOWER, sims=1000,
+                                                  z=args.z or stats.Z95)
                      if judged else 0.0)
             out = {"header": run_header(), "args": vars(args), "policy": policy, "tokenizer": tokenizer_path,
                    "cells": {c: {"work": v["work"], "teacher": v["grpo"]["checkpoint"], "n_heldout": len(v["plan"]["heldout_tasks"]),
                                  "n_rl_prompts": len(v["plan"]["rl_tasks"]), **teacher_gain[c]} for c, v in cells.items()},
                    "judged": judged, "power": {"retained": 1.0, "point": RETENTION, "lower": RETENTION_LOWER,
-                                               "power": power}, "episodes_per_route": per_route, "mopd": asdict(cfg)}
+                                               "z": args.z or stats.Z95, "power": power}, "episodes_per_route": per_route, "mopd": asdict(cfg)}
             print(f"routes {routes}; judged {judged}; power (student keeps all): {power:.2f}; "
                   f"{per_route} student episodes a route", flush=True)
         elif phase == "mopd":

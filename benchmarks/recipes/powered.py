@@ -77,8 +77,14 @@ def claim3(cells: list[str], work: Path) -> dict:
         d = cell_dir(work, cell)
         phases = {p: d / f"{p}.json" for p in ("plan", "eval_sft", "eval_specialist")}
         if not all(p.exists() for p in phases.values()):
-            rows[cell] = {"verdict": "not run", "why": f"{d} lacks " + ", ".join(n for n, p in phases.items() if not p.exists())
-                          + f" (see {d / 'log.txt'})"}
+            sft = json.loads(phases["eval_sft"].read_text()) if phases["eval_sft"].exists() else None
+            power = sft["power"]["pass1_bootstrap"] if sft else None
+            if power is not None and power < stats.POWER_TARGET:  # grpo_powered refuses to train it
+                rows[cell] = {"verdict": "underpowered", "power": power,
+                              "why": f"power {power:.2f} < {stats.POWER_TARGET} at +15 on {d}'s held-out tasks: not trained"}
+            else:
+                rows[cell] = {"verdict": "not run", "why": f"{d} lacks " + ", ".join(
+                    n for n, p in phases.items() if not p.exists()) + f" (see {d / 'log.txt'})"}
             continue
         plan, sft, spec = (json.loads(p.read_text()) for p in phases.values())
         k, power = plan["args"]["k"], sft["power"]["pass1_bootstrap"]

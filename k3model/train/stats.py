@@ -491,11 +491,12 @@ def retention_power(cells: Sequence[tuple[float, float, int]], *, retained: floa
 
 def retention_power_paired(teacher: Sequence[Sequence[int]], sft: Sequence[Sequence[int]], k: int, *,
                            retained: float = 1.0, point: float = 0.9, lower: float = 0.7, sims: int = 1000,
-                           seed: int = 0) -> float:
+                           seed: int = 0, z: float = Z95) -> float:
     """P(pooled R̂ ≥ point and its lower bound ≥ `lower`) of `retention_from_outcomes` on per-task means of
     k samples, when the student truly keeps `retained` of each task's teacher gain. `teacher`, `sft`: per
     cell, the per-task success counts (of k) already measured on the same tasks; they are the test's fixed
-    data, so the student's draw is the only new one (the power given what was measured)."""
+    data, so the student's draw is the only new one (the power given what was measured). `z`: the
+    interval's, as the test will use it (a second look takes a wider one)."""
     if len(teacher) != len(sft) or not teacher or k < 1:
         raise ValueError("need the same, non-zero number of cells for teacher and sft, and k ≥ 1")
     rng = np.random.default_rng(seed)
@@ -505,7 +506,7 @@ def retention_power_paired(teacher: Sequence[Sequence[int]], sft: Sequence[Seque
     hits = 0
     for _ in range(sims):
         student = [rng.binomial(k, qi) / k for qi in q]
-        r, lo, _ = retention_from_outcomes(student, t, f)
+        r, lo, _ = retention_from_outcomes(student, t, f, z=z)
         hits += r is not None and r >= point and lo >= lower
     return float(hits / sims)
 

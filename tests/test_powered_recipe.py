@@ -26,11 +26,15 @@ def test_cells_are_judged_with_holm_and_power_and_tokens_by_effort(tmp_path):
     write_cell(tmp_path, "general_tasks/low", sft, [5, 6] * (n // 2), 0.9, 50)  # +37 points: pass
     write_cell(tmp_path, "general_tasks/high", sft, [2, 4] * (n // 2), 0.9, 70)  # +6: below the rule's +10
     write_cell(tmp_path, "general_tasks/max", sft, [5, 6] * (n // 2), 0.5, 90)  # gains, but underpowered
-    out = claim3(["general_tasks/low", "general_tasks/high", "general_tasks/max", "coding_agents/low"], tmp_path)
+    (tmp_path / "coding_agents_high").mkdir()  # refused before training: eval_sft only, power < 0.8
+    (tmp_path / "coding_agents_high" / "eval_sft.json").write_text(json.dumps({"power": {"pass1_bootstrap": 0.4}}))
+    out = claim3(["general_tasks/low", "general_tasks/high", "general_tasks/max", "coding_agents/low",
+                  "coding_agents/high"], tmp_path)
     cells = out["cells"]
     assert [cells[c]["verdict"] for c in ("general_tasks/low", "general_tasks/high", "general_tasks/max")] == \
         ["pass", "fail", "underpowered"]
     assert cells["coding_agents/low"]["verdict"] == "not run" and "lacks plan" in cells["coding_agents/low"]["why"]
     assert cells["general_tasks/low"]["p_holm"] >= cells["general_tasks/low"]["p"]
-    assert (out["passed"], out["of"]) == (1, 4)
+    assert cells["coding_agents/high"]["verdict"] == "underpowered" and cells["coding_agents/high"]["power"] == 0.4
+    assert (out["passed"], out["of"]) == (1, 5)
     assert out["tokens_by_effort"] == {"general_tasks": {"low_high_max": [51, 71, 91], "ordered": True}}
