@@ -17,6 +17,12 @@ it stopped), `--parallel` cells at once, one thread each. Then:
   across the cells (α 0.05); a cell passes when its gain ≥ +10 points, its lower bound > 0 and its Holm
   rejection holds; a cell whose power at +15 (measured before training) is < 0.8 reads "underpowered";
   tokens per episode of the specialists at low < high < max per domain, where all three ran;
+- claim 3's hard split, per domain whose low and max cells both ran: 256 harder instances of the family
+  they trained on (`ladder.hard_instances`, e.g. compare_numbers_close), played by sft_policy at low (the
+  split counts as hard only where it scores < 50 %), the low specialist at low, then — after the test's
+  power is computed from the low specialist's per-task rates — the max specialist at max; max ≥ low holds
+  when the paired 95 % lower bound of max − low pass@1 exceeds −5 points (`HARD_MARGIN`, pre-registered
+  in docs/log/rl.md 2026-12-07); each arm's JSON under `<work>/hard_<domain>/` (resumable);
 - claim 4 (`--mopd`): `mopd_powered.py` with every cell run as a teacher (the cells must form a
   domain × effort rectangle: MOPD routes every pair it names), judged on the cells whose teacher passed.
 Writes benchmarks/results/posttrain/<date>_powered_<label>.json.
@@ -36,6 +42,7 @@ from benchmarks.common import ROOT, dated_result, run_header
 
 DOMAINS = ("general_tasks", "general_agents", "coding_agents")
 EFFORTS = ("low", "high", "max")
+HARD_MARGIN = 0.05
 RECIPE = ("--steps", "128", "--groups", "4", "--group-size", "8", "--max-draw-factor", "4", "--lr", "1e-4")
 
 
@@ -109,6 +116,64 @@ def claim3(cells: list[str], work: Path) -> dict:
             "tokens_by_effort": tokens}
 
 
+def hard_split(cells: list[str], work: Path, n: int) -> dict:
+    """Per domain with both its low and max cells run: max ≥ low on harder instances of their family."""
+    from k3model.train import stats
+    from k3model.train.effort import effort_specs
+    from k3model.train.grpo import GRPOConfig
+    from k3model.train.ladder import hard_instances
+    from k3model.train.paired_eval import arm_row, compare_not_worse, score_policy
+    from k3model.train.recipes import POSTTRAIN_SIZES
+    specs = effort_specs(POSTTRAIN_SIZES["tiny"].eval_budgets) or GRPOConfig().efforts  # as grpo_powered scores
+    out = {}
+    for domain in DOMAINS:
+        if f"{domain}/low" not in cells or f"{domain}/max" not in cells:
+            continue
+        low, top = cell_dir(work, f"{domain}/low"), cell_dir(work, f"{domain}/max")
+        lacking = [str(p) for p in (low / "eval_specialist.json", top / "eval_specialist.json") if not p.exists()]
+        if lacking:
+            out[domain] = {"verdict": "not run", "why": f"missing {lacking}"}
+            continue
+        plan = json.loads((low / "plan.json").read_text())
+        if json.loads((top / "plan.json").read_text())["families"] != plan["families"]:
+            out[domain] = {"verdict": "not judgeable", "why": "the low and max specialists trained on different families"}
+            continue
+        try:
+            tasks = hard_instances(plan["families"], -(-n // len(plan["families"])))
+        except ValueError as e:
+            out[domain] = {"verdict": "no hard split", "why": str(e)}
+            continue
+        k, seed = plan["args"]["k"], plan["args"]["eval_seed"]
+        hard_dir = work / f"hard_{domain}"
+        hard_dir.mkdir(parents=True, exist_ok=True)
+        arms = {}
+        for name, checkpoint, effort in (
+                ("sft_policy_low", plan["policy"], "low"),
+                ("low_specialist", json.loads((low / "eval_specialist.json").read_text())["checkpoint"], "low"),
+                ("max_specialist", json.loads((top / "eval_specialist.json").read_text())["checkpoint"], "max")):
+            path = hard_dir / f"{name}.json"
+            if not path.exists():
+                path.with_suffix(".tmp").write_text(json.dumps(score_policy(
+                    checkpoint, f"hard {domain} {name}", plan["tokenizer"], tasks, effort, k=k, seed=seed, specs=specs),
+                    default=float))
+                path.with_suffix(".tmp").rename(path)
+            arms[name] = json.loads(path.read_text())
+            if name == "low_specialist" and not (hard_dir / "power.json").exists():
+                # The test's power, from the low specialist's per-task rates, before the max arm is scored.
+                power = stats.noninferiority_power(arms[name]["sampled"]["per_task"], k, HARD_MARGIN)
+                (hard_dir / "power.json").write_text(json.dumps({"power": power, "margin": HARD_MARGIN,
+                                                                 "at": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        power = json.loads((hard_dir / "power.json").read_text())["power"]
+        rows = {a: arm_row(r, k) for a, r in arms.items()}
+        c = compare_not_worse(arms["max_specialist"], arms["low_specialist"], k, HARD_MARGIN,
+                              power >= stats.POWER_TARGET)
+        hard = rows["sft_policy_low"]["pass1"] < 0.5
+        out[domain] = {"families": [t.family for t in tasks[:1]], "n": len(tasks), "arms": rows, "power": power,
+                       "sft_low_below_half": hard, "max_minus_low": c,
+                       "verdict": c["pass1"]["verdict"] if hard else "not hard (sft_policy at low ≥ 50 %)"}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--home", default=os.environ.get("K3_HOME") or str(Path(ROOT) / ".k3"),
@@ -116,6 +181,7 @@ def main() -> None:
     ap.add_argument("--cells", default=",".join(f"{d}/{e}" for d in DOMAINS for e in EFFORTS))
     ap.add_argument("--parallel", type=int, default=2, help="cells at once (one thread each on the CPU)")
     ap.add_argument("--mopd", action="store_true", help="then distil one student from the cells' specialists")
+    ap.add_argument("--hard-n", type=int, default=256, help="hard-split tasks per domain (max ≥ low)")
     ap.add_argument("--label", default="nine")
     ap.add_argument("--work", default=None, help="default <home>/powered")
     args = ap.parse_args()
@@ -125,6 +191,8 @@ def main() -> None:
         raise SystemExit(f"unknown cell(s) {bad}: choose domain/effort from {DOMAINS} × {EFFORTS}")
     if args.parallel < 1:
         raise SystemExit(f"--parallel must be ≥ 1, got {args.parallel}")
+    if args.hard_n < 2:
+        raise SystemExit(f"--hard-n must be ≥ 2 tasks (a paired test), got {args.hard_n}")
     missing = [a for a in ("checkpoints/tiny/sft_policy", "data/tiny/rl_tasks", "data/tiny/tokenizer")
                if not any((Path(args.home) / a).glob("*"))]
     if missing:
@@ -134,6 +202,7 @@ def main() -> None:
     t0 = time.perf_counter()
     codes = run_cells(args, cells, work)
     out = {"header": run_header(), "args": vars(args), "exit_codes": codes, "claim3": claim3(cells, work)}
+    out["claim3"]["hard_split"] = hard_split(cells, work, args.hard_n)
     if args.mopd:
         teachers = [str(cell_dir(work, c)) for c in cells if codes.get(c) == 0]
         # ≥ 300 student episodes a route over 64 steps (mopd_powered refuses fewer).
@@ -152,6 +221,14 @@ def main() -> None:
                   f"{r['p_holm']:.4f} power {r['power']:.2f} → {r['verdict']}")
         else:
             print(f"{cell}: {r['verdict']} ({r['why']})")
+    for domain, r in out["claim3"]["hard_split"].items():
+        if "max_minus_low" in r:
+            d = r["max_minus_low"]["pass1"]
+            print(f"hard split {domain} ({r['families'][0]}, n {r['n']}): sft_policy at low {r['arms']['sft_policy_low']['pass1']:.3f}, "
+                  f"low {r['arms']['low_specialist']['pass1']:.3f}, max {r['arms']['max_specialist']['pass1']:.3f}; max − low "
+                  f"{d['difference'] * 100:+.1f} [{d['lo'] * 100:+.1f}, {d['hi'] * 100:+.1f}] power {r['power']:.2f} → {r['verdict']}")
+        else:
+            print(f"hard split {domain}: {r['verdict']} ({r['why']})")
     print(f"claim 3: {out['claim3']['passed']} of {out['claim3']['of']} cells pass; tokens by effort "
           f"{out['claim3']['tokens_by_effort']} → {path}", flush=True)
 

@@ -9,7 +9,8 @@ Families by domain (difficulty in brackets; tables in each module):
 - coding_agents (coding.py): write_function [easy], fix_bug [easy], fix_bugs_multi [medium],
   implement_stubs [medium], rename_api [hard]
 - starter rungs of the RL task ladder (starter.py), one short answer or one call: echo_word,
-  compare_numbers (general_tasks), slack_ping (general_agents), write_constant (coding_agents), all easy
+  compare_numbers (general_tasks), slack_ping (general_agents), write_constant (coding_agents), all easy;
+  compare_numbers_close [medium], the hard split of compare_numbers
 
 `register_family` adds an outside family (any `Family` subclass) to the registry.
 """

@@ -6,10 +6,16 @@ prompt, tools, budget, real verifier — with a short answer or a single tool ca
 |-----------------|----------------|------------|-------------|--------------|-------------------------------|
 | echo_word       | general_tasks  | easy       | finish only | 1            | copy one word from the task   |
 | compare_numbers | general_tasks  | easy       | finish only | 1            | the larger of two 3-digit ints|
+| compare_numbers_close | general_tasks | medium | finish only | 1          | the same, the hundreds shared  |
 | slack_ping      | general_agents | easy       | slack       | 2            | one post: channel + one word  |
 | write_constant  | coding_agents  | easy       | files, run  | 2            | a one-line function           |
 | write_answer    | coding_agents  | easy       | files, run  | 2            | write_constant named answer   |
 | write_number    | coding_agents  | easy       | files, run  | 2            | `answer()` returning a number |
+
+compare_numbers_close is the hard split of the compare_numbers specialists (issue 40 item 5: harder
+instances of the trained family): the same question, the two numbers share their hundreds digit and,
+in half the tasks, their tens digit too, so the answer turns on the last one or two digits. It is no
+SFT family (datagen.sft.SFT_FAMILIES), only a place to score.
 
 write_answer is write_constant with the name fixed (the tiny ladder's coding rung),
 and write_number the rung below it: the file and the function (`answer()`, no argument)
@@ -142,6 +148,28 @@ class CompareNumbers(_AnswerFamily):
                           {"numbers": [a, b], "larger": larger})
 
 
+class CompareNumbersClose(CompareNumbers):
+    name = "compare_numbers_close"
+    difficulty = "medium"
+    description = ("Answer with the larger (or smaller) of two three-digit numbers that share their hundreds "
+                   "digit (half the time their tens digit too).")
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        hundreds = rng.randrange(1, 10)
+        if rng.random() < 0.5:
+            tens = rng.randrange(10)
+            x, y = (10 * tens + u for u in rng.sample(range(10), 2))
+        else:
+            x, y = rng.sample(range(100), 2)
+        a, b = 100 * hundreds + x, 100 * hundreds + y
+        larger = rng.random() < 0.5
+        word = "larger" if larger else "smaller"
+        answer = max(a, b) if larger else min(a, b)
+        return self._task(seed, f"Which number is {word}: {a} or {b}?", str(answer),
+                          {"numbers": [a, b], "larger": larger})
+
+
 class SlackPing(SlackPost):
     name = "slack_ping"
     difficulty = "easy"
@@ -216,4 +244,4 @@ class WriteNumber(CodingFamily):
         return [Write("solution.py", task.spec["source"]), Finish()]
 
 
-FAMILIES = [EchoWord(), CompareNumbers(), SlackPing(), WriteConstant(), WriteAnswer(), WriteNumber()]
+FAMILIES = [EchoWord(), CompareNumbers(), CompareNumbersClose(), SlackPing(), WriteConstant(), WriteAnswer(), WriteNumber()]

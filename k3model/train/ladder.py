@@ -70,6 +70,9 @@ PASS_K = 8
 PASS_AT_K_MIN = 0.8
 HARD_FAMILIES = {"general_tasks": ("arith_word",), "general_agents": ("gmail_label",),
                  "coding_agents": ("write_function",)}
+# Harder instances of a family the specialists train on (claim 3's hard split: max ≥ low where
+# sft_policy at low scores < 50 %); a trained family missing here has no hard split yet.
+HARD_INSTANCES = {"compare_numbers": "compare_numbers_close"}
 SPLITS = ("rl", "heldout", "hard")
 BASELINES = ("random", "expert")
 
@@ -141,6 +144,22 @@ def default_rl_tasks(domain: str, n_per_family: int = 16) -> list[Task]:
 def hard_tasks(domain: str, n_per_family: int = 16) -> list[Task]:
     check_domain(domain)
     return tasks_of(HARD_FAMILIES[domain], n_per_family, EVAL_SEED_BASE)
+
+
+def hard_instances(families: Sequence[str], n_per_family: int) -> list[Task]:
+    """n distinct held-out tasks (seeds from EVAL_SEED_BASE) of the harder instances of each trained
+    family (`HARD_INSTANCES`); a family without them is refused with the ones that have them."""
+    missing = [f for f in families if f not in HARD_INSTANCES]
+    if missing:
+        raise ValueError(f"no hard instances of {missing}: defined for {sorted(HARD_INSTANCES)}")
+    out, seen = [], set()
+    for task in heldout_tasks([HARD_INSTANCES[f] for f in families], 2 * n_per_family):
+        if (task.family, task.instruction) not in seen and sum(t.family == task.family for t in out) < n_per_family:
+            seen.add((task.family, task.instruction))
+            out.append(task)
+    if len(out) < n_per_family * len(families):
+        raise ValueError(f"fewer than {n_per_family} distinct hard instances of {families} in {2 * n_per_family} seeds")
+    return out
 
 
 def mean_pass_at_k(successes: Sequence[int], n: int, k: int) -> float:

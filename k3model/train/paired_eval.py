@@ -6,7 +6,7 @@ whichever policy plays it, so arms are compared task by task.
 
 `score_policy` plays and records one arm; `arm_row` summarises it; `compare_arms` is claim 3's test of
 one arm against another (the paired percentile bootstrap over tasks, `stats.paired_bootstrap`; greedy by
-exact McNemar). The recipes under benchmarks/recipes/ (`grpo_powered`, `mopd_powered`,
+exact McNemar); `compare_not_worse` is its hard split's (max not worse than low by a margin). The recipes under benchmarks/recipes/ (`grpo_powered`, `mopd_powered`,
 `transfer_powered`, `powered`) write these records as JSON phases.
 """
 
@@ -64,3 +64,18 @@ def compare_arms(a: dict, b: dict, k: int, powered: bool) -> dict:
                       "verdict": ("pass" if rule else "fail") if powered else "underpowered"},
             f"pass{k}": {"gain": gk, "lo": lok, "hi": hik, "p": pk},
             "greedy": {"gain": gd, "lo": glo, "hi": ghi, "b": gb, "c": gc, "n": gn, "p": stats.mcnemar_exact(gb, gc)}}
+
+
+def compare_not_worse(a: dict, b: dict, k: int, margin: float, powered: bool) -> dict:
+    """Arm a − arm b on the same tasks and seeds, judged as "a is not worse than b": pass when the paired
+    bootstrap's 95 % lower bound of the pass@1 difference exceeds −margin (claim 3's hard split: max ≥ low,
+    margin pre-registered); greedy by exact McNemar beside it. `powered`: the test's power (a truly equal,
+    `stats.noninferiority_power`) reached 0.8, else the verdict reads "underpowered"."""
+    d, lo, hi, p = stats.paired_bootstrap([x / k for x in a["sampled"]["per_task"]],
+                                          [x / k for x in b["sampled"]["per_task"]], resamples=10_000, seed=0)
+    gb, gc, gn = stats.paired_counts(dict(enumerate(a["greedy"]["per_task"])), dict(enumerate(b["greedy"]["per_task"])))
+    gd, glo, ghi = stats.paired_difference(gb, gc, gn)
+    holds = bool(lo > -margin)
+    return {"pass1": {"difference": d, "lo": lo, "hi": hi, "p": p, "margin": margin, "holds": holds,
+                      "verdict": ("pass" if holds else "fail") if powered else "underpowered"},
+            "greedy": {"difference": gd, "lo": glo, "hi": ghi, "b": gb, "c": gc, "n": gn, "p": stats.mcnemar_exact(gb, gc)}}

@@ -392,6 +392,25 @@ def paired_mean_power(base_successes_N: Sequence[int], k: int, effect: float, *,
     return float(hits / sims)
 
 
+def noninferiority_power(base_successes_N: Sequence[int], k: int, margin: float, *, alpha: float = 0.05,
+                         sims: int = 400, resamples: int = 1000, seed: int = 0) -> float:
+    """Simulated power of "new is not worse than base by `margin`" on per-task means of k samples: P(the
+    paired-bootstrap lower bound of new − base > −margin) when new truly equals base task by task, both
+    arms drawn afresh at the per-task rates measured for base (`base_successes_N`, counts of k)."""
+    r = np.asarray(base_successes_N, dtype=np.int64)
+    if r.ndim != 1 or r.size < 2 or k < 1 or (r < 0).any() or (r > k).any():
+        raise ValueError(f"need ≥ 2 per-task success counts in [0, k] with k ≥ 1, got {r.size} counts, k={k}")
+    if not 0 < margin < 1:
+        raise ValueError(f"margin must lie in (0, 1), got {margin}")
+    p = r / k
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(sims):
+        d = (rng.binomial(k, p) - rng.binomial(k, p)) / k
+        hits += np.quantile(_bootstrap_means(d, resamples, rng), alpha / 2) > -margin
+    return float(hits / sims)
+
+
 # ----------------------------------------------------------------------------------------------
 # Ratios of gains
 

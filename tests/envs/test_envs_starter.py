@@ -34,7 +34,7 @@ def test_random_and_empty_policies_score_zero(family):
             env.reset(seed=seed)
             _, r, *_ = env.step("")  # no call at all
             assert r == 0.0 and not env.done
-    assert get_family(family).info()["difficulty"] == "easy"
+    assert get_family(family).info()["difficulty"] == ("medium" if family == "compare_numbers_close" else "easy")
 
 
 def test_nearly_right_answers_fail():
@@ -43,11 +43,13 @@ def test_nearly_right_answers_fail():
         other = next(w for w in WORDS if w != t.spec["answer"])
         assert _play("echo_word", [Finish(other)], t)[0] == 0.0
         assert _play("echo_word", [Finish(t.spec["answer"].upper())], t)[0] == 1.0  # case is normalized
-        t = generate("compare_numbers", seed)
-        a, b = t.spec["numbers"]
-        wrong = min(a, b) if t.spec["larger"] else max(a, b)
-        assert _play("compare_numbers", [Finish(str(wrong))], t)[0] == 0.0
-        assert _play("compare_numbers", [Finish(f"{a} or {b}")], t)[0] == 0.0
+        for family in ("compare_numbers", "compare_numbers_close"):
+            t = generate(family, seed)
+            a, b = t.spec["numbers"]
+            wrong = min(a, b) if t.spec["larger"] else max(a, b)
+            assert _play(family, [Finish(str(wrong))], t)[0] == 0.0
+            assert _play(family, [Finish(f"{a} or {b}")], t)[0] == 0.0
+            assert _play(family, [Finish(str(max(a, b) if t.spec["larger"] else min(a, b)))], t)[0] == 1.0
     t = generate("slack_ping", 1)
     others = [c for c in t.spec["world"]["slack"]["channels"] if c["name"] != t.spec["channel"]]
     wrong_channel = AppCall("slack", "post", {"channel": others[0]["name"], "text": t.spec["text"]})
@@ -62,6 +64,17 @@ def test_nearly_right_answers_fail():
         off_by_one = src.rsplit(" ", 1)[0] + f" {k + 1}\n"
         reward, info = _play("write_constant", [Write("solution.py", off_by_one), Finish()], t)
         assert reward == 0.0 and info["verifier"]["details"]["hidden_passed"] < info["verifier"]["details"]["hidden_total"]
+
+
+def test_compare_numbers_close_shares_the_leading_digits():
+    """The hard split of compare_numbers: same question, the hundreds shared, half the time the tens."""
+    tasks = [generate("compare_numbers_close", 500_000 + s) for s in range(400)]
+    pairs = [t.spec["numbers"] for t in tasks]
+    assert all(100 <= a <= 999 and 100 <= b <= 999 and a != b and a // 100 == b // 100 for a, b in pairs)
+    same_tens = sum(a // 10 == b // 10 for a, b in pairs) / len(pairs)
+    assert 0.4 < same_tens < 0.65  # half by construction, plus the rest's ~1 % chance
+    assert len({t.instruction for t in tasks}) >= 390  # random pairs: a few repeat (the scorer keeps distinct ones)
+    assert tasks[0].instruction.startswith("Which number is")
 
 
 def test_write_number_takes_exactly_answer_returning_the_number():

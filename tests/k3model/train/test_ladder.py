@@ -9,7 +9,7 @@ from datagen.sft import SFT_FAMILIES
 from k3model.train.effort import training_harnesses
 from k3model.train.evaluate import resolve_harnesses
 from k3model.train.ladder import (EVAL_SEED_BASE, HARD_FAMILIES, RL_SEED_BASE, LadderCell, LadderConfig, LadderReport,
-                                   baseline_success, domain_families, hard_tasks, heldout_tasks, mean_pass_at_k,
+                                   baseline_success, domain_families, hard_instances, hard_tasks, heldout_tasks, mean_pass_at_k,
                                    select_families, tasks_of)
 from k3model.train.recipes import STARTER_FAMILIES
 from k3model.train.stats import pass_at_k
@@ -108,6 +108,14 @@ def test_domains_and_hard_splits():
         domain_families("poetry")
     with pytest.raises(ValueError, match="band"):
         LadderConfig(band=(0.9, 0.1))
+
+
+def test_hard_instances_are_distinct_held_out_tasks_of_the_harder_family():
+    tasks = hard_instances(["compare_numbers"], 64)
+    assert len(tasks) == 64 and {t.family for t in tasks} == {"compare_numbers_close"}
+    assert len({t.instruction for t in tasks}) == 64 and min(t.seed for t in tasks) >= EVAL_SEED_BASE
+    with pytest.raises(ValueError, match="no hard instances of \\['slack_ping'\\].*compare_numbers"):
+        hard_instances(["slack_ping"], 4)
 
 
 def test_measure_ladder_plays_every_family_at_every_effort(smoke_tok):

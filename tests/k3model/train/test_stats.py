@@ -220,3 +220,24 @@ def test_paired_mean_power_grows_with_n_and_respects_the_minimum_gain():
     assert S.paired_mean_power(large, 8, 0.05, min_gain=0.15, sims=100, resamples=200) < 0.05
     with pytest.raises(ValueError, match="effect must lie"):
         S.paired_mean_power(large, 8, 0.9)
+
+
+def test_noninferiority_power_grows_with_n_and_the_margin():
+    rng = __import__("numpy").random.default_rng(3)
+    base = rng.binomial(8, 0.4, size=256)
+    wide, narrow, few = (S.noninferiority_power(b, 8, m, sims=200, resamples=500)
+                         for b, m in ((base, 0.05), (base, 0.01), (base[:16], 0.05)))
+    assert wide > 0.8 and narrow < 0.5 and few < 0.5
+    with pytest.raises(ValueError, match="margin"):
+        S.noninferiority_power(base, 8, 0.0)
+
+
+def test_compare_not_worse_reads_the_lower_bound_against_the_margin():
+    from k3model.train.paired_eval import compare_not_worse
+    base = [4, 4, 4, 4] * 16
+    arm = lambda per_task: {"sampled": {"per_task": per_task}, "greedy": {"per_task": [1] * len(per_task)}}
+    same = compare_not_worse(arm(base), arm(base), 8, 0.05, powered=True)["pass1"]
+    assert same["difference"] == 0 and same["verdict"] == "pass"
+    worse = compare_not_worse(arm([3, 3, 3, 3] * 16), arm(base), 8, 0.05, powered=True)["pass1"]  # −12.5 points
+    assert worse["hi"] < -0.05 and worse["verdict"] == "fail"
+    assert compare_not_worse(arm(base), arm(base), 8, 0.05, powered=False)["pass1"]["verdict"] == "underpowered"
