@@ -332,8 +332,9 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
                         lambda p: write_text(text, p))
     md = out["metadata"]
     mlflow = context.resources.mlflow
+    where = out.get("where", {})  # device, GPU, Ray's resources for the task, node (ray_task.where_it_runs)
     with mlflow.start_run(context, params={"profile": profile, **dataclasses.asdict(cfg)},
-                          tags=profile_tags(profile)) as run:
+                          tags={**profile_tags(profile), **where}) as run:
         mlflow.log_metrics(run.info.run_id, {f"ladder/{k}": float(v) for k, v in md.items()
                                              if isinstance(v, (int, float))})
         mlflow.client().log_artifact(run.info.run_id, str(path))
@@ -356,6 +357,8 @@ def materialize_rl_tasks(context: dg.AssetExecutionContext, config: RLTasksConfi
         "pass_rates": dg.MetadataValue.json({k: v for k, v in md.items() if k.endswith("/pass_rate")}),
         "perf/wall_s": round(seconds, 3),
         "mlflow_run": dg.MetadataValue.url(mlflow.run_url(run)),
+        **{k.removeprefix("k3/"): dg.MetadataValue.json(json.loads(v)) if k == "k3/ray_resources" else v
+           for k, v in where.items()},
     }, data_version=dg.DataVersion(sha), tags=profile_tags(profile))
 
 

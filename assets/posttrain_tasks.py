@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from assets.ray_task import LiveLog, load_on_task_device
+from assets.ray_task import LiveLog, load_on_task_device, where_it_runs
 
 if TYPE_CHECKING:  # the worker imports the library inside the task; the driver's CLI needs no torch
     from k3model.train.recipes import EvalPlan, SpecialistEval
@@ -62,13 +62,13 @@ def train_sft_task(cfg, demos_path: str, heldout_path: str, base_checkpoint: str
 
 def measure_ladder_task(policy_checkpoint: str, tokenizer_path: str, cfg, specs: dict | None) -> dict:
     """`k3model.train.ladder.measure_ladder` of the SFT policy: the report as JSON (`to_json`), its
-    flat figures and its Markdown tables (the ladder, the random and expert baselines)."""
+    flat figures, its Markdown tables (the ladder, the random and expert baselines) and where it ran."""
     from datagen.tokenizer import load_tokenizer
     from k3model.train.ladder import measure_ladder
     model = load_on_task_device(policy_checkpoint)
     report = measure_ladder(model, load_tokenizer(tokenizer_path), cfg, specs=specs)
     return {"json": report.to_json(), "metadata": report.as_metadata(), "table": report.table(),
-            "baseline_table": report.baseline_table()}
+            "baseline_table": report.baseline_table(), "where": where_it_runs()}
 
 
 def train_specialist_task(cfg, policy_checkpoint: str, tokenizer_path: str, domain: str, effort: str,

@@ -72,6 +72,8 @@ def test_rl_tasks_records_the_ladder_and_each_splits_random_and_expert_success(i
             (rs, rn), (es, en) = c.baselines[split]["random"], c.baselines[split]["expert"]
             assert rs == 0 and es == en == rn >= 1, (c.domain, c.effort, split)
     assert md["random_passes"] == 0 and md["expert_min"] == 1.0
+    # Where the ladder ran (issue 42 item 1: every asset that evaluates a model records its device).
+    assert md["device"] == "cpu" and md["gpu"] == "none" and md["ray_resources"].get("CPU", 0) > 0
     assert md["baselines"].startswith("| domain | effort | split | tasks | random | expert |")
     assert md["baselines"].count("\n") == 2 + 9 * 3 - 1
     assert "| domain | effort | family | pass@1 (T=1) | pass@2 | greedy | selected | cell in band |" in md["ladder"]
