@@ -28,13 +28,17 @@ def test_cells_are_judged_with_holm_and_power_and_tokens_by_effort(tmp_path):
     write_cell(tmp_path, "general_tasks/max", sft, [5, 6] * (n // 2), 0.5, 90)  # gains, but underpowered
     (tmp_path / "coding_agents_high").mkdir()  # refused before training: eval_sft only, power < 0.8
     (tmp_path / "coding_agents_high" / "eval_sft.json").write_text(json.dumps({"power": {"pass1_bootstrap": 0.4}}))
+    (tmp_path / "general_agents_high").mkdir()  # no headroom: sft_policy already near the ceiling
+    (tmp_path / "general_agents_high" / "eval_sft.json").write_text(json.dumps(
+        {"power": {"pass1_bootstrap": 0.0, "why": "sft_policy pass@1 0.867 leaves 13.3 points"}}))
     out = claim3(["general_tasks/low", "general_tasks/high", "general_tasks/max", "coding_agents/low",
-                  "coding_agents/high"], tmp_path)
+                  "coding_agents/high", "general_agents/high"], tmp_path)
     cells = out["cells"]
     assert [cells[c]["verdict"] for c in ("general_tasks/low", "general_tasks/high", "general_tasks/max")] == \
         ["pass", "fail", "underpowered"]
     assert cells["coding_agents/low"]["verdict"] == "not run" and "lacks plan" in cells["coding_agents/low"]["why"]
     assert cells["general_tasks/low"]["p_holm"] >= cells["general_tasks/low"]["p"]
     assert cells["coding_agents/high"]["verdict"] == "underpowered" and cells["coding_agents/high"]["power"] == 0.4
-    assert (out["passed"], out["of"]) == (1, 5)
+    assert cells["general_agents/high"]["verdict"] == "underpowered" and "13.3 points" in cells["general_agents/high"]["why"]
+    assert (out["passed"], out["of"]) == (1, 6)
     assert out["tokens_by_effort"] == {"general_tasks": {"low_high_max": [51, 71, 91], "ordered": True}}

@@ -88,7 +88,8 @@ def claim3(cells: list[str], work: Path) -> dict:
             power = sft["power"]["pass1_bootstrap"] if sft else None
             if power is not None and power < stats.POWER_TARGET:  # grpo_powered refuses to train it
                 rows[cell] = {"verdict": "underpowered", "power": power,
-                              "why": f"power {power:.2f} < {stats.POWER_TARGET} at +15 on {d}'s held-out tasks: not trained"}
+                              "why": f"power {power:.2f} < {stats.POWER_TARGET} at +15 on {d}'s held-out tasks"
+                                     + (f" ({sft['power']['why']})" if "why" in sft["power"] else "") + ": not trained"}
             else:
                 rows[cell] = {"verdict": "not run", "why": f"{d} lacks " + ", ".join(
                     n for n, p in phases.items() if not p.exists()) + f" (see {d / 'log.txt'})"}
