@@ -26,8 +26,17 @@ counts (`stats.retention_power_paired`) — is computed in `plan`, before the st
 printed beside the verdict; below 0.8 the verdict reads "underpowered". Each cell's own ratio, greedy
 and pass@k are reported beside it.
 
-Phases (`--phases`, default all; each writes `<work>/<phase>.json`, skipped when it exists): plan, mopd,
-eval_student, report. `report` writes benchmarks/results/mopd/<date>_mopd_powered_<label>.json.
+Phases (`--phases`, default the first four; each writes `<work>/<phase>.json`, skipped when it exists):
+plan, mopd, eval_student, report. `report` writes benchmarks/results/mopd/<date>_mopd_powered_<label>.json.
+
+The equal-compute generalist control (issue 41 item 1; `--phases control eval_control report_control`):
+one policy trained by GRPO from the same sft_policy on the same routes and RL prompts, the teachers'
+recipe (group size, informative groups a step, draw factor, lr), cycling over the routes `--control-steps-per-turn`
+steps a turn until it has spent the student's counted MOPD FLOPs (`k3model.train.control`), then scored
+on each cell's held-out tasks and seeds. `report_control` compares student and generalist per cell and
+pooled over the cells (paired bootstrap of per-task pass@1): "MOPD consolidates better" when the pooled
+lower bound > 0, "the generalist consolidates better" when the upper bound < 0, else "no difference
+shown"; writes benchmarks/results/mopd/<date>_mopd_powered_<label>_control.json.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from benchmarks.common import dated_result, run_header
 from k3model.train.paired_eval import score_policy
 
 PHASES = ("plan", "mopd", "eval_student", "report")
+CONTROL_PHASES = ("control", "eval_control", "report_control")
 RETENTION, RETENTION_LOWER = 0.9, 0.7
 
 
@@ -81,7 +91,9 @@ def main() -> None:
     ap.add_argument("--z", type=float, default=None,
                     help="the pooled interval's z (default 1.96: one look; a second look at the same claim "
                          "takes a wider one, e.g. 2.24 for 97.5 %%)")
-    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    ap.add_argument("--control-steps-per-turn", type=int, default=8,
+                    help="GRPO steps on one route before the generalist moves to the next")
+    ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES + CONTROL_PHASES)
     ap.add_argument("--label", required=True)
     ap.add_argument("--work", default=None, help="default /tmp/mopd_powered/<label>")
     args = ap.parse_args()
@@ -170,6 +182,29 @@ def main() -> None:
             student = read("mopd")["checkpoint"]
             out = {"cells": {cell: score_policy(student, f"student {cell}", tokenizer_path, held(cell), cell.split("/")[1],
                                                 k=k, seed=eval_seed, specs=specs) for cell in cells}}
+        elif phase == "control":
+            from dataclasses import replace
+
+            from datagen.tokenizer import load_tokenizer
+            from k3model.train.control import generalist_control
+            from k3model.train.grpo import GRPOConfig
+            budget = read("mopd")["flops"]["total"]
+            a = first["plan"]["args"]
+            grpo_cfg = replace(GRPOConfig(group_size=a["group_size"], groups_per_step=a["groups"], lr=a["lr"],
+                                          seed=args.seed, max_draw_factor=a["max_draw_factor"]), efforts=specs)
+            pools = {tuple(c.split("/")): [envs.generate(f, s_) for f, s_ in v["plan"]["rl_tasks"]] for c, v in cells.items()}
+            t_start = time.perf_counter()
+            result = generalist_control(grpo_cfg, policy, load_tokenizer(tokenizer_path), work / "control_run",
+                                        flop_budget=budget, routes=routes, steps_per_turn=args.control_steps_per_turn,
+                                        tasks=pools, log_fn=lambda turn, m: print("control", turn, m, flush=True))
+            out = {"checkpoint": str(result.checkpoint_dir), "flops": result.flops, "budget": result.budget,
+                   "turns": result.turns, "grpo": asdict(grpo_cfg), "train_wall_s": time.perf_counter() - t_start}
+        elif phase == "eval_control":
+            control = read("control")["checkpoint"]
+            out = {"cells": {cell: score_policy(control, f"generalist {cell}", tokenizer_path, held(cell), cell.split("/")[1],
+                                                k=k, seed=eval_seed, specs=specs) for cell in cells}}
+        elif phase == "report_control":
+            out = report_control(args, read("control"), read("eval_student"), read("eval_control"), cells, k)
         else:
             out = report(args, read("plan"), read("mopd"), read("eval_student"), cells, k)
         out["phase_wall_s"] = time.perf_counter() - t0
@@ -177,6 +212,37 @@ def main() -> None:
         tmp.write_text(json.dumps(out, indent=1, default=float))
         tmp.rename(path_of(phase))
         print(f"{time.strftime('%H:%M:%S')} {phase} done in {out['phase_wall_s']:.0f} s", flush=True)
+
+
+def report_control(args, control: dict, ev_student: dict, ev_control: dict, cells: dict, k: int) -> dict:
+    """Student − generalist per cell and pooled over the cells (paired bootstrap of per-task pass@1)."""
+    from k3model.train import stats
+    from k3model.train.paired_eval import arm_row
+    rows, diffs, pooled_s, pooled_c = {}, {}, [], []
+    for cell in cells:
+        s_, c_ = ev_student["cells"][cell], ev_control["cells"][cell]
+        s = [x / k for x in s_["sampled"]["per_task"]]
+        c = [x / k for x in c_["sampled"]["per_task"]]
+        f = [x / k for x in cells[cell]["eval_sft"]["sampled"]["per_task"]]
+        rows[cell] = {"student": arm_row(s_, k), "generalist": arm_row(c_, k), "sft_policy": arm_row(cells[cell]["eval_sft"], k)}
+        d, lo, hi, p = stats.paired_bootstrap(s, c, resamples=10_000, seed=0)
+        g, glo, ghi, gp = stats.paired_bootstrap(c, f, resamples=10_000, seed=0)
+        diffs[cell] = {"student_minus_generalist": {"diff": d, "lo": lo, "hi": hi, "p": p},
+                       "generalist_minus_sft": {"gain": g, "lo": glo, "hi": ghi, "p": gp}}
+        pooled_s += s
+        pooled_c += c
+    d, lo, hi, p = stats.paired_bootstrap(pooled_s, pooled_c, resamples=10_000, seed=0)
+    reads = ("MOPD consolidates better" if lo > 0 else "the generalist consolidates better" if hi < 0
+             else "no difference shown")
+    out = {"header": run_header(), "args": vars(args), "arms": rows, "per_cell": diffs,
+           "pooled": {"student_minus_generalist": d, "lo": lo, "hi": hi, "p": p, "reads": reads},
+           "control": {k_: v for k_, v in control.items() if k_ != "turns"}, "control_turns": control["turns"]}
+    path = dated_result("mopd", f"mopd_powered_{args.label}_control", out)
+    for cell, r in rows.items():
+        print(f"{cell}: sft {r['sft_policy']['pass1']:.3f}, generalist {r['generalist']['pass1']:.3f}, student "
+              f"{r['student']['pass1']:.3f}; student − generalist {diffs[cell]['student_minus_generalist']['diff'] * 100:+.1f}")
+    print(f"pooled student − generalist {d * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}] → {reads} → {path}", flush=True)
+    return {"result": str(path), "reads": reads}
 
 
 def report(args, plan: dict, mopd: dict, ev: dict, cells: dict, k: int) -> dict:
