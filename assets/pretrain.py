@@ -70,8 +70,9 @@ class PretrainStageConfig(AssetConfig):
     eval_examples_per_cell: int | None = Field(default=None, ge=1, description="clue-eval examples per "
                                         "(length, distance) cell scored at the end of the stage (default: "
                                         "the profile's; tiny scores its whole grid)")
-    optimizer: str = Field(default="muon", description="muon: Per-Head Muon on the hidden matrices and AdamW "
-                           "on the rest (k3model/train/muon.py), or adamw throughout")
+    optimizer: str | None = Field(default=None, description="muon: Per-Head Muon on the hidden matrices and AdamW "
+                                  "on the rest (k3model/train/muon.py), or adamw throughout (default: the "
+                                  "profile's, the winner of its A/B — tiny muon, small adamw)")
     qk_clip_tau: float | None = Field(default=None, gt=0, description="QK-Clip threshold on each MLA head's "
                                       "max attention logit (K2: 100); unset: logged, not clipped")
     compile_regions: bool = Field(default=False, description="CUDA only: compile the model's modules "
@@ -87,7 +88,8 @@ class PretrainStageConfig(AssetConfig):
         row = p.stages[stage - 1]
         window = p.model.quantile_window_tokens if row.quantile_window_tokens is None else row.quantile_window_tokens
         return {"steps": row.steps, "batch_size": row.batch_size, "lr": row.lr, "balancing": p.model.balancing,
-                "quantile_window_tokens": window, "eval_examples_per_cell": eval_sizes(profile)[0]}
+                "quantile_window_tokens": window, "eval_examples_per_cell": eval_sizes(profile)[0],
+                "optimizer": p.optimizer}
 
 
 def stage_name(stage: int) -> str:

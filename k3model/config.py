@@ -195,6 +195,10 @@ class Profile:
     model: ModelConfig
     stages: tuple[StageConfig, ...] = field(default_factory=tuple)
     device: str = "cpu"
+    # The pretraining optimizer by default ("muon" | "adamw"; a stage's `optimizer` overrides it): each
+    # profile's is the winner of its own stage-1 A/B at equal tokens (benchmarks/recipes/muon_ab.py,
+    # docs/log/pretrain.md): Muon on tiny (CPU, 150 steps), AdamW on small (H100, 40 steps).
+    optimizer: str = "muon"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +243,7 @@ def _small() -> Profile:
     stages = (StageConfig(512, 2000, 64, 1e-3, activation_checkpointing=False, checkpointing_off_gib=100),
               StageConfig(4096, 400, 8, 5e-4),
               StageConfig(16384, 100, 2, 3e-4), StageConfig(65536, 25, 1, 2e-4))
-    return Profile(name="small", model=model, stages=stages, device="cuda")
+    return Profile(name="small", model=model, stages=stages, device="cuda", optimizer="adamw")
 
 
 def _tiny() -> Profile:

@@ -88,10 +88,9 @@ class PretrainConfig(LoopConfig):
     eval_vqa_questions: int | None = None
     balancing: str | None = None  # override the profile's MoE balancing ("quantile" | "deepseek" | "none")
     quantile_window_tokens: int | None = None  # override the stage's (StageConfig) MoEConfig.quantile_window_tokens
-    # "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py); or "adamw".
-    # Muon is the default: on tiny stage 1 it reached 0.26 nats lower held-out NLL than AdamW at equal
-    # tokens and 0.29 at equal wall time, two seeds (benchmarks/recipes/muon_ab.py, docs/log/pretrain.md).
-    optimizer: str = "muon"
+    # "muon": Per-Head Muon on the hidden matrices, AdamW on the rest (k3model/train/muon.py); or "adamw";
+    # None: the profile's (`Profile.optimizer`, the winner of that profile's A/B).
+    optimizer: str | None = None
     # QK-Clip threshold τ on each MLA head's max attention logit (K2 uses 100); None: monitored, not clipped.
     qk_clip_tau: float | None = None
     # CUDA only: k3model.compiled.compile_regions on the model before the first step (the step
@@ -125,8 +124,8 @@ class PretrainConfig(LoopConfig):
                              f"got {self.balancing!r}")
         if self.quantile_window_tokens is not None and self.quantile_window_tokens < 0:
             raise ValueError(f"quantile_window_tokens must be ≥ 0 (0: K3's overwrite), got {self.quantile_window_tokens}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS} (or None for the profile's), got {self.optimizer!r}")
 
     def resolved(self) -> "ResolvedStage":
         profile = get_profile(self.profile)
@@ -154,7 +153,7 @@ class PretrainConfig(LoopConfig):
             lr=self.lr or stage.lr,
             clue_warmup_steps=stage.clue_warmup_steps if self.clue_warmup_steps is None else self.clue_warmup_steps,
             mixed_lr=stage.mixed_lr if self.mixed_lr is None else (self.mixed_lr or None),
-            device=device, notes=notes,
+            device=device, optimizer=self.optimizer or profile.optimizer, notes=notes,
         )
         check_fits_machine(model, resolved.steps, resolved.batch_size, resolved.seq_len, resolved.device)
         if self.compile_regions and resolved.device != "cuda":
@@ -197,6 +196,7 @@ class ResolvedStage:
     clue_warmup_steps: int
     mixed_lr: float | None
     device: str
+    optimizer: str = "muon"
     notes: tuple[str, ...] = ()  # what was decided for this machine, logged at the stage's start
 
 
@@ -263,7 +263,7 @@ def train(cfg: PretrainConfig, data: PretrainData, out_dir: str | Path,
         compile_regions(model, dynamic=True)
 
     # ---- optimizer
-    optimizer = build_optimizer(model, stage.lr, cfg.weight_decay, optimizer=cfg.optimizer)
+    optimizer = build_optimizer(model, stage.lr, cfg.weight_decay, optimizer=stage.optimizer)
     if run.state is not None:
         restore_train_state(run.state, optimizer)
 

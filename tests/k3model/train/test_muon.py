@@ -343,3 +343,14 @@ def test_every_mla_head_is_logged_from_a_model_forward():
     assert len(per_head) == len(mlas) * model.cfg.mla_heads and mlas
     assert float(metrics["attn/max_logit"]) == max(float(metrics[k]) for k in per_head)
     assert int(metrics["attn/qk_clipped_heads"]) == 0
+
+
+def test_each_profile_defaults_to_the_winner_of_its_own_ab():
+    """tiny: Muon (CPU A/B, 150 steps); small: AdamW (H100 A/B, 40 steps) — docs/log/pretrain.md."""
+    from assets.pretrain import PretrainStageConfig
+    from k3model.config import get_profile
+    from k3model.train.pretrain import PretrainConfig
+    assert (get_profile("tiny").optimizer, get_profile("small").optimizer) == ("muon", "adamw")
+    assert PretrainStageConfig.profile_values("small", 1)["optimizer"] == "adamw"
+    assert PretrainConfig(profile="tiny", stage=1).resolved().optimizer == "muon"
+    assert PretrainConfig(profile="tiny", stage=1, optimizer="adamw").resolved().optimizer == "adamw"
