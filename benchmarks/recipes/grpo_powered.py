@@ -211,6 +211,8 @@ def main() -> None:
             print(f"power at +15 (rule: gain ≥ +10, lower bound > 0): {out['power']}", flush=True)
             if out["power"]["pass1_bootstrap"] < stats.POWER_TARGET:  # refused with the numbers, after the write
                 write(phase, out)
+                if "why" in out["power"]:  # more tasks would not help: the policy has no room to gain +15
+                    raise SystemExit(f"{args.cell}: not trained — {out['power']['why']}")
                 stats.require_power(out["power"]["pass1_bootstrap"], what=f"{args.cell} pass@1 bootstrap at +15",
                                     n=len(held))
         elif phase == "grpo":
