@@ -154,7 +154,8 @@ def _recipe(p: str) -> dict[str, dict]:
                                           "balancing": prof.model.balancing, "eval_examples_per_cell": eval_sizes(p)[0],
                                           "quantile_window_tokens": (prof.model.quantile_window_tokens
                                                                      if row.quantile_window_tokens is None
-                                                                     else row.quantile_window_tokens)}
+                                                                     else row.quantile_window_tokens),
+                                          "optimizer": prof.optimizer}
               for i, row in enumerate(prof.stages)}
     return {**stages,
             "sft_data": {"tasks_per_family": post.sft_tasks_per_family, "family_weights": dict(post.sft_family_weights)},
