@@ -216,6 +216,11 @@ def main() -> None:
                 stats.require_power(out["power"]["pass1_bootstrap"], what=f"{args.cell} pass@1 bootstrap at +15",
                                     n=len(held))
         elif phase == "grpo":
+            from k3model.train import stats
+            power = read("eval_sft")["power"]
+            if power["pass1_bootstrap"] < stats.POWER_TARGET:  # a rerun must not train a cell refused before
+                raise SystemExit(f"{args.cell}: not trained — power {power['pass1_bootstrap']:.2f} at +15"
+                                 + (f" ({power['why']})" if "why" in power else ""))
             from datagen.tokenizer import load_tokenizer
             from k3model.train.flops import counting
             from k3model.train.grpo import train
