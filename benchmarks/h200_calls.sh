@@ -133,7 +133,18 @@ small)  # issue 42 item 5: small's lineage through Dagster + Ray on the GPU, red
     sel=${2:?a --select}; shift 2
     timeout $((560 - (SECONDS - T0))) python3 -m pipelines.cli run --profile small --select "$sel" "$@" \
         2>&1 | grep -v "BetaWarning\|return fn(" | tee -a "$OUT/k3run_small.log"
-    elapsed "k3 run exit ${PIPESTATUS[0]}"
+    rc=${PIPESTATUS[0]}
+    elapsed "k3 run exit $rc"
+    if [ "$rc" != 0 ]; then  # the failed steps' whole tracebacks (the ✗ line has only the message)
+        DAGSTER_HOME=$K3_HOME/dagster timeout 60 python3 -c '
+from dagster import DagsterEventType, DagsterInstance
+inst = DagsterInstance.get()
+for e in inst.all_logs(inst.get_runs(limit=1)[0].run_id, of_type=DagsterEventType.STEP_FAILURE):
+    err = e.dagster_event.event_specific_data.error
+    while err is not None:
+        print(e.step_key, err.to_string()); err = err.cause' >"$OUT/k3run_small_failures.txt" 2>&1
+        tail -n 40 "$OUT/k3run_small_failures.txt"
+    fi
     timeout 60 python3 -m pipelines.asset_devices --profile small --out "$OUT/small_assets.json" 2>&1 | grep -v Warn
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     ;;

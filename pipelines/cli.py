@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,9 +322,24 @@ def _root_message(err) -> str:
     if sep and head.endswith(err.cls_name):
         text = rest if err.cls_name == "Failure" else f"{err.cls_name}: {rest}"
     if err.cls_name.startswith("RayTaskError(") and "\n" in text:
-        # The worker's traceback, then "<Class>: <message>" on the last line: keep that line.
-        text = text.splitlines()[-1].strip()
+        text = _worker_exception(text)
     return text
+
+
+def _worker_exception(text: str) -> str:
+    """A Ray task's "<Class>: <message>" (all of a message's lines, joined) and where it was raised,
+    from the worker's traceback that RayTaskError's text carries: a CUDA error's last line alone
+    ("Compile with `TORCH_USE_CUDA_DSA` …") names neither the error nor the place."""
+    lines = text.splitlines()
+    frames = [i for i, line in enumerate(lines) if re.match(r'\s*File "', line)]
+    if not frames:
+        return lines[-1].strip()
+    start = frames[-1] + 1
+    while start < len(lines) and lines[start][:1].isspace():  # the frame's source line and carets
+        start += 1
+    message = " ".join(line.strip() for line in lines[start:] if line.strip()) or lines[-1].strip()
+    where = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', lines[frames[-1]])
+    return f"{message} (raised at {where[1]}:{where[2]} in {where[3]})" if where else message
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@ Families by domain (difficulty in brackets; tables in each module):
   implement_stubs [medium], rename_api [hard]
 - starter rungs of the RL task ladder (starter.py), one short answer or one call: echo_word,
   compare_numbers (general_tasks), slack_ping (general_agents), write_constant (coding_agents), all easy;
-  compare_numbers_close [medium], the hard split of compare_numbers
+  compare_numbers_close [medium], the hard split of compare_numbers; slack_ping_pick [medium], slack_ping
+  with a choice of two words
 
 `register_family` adds an outside family (any `Family` subclass) to the registry.
 """

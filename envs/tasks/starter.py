@@ -8,6 +8,7 @@ prompt, tools, budget, real verifier — with a short answer or a single tool ca
 | compare_numbers | general_tasks  | easy       | finish only | 1            | the larger of two 3-digit ints|
 | compare_numbers_close | general_tasks | medium | finish only | 1          | the same, the hundreds shared  |
 | slack_ping      | general_agents | easy       | slack       | 2            | one post: channel + one word  |
+| slack_ping_pick | general_agents | medium     | slack       | 2            | the same, the first or second of two words |
 | write_constant  | coding_agents  | easy       | files, run  | 2            | a one-line function           |
 | write_answer    | coding_agents  | easy       | files, run  | 2            | write_constant named answer   |
 | write_number    | coding_agents  | easy       | files, run  | 2            | `answer()` returning a number |
@@ -16,6 +17,13 @@ compare_numbers_close is the hard split of the compare_numbers specialists (issu
 instances of the trained family): the same question, the two numbers share their hundreds digit and,
 in half the tasks, their tens digit too, so the answer turns on the last one or two digits. It is no
 SFT family (datagen.sft.SFT_FAMILIES), only a place to score.
+
+slack_ping_pick is slack_ping with a choice in it (a rung for general_agents when SFT taught slack_ping
+too well for RL to sharpen: 0.87 pass@1 on 256 held-out tasks at high, docs/log/rl.md 2026-12-07): the task
+names two of the words and asks for the first or the second. That policy, never trained on it, scores
+pass@1 0.16 / 0.13 / 0.37 and pass@8 0.50 / 0.56 / 0.63 at low / high / max (16 tasks × 8 samples): it
+sometimes reads "first"/"second", which RL can sharpen. It is no SFT family; the verifier is
+slack_ping's (the one post must carry exactly the asked word, so the other word, or both, fail).
 
 write_answer is write_constant with the name fixed (the tiny ladder's coding rung),
 and write_number the rung below it: the file and the function (`answer()`, no argument)
@@ -29,6 +37,7 @@ from its ≥ 256 RL prompts (k3model.train.ladder.heldout_tasks), so a rung need
 instructions. slack_ping and write_constant / write_answer draw theirs from a grid of N cells
 
     slack_ping:      word (20: WORDS) × channel (3) × phrasing (10: PING_PHRASINGS)         N = 600
+    slack_ping_pick: word pair (20 × 19) × which (2) × channel (3) × phrasing (3)           N = 6,840
     write_constant:  name (5) × kind (3: k, x + k, x · k) × k ∈ [2, 99] × phrasing (3)      N = 4,410
     write_answer:    write_constant with one name                                          N = 882
 
@@ -80,6 +89,10 @@ PING_PHRASINGS = (
     'Post a message in the #{channel} Slack channel that says "{word}".',
     'The #{channel} Slack channel needs the word "{word}": post it there.',
     'Post one word in the #{channel} Slack channel: "{word}".')
+PICK_PHRASINGS = (
+    'Of the words "{a}" and "{b}", post the {which} in the #{channel} Slack channel.',
+    'Post the {which} of these two words in the #{channel} Slack channel: "{a}", "{b}".',
+    'In the #{channel} Slack channel, post the {which} word of "{a}" and "{b}".')
 WRITE_PHRASINGS = (
     "Create a file solution.py that defines {signature}, a function that {does}. Hidden tests will check it.",
     "Write solution.py with a function {signature} that {does}. Hidden tests will check it.",
@@ -189,6 +202,27 @@ class SlackPing(SlackPost):
         return budget(t, 2)
 
 
+class SlackPingPick(SlackPing):
+    name = "slack_ping_pick"
+    difficulty = "medium"
+    description = "Post the first or the second of two given words in a given Slack channel (slack_ping with a choice)."
+
+    def generate(self, seed: int) -> Task:
+        rng = random.Random(seed)
+        ids = wg.Ids()
+        w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
+        channels = sorted(w.slack.channels)
+        a_i, b_off, which, channel_i, say_i = grid_point(self.name, seed, (len(WORDS), len(WORDS) - 1, 2,
+                                                                           len(channels), len(PICK_PHRASINGS)))
+        a, b = WORDS[a_i], WORDS[(a_i + 1 + b_off) % len(WORDS)]
+        channel, text = channels[channel_i], (a, b)[which]
+        spec = {"world": w.to_json(), "channel": channel, "text": text, "words": [a, b]}
+        t = Task(self.name, seed, self.domain, self.difficulty,
+                 PICK_PHRASINGS[say_i].format(a=a, b=b, which=("first", "second")[which], channel=channel),
+                 ToolSet(apps=("slack",), only=("slack.list_channels", "slack.post")), 0, 0, spec)
+        return budget(t, 2)
+
+
 class WriteConstant(CodingFamily):
     name = "write_constant"
     difficulty = "easy"
@@ -244,4 +278,4 @@ class WriteNumber(CodingFamily):
         return [Write("solution.py", task.spec["source"]), Finish()]
 
 
-FAMILIES = [EchoWord(), CompareNumbers(), CompareNumbersClose(), SlackPing(), WriteConstant(), WriteAnswer(), WriteNumber()]
+FAMILIES = [EchoWord(), CompareNumbers(), CompareNumbersClose(), SlackPing(), SlackPingPick(), WriteConstant(), WriteAnswer(), WriteNumber()]

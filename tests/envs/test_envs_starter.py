@@ -34,7 +34,8 @@ def test_random_and_empty_policies_score_zero(family):
             env.reset(seed=seed)
             _, r, *_ = env.step("")  # no call at all
             assert r == 0.0 and not env.done
-    assert get_family(family).info()["difficulty"] == ("medium" if family == "compare_numbers_close" else "easy")
+    medium = ("compare_numbers_close", "slack_ping_pick")
+    assert get_family(family).info()["difficulty"] == ("medium" if family in medium else "easy")
 
 
 def test_nearly_right_answers_fail():
@@ -57,6 +58,16 @@ def test_nearly_right_answers_fail():
     assert _play("slack_ping", [wrong_channel, Finish()], t)[0] == 0.0
     assert _play("slack_ping", [right, right, Finish()], t)[0] == 0.0  # posted twice
     assert _play("slack_ping", [right, Finish()], t)[0] == 1.0
+    for seed in range(6):  # slack_ping_pick: the other of the two words fails, the asked one passes
+        t = generate("slack_ping_pick", seed)
+        a, b = t.spec["words"]
+        other = b if t.spec["text"] == a else a
+        which = "first" if t.spec["text"] == a else "second"
+        assert a != b and f'"{a}"' in t.instruction and f'"{b}"' in t.instruction and which in t.instruction
+        post = lambda text: AppCall("slack", "post", {"channel": t.spec["channel"], "text": text})  # noqa: E731
+        assert _play("slack_ping_pick", [post(other), Finish()], t)[0] == 0.0
+        assert _play("slack_ping_pick", [post(f"{a} {b}"), Finish()], t)[0] == 0.0
+        assert _play("slack_ping_pick", [post(t.spec["text"]), Finish()], t)[0] == 1.0
     for seed in range(3):
         t = generate("write_constant", seed)
         src = t.spec["source"]
@@ -118,7 +129,7 @@ def test_write_answer_is_write_constant_named_answer():
 
 # The rungs the tiny ladder selects for general_agents and coding_agents: a specialist is scored on
 # ≥ 256 held-out tasks whose instructions differ from its ≥ 256 RL prompts (k3model.train.ladder).
-WIDENED = ("slack_ping", "write_constant", "write_answer")
+WIDENED = ("slack_ping", "slack_ping_pick", "write_constant", "write_answer")
 
 
 @pytest.mark.parametrize("family", WIDENED)

@@ -133,3 +133,29 @@ def test_set_overrides_a_config_field_and_names_what_to_change(home, capsys):
 def test_a_wrong_type_set_value_names_the_field_and_the_value_before_the_run(home, item, message):
     with pytest.raises(SystemExit, match=message):
         main(["run", "--profile", "smoke", "--select", item.split(".")[0], "--set", item])
+
+
+def test_a_ray_task_failure_reads_its_whole_message_and_where_it_was_raised():
+    """A CUDA error's message spans lines and ends in advice; the run's ✗ line keeps all of it and the frame
+    that raised it (the GPU run of session 31 printed only "Compile with `TORCH_USE_CUDA_DSA` …")."""
+    from dagster._utils.error import SerializableErrorInfo
+
+    from pipelines.cli import _root_message
+    text = ("\x1b[36mray::small/rl_tasks()\x1b[39m (pid=3128, ip=10.0.0.2)\n"
+            '  File "/work/k3model/train/ladder.py", line 210, in measure_ladder\n'
+            "    episodes = policy.play(jobs)\n"
+            '  File "/work/k3model/engine.py", line 162, in sample\n'
+            "    drawn_S = torch.multinomial(dist_logp_SV.exp(), 1, generator=generator).squeeze(-1)\n"
+            "              ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+            "RuntimeError: CUDA error: device-side assert triggered\n"
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    err = SerializableErrorInfo(message=f"ray.exceptions.RayTaskError(RuntimeError): {text}", stack=[],
+                                cls_name="RayTaskError(RuntimeError)")
+    assert _root_message(err) == (
+        "RuntimeError: CUDA error: device-side assert triggered For debugging consider passing "
+        "CUDA_LAUNCH_BLOCKING=1 Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions. "
+        "(raised at /work/k3model/engine.py:162 in sample)")
+    one_line = SerializableErrorInfo(message="ray.exceptions.RayTaskError(ValueError): ray::f()\nValueError: bad",
+                                     stack=[], cls_name="RayTaskError(ValueError)")
+    assert _root_message(one_line) == "ValueError: bad"
