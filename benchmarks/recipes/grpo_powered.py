@@ -190,7 +190,9 @@ def main() -> None:
                    "rl_tasks": [[t.family, t.seed] for t in rl], "heldout_tasks": [[t.family, t.seed] for t in held],
                    "grpo": asdict(grpo_cfg), "train_harnesses": train_harnesses,
                    "eval_harnesses": eval_harnesses or "training harnesses"}
-            print(f"{args.cell}: {families} (ladder pass {cell.pass_rate if cell else float('nan'):.2f}), {len(rl)} distinct RL prompts, "
+            ladder = (f"ladder: {cell.selected} pass {cell.pass_rate:.2f}" if cell else "no ladder") + (
+                "; --families overrides it" if args.families is not None else "")
+            print(f"{args.cell}: {families} ({ladder}), {len(rl)} distinct RL prompts, "
                   f"{len(held)} distinct held-out tasks, policy {policy}", flush=True)
         elif phase == "eval_sft":
             from k3model.train import stats
