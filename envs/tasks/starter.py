@@ -64,6 +64,7 @@ import math
 import random
 
 from envs.actions import AppCall, Finish, Write
+from envs.apps import World
 from envs.harnesses.base import ToolSet
 from envs.tasks import worldgen as wg
 from envs.tasks.assistant import SlackPost, budget
@@ -189,16 +190,22 @@ class SlackPing(SlackPost):
     description = "Post one given word in a given Slack channel (slack_post with a one-word message)."
 
     def generate(self, seed: int) -> Task:
-        rng = random.Random(seed)
-        ids = wg.Ids()
-        w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
-        channels = sorted(w.slack.channels)
+        w, channels = self._world(seed)
         word_i, channel_i, say_i = grid_point(self.name, seed, (len(WORDS), len(channels), len(PING_PHRASINGS)))
         channel, text = channels[channel_i], WORDS[word_i]
-        spec = {"world": w.to_json(), "channel": channel, "text": text}
-        t = Task(self.name, seed, self.domain, self.difficulty,
-                 PING_PHRASINGS[say_i].format(word=text, channel=channel), ToolSet(apps=("slack",),
-                 only=("slack.list_channels", "slack.post")), 0, 0, spec)
+        return self._ping(seed, w, channel, text, PING_PHRASINGS[say_i].format(word=text, channel=channel))
+
+    @staticmethod
+    def _world(seed: int) -> tuple[World, list[str]]:
+        """A small filler world and its Slack channels, sorted."""
+        w = wg.filler_world(random.Random(seed), wg.Ids(), n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
+        return w, sorted(w.slack.channels)
+
+    def _ping(self, seed: int, w: World, channel: str, text: str, instruction: str, **spec) -> Task:
+        """The task: post exactly `text` in `channel` (slack_post's verifier), two turns."""
+        t = Task(self.name, seed, self.domain, self.difficulty, instruction,
+                 ToolSet(apps=("slack",), only=("slack.list_channels", "slack.post")), 0, 0,
+                 {"world": w.to_json(), "channel": channel, "text": text, **spec})
         return budget(t, 2)
 
 
@@ -208,19 +215,13 @@ class SlackPingPick(SlackPing):
     description = "Post the first or the second of two given words in a given Slack channel (slack_ping with a choice)."
 
     def generate(self, seed: int) -> Task:
-        rng = random.Random(seed)
-        ids = wg.Ids()
-        w = wg.filler_world(rng, ids, n_mail=1, n_pages=1, n_slack=3, n_courses=1, n_assign=1)
-        channels = sorted(w.slack.channels)
+        w, channels = self._world(seed)
         a_i, b_off, which, channel_i, say_i = grid_point(self.name, seed, (len(WORDS), len(WORDS) - 1, 2,
                                                                            len(channels), len(PICK_PHRASINGS)))
         a, b = WORDS[a_i], WORDS[(a_i + 1 + b_off) % len(WORDS)]
         channel, text = channels[channel_i], (a, b)[which]
-        spec = {"world": w.to_json(), "channel": channel, "text": text, "words": [a, b]}
-        t = Task(self.name, seed, self.domain, self.difficulty,
-                 PICK_PHRASINGS[say_i].format(a=a, b=b, which=("first", "second")[which], channel=channel),
-                 ToolSet(apps=("slack",), only=("slack.list_channels", "slack.post")), 0, 0, spec)
-        return budget(t, 2)
+        instruction = PICK_PHRASINGS[say_i].format(a=a, b=b, which=("first", "second")[which], channel=channel)
+        return self._ping(seed, w, channel, text, instruction, words=[a, b])
 
 
 class WriteConstant(CodingFamily):
