@@ -315,6 +315,13 @@ class TokenPolicy:
                 uniforms = [s.rng.random() if s is not None and sampled else 0.0 for s in row_of]
                 tokens_B, logp_B, model_logp_B = sample(logits_BV, row_cfgs, uniforms=uniforms)
                 tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
+                broken = [b for b in live if model_logps[b] != model_logps[b]]
+                if broken:  # log_softmax is NaN across a row holding a NaN or +inf logit
+                    s = row_of[broken[0]]
+                    raise FloatingPointError(
+                        f"the policy's logits are not finite (NaN or +inf) in {len(broken)} of {len(live)} episodes "
+                        f"(first: job {s.job}, {getattr(s.env, 'name', type(s.env).__name__)}, "
+                        f"turn {len(s.ep.turns) + 1}): its weights or its decode produce them — nothing to sample from")
                 self.decode_batches.append(len(live))
                 for b in live:
                     s = row_of[b]

@@ -178,3 +178,14 @@ def test_bad_arguments_name_the_field():
     for kw in ({"max_concurrent": 0}, {"env_workers": 0}, {"episode_seconds": 0.0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=3), **kw)
+
+
+def test_a_policy_with_non_finite_logits_is_refused_by_name():
+    """NaN logits have nothing to sample from: the inverse-CDF draw would return some id silently (and
+    torch.multinomial asserts on the GPU, docs/log/gpu.md session 31); the rollout says what is wrong."""
+    model = unbounded_model()
+    with torch.no_grad():
+        model.lm_head.weight[7].fill_(float("nan"))
+    policy = TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=3, temperature=1.0))
+    with pytest.raises(FloatingPointError, match=r"logits are not finite \(NaN or \+inf\) in \d of \d episodes \(first: job \d, \w+, turn 1\)"):
+        policy.play(jobs_of(2))
