@@ -317,11 +317,7 @@ class TokenPolicy:
                 tokens, logps, model_logps = tokens_B.tolist(), logp_B.tolist(), model_logp_B.tolist()
                 broken = [b for b in live if model_logps[b] != model_logps[b]]
                 if broken:  # log_softmax is NaN across a row holding a NaN or +inf logit
-                    s = row_of[broken[0]]
-                    raise FloatingPointError(
-                        f"the policy's logits are not finite (NaN or +inf) in {len(broken)} of {len(live)} episodes "
-                        f"(first: job {s.job}, {getattr(s.env, 'name', type(s.env).__name__)}, "
-                        f"turn {len(s.ep.turns) + 1}): its weights or its decode produce them — nothing to sample from")
+                    raise FloatingPointError(self._not_finite([row_of[b] for b in broken], len(live), batch))
                 self.decode_batches.append(len(live))
                 for b in live:
                     s = row_of[b]
@@ -344,6 +340,21 @@ class TokenPolicy:
             for f in closing:
                 f.result()
         return out
+
+    @staticmethod
+    def _not_finite(rows: list[_Slot], live: int, batch: SlotBatch) -> str:
+        """What a rollout says of rows whose logits are not finite: which episodes, and which forward
+        produced them — the feed of the turn's observation (the turn's first token) or a decode step
+        of the batch (captured or eager), with the row's cache length."""
+        s = rows[0]
+        at = len(s.turn.token_ids)
+        source = ("the feed of its observation (the turn's first token)" if at == 0 else
+                  f"a {'captured' if batch.graphed else 'eager'} decode step (token {at + 1} of the turn)")
+        feeds = sum(len(r.turn.token_ids) == 0 for r in rows)
+        return (f"the policy's logits are not finite (NaN or +inf) in {len(rows)} of {live} episodes "
+                f"(first: job {s.job}, {getattr(s.env, 'name', type(s.env).__name__)}, turn {len(s.ep.turns) + 1}, "
+                f"from {source}, its cache holding {batch.cache.lengths[s.row]} tokens; {feeds} of the {len(rows)} "
+                f"at a turn's first token): its weights or that forward produce them — nothing to sample from")
 
     def _feed(self, s: _Slot, prompts: "OrderedDict", device, limit) -> None:
         """Run the slot's pending ids through its cache (the first observation: a prefill, shared by

@@ -187,5 +187,5 @@ def test_a_policy_with_non_finite_logits_is_refused_by_name():
     with torch.no_grad():
         model.lm_head.weight[7].fill_(float("nan"))
     policy = TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=3, temperature=1.0))
-    with pytest.raises(FloatingPointError, match=r"logits are not finite \(NaN or \+inf\) in \d of \d episodes \(first: job \d, \w+, turn 1\)"):
+    with pytest.raises(FloatingPointError, match=r"logits are not finite \(NaN or \+inf\) in \d of \d episodes \(first: job \d, \w+, turn 1, from the feed of its observation \(the turn's first token\), its cache holding \d+ tokens; \d of the \d at a turn's first token\)"):
         policy.play(jobs_of(2))
