@@ -39,7 +39,7 @@ from pydantic import Field, field_validator
 from assets.config_bounds import AssetConfig, ScaledEpisodes, refuse_unfit
 from assets.claims import rate_difference
 from assets.display import inline_png, markdown_table, sparkline
-from assets.distill_tasks import train_mopd_task, train_transfer_arm_task
+from assets.distill_tasks import evaluate_sft_transfer_task, train_mopd_task, train_transfer_arm_task
 from assets.lineage import Upstream, group, key, profile_tags, require_upstreams, tag_run, verify_upstreams
 from assets.plots import retention_heatmap
 from assets.posttrain import POSTTRAIN_CODE_VERSION
@@ -365,14 +365,27 @@ def materialize_cross_harness(context: dg.AssetExecutionContext, config: CrossHa
                             "in_harness_success": r.arm.in_harness["success_rate"]})
         for h, name, hs in arms]
     by_arm = run_arms(context, jobs, f"{profile}/cross_harness")
+    # sft_policy scored as the arms are (same tasks, harnesses and budgets): claim 7 forms the RL gain.
+    ray = context.resources.ray
+    sft = ray.run(evaluate_sft_transfer_task, str(ups["sft_policy"].path), str(ups["tokenizer"].path), folds, effort,
+                  eval_tasks, specs, log=context.log.info, **ray.placement(log=context.log.info))
     results = []
     for h in folds:
         g, s = by_arm[f"{h}|general"].result.arm, by_arm[f"{h}|single"].result.arm
-        results.append(FoldResult(h, domain, effort, g, s, sft_saw_held_out=h != HELD_OUT_HARNESS))
+        results.append(FoldResult(h, domain, effort, g, s, sft_saw_held_out=h != HELD_OUT_HARNESS, sft=sft[h]))
+        context.log.info(f"{profile}/cross_harness, held out {h}: sft_policy {sft[h]['in_harness']['success_rate']:.2f} "
+                         f"in-harness, {sft[h]['held_out']['success_rate']:.2f} held out; general arm "
+                         f"{g.in_harness['success_rate']:.2f}, {g.held_out['success_rate']:.2f}")
     rows = []
     own: dict[str, Any] = {"folds": ",".join(folds), "steps": grpo.steps, "target": TRANSFER_TARGET,
                            "budget_scale": config.budget_scale}
     for fold in results:
+        rows.append({"held out": fold.held_out, "arm": "sft_policy", "trained on": "(SFT)",
+                     "in-harness": fold.sft["in_harness"]["success_rate"],
+                     "held-out": fold.sft["held_out"]["success_rate"], "held-out ÷ in-harness": "", "ci95": "",
+                     "unparseable (in, held-out)": f"{fold.sft['in_harness']['unparseable_rate']:.2f}, "
+                                                   f"{fold.sft['held_out']['unparseable_rate']:.2f}",
+                     "SFT saw held-out": fold.sft_saw_held_out})
         for arm in (fold.general, fold.single):
             ratio, lo, hi = arm.transfer()
             rows.append({"held out": fold.held_out, "arm": arm.name, "trained on": ", ".join(arm.harnesses),

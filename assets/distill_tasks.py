@@ -122,6 +122,17 @@ class ArmResult:
     resumed_from_step: int | None = None
 
 
+def evaluate_sft_transfer_task(policy_checkpoint: str, tokenizer_path: str, folds: tuple[str, ...], effort: str,
+                               eval_tasks: list[tuple[str, int]], eval_specs) -> dict:
+    """`k3model.train.transfer.evaluate_sft`; tasks travel as (family, seed) pairs."""
+    import envs
+    from datagen.tokenizer import load_tokenizer
+    from k3model.train.transfer import evaluate_sft
+
+    return evaluate_sft(policy_checkpoint, load_tokenizer(tokenizer_path), folds, effort=effort,
+                        eval_tasks=[envs.generate(f, s) for f, s in eval_tasks], eval_specs=eval_specs)
+
+
 def train_transfer_arm_task(cfg, policy_checkpoint: str, tokenizer_path: str, name: str, domain: str, effort: str,
                             harnesses: tuple[str, ...], held_out: str, rl_tasks: list[tuple[str, int]],
                             eval_tasks: list[tuple[str, int]], eval_specs, work_dir: str, live: LiveLog) -> ArmResult:

@@ -11,7 +11,10 @@ One fold, held-out harness h (of `envs.HARNESSES`):
   training harness(es) ("in-harness") and in h ("held-out"); the figure is
       transfer = success_held_out / success_in_harness
   with a 95 % interval, and each harness's unparseable-action rate (turns in which the env found no
-  readable call) beside it.
+  readable call) beside it;
+- the SFT policy itself is evaluated the same way (`evaluate_sft`: the same tasks, the general arm's
+  harnesses and h), so claim 7 can form the transfer of the RL *gain*,
+  (held_out − sft_held_out) / (in_harness − sft_in_harness) (assets/claims.py).
 
 The interval of a ratio of two binomial proportions p₁ = s₁/n₁, p₂ = s₂/n₂ is Katz's log interval
     log(p₁/p₂) ± z·√(1/s₁ − 1/n₁ + 1/s₂ − 1/n₂)
@@ -81,13 +84,34 @@ class FoldResult:
     general: Arm
     single: Arm
     sft_saw_held_out: bool
+    # The SFT policy on the same tasks, in the general arm's harnesses and in the held-out one
+    # (EvalReport.as_metadata() each; `evaluate_sft`), when it was scored.
+    sft: dict[str, dict] | None = None
 
     def as_metadata(self) -> dict[str, float | str]:
         out: dict[str, float | str] = {"held_out": self.held_out, "domain": self.domain, "effort": self.effort,
                                        "sft_saw_held_out": str(self.sft_saw_held_out)}
         for arm in (self.general, self.single):
             out.update({f"{arm.name}/{k}": v for k, v in arm.as_metadata().items()})
+        for where, report in (self.sft or {}).items():
+            out.update({f"sft/{where}/success_rate": report["success_rate"], f"sft/{where}/n": report["n"]})
         return out
+
+
+def evaluate_sft(policy_checkpoint: str | Path, tokenizer, folds: Sequence[str], *, effort: str,
+                 eval_tasks: Sequence, eval_specs: dict | None = None) -> dict[str, dict[str, dict]]:
+    """The SFT policy as each fold's arms are scored (`train_arm`): greedy on `eval_tasks` in the fold's
+    training harnesses (round-robin, the general arm's) and in its held-out harness, all folds in one
+    batched decode. Returns {held-out harness: {"in_harness": metadata, "held_out": metadata}}."""
+    if not eval_tasks:
+        raise ValueError("eval_tasks is empty: pass the held-out envs tasks the arms are scored on")
+    model = load_model(policy_checkpoint, "cuda" if torch.cuda.is_available() else "cpu", frozen_router=True)[0].eval()
+    calls = {}
+    for h in folds:
+        calls[f"{h}|in_harness"] = (list(eval_tasks), effort, list(fold_harnesses(h)[0]))
+        calls[f"{h}|held_out"] = (list(eval_tasks), effort, [h])
+    reports = evaluate_together(model, tokenizer, calls, eval_specs)
+    return {h: {where: reports[f"{h}|{where}"].as_metadata() for where in ("in_harness", "held_out")} for h in folds}
 
 
 def fold_harnesses(held_out: str, single: str | None = None) -> tuple[tuple[str, ...], str]:

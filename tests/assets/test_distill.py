@@ -249,3 +249,7 @@ def test_one_cross_harness_fold_materializes_through_ray(upstreams, smoke_resour
     # Both arms' checkpoints are kept and registered, each its own model.
     assert set(meta["arms"]) == {"openclaw|general", "openclaw|single"}
     assert meta["openclaw/sft_saw_held_out"] == "False"
+    # sft_policy scored on the same tasks in the general arm's harnesses and the held-out one (claim 7's gain).
+    assert meta["openclaw/sft/held_out/n"] == 2 and meta["openclaw/sft/in_harness/n"] == 2
+    assert 0 <= meta["openclaw/sft/held_out/success_rate"] <= 1 and 0 <= meta["openclaw/sft/in_harness/success_rate"] <= 1
+    assert "| openclaw | sft_policy | (SFT) |" in meta["transfer"]
