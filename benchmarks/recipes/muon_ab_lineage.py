@@ -8,6 +8,8 @@ distance band at the stage's length, the last 10 % training loss, tokens/s and w
     PYTHONPATH=$PWD python benchmarks/recipes/muon_ab_lineage.py --work /tmp/muon_ab_lineage \
         --arms adamw:0 muon:0 adamw:1 muon:1 --threads 1 --parallel 2
     ... --reuse muon:0=/path/to/a/make-run/home     # an arm a `make run` already trained (its home)
+    ... --arms adamw:0 adamw:1 --set pretrain_stage_1.steps=1356 pretrain_stage_2.steps=285 \
+        --work /tmp/muon_ab_wall --out <json>          # AdamW given the steps Muon's slower step buys
 
 Arms run `--parallel` at a time, each with `--threads` torch threads (OMP_NUM_THREADS); tokens/s of arms
 that ran side by side are comparable to each other, not to a quiet machine's. An arm whose home already
@@ -61,9 +63,11 @@ def parse_arm(text: str) -> tuple[str, int]:
     return name, int(seed)
 
 
-def train_arm(profile: str, optimizer: str, seed: int, home: Path, threads: int, log: Path) -> int:
+def train_arm(profile: str, optimizer: str, seed: int, home: Path, threads: int, log: Path,
+              extra: tuple[str, ...] = ()) -> int:
     sets = [a for s in STAGES for a in ("--set", f"pretrain_stage_{s}.optimizer={optimizer}",
                                         "--set", f"pretrain_stage_{s}.seed={seed}")]
+    sets += [a for e in extra for a in ("--set", e)]
     select = ",".join((*DATA, *(f"pretrain_stage_{s}" for s in STAGES)))
     env = dict(os.environ, K3_HOME=str(home), OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
     with open(log, "a") as f:
@@ -136,6 +140,9 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", type=parse_arm, default=[("adamw", 0), ("muon", 0), ("adamw", 1), ("muon", 1)])
     ap.add_argument("--reuse", nargs="*", default=[], help="ARM=HOME: read that arm from an existing home "
                     "(e.g. a make-run home for the profile's default optimizer at seed 0)")
+    ap.add_argument("--set", dest="sets", nargs="*", default=[], metavar="ASSET.FIELD=VALUE",
+                    help="more `k3 run --set`s for every trained arm, e.g. an equal-wall-time arm's "
+                         "pretrain_stage_1.steps=1356 (the arms' homes and JSON are then its own: pass --work/--out)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -161,7 +168,8 @@ def main() -> None:
         name = f"{optimizer}_s{seed}"
         home = reuse.get(arm, work / name)
         t0 = time.perf_counter()
-        rc = 0 if arm in reuse else train_arm(args.profile, optimizer, seed, home, args.threads, work / f"{name}.log")
+        rc = 0 if arm in reuse else train_arm(args.profile, optimizer, seed, home, args.threads, work / f"{name}.log",
+                                                     tuple(args.sets))
         stages = read_arm(args.profile, home)
         with lock:
             report["arms"][name] = {"optimizer": optimizer, "seed": seed, "home": str(home), "rc": rc,
