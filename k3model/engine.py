@@ -419,8 +419,8 @@ def reused(model, key: tuple, build: Callable, *owners) -> object:
     """build() once per (model, key) and return the same object while every parameter and buffer of
     `owners` stays at the address it had then (a captured graph reads the weights by address: in-place
     updates such as an optimizer step are seen, replaced tensors such as .to(dtype) are not, so
-    those trigger a new capture; so do fused projections made or freed, k3model/fused.py). Kept for
-    as long as `model` lives."""
+    those trigger a new capture; so do fused projections made or freed, k3model/fused.py, and a QAT
+    model's frozen expert stacks, k3model/train/qat.py). Kept for as long as `model` lives."""
     addresses = tuple(t.data_ptr() for owner in owners for t in (*owner.parameters(), *owner.buffers()))
     per_model = _CAPTURED.setdefault(model, {})
     hit = per_model.get(key)

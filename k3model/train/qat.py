@@ -28,7 +28,11 @@ The scope (`QUANT_SCOPES`) says which weights the one quantizer touches:
 While the weights stay fixed (a rollout, an evaluation: `frozen_expert_weights(model)`), fq(W) of
 each expert stack is the same on every forward, so the stacks the forward sees are computed once
 and reused; the activations are still quantized on every forward. A decode step of the tiny policy spent ~40 % of
-its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-01).
+its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-01). For the scope
+the stacks are non-persistent buffers of their LatentMoE (`FROZEN_STACKS`): a CUDA graph captured
+inside reads them by address, and `engine.reused` keys a graph on its owners' buffers, so a later
+scope, whose stacks lie elsewhere once these are freed, captures anew instead of replaying reads of
+freed memory (NaN logits in small's rl_tasks: docs/log/gpu.md, session 32).
 """
 
 from __future__ import annotations
@@ -111,29 +115,50 @@ def qat_enabled(model: nn.Module) -> bool:
     return bool(moes) and all(m.fake_quant_mx is not None for m in moes)
 
 
+# The names under which a LatentMoE holds its frozen stacks for the scope (non-persistent buffers).
+FROZEN_STACKS = ("frozen_w_gate_EHL", "frozen_w_up_EHL", "frozen_w_down_ELH")
+
+
 @contextlib.contextmanager
 def frozen_expert_weights(model: nn.Module) -> Iterator[nn.Module]:
     """Inside, without autograd: every QAT LatentMoE of `model` computes its fake-quantized expert
-    weight stacks (`LatentMoE._expert_weights`) once and reuses them, bit for bit the same tensors,
-    until a stack changes in place (its version counter moves: an optimizer step, load_state_dict).
-    With autograd on, and for models without QAT, nothing changes."""
+    weight stacks (`LatentMoE._expert_weights`) once, on entry, and reuses them, bit for bit the same
+    tensors, refreshed in place when a weight changes in place (its version counter moves: an
+    optimizer step, load_state_dict). The stacks are the module's buffers `FROZEN_STACKS` until the
+    scope ends (module docstring). With autograd on, and for models without QAT, nothing changes."""
     # An instance attribute shadows the method for the scope (an inner scope leaves an outer one's).
     moes = [m for m in model.modules() if isinstance(m, LatentMoE) and m.fake_quant_mx is not None
             and "_expert_weights" not in vars(m)]
+    entered = []
     try:
         for moe in moes:
-            moe._expert_weights = functools.partial(_reused_expert_weights, moe, type(moe)._expert_weights.__get__(moe), {})
+            entered.append(moe)
+            compute = type(moe)._expert_weights.__get__(moe)
+            with torch.no_grad():
+                memo = {"versions": _versions(moe), "stacks": compute()}
+            for name, stack in zip(FROZEN_STACKS, memo["stacks"]):
+                moe.register_buffer(name, stack, persistent=False)
+            moe._expert_weights = functools.partial(_reused_expert_weights, moe, compute, memo)
         yield model
     finally:
-        for moe in moes:
-            del moe._expert_weights  # the class's method again
+        for moe in entered:
+            vars(moe).pop("_expert_weights", None)  # the class's method again
+            for name in FROZEN_STACKS:
+                moe._buffers.pop(name, None)
+
+
+def _versions(moe: LatentMoE) -> tuple[int, ...]:
+    return tuple(w._version for w in (moe.w_gate_EHL, moe.w_up_EHL, moe.w_down_ELH))
 
 
 def _reused_expert_weights(moe: LatentMoE, compute, memo: dict) -> tuple[torch.Tensor, ...]:
     # A tensor made without autograd carries no gradient to the weights: training forwards compute.
     if torch.is_grad_enabled():
         return compute()
-    versions = tuple(w._version for w in (moe.w_gate_EHL, moe.w_up_EHL, moe.w_down_ELH))
-    if memo.get("versions") != versions:
-        memo["versions"], memo["stacks"] = versions, compute()
+    versions = _versions(moe)
+    if memo["versions"] != versions:
+        # In place: a graph captured in this scope reads these very tensors.
+        for stack, fresh in zip(memo["stacks"], compute()):
+            stack.copy_(fresh)
+        memo["versions"] = versions
     return memo["stacks"]

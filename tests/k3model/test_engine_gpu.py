@@ -179,3 +179,32 @@ def test_an_fp32_policy_rolls_out_through_the_captured_step_and_sees_an_optimize
     for g, e in zip(after, eager):
         assert g.token_ids == e.token_ids
         torch.testing.assert_close(torch.tensor(g.model_logprobs), torch.tensor(e.model_logprobs), atol=3e-2, rtol=0)
+
+
+def test_a_qat_policy_rolls_out_twice_through_the_captured_step():
+    # A QAT policy (sft_policy onward) decodes with frozen expert stacks (k3model.train.qat), which a
+    # captured step reads by address; they are freed when a play ends. A later play must not replay a
+    # step that reads them (small's rl_tasks made NaN logits so: docs/log/gpu.md, session 32). NaN
+    # tensors of their sizes made between the plays take the freed blocks, as the next tensors would.
+    import envs
+    from dataclasses import replace
+    from k3model.moe import LatentMoE
+    from k3model.train.qat import prepare_qat
+    from k3model.train.rollout import Job, TokenPolicy
+    from tests.k3model.train.test_rollout import BYTES
+
+    torch.manual_seed(0)
+    model = prepare_qat(K3Model(replace(get_profile("smoke").model, name="smoke-qat-policy")).cuda()).eval()
+
+    def play():
+        jobs = [Job(lambda k=k: envs.make_env("arith_word", seed=k, max_steps=2), seed=k, close=True) for k in range(8)]
+        return TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=6), max_concurrent=8).play(jobs)
+
+    first = play()
+    taken = [torch.full_like(w, float("nan")) for m in model.modules() if isinstance(m, LatentMoE)
+             for w in (m.w_gate_EHL, m.w_up_EHL, m.w_down_ELH)]
+    second = play()
+    del taken
+    for a, b in zip(first, second):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.model_logprobs), torch.tensor(b.model_logprobs), atol=1e-5, rtol=0)

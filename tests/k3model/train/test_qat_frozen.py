@@ -99,3 +99,68 @@ def test_nested_scopes_leave_the_model_as_it_was():
             outer = model(ids).logits_BTV
     assert torch.equal(inner, want) and torch.equal(outer, want)
     assert all("_expert_weights" not in vars(m) for m in model.modules() if isinstance(m, LatentMoE))
+
+
+def test_a_captured_step_reused_by_a_later_rollout_reads_that_rollouts_stacks(monkeypatch, one_thread):
+    # On CUDA the rollouts' decode step is a captured graph (engine.GraphStep) that reads the frozen
+    # stacks by address, kept by engine.reused for later calls. When TokenPolicy.play's scope ended
+    # the stacks were freed and the caching allocator handed their bytes to other tensors: a later
+    # play (measure_ladder's next evaluate, a GRPO step's rollouts) replayed a graph reading them —
+    # small's rl_tasks made NaN logits at turn 2 (docs/log/gpu.md, session 32). On the CPU: a step
+    # that runs the forward with the stacks it saw when built, as the graph does, and freed stacks
+    # NaN-filled. The second play reuses the first play's steps unless their stacks moved.
+    import contextlib
+
+    import envs
+    from k3model import engine
+    from k3model.engine import SamplingConfig
+    from k3model.train import rollout
+    from k3model.train.rollout import Job, TokenPolicy
+    from tests.k3model.train.test_rollout import BYTES
+
+    class ReplayedStep:
+        def __init__(self, model, cache):
+            self.model, self.cache = model, cache
+            self.moes = [m for m in model.modules() if isinstance(m, LatentMoE) and "_expert_weights" in vars(m)]
+            with torch.no_grad():
+                self.stacks = [m._expert_weights() for m in self.moes]
+
+        def __call__(self, tokens_B):
+            scoped = [m._expert_weights for m in self.moes]
+            for m, stacks in zip(self.moes, self.stacks):
+                m._expert_weights = lambda stacks=stacks: stacks
+            try:
+                with torch.no_grad():
+                    return self.model(tokens_B.view(-1, 1), cache=self.cache).logits_BTV[:, 0]
+            finally:
+                for m, own in zip(self.moes, scoped):
+                    m._expert_weights = own
+
+    @contextlib.contextmanager
+    def freed_at_exit(model):
+        with frozen_expert_weights(model):
+            yield model
+            with torch.no_grad():
+                for m in model.modules():
+                    if isinstance(m, LatentMoE):
+                        for stack in m._expert_weights():
+                            stack.fill_(float("nan"))
+
+    monkeypatch.setattr(engine, "GraphStep", ReplayedStep)
+    monkeypatch.setattr(rollout, "frozen_expert_weights", freed_at_exit)
+    torch.manual_seed(0)
+    model = prepare_qat(K3Model(replace(get_profile("smoke").model, name="smoke-unbounded", vision=None,
+                                        mtp_depth=0))).eval()
+
+    def play():
+        jobs = [Job(lambda k=k: envs.make_env(("echo_word", "arith_word")[k % 2], seed=k, max_steps=2), seed=k,
+                    close=True) for k in range(4)]
+        policy = TokenPolicy(model, BYTES, SamplingConfig(max_new_tokens=4, temperature=1.0),
+                             generator=torch.Generator().manual_seed(1), graphed=True)
+        return [(ep.token_ids, ep.model_logprobs) for ep in policy.play(jobs)]
+
+    first = play()
+    steps = {key: hit[1] for key, hit in engine._CAPTURED[model].items()}
+    second = play()
+    assert second == first
+    assert steps and all(engine._CAPTURED[model][key][1] is not step for key, step in steps.items())
