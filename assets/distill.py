@@ -20,7 +20,9 @@
   against the exact KL, counted FLOPs; the manifest names its teachers by checkpoint sha256. A cell
   outside the routes is not distilled: absent from the matrix (claim 4 reads only the cells present).
   With `control` on, the equal-compute generalist GRPO run (`k3model.train.control`) is trained on
-  the specialists' + MOPD's counted FLOPs and evaluated on the same cells.
+  the specialists' + MOPD's counted FLOPs and evaluated on the same cells; `control/verdict` (pooled
+  student − generalist, Newcombe 95 %) reads "underpowered" where the interval holds 0 and
+  `control/power` (at a true ±`control/effect`) is < 0.8.
 - `cross_harness`: per fold (held-out harness), a general arm (GRPO on the fold's training
   harnesses) and a single-harness arm (one of them, same config and budget), concurrent Ray tasks;
   each arm evaluated in its harnesses and in the held-out one. Metadata per fold: held-out ÷
@@ -44,8 +46,10 @@ from assets.lineage import Upstream, group, key, profile_tags, require_upstreams
 from assets.plots import retention_heatmap
 from assets.posttrain import POSTTRAIN_CODE_VERSION
 from assets.training import TrainingJob, run_arms, run_training
+from k3model.train.control import CONTROL_EFFECT
 from k3model.train.effort import DOMAINS, EFFORTS, effort_specs, scaled_budgets
 from k3model.train.recipes import DISTILL_SIZES, POSTTRAIN_SIZES, TRANSFER_EVAL_SEED, specialist_scoring
+from k3model.train.stats import POWER_TARGET, newcombe_power
 
 GROUP = "distillation"
 RESOURCES = {"store", "mlflow", "ray"}
@@ -282,16 +286,21 @@ def mopd_metadata(r, cfg, teachers: dict[str, Upstream], specialist_flops: float
     if r.control is not None:
         c = r.control
         ctl = sum(f["success_rate"] for f in c["evals"].values()) / max(len(c["evals"]), 1)
+        s_student, n_student = (sum(e[f] for e in r.evals.values()) for f in ("successes", "n"))
+        s_control, n_control = (sum(e[f] for e in c["evals"].values()) for f in ("successes", "n"))
         # Pooled over every cell's episodes, student − generalist with Newcombe's 95 % interval: a
-        # verdict only when the interval excludes 0 (two noisy means differ by chance otherwise).
-        d, lo, hi = rate_difference(sum(e["successes"] for e in r.evals.values()), sum(e["n"] for e in r.evals.values()),
-                                    sum(e["successes"] for e in c["evals"].values()),
-                                    sum(e["n"] for e in c["evals"].values()))
+        # verdict only when the interval excludes 0 (two noisy means differ by chance otherwise), and
+        # beside it the power to see a true ±CONTROL_EFFECT at the generalist's pooled rate: an interval
+        # that holds 0 says nothing when that power is < 0.8.
+        d, lo, hi = rate_difference(s_student, n_student, s_control, n_control)
+        power = newcombe_power(s_control / n_control, CONTROL_EFFECT, n_student, n_control)
+        at = f"(power {power:.2f} at ±{CONTROL_EFFECT * 100:.0f} points)"
         verdict = ("MOPD consolidates better" if lo > 0 else "the generalist consolidates better" if hi < 0 else
-                   "no difference at 95 %")
+                   f"no difference at 95 % {at}" if power >= POWER_TARGET else f"underpowered {at}")
         own.update({"control/success_rate": ctl, "control/flops": c["flops"]["total"], "control/budget": c["budget"],
                     "control/turns": len(c["turns"]),
                     "control/pooled_difference": f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]", "control/verdict": verdict,
+                    "control/power": power, "control/effect": CONTROL_EFFECT,
                     "control/evals": dg.MetadataValue.json(c["evals"])})
     return own
 

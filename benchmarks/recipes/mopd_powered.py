@@ -34,9 +34,16 @@ one policy trained by GRPO from the same sft_policy on the same routes and RL pr
 recipe (group size, informative groups a step, draw factor, lr), cycling over the routes `--control-steps-per-turn`
 steps a turn until it has spent the student's counted MOPD FLOPs (`k3model.train.control`), then scored
 on each cell's held-out tasks and seeds. `report_control` compares student and generalist per cell and
-pooled over the cells (paired bootstrap of per-task pass@1): "MOPD consolidates better" when the pooled
+pooled over the cells (paired bootstrap of per-task pass@1): "MOPD consolidates better" when the
 lower bound > 0, "the generalist consolidates better" when the upper bound < 0, else "no difference
-shown"; writes benchmarks/results/mopd/<date>_mopd_powered_<label>_control.json.
+shown" — or "underpowered" when the power to see a true difference of ±CONTROL_EFFECT
+(`k3model.train.control`) is < 0.8. That power is the smallest of: `stats.paired_mean_power` from the
+generalist's measured per-task counts, P(lower bound > 0) when the student truly gains CONTROL_EFFECT;
+its mirror (the same on the failure counts k − r: P(upper bound < 0) when the student truly loses it);
+and `stats.se_power` at the measured SE of the per-task differences (the simulation draws both arms
+around one set of per-task rates, so it misses how two policies differ task by task: session 30's
+per-cell intervals imply an SE ≥ 1.3× the largest its model allows at those rates).
+Writes benchmarks/results/mopd/<date>_mopd_powered_<label>_control.json.
 """
 
 from __future__ import annotations
@@ -214,11 +221,43 @@ def main() -> None:
         print(f"{time.strftime('%H:%M:%S')} {phase} done in {out['phase_wall_s']:.0f} s", flush=True)
 
 
-def report_control(args, control: dict, ev_student: dict, ev_control: dict, cells: dict, k: int) -> dict:
-    """Student − generalist per cell and pooled over the cells (paired bootstrap of per-task pass@1)."""
+def control_power(student_N: list[int], generalist_N: list[int], k: int, effect: float) -> dict:
+    """The paired-bootstrap comparison's power at a true student − generalist of ±effect (module
+    docstring): `paired_mean_power` from the generalist's per-task counts (of k) for a gain, on the
+    failure counts for a loss (each where it fits inside [0, 1]), and `se_power` at the measured SE of
+    the per-task differences, which also holds the task-by-task differences between the two policies
+    that the simulation leaves out; `power` is the smallest."""
+    import numpy as np
+
     from k3model.train import stats
+    rate = sum(generalist_N) / (k * len(generalist_N))
+    gain = stats.paired_mean_power(generalist_N, k, effect) if effect <= 1 - rate else None
+    loss = stats.paired_mean_power([k - x for x in generalist_N], k, effect) if effect <= rate else None
+    d_N = (np.asarray(student_N) - np.asarray(generalist_N)) / k
+    se = float(d_N.std(ddof=1) / np.sqrt(d_N.size))
+    measured = stats.se_power(effect, se)
+    return {"effect": effect, "power_gain": gain, "power_loss": loss, "se": se, "power_se": measured,
+            "power": min(p for p in (gain, loss, measured) if p is not None)}
+
+
+def control_reads(lo: float, hi: float, power: float) -> str:
+    """The comparison's reading: a direction only when the interval excludes 0; else "underpowered" when
+    the power is < 0.8, "no difference shown" otherwise."""
+    from k3model.train import stats
+    if lo > 0:
+        return "MOPD consolidates better"
+    if hi < 0:
+        return "the generalist consolidates better"
+    return "no difference shown" if power >= stats.POWER_TARGET else "underpowered"
+
+
+def report_control(args, control: dict, ev_student: dict, ev_control: dict, cells: dict, k: int) -> dict:
+    """Student − generalist per cell and pooled over the cells (paired bootstrap of per-task pass@1), each
+    with its power at ±CONTROL_EFFECT and its reading."""
+    from k3model.train import stats
+    from k3model.train.control import CONTROL_EFFECT
     from k3model.train.paired_eval import arm_row
-    rows, diffs, pooled_s, pooled_c = {}, {}, [], []
+    rows, diffs, pooled_s, pooled_c, counts_s, counts_c = {}, {}, [], [], [], []
     for cell in cells:
         s_, c_ = ev_student["cells"][cell], ev_control["cells"][cell]
         s = [x / k for x in s_["sampled"]["per_task"]]
@@ -227,22 +266,30 @@ def report_control(args, control: dict, ev_student: dict, ev_control: dict, cell
         rows[cell] = {"student": arm_row(s_, k), "generalist": arm_row(c_, k), "sft_policy": arm_row(cells[cell]["eval_sft"], k)}
         d, lo, hi, p = stats.paired_bootstrap(s, c, resamples=10_000, seed=0)
         g, glo, ghi, gp = stats.paired_bootstrap(c, f, resamples=10_000, seed=0)
-        diffs[cell] = {"student_minus_generalist": {"diff": d, "lo": lo, "hi": hi, "p": p},
+        power = control_power(s_["sampled"]["per_task"], c_["sampled"]["per_task"], k, CONTROL_EFFECT)
+        diffs[cell] = {"student_minus_generalist": {"diff": d, "lo": lo, "hi": hi, "p": p, **power,
+                                                    "reads": control_reads(lo, hi, power["power"])},
                        "generalist_minus_sft": {"gain": g, "lo": glo, "hi": ghi, "p": gp}}
         pooled_s += s
         pooled_c += c
+        counts_s += s_["sampled"]["per_task"]
+        counts_c += c_["sampled"]["per_task"]
     d, lo, hi, p = stats.paired_bootstrap(pooled_s, pooled_c, resamples=10_000, seed=0)
-    reads = ("MOPD consolidates better" if lo > 0 else "the generalist consolidates better" if hi < 0
-             else "no difference shown")
+    power = control_power(counts_s, counts_c, k, CONTROL_EFFECT)
+    reads = control_reads(lo, hi, power["power"])
     out = {"header": run_header(), "args": vars(args), "arms": rows, "per_cell": diffs,
-           "pooled": {"student_minus_generalist": d, "lo": lo, "hi": hi, "p": p, "reads": reads},
+           "pooled": {"student_minus_generalist": d, "lo": lo, "hi": hi, "p": p, **power, "reads": reads},
            "control": {k_: v for k_, v in control.items() if k_ != "turns"}, "control_turns": control["turns"]}
     path = dated_result("mopd", f"mopd_powered_{args.label}_control", out)
+    at = f"at ±{CONTROL_EFFECT * 100:.0f} points"
     for cell, r in rows.items():
+        sg = diffs[cell]["student_minus_generalist"]
         print(f"{cell}: sft {r['sft_policy']['pass1']:.3f}, generalist {r['generalist']['pass1']:.3f}, student "
-              f"{r['student']['pass1']:.3f}; student − generalist {diffs[cell]['student_minus_generalist']['diff'] * 100:+.1f}")
-    print(f"pooled student − generalist {d * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}] → {reads} → {path}", flush=True)
-    return {"result": str(path), "reads": reads}
+              f"{r['student']['pass1']:.3f}; student − generalist {sg['diff'] * 100:+.1f} [{sg['lo'] * 100:+.1f}, "
+              f"{sg['hi'] * 100:+.1f}] → {sg['reads']} (power {sg['power']:.2f} {at})")
+    print(f"pooled student − generalist {d * 100:+.1f} [{lo * 100:+.1f}, {hi * 100:+.1f}] → {reads} "
+          f"(power {power['power']:.2f} {at}) → {path}", flush=True)
+    return {"result": str(path), "reads": reads, "power": power["power"]}
 
 
 def report(args, plan: dict, mopd: dict, ev: dict, cells: dict, k: int) -> dict:

@@ -14,6 +14,20 @@ Intervals of a rate and of a difference of independent rates
 - Katz's log interval of a ratio p₁/p₂ (Katz et al. 1978): log(p₁/p₂) ± z·√(1/s₁ − 1/n₁ + 1/s₂ − 1/n₂),
   0.5 added to a zero count.
 
+Power of Newcombe's interval (two independent rates: a student and a control scored on their own
+episodes; the MOPD equal-compute generalist control)
+- Model: the baseline (arm 2) succeeds with its measured rate p₀ on each of n₂ episodes, the new
+  policy (arm 1) with p₁ = p₀ ± δ on n₁; s₁ ~ Bin(n₁, p₁), s₂ ~ Bin(n₂, p₀) independent.
+- Exact power of the rule "Newcombe's interval excludes 0 on the side of the true difference":
+      P(δ) = Σ_{s₁, s₂} Bin(s₁; n₁, p₁)·Bin(s₂; n₂, p₀)·1[low(s₁, s₂) > 0]    (p₁ = p₀ + δ)
+  (for −δ: high(s₁, s₂) < 0)
+  summed over every count of probability > 10⁻¹⁶ (the rest holds < (n₁ + n₂)·10⁻¹⁶ of the mass). The
+  power "at ±δ" is the smaller of the two directions (one only where the other leaves [0, 1]). The
+  normal approximation Φ(δ / √(p₁q₁/n₁ + p₀q₀/n₂) − z) is within ~0.01 of it at a few hundred episodes
+  an arm; the exact sum is used because it is the test that is read, at any n. Pooling cells of
+  different rates into one binomial at the pooled rate overstates the variance (Σ nᶜpᶜqᶜ ≤ n·p̄q̄), so
+  the figure is conservative there.
+
 Paired comparison (claim 3: the specialist and sft_policy on the same tasks with the same sampling
 seeds; Newcombe's interval above assumes independent samples and is too wide or too narrow for them)
 - Exact McNemar test: under H₀ (no difference) b | b + c ~ Binomial(b + c, ½); the two-sided
@@ -57,7 +71,12 @@ Paired comparison of per-task means (k samples per task; the same tasks and samp
   rate on task i is qᵢ = pᵢ + δ·(1 − pᵢ)/(1 − p̄) (the gain spread in proportion to each task's
   headroom, so mean q = p̄ + δ with no qᵢ above 1; needs δ ≤ 1 − p̄); each draw samples
   sᵢ ~ Bin(k, qᵢ) and rᵢ' ~ Bin(k, pᵢ) independently (independent given the task: conservative, as
-  in Connor's default) and applies the rule with the bootstrap interval.
+  in Connor's default) and applies the rule with the bootstrap interval. What it leaves out: two
+  different policies' true per-task rates also differ task by task (not one smooth shift), which adds
+  Var(qᵢ − pᵢ) over tasks to each dᵢ; where both arms are measured, `se_power` reads that from the data.
+- Power from a measured standard error (the normal approximation of an interval d̄ ± z·SE): at a true
+  difference δ, P(the interval excludes 0 on the true side) ≈ Φ(|δ|/SE − z), SE = sd(dᵢ)/√n from the
+  measured per-task differences (or (high − low)/2z from a reported interval); at δ = 0 it is α/2.
 
 Ratio of gains (claim 4's retention, claim 7's transfer of the RL gain)
 - Retention pooled over the judged cells c with nᶜ tasks each:
@@ -212,6 +231,58 @@ def holm(pvalues: Sequence[float], alpha: float = 0.05) -> tuple[list[float], li
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running
     return adjusted, [a <= alpha for a in adjusted]
+
+
+# ----------------------------------------------------------------------------------------------
+# Power of Newcombe's interval (independent rates)
+
+def _wilson_all(n: int, z: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p, low, high) of Wilson's interval for every count s = 0 … n (`wilson`, vectorized)."""
+    s = np.arange(n + 1)
+    p = s / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return p, np.maximum(0.0, centre - half), np.minimum(1.0, centre + half)
+
+
+def _binom_probable(n: int, p: float, lg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, probabilities) of Bin(n, p) with probability > 1e-16."""
+    s = np.arange(n + 1)
+    pmf = np.exp(lg[n] - lg[s] - lg[n - s] + _klog(s, p) + _klog(n - s, 1.0 - p))
+    keep = np.nonzero(pmf > 1e-16)[0]
+    return keep, pmf[keep]
+
+
+def newcombe_power(p0: float, effect: float, n1: int, n2: int, *, alpha: float = 0.05) -> float:
+    """Exact power of "Newcombe's (1 − α) interval of p₁ − p₂ excludes 0 on the true side" (module
+    docstring) when arm 1 (n1 episodes) truly succeeds `effect` above or below arm 2's rate p0 (n2
+    episodes): the smaller of the two directions that stay inside [0, 1]."""
+    if n1 < 1 or n2 < 1:
+        raise ValueError(f"both arms need n ≥ 1 episodes, got n1={n1}, n2={n2}")
+    if not 0 <= p0 <= 1:
+        raise ValueError(f"the baseline rate p0 must lie in [0, 1], got {p0}")
+    if not 0 < effect <= 1:
+        raise ValueError(f"effect must lie in (0, 1] (a difference of rates to detect), got {effect}")
+    directions = [d for d in (effect, -effect) if 0 <= p0 + d <= 1]
+    if not directions:
+        raise ValueError(f"neither p0 + effect nor p0 − effect lies in [0, 1] (p0={p0}, effect={effect}): "
+                         "choose a smaller effect")
+    z = z_two_sided(alpha)
+    lg = _lgamma_table(max(n1, n2))
+    f1, l1, u1 = _wilson_all(n1, z)
+    f2, l2, u2 = _wilson_all(n2, z)
+    s2, w2 = _binom_probable(n2, p0, lg)
+    powers = []
+    for d in directions:
+        s1, w1 = _binom_probable(n1, p0 + d, lg)
+        diff = f1[s1][:, None] - f2[s2][None, :]
+        if d > 0:
+            seen = diff - np.sqrt((f1[s1] - l1[s1])[:, None] ** 2 + (u2[s2] - f2[s2])[None, :] ** 2) > 0
+        else:
+            seen = diff + np.sqrt((u1[s1] - f1[s1])[:, None] ** 2 + (f2[s2] - l2[s2])[None, :] ** 2) < 0
+        powers.append(float((w1[:, None] * w2[None, :] * seen).sum()))
+    return min(1.0, min(powers))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,6 +461,18 @@ def paired_mean_power(base_successes_N: Sequence[int], k: int, effect: float, *,
         lo = np.quantile(_bootstrap_means(d, resamples, rng), alpha / 2)
         hits += lo > 0
     return float(hits / sims)
+
+
+def se_power(effect: float, se: float, *, alpha: float = 0.05) -> float:
+    """Φ(effect/SE − z_{α/2}): the normal approximation to the power of a two-sided (1 − α) interval
+    d̄ ± z·SE to exclude 0 on the side of a true difference `effect` (module docstring); 1 when SE is 0."""
+    if not effect > 0:
+        raise ValueError(f"effect must be > 0 (the size of the difference to detect), got {effect}")
+    if not se >= 0:
+        raise ValueError(f"the standard error must be ≥ 0, got {se}")
+    if se == 0:
+        return 1.0
+    return NormalDist().cdf(effect / se - z_two_sided(alpha))
 
 
 def noninferiority_power(base_successes_N: Sequence[int], k: int, margin: float, *, alpha: float = 0.05,

@@ -171,6 +171,38 @@ def test_a_subsets_metadata_names_the_cells_not_distilled():
     assert [k for k in meta if "tokens_per_answer" in k] == ["tokens_per_answer/low", "train/tokens_per_answer/low"]
 
 
+def test_the_control_verdict_states_its_power():
+    from types import SimpleNamespace
+
+    from k3model.train.stats import newcombe_power
+
+    def meta(student: tuple[int, int], generalist: tuple[int, int]) -> dict:
+        cell = {"student": 0.5, "teacher": 0.5, "n": 2, "retention": 1.0, "ci95_low": 0.4, "ci95_high": 2.5,
+                "student_tokens": 5.0, "teacher_tokens": 6.0}
+        control = {"flops": {"total": 2.0}, "budget": 2.0, "turns": [{}],
+                   "evals": {"general_tasks/low": {"success_rate": generalist[0] / generalist[1],
+                                                   "successes": generalist[0], "n": generalist[1]}}}
+        r = SimpleNamespace(retention={"general_tasks/low": cell}, history=[], metrics={}, flops={"total": 1.0},
+                            evals={"general_tasks/low": {"mean_policy_tokens": 5.0, "successes": student[0],
+                                                         "n": student[1]}},
+                            teacher_manifest={"general_tasks|low": {"sha256": "ab" * 32}}, control=control)
+        return distill.mopd_metadata(r, MOPDConfig(domains=("general_tasks",), efforts=("low",)),
+                                     {"general_tasks|low": None}, None)
+
+    # 200 episodes an arm at 40 %: the interval holds 0, and ±5 points would rarely be seen.
+    few = meta((82, 200), (80, 200))
+    assert few["control/effect"] == 0.05
+    assert few["control/power"] == pytest.approx(newcombe_power(0.4, 0.05, 200, 200)) and few["control/power"] < 0.8
+    assert few["control/verdict"] == f"underpowered (power {few['control/power']:.2f} at ±5 points)"
+    # 4000 an arm: the same null reading is now a finding.
+    many = meta((1620, 4000), (1600, 4000))
+    assert many["control/power"] > 0.99
+    assert many["control/verdict"] == f"no difference at 95 % (power {many['control/power']:.2f} at ±5 points)"
+    # An interval that excludes 0 is read as before, its power recorded beside it.
+    assert meta((120, 200), (80, 200))["control/verdict"] == "MOPD consolidates better"
+    assert meta((40, 200), (80, 200))["control/verdict"] == "the generalist consolidates better"
+
+
 def test_teachers_at_another_budget_scale_are_refused(upstreams, smoke_resources, tmp_path):
     # Their reused held-out figures were played at another episode budget: not comparable.
     instance = _instance(upstreams, [], tmp_path)

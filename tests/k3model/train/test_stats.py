@@ -87,6 +87,47 @@ def test_connor_power_and_n_by_hand():
         S.discordance(0.3, 0.15, psi=0.1)
 
 
+def _brute_newcombe_power(p0, effect, n1, n2):
+    """Every (s₁, s₂), each judged with the module's own `newcombe` interval on the side of the effect."""
+    p1 = p0 + effect
+    total = 0.0
+    for s1, s2 in itertools.product(range(n1 + 1), range(n2 + 1)):
+        _, lo, hi = S.newcombe(s1, n1, s2, n2)
+        prob = (math.comb(n1, s1) * p1 ** s1 * (1 - p1) ** (n1 - s1)
+                * math.comb(n2, s2) * p0 ** s2 * (1 - p0) ** (n2 - s2))
+        total += prob * (lo > 0 if effect > 0 else hi < 0)
+    return total
+
+
+def test_newcombe_power_is_the_exact_sum_of_the_newcombe_rule():
+    # Both directions by brute force; the reported power is the smaller.
+    up, down = _brute_newcombe_power(0.4, 0.2, 30, 25), _brute_newcombe_power(0.4, -0.2, 30, 25)
+    assert up != pytest.approx(down, abs=1e-3)
+    assert S.newcombe_power(0.4, 0.2, 30, 25) == pytest.approx(min(up, down), abs=1e-12)
+    # Near the ceiling only the downward direction exists.
+    assert S.newcombe_power(0.9, 0.15, 20, 20) == pytest.approx(_brute_newcombe_power(0.9, -0.15, 20, 20), abs=1e-12)
+
+
+def test_newcombe_power_is_near_the_normal_approximation_and_grows_with_n_and_effect():
+    # p0 0.40, δ 0.05, 2000 episodes an arm, upward (the smaller direction): SE = √(0.45·0.55/2000 + 0.4·0.6/2000)
+    # = 0.01561, Φ(0.05/0.01561 − 1.96) = Φ(1.243) = 0.893.
+    assert S.newcombe_power(0.4, 0.05, 2000, 2000) == pytest.approx(0.893, abs=0.01)
+    powers = [S.newcombe_power(0.4, 0.05, n, n) for n in (100, 500, 2000, 8000)]
+    assert powers == sorted(powers) and powers[0] < 0.2 and powers[-1] > 0.999
+    assert S.newcombe_power(0.4, 0.02, 2000, 2000) < S.newcombe_power(0.4, 0.05, 2000, 2000)
+    # No true difference: the chance of a verdict on one given side, α/2.
+    assert S.newcombe_power(0.4, 1e-9, 2000, 2000) == pytest.approx(0.025, abs=0.003)
+
+
+@pytest.mark.parametrize("args, match", [((0.4, 0.05, 0, 10), "n1=0"), ((0.4, 0.05, 10, 0), "n2=0"),
+                                         ((1.2, 0.05, 10, 10), "1.2"), ((-0.1, 0.05, 10, 10), "-0.1"),
+                                         ((0.4, 0.0, 10, 10), "got 0.0"), ((0.4, -0.05, 10, 10), "-0.05"),
+                                         ((0.5, 0.6, 10, 10), "smaller effect")])
+def test_newcombe_power_refuses_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        S.newcombe_power(*args)
+
+
 def _brute_power(p0, effect, n, min_gain, alpha):
     """Every (b, c) of n tasks, each judged with the module's own test and interval."""
     pb, pc = S.discordance(p0, effect)
@@ -220,6 +261,25 @@ def test_paired_mean_power_grows_with_n_and_respects_the_minimum_gain():
     assert S.paired_mean_power(large, 8, 0.05, min_gain=0.15, sims=100, resamples=200) < 0.05
     with pytest.raises(ValueError, match="effect must lie"):
         S.paired_mean_power(large, 8, 0.9)
+
+
+def test_se_power_by_hand_and_against_the_bootstrap_model():
+    import numpy as np
+    # SE 0.02, δ 0.05: Φ(2.5 − 1.96) = Φ(0.54) = 0.7054; at δ → 0 it is α/2.
+    assert S.se_power(0.05, 0.02) == pytest.approx(0.7054, abs=1e-4)
+    assert S.se_power(1e-12, 0.02) == pytest.approx(0.025)
+    assert S.se_power(0.05, 0.01) > S.se_power(0.05, 0.02) < S.se_power(0.08, 0.02)
+    # Where each task's difference is only the two arms' binomial noise, the SE of that noise gives what
+    # the simulated paired_mean_power gives: 256 tasks near 40 %, k 8, at the simulation's plug-in
+    # rates pᵢ = rᵢ/8, SE² = 2·mean(pᵢ(1 − pᵢ))/8/256 (≈ 0.556 by hand; the simulation 0.57).
+    rng = np.random.default_rng(5)
+    base = rng.binomial(8, 0.4, size=256)
+    p = base / 8
+    se = (2 * (p * (1 - p)).mean() / 8 / 256) ** 0.5
+    assert S.se_power(0.03, se) == pytest.approx(S.paired_mean_power(base, 8, 0.03, sims=400, resamples=500), abs=0.05)
+    for bad, match in (((0.0, 0.02), "effect"), ((0.05, -1.0), "standard error")):
+        with pytest.raises(ValueError, match=match):
+            S.se_power(*bad)
 
 
 def test_noninferiority_power_grows_with_n_and_the_margin():
