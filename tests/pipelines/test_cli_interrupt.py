@@ -37,7 +37,11 @@ def _processes_with_env(key: str, value: str) -> list[str]:
 @pytest.mark.parametrize("delay", [1.0, 6.0])
 def test_sigterm_stops_a_training_run_and_its_ray_tasks(tmp_path, delay):
     home = str(tmp_path / "home")
-    proc = subprocess.Popen([K3, "run", "--profile", "smoke"], env={**os.environ, "K3_HOME": home},
+    # The data and pretraining lineage (`*base_model`), so stage 1 is the run's first Ray task: the whole
+    # lineage runs balancing_ablation first (two Ray tasks, ~12 s), which would start Ray before the
+    # stage and leave the 1 s case nothing of ray.init to land in.
+    proc = subprocess.Popen([K3, "run", "--profile", "smoke", "--select", "*base_model"],
+                            env={**os.environ, "K3_HOME": home},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     lines = []
     for line in proc.stdout:
