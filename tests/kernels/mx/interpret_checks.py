@@ -177,9 +177,11 @@ def check_gemv_grouped():
     bad ids, shapes and configs raise ValueError."""
     from kernels.mx.triton.gemv import mx_gemv_grouped
 
-    # None: default_grouped_gemv_config (K = 1000: 32 blocks, 2 steps of 16, 64 or 128 rows per program)
+    # None: default_grouped_gemv_config (K = 1000: 32 blocks, 2 steps of 16, 64 or 128 rows per program).
+    # N = 21: two row tiles of 16, the last ragged; K = 616: 20 blocks (the last ragged) in splits of 8, 8
+    # and 4 blocks, i.e. 2, 2 and 1 prefetched steps.
     for n, k, cfg in [(40, 224, GemvConfig(block_n=16, groups=8, split_k=1)),
-                      (37, 1000, GemvConfig(block_n=16, groups=4, split_k=3, prefetch=True)),
+                      (21, 616, GemvConfig(block_n=16, groups=4, split_k=3, prefetch=True)),
                       (70, 1000, None)]:
         experts = [_problem(1, n, k, seed=n + k + e)[1] for e in range(5)]
         codes = torch.stack([w.codes for w in experts])
@@ -208,10 +210,13 @@ def check_gemv_grouped():
             continue
         raise AssertionError(f"no ValueError for ids {bad_ids}, codes {tuple(bad_codes.shape)}")
     # What a device-side id outside [0, E) gives (the CPU check above skipped): NaN rows, nothing read
-    # out of bounds. The kernel's guard, through the launch mx_gemv_grouped makes after its checks.
+    # out of bounds. The kernel's guard, through the launch mx_gemv_grouped makes after its checks, on
+    # its default tile for these weights (two row tiles of 64, two steps: 1/10 of the 16 x 4 tile's
+    # programs and steps under the interpreter).
     bad = torch.tensor([3, 7, -1, 4], dtype=torch.int32)
     out = torch.full((4, n), 0.0)
-    tm._launch_gemv(tm._x_for_word_loads(xs), codes, scales, k, None, out, cfg, bad)
+    tm._launch_gemv(tm._x_for_word_loads(xs), codes, scales, k, None, out,
+                    tm.default_grouped_gemv_config(n, k, 4, xs.device), bad)
     assert torch.isnan(out[1:3]).all() and torch.isfinite(out[[0, 3]]).all()
     # The public op dispatches here under the interpreter, and agrees with its torch path.
     from kernels.mx import matmul as mm
