@@ -96,7 +96,7 @@ def _wait_for_run(dagster_url: str, match, timeout_s: float) -> dict:
         seen = next((r for r in runs if match(r)), None)
         if seen is not None and seen["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
             return seen
-        time.sleep(3)
+        time.sleep(1)  # a run is seen at most 1 s after it ends
     pytest.fail(f"no matching run ended within {timeout_s:.0f} s; last seen {seen}")
 
 
