@@ -6,7 +6,8 @@ runs them one after another: their deadlines (a server's start, a SIGTERM's effe
 step) assume a machine not shared with another service test. The other worker takes the library's
 tests (models, kernels, environments, data), which need nothing outside their process, and the
 modules whose only service is a local Ray cluster of their own process (RAY_BESIDE), each a group of
-its own; the worker of the service group joins in when the group is done. Units go out longest first.
+its own, and the two long lineage modules (LINEAGE), one group beside the service group; the worker
+of the service group joins in when the group is done. Units go out longest first.
 
 The group is made here, by the scheduler (`pytest_xdist_make_scheduler`), from each test's path:
 xdist 3.8 groups `xdist_group`-marked tests by appending "@group" to their node ids, which pytest
@@ -52,12 +53,23 @@ OUTSIDE = ("assets/test_checkpoint_checks.py", "assets/test_claims.py", "assets/
 # subprocesses only.
 RAY_BESIDE = ("assets/test_deploy.py", "assets/test_distill.py", "assets/test_rl_tasks.py",
               "assets/test_training.py")
+# Modules of those folders whose services are all their own and whose waits are state-based, not timed,
+# so they need no machine free of other service tests: test_e2e (a Ray cluster started in this process,
+# an `mlflow server` on a free port, `dagster`/`k3 run` subprocesses handed both addresses; time limits
+# of 90 s for the server and 1,500 s for each run) and test_rl_resume (a one-CPU Ray cluster of this
+# process, a driver subprocess joining it by address and killed once the files show one specialist
+# promoted and the other at its resume point; a slower machine only widens that window). One group, one
+# after the other (both train), beside the service group: in the service group they were ~370 of its
+# ~840 s (serial, quiet) while the library's worker finished ~300 s before it (2026-12-07 fresh clone:
+# 988 s). They carry the one-worker module fixtures (the e2e `pretrained` home) with them.
+LINEAGE = ("pipelines/test_e2e.py", "assets/test_rl_resume.py")
 # Longest first (the scheduler below): rough seconds of a module's slowest unit under `make test`: the
 # fresh clone's 15 slowest items where listed (2026-12-06, docs/log/hardening.md: rl_tasks, deploy,
-# distill, the interpreter's gemv_grouped), else session 25's serial library run scaled to them. A unit
-# of a module not named here counts 0 and keeps its place; the service group always goes first.
-COST_S = {"assets/test_rl_tasks.py": 112, "assets/test_deploy.py": 90, "assets/test_distill.py": 60,
-          "kernels/mx/test_triton_interpret.py": 52, "k3model/test_pretrain_loop.py": 40,
+# distill, the interpreter's gemv_grouped), else session 25's serial library run scaled to them; the
+# lineage group's is its two modules' (2026-12-07; the interpreter's since trimmed). A unit of a module
+# not named here counts 0 and keeps its place; the service group always goes first.
+COST_S = {"lineage": 400, "assets/test_rl_tasks.py": 112, "assets/test_deploy.py": 90, "assets/test_distill.py": 60,
+          "kernels/mx/test_triton_interpret.py": 36, "k3model/test_pretrain_loop.py": 40,
           "k3model/train/test_grpo_loop.py": 35, "assets/test_training.py": 25,
           "k3model/test_speculative_static.py": 25, "k3model/test_speculative_fast.py": 25,
           "kernels/attn_res/test_attn_res_triton_interp.py": 20, "k3model/test_speculative.py": 20,
@@ -73,13 +85,16 @@ def _relative(path: str) -> str | None:
 
 
 def service_group(path: str) -> str | None:
-    """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE and
-    RAY_BESIDE), the module's own path for RAY_BESIDE, None for the rest."""
+    """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE,
+    RAY_BESIDE and LINEAGE), the module's own path for RAY_BESIDE, "lineage" for LINEAGE, None for the
+    rest."""
     rel = _relative(path)
     if rel is None or rel in OUTSIDE:
         return None
     if rel in RAY_BESIDE:
         return rel
+    if rel in LINEAGE:
+        return "lineage"
     return "services" if rel.startswith(tuple(f"{s}/" for s in SERVICES)) else None
 
 
