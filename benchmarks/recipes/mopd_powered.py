@@ -41,8 +41,8 @@ shown" — or "underpowered" when the power to see a true difference of ±CONTRO
 generalist's measured per-task counts, P(lower bound > 0) when the student truly gains CONTROL_EFFECT;
 its mirror (the same on the failure counts k − r: P(upper bound < 0) when the student truly loses it);
 and `stats.se_power` at the measured SE of the per-task differences (the simulation draws both arms
-around one set of per-task rates, so it misses how two policies differ task by task: session 30's
-per-cell intervals imply an SE ≥ 1.3× the largest its model allows at those rates).
+around one set of per-task rates, so it misses how two policies differ task by task: measured SEs have
+been ≥ 1.3× the largest its model allows at those rates, docs/log/mopd.md).
 Writes benchmarks/results/mopd/<date>_mopd_powered_<label>_control.json.
 """
 

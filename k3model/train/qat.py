@@ -32,7 +32,7 @@ its time re-quantizing the same weights (docs/log/posttrain-assets.md, 2026-12-0
 the stacks are non-persistent buffers of their LatentMoE (`FROZEN_STACKS`): a CUDA graph captured
 inside reads them by address, and `engine.reused` keys a graph on its owners' buffers, so a later
 scope, whose stacks lie elsewhere once these are freed, captures anew instead of replaying reads of
-freed memory (NaN logits in small's rl_tasks: docs/log/gpu.md, session 32).
+freed memory.
 """
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ def test_an_fp32_policy_rolls_out_through_the_captured_step_and_sees_an_optimize
 def test_a_qat_policy_rolls_out_twice_through_the_captured_step():
     # A QAT policy (sft_policy onward) decodes with frozen expert stacks (k3model.train.qat), which a
     # captured step reads by address; they are freed when a play ends. A later play must not replay a
-    # step that reads them (small's rl_tasks made NaN logits so: docs/log/gpu.md, session 32). NaN
-    # tensors of their sizes made between the plays take the freed blocks, as the next tensors would.
+    # step that reads them (else NaN logits: docs/log/gpu.md). NaN tensors of their sizes made between
+    # the plays take the freed blocks, as the next tensors would.
     import envs
     from dataclasses import replace
     from k3model.moe import LatentMoE

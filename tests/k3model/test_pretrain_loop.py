@@ -153,7 +153,7 @@ def test_quantile_window_is_the_stages_unless_overridden():
 @pytest.mark.parametrize("gib, checkpointing", [(80, True), (141, True), (192, False)])
 def test_small_stage_1_keeps_checkpointing_on_a_gpu_too_small_to_go_without(monkeypatch, gib, checkpointing):
     # small's stage 1 trains without checkpointing only where the GPU holds it: not on an 80 GB H100
-    # nor a 141 GB H200, where it ran out of memory (docs/log/gpu.md 2026-12-06, session 33).
+    # nor a 141 GB H200, where it ran out of memory (docs/log/gpu.md).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: type("Props", (), {"total_memory": gib * 2**30})())

@@ -103,12 +103,11 @@ def test_nested_scopes_leave_the_model_as_it_was():
 
 def test_a_captured_step_reused_by_a_later_rollout_reads_that_rollouts_stacks(monkeypatch, one_thread):
     # On CUDA the rollouts' decode step is a captured graph (engine.GraphStep) that reads the frozen
-    # stacks by address, kept by engine.reused for later calls. When TokenPolicy.play's scope ended
-    # the stacks were freed and the caching allocator handed their bytes to other tensors: a later
-    # play (measure_ladder's next evaluate, a GRPO step's rollouts) replayed a graph reading them —
-    # small's rl_tasks made NaN logits at turn 2 (docs/log/gpu.md, session 32). On the CPU: a step
-    # that runs the forward with the stacks it saw when built, as the graph does, and freed stacks
-    # NaN-filled. The second play reuses the first play's steps unless their stacks moved.
+    # stacks by address, kept by engine.reused for later plays; the stacks are freed when a play's scope
+    # ends, and the caching allocator hands their bytes to other tensors. A later play must capture anew
+    # rather than replay reads of them (else NaN logits: docs/log/gpu.md). On the CPU: a step that runs
+    # the forward with the stacks it saw when built, as the graph does, and freed stacks NaN-filled. The
+    # second play reuses the first play's steps unless their stacks moved.
     import contextlib
 
     import envs
