@@ -13,7 +13,9 @@ so the compile cost is that of a few small graphs, not of 24 layers. What stays 
 - the MoE's balancing statistics (`LatentMoE._observe`: in-place updates of plain tensor
   attributes and a Python-side flag that activation checkpointing toggles);
 - the MLA layer over a cache (Python-side lengths that change every step): only its training /
-  prefill attention (`_attend_expanded`) is compiled.
+  prefill attention (`_attend_expanded`) is compiled;
+- the CPU's C kernels (RMSNorm, AttnRes, the KDA recurrence, its gate and L2 norm) and their dispatch,
+  where the CPU tests compile modules.
 
 The maths is the eager modules' own: Inductor fuses their elementwise chains and may round
 differently in the last bits (fp32 reductions in another order), nothing else. For decoding, compile
@@ -38,22 +40,33 @@ from k3model.kda_layer import KDALayer
 # 1–3 sources; KDA: training vs one decode token; lengths: static first, then dynamic).
 _WHOLE = (AttnRes, RMSNorm, DenseFFN, LatentMoE, KDALayer)
 RECOMPILE_LIMIT = 64
-_BOUNDARIES_SET = False
+_ISLANDS_MARKED = False
 
 
-def _set_boundaries() -> None:
-    """Mark the eager islands once per process (see the module docstring). Both wrappers are no-ops
-    outside compiled code, so eager models in the same process compute exactly as before."""
-    global _BOUNDARIES_SET
-    if _BOUNDARIES_SET:
+def mark_eager_islands() -> None:
+    """Mark the eager islands once per process (see the module docstring), before anything is
+    compiled. The wrappers are no-ops outside compiled code, so eager models in the same process compute
+    exactly as before. The CPU's C kernels and their dispatch are marked here, not decorated where
+    they live: `torch.compiler.disable` imports Dynamo (~2.5 s), which a process that neither compiles nor
+    steps a torch optimizer (the CLI, data, evaluation and decoding) should not pay."""
+    global _ISLANDS_MARKED
+    if _ISLANDS_MARKED:
         return
+    import k3model.attn_res as attn_res
+    import k3model.common as common
     import k3model.kda_layer as kda_layer
 
-    kda_layer.chunk_kda = torch.compiler.disable(kda_layer.chunk_kda)
+    disable = torch.compiler.disable
+    kda_layer.chunk_kda = disable(kda_layer.chunk_kda)
     if kda_layer.kda_recurrent_triton is not None:
-        kda_layer.kda_recurrent_triton = torch.compiler.disable(kda_layer.kda_recurrent_triton)
-    LatentMoE._observe = torch.compiler.disable(LatentMoE._observe)
-    _BOUNDARIES_SET = True
+        kda_layer.kda_recurrent_triton = disable(kda_layer.kda_recurrent_triton)
+    for module, names in ((kda_layer, ("kda_cpu", "kda_cpu_backend", "kda_l2_norm_cpu", "kda_output_gate_cpu")),
+                          (common, ("rms_norm_backend", "rms_norm_cpu")),
+                          (attn_res, ("attn_res_backend", "attn_res_cpu"))):
+        for name in names:
+            setattr(module, name, disable(getattr(module, name)))
+    LatentMoE._observe = disable(LatentMoE._observe)
+    _ISLANDS_MARKED = True
 
 
 def compile_regions(model: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
@@ -65,7 +78,7 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs) -> torch.nn.Module
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), RECOMPILE_LIMIT))
-    _set_boundaries()
+    mark_eager_islands()
     for module in model.modules():
         if getattr(module, "_compiled_region", False):
             continue

@@ -70,7 +70,9 @@ def compile_glue() -> None:
     import k3model.attn_res
     import k3model.common
     import k3model.moe
+    from k3model.compiled import mark_eager_islands
 
+    mark_eager_islands()
     # dynamic=True: RMSNorm alone sees widths 1024 / 512 / 128 at several lengths, and static shapes
     # hit Dynamo's recompile limit (8) on the H200 run of 2026-11-29 (docs/log/pretrain.md).
     k3model.common.RMSNorm.forward = torch.compile(k3model.common.RMSNorm.forward, dynamic=True)

@@ -54,7 +54,6 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
         logger.log(level, "attn_res: %s path%s", path, f" ({why})" if why else "")
 
 
-@torch.compiler.disable
 def attn_res_backend(sources: list[torch.Tensor]) -> str:
     """"c" or "torch": the path for these sources (module docstring)."""
     first = sources[0]
@@ -105,7 +104,6 @@ class _AttnResFunction(torch.autograd.Function):
         return (dq.float(), None, *dsources)
 
 
-@torch.compiler.disable
 def attn_res_cpu(sources: list[torch.Tensor], query_D: torch.Tensor, key_weight_D: torch.Tensor,
                  eps: float) -> torch.Tensor:
     """Σ_i α_i v_i by the C kernel (`attn_res_backend(sources) == "c"`), in the sources' shape,

@@ -84,9 +84,9 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
         logger.log(level, "kda_cpu: %s path%s", path, f" ({why})" if why else "")
 
 
-# Inside torch.compile'd code (k3model/compiled.py) the C paths run as eager islands, so a compiled
-# model computes what the eager one does; the dispatch itself is evaluated eagerly too.
-@torch.compiler.disable
+# Inside torch.compile'd code the C paths and their dispatch run as eager islands, marked by
+# k3model.compiled.mark_eager_islands (not decorated here: torch.compiler.disable imports Dynamo, ~2.5 s
+# of every process that never compiles).
 def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     """"c" or "torch": the path `kda_cpu` takes for tensors like these (module docstring)."""
     choice = native.choice()
@@ -169,7 +169,6 @@ def kda_recurrent_cpu(q, k, v, g, beta, scale: float | None = None, initial_stat
     return o, (s_final if output_final_state else None)
 
 
-@torch.compiler.disable
 def kda_cpu(q, k, v, g, beta, scale: float | None = None, initial_state: torch.Tensor | None = None,
             output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """KDA on CPU tensors with `chunk_kda`'s signature: the C recurrence where it applies, else the
@@ -208,7 +207,6 @@ class _KDAOutputGateFunction(torch.autograd.Function):
         return do, dc, dgamma.to(ctx.gamma_dtype), None
 
 
-@torch.compiler.disable
 def kda_output_gate_cpu(o_BTHK, gate_logits_BTHK, weight_K, eps: float):
     """σ(gate logits) ⊙ RMSNorm(o) (weight γ, over each head's K channels) by the C kernel
     (`kda_cpu_backend` "c"): the KDA layer's gated output before W_o, [B, T, H, K] fp32,
@@ -241,7 +239,6 @@ class _L2NormFunction(torch.autograd.Function):
         return dx, None
 
 
-@torch.compiler.disable
 def kda_l2_norm_cpu(x_BTHK: torch.Tensor, eps: float) -> torch.Tensor:
     """F.normalize(x, dim=-1, eps=eps) by the C kernel (`kda_cpu_backend` "c"), fp32, differentiable."""
     return _L2NormFunction.apply(x_BTHK.float().contiguous(), float(eps))

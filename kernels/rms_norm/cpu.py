@@ -50,7 +50,6 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
         logger.log(level, "rms_norm: %s path%s", path, f" ({why})" if why else "")
 
 
-@torch.compiler.disable
 def rms_norm_backend(x: torch.Tensor, weight: torch.Tensor) -> str:
     """"c" or "torch": the path for this input and weight (module docstring)."""
     if (native.choice() == "torch" or x.device.type != "cpu" or x.dtype != torch.float32
@@ -89,7 +88,6 @@ class _RMSNormCPUFunction(torch.autograd.Function):
         return dx, dgamma.float(), None
 
 
-@torch.compiler.disable
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm(x) · weight over the last dimension by the C kernel (`rms_norm_backend(x) == "c"`),
     differentiable in x and the weight."""

@@ -5,6 +5,8 @@ generation); Inductor's kernels run on the H200 (benchmarks/model/train_step.py 
 """
 
 import copy
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -12,6 +14,16 @@ import torch
 
 from k3model.config import get_profile
 from k3model.model import K3Model
+
+
+def test_a_process_that_never_compiles_does_not_import_dynamo():
+    """The eager islands are marked by compile_regions, not at import: Dynamo costs ~2.5 s of every
+    process that imports the model without compiling or stepping a torch optimizer (whose first step
+    imports it): the `k3` and Dagster commands, data, evaluation and decoding tasks."""
+    code = ("import sys, k3model.model, k3model.engine, k3model.train.grpo; "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_compiled_regions_give_the_eager_loss_and_gradients_with_one_graph_per_kind():
