@@ -7,7 +7,8 @@ step) assume a machine not shared with another service test. The other worker ta
 tests (models, kernels, environments, data), which need nothing outside their process, and the
 modules whose only service is a local Ray cluster of their own process (RAY_BESIDE), each a group of
 its own, and the two long lineage modules (LINEAGE), one group beside the service group; the worker
-of the service group joins in when the group is done. Units go out longest first.
+of the service group joins in when the group is done. Each Triton-interpreter module (INTERPRETER) is
+one unit too, so its one interpreter subprocess runs once. Units go out longest first.
 
 The group is made here, by the scheduler (`pytest_xdist_make_scheduler`), from each test's path:
 xdist 3.8 groups `xdist_group`-marked tests by appending "@group" to their node ids, which pytest
@@ -63,6 +64,12 @@ RAY_BESIDE = ("assets/test_deploy.py", "assets/test_distill.py", "assets/test_rl
 # ~840 s (serial, quiet) while the library's worker finished ~300 s before it (2026-12-07 fresh clone:
 # 988 s). They carry the one-worker module fixtures (the e2e `pretrained` home) with them.
 LINEAGE = ("pipelines/test_e2e.py", "assets/test_rl_resume.py")
+# Modules whose module fixture runs every Triton kernel case in one interpreter subprocess
+# (tests/kernels/interp_script.py, 10–20 s each): a module fixture is built once per worker, so split
+# over both workers the cases ran twice (2026-12-07: ~60 s of the suite's ~1,800 worker-seconds). Each is
+# one unit, like RAY_BESIDE.
+INTERPRETER = tuple(f"kernels/{k}_triton_interp.py" for k in
+                    ("attn_res/test_attn_res", "kda/test_chunk", "moe_rows/test_moe_rows", "short_conv/test_short_conv"))
 # Longest first (the scheduler below): rough seconds of a module's slowest unit under `make test`: the
 # fresh clone's 15 slowest items where listed (2026-12-06, docs/log/hardening.md: rl_tasks, deploy,
 # distill, the interpreter's gemv_grouped), else session 25's serial library run scaled to them; the
@@ -72,7 +79,8 @@ COST_S = {"lineage": 400, "assets/test_rl_tasks.py": 112, "assets/test_deploy.py
           "kernels/mx/test_triton_interpret.py": 36, "k3model/test_pretrain_loop.py": 40,
           "k3model/train/test_grpo_loop.py": 35, "assets/test_training.py": 25,
           "k3model/test_speculative_static.py": 25, "k3model/test_speculative_fast.py": 25,
-          "kernels/attn_res/test_attn_res_triton_interp.py": 20, "k3model/test_speculative.py": 20,
+          "kernels/attn_res/test_attn_res_triton_interp.py": 25, "kernels/moe_rows/test_moe_rows_triton_interp.py": 25,
+          "kernels/kda/test_chunk_triton_interp.py": 20, "kernels/short_conv/test_short_conv_triton_interp.py": 15, "k3model/test_speculative.py": 20,
           "assets/test_config_bounds.py": 15, "assets/test_claims.py": 15}
 
 
@@ -86,12 +94,12 @@ def _relative(path: str) -> str | None:
 
 def service_group(path: str) -> str | None:
     """The xdist group of the test file at `path`: "services" for the folders above (but OUTSIDE,
-    RAY_BESIDE and LINEAGE), the module's own path for RAY_BESIDE, "lineage" for LINEAGE, None for the
-    rest."""
+    RAY_BESIDE and LINEAGE), the module's own path for RAY_BESIDE and INTERPRETER, "lineage" for
+    LINEAGE, None for the rest."""
     rel = _relative(path)
     if rel is None or rel in OUTSIDE:
         return None
-    if rel in RAY_BESIDE:
+    if rel in RAY_BESIDE or rel in INTERPRETER:
         return rel
     if rel in LINEAGE:
         return "lineage"
