@@ -80,7 +80,8 @@ COST_S = {"lineage": 400, "assets/test_rl_tasks.py": 112, "assets/test_deploy.py
           "k3model/train/test_grpo_loop.py": 35, "assets/test_training.py": 25,
           "k3model/test_speculative_static.py": 25, "k3model/test_speculative_fast.py": 25,
           "kernels/attn_res/test_attn_res_triton_interp.py": 25, "kernels/moe_rows/test_moe_rows_triton_interp.py": 25,
-          "kernels/kda/test_chunk_triton_interp.py": 20, "kernels/short_conv/test_short_conv_triton_interp.py": 15, "k3model/test_speculative.py": 20,
+          "kernels/kda/test_chunk_triton_interp.py": 20, "kernels/short_conv/test_short_conv_triton_interp.py": 15,
+          "k3model/test_speculative.py": 20,
           "assets/test_config_bounds.py": 15, "assets/test_claims.py": 15}
 
 

@@ -86,7 +86,7 @@ def _announce(path: str, why: str = "", level: int = logging.INFO) -> None:
 
 # Inside torch.compile'd code the C paths and their dispatch run as eager islands, marked by
 # k3model.compiled.mark_eager_islands (not decorated here: torch.compiler.disable imports Dynamo, ~2.5 s
-# of every process that never compiles).
+# of every process that imports the model, where most never compile).
 def kda_cpu_backend(q: torch.Tensor, v: torch.Tensor | None = None) -> str:
     """"c" or "torch": the path `kda_cpu` takes for tensors like these (module docstring)."""
     choice = native.choice()
