@@ -20,6 +20,10 @@
 #     bash benchmarks/h200_calls.sh small SELECTION [--set …]   # small through Dagster + Ray, home kept in .k3/small
 #     bash benchmarks/h200_calls.sh muon [STEPS] [SEEDS…]  # AdamW vs Per-Head Muon on small's stage 1 at equal
 #                                              # tokens (benchmarks/recipes/muon_ab.py); K3_COMMIT=<commit> to record it
+#     bash benchmarks/h200_calls.sh controls CELL…  # issue 40 item 4: the equal-token SFT controls of a powered home's
+#                                              # cells (general_tasks_low …) trained on the GPU, one tar a cell back;
+#                                              # `.gpu-ctl` carried: home/ (sft_policy, tokenizer, rl_tasks), cells/<cell>/
+#                                              # (plan.json, grpo.json); scored on the CPU after (docs/gpu_runbook.md)
 #     bash benchmarks/h200_calls.sh orch [STEPS1] [STEPS2] [compiled]  # `k3 run` through Dagster and Ray on the
 #                                              # GPU, a short small-profile selection (carry site.tar.xz from
 #                                              # benchmarks/pack_site.sh); "compiled": PretrainConfig.compile_regions
@@ -32,7 +36,7 @@ T0=$SECONDS
 elapsed() { echo "[$((SECONDS - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
 
-case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, fused, engine, orch, small or muon}" in
+case "${1:?which call: kernels, fla, sweep, mx, gpu-tests, step, decode, fused, engine, orch, small, muon or controls}" in
 kernels)
     timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/kda/test_chunk_triton_gpu.py \
         >"$OUT/kda_gpu_tests.log" 2>&1
@@ -158,6 +162,19 @@ muon)  # issue 43 item 2: AdamW vs Per-Head Muon on small's stage 1 (64 × 512 r
         ${K3_COMMIT:+--commit "$K3_COMMIT"} --out "$OUT/muon_ab_small_stage1_cuda.json" >"$OUT/muon_ab.log" 2>&1
     elapsed "muon_ab exit $?"; grep -E '^\{|^ |^built|^budget|Error' "$OUT/muon_ab.log" | cut -c1-1500 | tail -n 60
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+    ;;
+controls)
+    shift
+    recipe=$(python3 -c 'from benchmarks.recipes.powered import RECIPE; print(*RECIPE)') || exit 3
+    for c in "$@"; do
+        w=/tmp/ctl/$c; mkdir -p "$w" && cp .gpu-ctl/cells/"$c"/*.json "$w"/ || exit 3
+        # shellcheck disable=SC2086  # the recipe's words
+        timeout $((590 - (SECONDS - T0))) python3 benchmarks/recipes/grpo_powered.py --home .gpu-ctl/home \
+            --cell "${c%_*}/${c##*_}" $recipe --label "ctl_$c" --work "$w" --phases control >"$w/control.log" 2>&1
+        elapsed "$c control exit $?"; tail -n 2 "$w/control.log"
+        ck=$(python3 -c "import json; print(json.load(open('$w/control.json'))['checkpoint'])") || continue
+        tar -C "$w" -cf "$OUT/${c}_control.tar" control.json control.log -C "$(dirname "$ck")" "$(basename "$ck")"
+    done
     ;;
 *) echo "unknown call $1"; exit 2 ;;
 esac
