@@ -17,6 +17,14 @@ interval (`stats.paired_gain_ratio`). Claim 7's rule (assets/claims.py): pass wh
 sft_policy's measured per-task counts as the fixed data); written to `<held-work>/transfer_power.json`.
 `report` writes benchmarks/results/posttrain/<date>_transfer_powered_<label>.json; below a power of 0.8
 the verdict reads "underpowered".
+
+    python benchmarks/recipes/transfer_powered.py --in-work W_IN --held-work W_H --control-in-work C_IN \
+        --control-held-work C_H --label L --phases control
+
+`control` (issue 41 item 2's single-harness arm, descriptive: no verdict): the same fold's control arm,
+trained in one harness and scored in it (`C_IN`) and in h (`C_H`) on the same tasks and seeds; its R
+beside the fold arm's, and R_fold − R_control with a paired bootstrap interval over the tasks
+(`stats.paired_ratio_difference`); writes <date>_transfer_control_<label>.json.
 """
 
 from __future__ import annotations
@@ -37,26 +45,14 @@ def main() -> None:
     ap.add_argument("--in-work", required=True, help="grpo_powered work dir scored in the arm's trained harnesses")
     ap.add_argument("--held-work", required=True, help="the same arm's work dir scored in the held-out harness")
     ap.add_argument("--effect", type=float, default=0.15, help="the in-harness gain the power is computed at")
-    ap.add_argument("--phases", nargs="+", default=["power", "report"], choices=["power", "report"])
+    ap.add_argument("--control-in-work", default=None, help="the single-harness control arm scored in its harness")
+    ap.add_argument("--control-held-work", default=None, help="the control arm scored in the held-out harness")
+    ap.add_argument("--phases", nargs="+", default=["power", "report"], choices=["power", "report", "control"])
     ap.add_argument("--label", default=None)
     args = ap.parse_args()
 
     w_in, w_h = Path(args.in_work), Path(args.held_work)
-
-    def read(work: Path, phase: str) -> dict:
-        p = work / f"{phase}.json"
-        if not p.exists():
-            raise SystemExit(f"{p} does not exist: run grpo_powered.py's {phase} phase there first")
-        return json.loads(p.read_text())
-
-    plan_in, plan_h = read(w_in, "plan"), read(w_h, "plan")
-    if plan_in["heldout_tasks"] != plan_h["heldout_tasks"] or plan_in["args"]["eval_seed"] != plan_h["args"]["eval_seed"]:
-        raise SystemExit("the two work dirs score different held-out tasks or seeds: not one fold")
-    held = plan_h["eval_harnesses"]
-    if not isinstance(held, list) or len(held) != 1:
-        raise SystemExit(f"--held-work must score one harness (grpo_powered --eval-harnesses h), got {held!r}")
-    if held[0] in plan_in["train_harnesses"]:
-        raise SystemExit(f"{held[0]} is one of the arm's trained harnesses {plan_in['train_harnesses']}: not held out")
+    plan_in, held = fold_plan(w_in, w_h)
     k = plan_in["args"]["k"]
     sft_h, sft_in = read(w_h, "eval_sft")["sampled"]["per_task"], read(w_in, "eval_sft")["sampled"]["per_task"]
 
@@ -80,8 +76,7 @@ def main() -> None:
                 s, g = a["sampled"]["per_task"], a["greedy"]["per_task"]
                 rows[f"{where}/{name}"] = {"pass1": sum(s) / (k * len(s)), f"pass{k}": sum(x > 0 for x in s) / len(s),
                                            "greedy": sum(g) / len(g), "n": len(s)}
-        u = [(a - f) / k for a, f in zip(arm_h["sampled"]["per_task"], sft_h)]
-        v = [(a - f) / k for a, f in zip(arm_in["sampled"]["per_task"], sft_in)]
+        u, v = fold_gains(w_in, w_h)
         r, lo, hi = stats.paired_gain_ratio([(u, v)])
         gains = {where: stats.paired_bootstrap([x / k for x in a["sampled"]["per_task"]], [x / k for x in f],
                                                resamples=10_000, seed=0)
@@ -102,6 +97,58 @@ def main() -> None:
             print(f"{w}: arm − sft_policy {g[0] * 100:+.1f} [{g[1] * 100:+.1f}, {g[2] * 100:+.1f}]")
         print(f"fold {held[0]}: transfer of the RL gain {r} [{lo}, {hi}] → {verdict} (power {power['power']:.2f}) → {path}",
               flush=True)
+    if "control" in args.phases:
+        if not (args.label and args.control_in_work and args.control_held_work):
+            raise SystemExit("control needs --label, --control-in-work and --control-held-work")
+        c_in, c_h = Path(args.control_in_work), Path(args.control_held_work)
+        plan_c, held_c = fold_plan(c_in, c_h)
+        if held_c != held or plan_c["heldout_tasks"] != plan_in["heldout_tasks"] or plan_c["args"]["eval_seed"] != \
+                plan_in["args"]["eval_seed"] or plan_c["args"]["k"] != k:
+            raise SystemExit("the control arm is scored on other tasks, seeds or held-out harness than the fold's arm")
+        fold, control = fold_gains(w_in, w_h), fold_gains(c_in, c_h)
+        ratios = {name: dict(zip(("ratio", "lo", "hi"), stats.paired_gain_ratio([uv])), trained=plan["train_harnesses"])
+                  for name, uv, plan in (("fold", fold, plan_in), ("control", control, plan_c))}
+        d, lo, hi, undefined = stats.paired_ratio_difference(fold, control, resamples=10_000, seed=0)
+        out = {"header": run_header(), "held_out": held[0], "ratios": ratios,
+               "difference": {"fold_minus_control": d, "lo": lo, "hi": hi, "undefined_resamples": undefined,
+                              "interval": "paired percentile bootstrap over tasks, 95 %"},
+               "verdict": None, "work": {"in": str(w_in), "held": str(w_h), "control_in": str(c_in),
+                                         "control_held": str(c_h)}, "cell": plan_in["cell"]}
+        path = dated_result("posttrain", f"transfer_control_{args.label}", out)
+        for name, r in ratios.items():
+            print(f"{name} arm (trained in {', '.join(r['trained'])}): R {r['ratio']} [{r['lo']}, {r['hi']}]")
+        print(f"R_fold − R_control {d} [{lo}, {hi}] (descriptive) → {path}", flush=True)
+
+
+def read(work: Path, phase: str) -> dict:
+    p = work / f"{phase}.json"
+    if not p.exists():
+        raise SystemExit(f"{p} does not exist: run grpo_powered.py's {phase} phase there first")
+    return json.loads(p.read_text())
+
+
+def fold_plan(w_in: Path, w_h: Path) -> tuple[dict, list[str]]:
+    """The in-harness work dir's plan and the held-out harness, once the two dirs are checked to be one arm's
+    fold: the same held-out tasks and seeds, the held-out dir scoring one harness the arm never trained in."""
+    plan_in, plan_h = read(w_in, "plan"), read(w_h, "plan")
+    if plan_in["heldout_tasks"] != plan_h["heldout_tasks"] or plan_in["args"]["eval_seed"] != plan_h["args"]["eval_seed"]:
+        raise SystemExit(f"{w_in} and {w_h} score different held-out tasks or seeds: not one fold")
+    held = plan_h["eval_harnesses"]
+    if not isinstance(held, list) or len(held) != 1:
+        raise SystemExit(f"{w_h} must score one harness (grpo_powered --eval-harnesses h), got {held!r}")
+    if held[0] in plan_in["train_harnesses"]:
+        raise SystemExit(f"{held[0]} is one of the arm's trained harnesses {plan_in['train_harnesses']}: not held out")
+    return plan_in, held
+
+
+def fold_gains(w_in: Path, w_h: Path) -> tuple[list[float], list[float]]:
+    """(u, v) per task: the arm's pass@1 gain over sft_policy in the held-out harness and in its trained ones."""
+    k = read(w_in, "plan")["args"]["k"]
+
+    def gains(work: Path) -> list[float]:
+        arm, sft = read(work, "eval_specialist")["sampled"]["per_task"], read(work, "eval_sft")["sampled"]["per_task"]
+        return [(a - f) / k for a, f in zip(arm, sft)]
+    return gains(w_h), gains(w_in)
 
 
 if __name__ == "__main__":

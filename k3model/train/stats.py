@@ -521,6 +521,34 @@ def paired_gain_ratio(cells: Sequence[tuple[Sequence[float], Sequence[float]]],
     return r, r - half, r + half
 
 
+def paired_ratio_difference(a: tuple[Sequence[float], Sequence[float]], b: tuple[Sequence[float], Sequence[float]],
+                            *, resamples: int = 10_000, alpha: float = 0.05,
+                            seed: int = 0) -> tuple[float | None, float, float, float]:
+    """(D, low, high, undefined): D = R_a − R_b, each R = Σu / Σv over the same tasks (a's and b's per-task
+    gains (u, v) in the same task order, as `paired_gain_ratio`), with the percentile-bootstrap (1 − α)
+    interval of D from resampling the tasks jointly for both arms. `undefined`: the share of resamples
+    where either Σv ≤ 0; when it exceeds α/2 the interval is (−inf, inf), and D is None when either
+    ratio is undefined on the tasks themselves."""
+    arrays = [np.asarray(x, dtype=float) for x in (*a, *b)]
+    if any(x.shape != arrays[0].shape or x.ndim != 1 for x in arrays) or arrays[0].size < 2:
+        raise ValueError("need four equal-length per-task vectors (u, v of each arm) over the same ≥ 2 tasks")
+    if resamples < 100:
+        raise ValueError(f"resamples must be ≥ 100 for a 95 % interval, got {resamples}")
+    u_a, v_a, u_b, v_b = arrays
+    if v_a.sum() <= 0 or v_b.sum() <= 0:
+        return None, -math.inf, math.inf, 1.0
+    d = float(u_a.sum() / v_a.sum() - u_b.sum() / v_b.sum())
+    idx = np.random.default_rng(seed).integers(0, u_a.size, size=(resamples, u_a.size))
+    sums = [x[idx].sum(axis=1) for x in arrays]
+    ok = (sums[1] > 0) & (sums[3] > 0)
+    undefined = float(1 - ok.mean())
+    if undefined > alpha / 2:
+        return d, -math.inf, math.inf, undefined
+    ds = sums[0][ok] / sums[1][ok] - sums[2][ok] / sums[3][ok]
+    lo, hi = np.quantile(ds, [alpha / 2, 1 - alpha / 2])
+    return d, float(lo), float(hi), undefined
+
+
 def retention_from_outcomes(student: Sequence[Sequence[int]], teacher: Sequence[Sequence[int]],
                             sft: Sequence[Sequence[int]], z: float = Z95) -> tuple[float | None, float, float]:
     """(R, low, high): pooled retention Σ(student − sft)/Σ(teacher − sft) over cells of per-task

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 
 from k3model.train import stats as S
@@ -301,3 +302,19 @@ def test_compare_not_worse_reads_the_lower_bound_against_the_margin():
     worse = compare_not_worse(arm([3, 3, 3, 3] * 16), arm(base), 8, 0.05, powered=True)["pass1"]  # −12.5 points
     assert worse["hi"] < -0.05 and worse["verdict"] == "fail"
     assert compare_not_worse(arm(base), arm(base), 8, 0.05, powered=False)["pass1"]["verdict"] == "underpowered"
+
+
+def test_the_difference_of_two_transfer_ratios_by_bootstrap():
+    rng = np.random.default_rng(1)
+    v = rng.binomial(8, 0.5, 256) / 8 - rng.binomial(8, 0.3, 256) / 8  # in-harness gains, +0.2 on average
+    noise, other = rng.normal(0, 0.05, 256), rng.normal(0, 0.05, 256)
+    full, none = (v + noise, v), (other, v)  # transfers all of its gain / none of it
+    d, lo, hi, undefined = S.paired_ratio_difference(full, none, resamples=2000)
+    assert d == pytest.approx((v + noise).sum() / v.sum() - other.sum() / v.sum())
+    assert undefined == 0 and 0 < lo < d < hi and lo > 0.7
+    d, lo, hi, _ = S.paired_ratio_difference(full, full, resamples=2000)
+    assert d == 0 and lo == hi == 0  # the same arm twice: every resample's difference is 0
+    d, lo, hi, _ = S.paired_ratio_difference(full, (noise, -v), resamples=2000)
+    assert d is None and (lo, hi) == (-math.inf, math.inf)  # b has no in-harness gain: no ratio
+    with pytest.raises(ValueError, match="four equal-length"):
+        S.paired_ratio_difference(full, (noise[:10], v[:10]))
