@@ -42,7 +42,7 @@ run: setup
 	$(BIN)/k3 run --profile $(PROFILE)
 
 # The powered post-training job, after `make run` (its home under .k3/): the nine RL cells at budgets
-# that can show learning, then MOPD from them (~3.5 h on 2 cores; benchmarks/recipes/powered.py).
+# that can show learning, then MOPD from them (most of a day on 2 cores, resumable; benchmarks/recipes/powered.py).
 powered: setup
 	PYTHONPATH=$(CURDIR) $(BIN)/python benchmarks/recipes/powered.py --mopd
 
