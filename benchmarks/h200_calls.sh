@@ -163,15 +163,21 @@ muon)  # issue 43 item 2: AdamW vs Per-Head Muon on small's stage 1 (64 × 512 r
     elapsed "muon_ab exit $?"; grep -E '^\{|^ |^built|^budget|Error' "$OUT/muon_ab.log" | cut -c1-1500 | tail -n 60
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     ;;
-controls)
+controls)  # every cell's control at once (a tiny SFT leaves the GPU mostly idle), 2 threads each; CTL_EXTRA: more
+    # grpo_powered arguments (a dry run here: CTL_EXTRA="--control-budget 2000")
     shift
     recipe=$(python3 -c 'from benchmarks.recipes.powered import RECIPE; print(*RECIPE)') || exit 3
     for c in "$@"; do
         w=/tmp/ctl/$c; mkdir -p "$w" && cp .gpu-ctl/cells/"$c"/*.json "$w"/ || exit 3
         # shellcheck disable=SC2086  # the recipe's words
-        timeout $((590 - (SECONDS - T0))) python3 benchmarks/recipes/grpo_powered.py --home .gpu-ctl/home \
-            --cell "${c%_*}/${c##*_}" $recipe --label "ctl_$c" --work "$w" --phases control >"$w/control.log" 2>&1
-        elapsed "$c control exit $?"; tail -n 2 "$w/control.log"
+        OMP_NUM_THREADS=2 timeout $((590 - (SECONDS - T0))) python3 benchmarks/recipes/grpo_powered.py \
+            --home .gpu-ctl/home --cell "${c%_*}/${c##*_}" $recipe ${CTL_EXTRA:-} --label "ctl_$c" --work "$w" \
+            --phases control >"$w/control.log" 2>&1 &
+    done
+    wait
+    for c in "$@"; do
+        w=/tmp/ctl/$c
+        elapsed "$c:"; tail -n 2 "$w/control.log"
         ck=$(python3 -c "import json; print(json.load(open('$w/control.json'))['checkpoint'])") || continue
         tar -C "$w" -cf "$OUT/${c}_control.tar" control.json control.log -C "$(dirname "$ck")" "$(basename "$ck")"
     done
