@@ -311,3 +311,13 @@ def test_a_claim_line():
     assert claims.not_measured(5, "t", "r", "smoke").line() == "claim 5 · not measured: — (target: t)"
     # Every claim carries n and power (None where it is not a sampling test).
     assert c.as_dict()["n"] is None and c.as_dict()["power"] is None
+
+
+def test_claim_7_shows_the_syntax_sft_never_saw_apart():
+    # openclaw's fold keeps 0 % of its gain (SFT never saw its syntax): shown, not judged.
+    c = claims.claim_7({"openclaw": _fold(0.2, 0.5), "hermes": _fold(0.46, 0.5)}, **P)
+    assert c.status == PASS and "worst fold (hermes held out)" in c.reason
+    assert "openclaw (a syntax SFT never saw) is zero-shot transfer: shown, not judged" in c.figure
+    assert c.figures["transfer"]["openclaw"]["transfer"] == 0
+    alone = claims.claim_7({"openclaw": _fold(0.2, 0.5)}, **P)
+    assert alone.status == NOT_MEASURED and "no fold of a harness SFT saw" in alone.reason
