@@ -544,11 +544,11 @@ def claim_7(folds: dict[str, dict[str, float]], *, profile: str, checkpoints: di
     if HELD_OUT_HARNESS in ratios:
         figure += f" — {HELD_OUT_HARNESS} (a syntax SFT never saw) is zero-shot transfer: shown, not judged"
     judged = {h: v for h, v in ratios.items() if v["transfer"] is not None and h != HELD_OUT_HARNESS}
-    n_min = min(min(int(f["n_in_harness"]), int(f["n_held_out"])) for f in measured.values())
     if not judged:
         return _claim(7, NOT_MEASURED, figure, target, "no fold of a harness SFT saw has an in-harness RL gain: "
                       "nothing to transfer", profile, checkpoints, figures)
     power = math.prod(p for h, p in powers if h in judged)
+    n_min = min(min(int(measured[h]["n_in_harness"]), int(measured[h]["n_held_out"])) for h in judged)
     worst = min(judged, key=lambda h: judged[h]["transfer"])
     status = PASS if judged[worst]["transfer"] >= TRANSFER else FAIL
     return _claim(7, status, figure, target, f"the worst fold ({worst} held out) keeps {judged[worst]['transfer']:.0%} "
